@@ -1,0 +1,161 @@
+//! Boot code: the entry points of core 0 (`_start`) and of the secondary
+//! cores (`_start_secondary`, started through PSCI), the per-core stacks and
+//! a vector table that reports any exception and ends the run.
+//!
+//! Every core, on entry: masks interrupts (DAIF), enables FP/SIMD at EL1
+//! (CPACR_EL1.FPEN = 0b11; Rust and the C++ kernels use NEON registers),
+//! points VBAR_EL1 at the vector table and sets its stack pointer to the top
+//! of its own slice of [`STACKS`], chosen by MPIDR_EL1.Aff0. Core 0 then
+//! zeroes `.bss` and calls `primary_main`; a secondary calls
+//! `secondary_main(core)`. Both run at EL1 with the MMU and caches off.
+
+use core::arch::global_asm;
+use core::cell::UnsafeCell;
+
+/// Cores the firmware runs on (QEMU `-smp 4`); a core with a higher
+/// MPIDR_EL1.Aff0 parks at once.
+pub const CORES: usize = 4;
+/// Stack of each core.
+pub const STACK_SIZE: usize = 256 * 1024;
+// `mov` in the boot code takes the size as one immediate.
+const _: () = assert!(STACK_SIZE.is_power_of_two());
+
+/// Exit status when a core takes an exception.
+pub const EXIT_EXCEPTION: i32 = 3;
+
+/// The stacks of all cores, placed by the linker script in `.stacks`
+/// (neither loaded nor zeroed).
+#[repr(C, align(16))]
+pub struct Stacks(UnsafeCell<[[u8; STACK_SIZE]; CORES]>);
+
+// SAFETY: no Rust code reads or writes the stacks through this static; each
+// core only uses its own slice, as its stack, from the boot code below.
+unsafe impl Sync for Stacks {}
+
+#[link_section = ".stacks"]
+static STACKS: Stacks = Stacks(UnsafeCell::new([[0; STACK_SIZE]; CORES]));
+
+global_asm!(
+    r#"
+// core_init core: CPACR, VBAR and the stack of core index `core` (a register
+// that survives the macro). Clobbers x1-x3. A core without a stack parks.
+.macro core_init core
+    mov     x1, #(3 << 20)
+    msr     cpacr_el1, x1
+    isb
+    adrp    x1, .Lvectors
+    add     x1, x1, :lo12:.Lvectors
+    msr     vbar_el1, x1
+    cmp     \core, #{cores}
+    b.hs    .Lpark
+    adrp    x1, {stacks}
+    add     x1, x1, :lo12:{stacks}
+    add     x2, \core, #1
+    mov     x3, #{stack_size}
+    madd    x1, x2, x3, x1
+    mov     sp, x1
+.endm
+
+.section .text.boot, "ax"
+.global _start
+_start:
+    msr     daifset, #0xf
+    mrs     x19, mpidr_el1
+    and     x19, x19, #0xff
+    // Only core 0 boots through here (QEMU holds the others in PSCI OFF).
+    cbnz    x19, .Lpark
+    core_init x19
+    adrp    x0, __bss_start
+    add     x0, x0, :lo12:__bss_start
+    adrp    x1, __bss_end
+    add     x1, x1, :lo12:__bss_end
+1:  cmp     x0, x1
+    b.hs    2f
+    stp     xzr, xzr, [x0], #16
+    b       1b
+2:  bl      {primary}
+    b       .Lpark
+
+.global _start_secondary
+_start_secondary:
+    msr     daifset, #0xf
+    mrs     x19, mpidr_el1
+    and     x19, x19, #0xff
+    core_init x19
+    mov     x0, x19
+    bl      {secondary}
+.Lpark:
+    wfe
+    b       .Lpark
+
+// 16 entries of 0x80 bytes: {{current EL with SP_EL0, current EL with SP_ELx,
+// lower EL AArch64, lower EL AArch32}} x {{sync, IRQ, FIQ, SError}}.
+.balign 0x800
+.Lvectors:
+.irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+.balign 0x80
+    mov     x0, #\vector
+    b       .Lexception
+.endr
+
+// The handler gets a fresh stack, so even a stack overflow is reported.
+.Lexception:
+    mrs     x19, mpidr_el1
+    and     x19, x19, #0xff
+    core_init x19
+    mrs     x1, esr_el1
+    mrs     x2, elr_el1
+    mrs     x3, far_el1
+    mov     x4, x19
+    bl      {exception}
+    b       .Lpark
+"#,
+    cores = const CORES,
+    stack_size = const STACK_SIZE,
+    stacks = sym STACKS,
+    primary = sym crate::primary_main,
+    secondary = sym crate::secondary_main,
+    exception = sym exception,
+);
+
+extern "C" {
+    /// Where a secondary core starts (its PSCI CPU_ON entry point).
+    pub fn _start_secondary();
+}
+
+/// Reports an exception (vector index 0..15, the syndrome, the faulting
+/// address) over semihosting and ends the run with [`EXIT_EXCEPTION`].
+extern "C" fn exception(vector: u64, esr: u64, elr: u64, far: u64, core: u64) -> ! {
+    const KIND: [&str; 4] = ["synchronous", "IRQ", "FIQ", "SError"];
+    const FROM: [&str; 4] = [
+        "current EL, SP_EL0",
+        "current EL, SP_ELx",
+        "lower EL, AArch64",
+        "lower EL, AArch32",
+    ];
+    let class = (esr >> 26) & 0x3f;
+    semihosting::eprintln!(
+        "EXCEPTION on core {core}: {} ({}), class {class:#04x} {}, ESR_EL1={esr:#x} ELR_EL1={elr:#x} FAR_EL1={far:#x}",
+        KIND[(vector % 4) as usize],
+        FROM[(vector / 4 % 4) as usize],
+        class_name(class),
+    );
+    semihosting::process::exit(EXIT_EXCEPTION)
+}
+
+/// The common exception classes (ESR_EL1.EC) by name.
+fn class_name(class: u64) -> &'static str {
+    match class {
+        0x00 => "(unknown reason / undefined instruction)",
+        0x07 => "(FP/SIMD access trapped)",
+        0x15 => "(SVC)",
+        0x16 => "(HVC)",
+        0x20 | 0x21 => "(instruction abort)",
+        0x22 => "(PC alignment fault)",
+        0x24 | 0x25 => "(data abort)",
+        0x26 => "(SP alignment fault)",
+        0x2f => "(SError)",
+        0x3c => "(BRK)",
+        _ => "",
+    }
+}

@@ -1,0 +1,156 @@
+//! Typed errors for descriptor tables: every error names where it is.
+
+use core::fmt;
+
+/// The part of a table an error points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    Header,
+    Tensors,
+    Kernels,
+    Tasks,
+    Args,
+}
+
+impl Section {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Section::Header => "header",
+            Section::Tensors => "tensors",
+            Section::Kernels => "kernels",
+            Section::Tasks => "tasks",
+            Section::Args => "args",
+        }
+    }
+}
+
+/// What is wrong with the field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// The magic bytes are not `PTOWSP\r\n`.
+    BadMagic,
+    /// An ABI version this runtime does not read.
+    UnsupportedVersion { found: u32 },
+    /// The bytes end before the table does.
+    Truncated { needed: u64, available: u64 },
+    /// The stored checksum does not match the bytes.
+    ChecksumMismatch { stored: u32, computed: u32 },
+    /// A value outside its allowed range `[min, max]`.
+    OutOfRange { value: u64, min: u64, max: u64 },
+    /// A kernel id the registry does not know, or not declared in the table.
+    UnknownKernel { id: u32, declared: bool },
+    /// A field disagrees with the kernel registry.
+    RegistryMismatch { found: u32, expected: u32 },
+    /// A region runs past its tensor in dimension `dim`.
+    RegionOutside { dim: u32, end: u64, size: u32 },
+    /// A region is not a 2-D tile (an outer dimension has extent other than 1).
+    NotATile { dim: u32, extent: u32 },
+    /// A dtype the ABI does not compute on.
+    UnsupportedDtype { dtype: u32 },
+    /// Two tensors share bytes of the arena.
+    Aliases { other: u32 },
+    /// The tensor arguments break the kernel's shape contract.
+    KernelContract(wsp_ffi::ShapeError),
+    /// The same kernel declared twice; `first` is the earlier entry.
+    Duplicate { first: u32 },
+    /// A section overlaps the header or another section.
+    SectionOverlap { other: Section },
+}
+
+/// A descriptor table the runtime refuses, with the place and the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableError {
+    pub section: Section,
+    /// Entry index within the section (0 for the header).
+    pub index: u32,
+    /// Field name as in the ABI structs (`dtype`, `extent[2]`, ...).
+    pub field: &'static str,
+    pub problem: Problem,
+}
+
+impl TableError {
+    pub(crate) const fn new(
+        section: Section,
+        index: u32,
+        field: &'static str,
+        problem: Problem,
+    ) -> Self {
+        TableError {
+            section,
+            index,
+            field,
+            problem,
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Problem::BadMagic => write!(f, "bad magic (not a pto-wsp descriptor table)"),
+            Problem::UnsupportedVersion { found } => {
+                write!(
+                    f,
+                    "ABI version {found} is not supported (this runtime reads version {})",
+                    super::ABI_VERSION
+                )
+            }
+            Problem::Truncated { needed, available } => {
+                write!(f, "truncated: needs {needed} bytes, {available} available")
+            }
+            Problem::ChecksumMismatch { stored, computed } => {
+                write!(
+                    f,
+                    "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+                )
+            }
+            Problem::OutOfRange { value, min, max } => {
+                write!(f, "value {value} outside [{min}, {max}]")
+            }
+            Problem::UnknownKernel {
+                id,
+                declared: false,
+            } => write!(f, "unknown kernel id {id}"),
+            Problem::UnknownKernel { id, declared: true } => {
+                write!(f, "kernel id {id} is not declared in the kernels section")
+            }
+            Problem::RegistryMismatch { found, expected } => {
+                write!(
+                    f,
+                    "{found} disagrees with the kernel registry, which says {expected}"
+                )
+            }
+            Problem::RegionOutside { dim, end, size } => {
+                write!(
+                    f,
+                    "region ends at {end} in dimension {dim}, past the tensor's size {size}"
+                )
+            }
+            Problem::NotATile { dim, extent } => {
+                write!(f, "region is not a 2-D tile: outer dimension {dim} has extent {extent} (must be 1)")
+            }
+            Problem::UnsupportedDtype { dtype } => {
+                write!(f, "unsupported dtype {dtype} (ABI v1 computes on f32 = 1)")
+            }
+            Problem::Aliases { other } => write!(f, "shares arena bytes with tensor {other}"),
+            Problem::KernelContract(e) => write!(f, "kernel contract: {e}"),
+            Problem::Duplicate { first } => write!(f, "duplicate of entry {first}"),
+            Problem::SectionOverlap { other } => {
+                write!(f, "section overlaps the {} section", other.name())
+            }
+        }
+    }
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid descriptor table: section `{}`, entry {}, field `{}`: {}",
+            self.section.name(),
+            self.index,
+            self.field,
+            self.problem
+        )
+    }
+}

@@ -1,0 +1,18 @@
+//! Descriptor table ABI v1: the host -> device contract.
+//!
+//! The host builds a table (see `host-tools`), the device parses it in place
+//! with [`Table::parse`], which validates every byte it will later rely on. A
+//! table that parses is safe to execute: every kernel id is known, every
+//! region lies inside its tensor and every tensor inside the arena.
+
+mod checksum;
+mod error;
+mod layout;
+mod region;
+mod validate;
+
+pub use checksum::{table_checksum, CHECKSUM_FIELD};
+pub use error::{Problem, Section, TableError};
+pub use layout::*;
+pub use region::{Region, TileView};
+pub use validate::{dtype_size, table_len, Table};

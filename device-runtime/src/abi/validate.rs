@@ -1,0 +1,527 @@
+//! Parsing and complete validation of a descriptor table.
+
+use core::mem::size_of;
+
+use zerocopy::FromBytes;
+
+use super::checksum::table_checksum;
+use super::error::{Problem, Section, TableError};
+use super::layout::*;
+use super::region::{Region, TileView};
+
+/// A descriptor table that passed validation, borrowed in place.
+#[derive(Clone, Copy, Debug)]
+pub struct Table<'a> {
+    header: &'a TableHeader,
+    tensors: &'a [TensorDesc],
+    kernels: &'a [KernelDesc],
+    tasks: &'a [TaskDesc],
+    args: &'a [TensorArg],
+}
+
+/// Bytes per element of a dtype, or `None` for a dtype ABI v1 does not compute on.
+pub fn dtype_size(dtype: u32) -> Option<u64> {
+    match dtype {
+        wsp_ffi::WspDtype_WSP_DTYPE_F32 => Some(4),
+        _ => None,
+    }
+}
+
+fn err(section: Section, index: usize, field: &'static str, problem: Problem) -> TableError {
+    TableError::new(section, index as u32, field, problem)
+}
+
+fn header_err(field: &'static str, problem: Problem) -> TableError {
+    err(Section::Header, 0, field, problem)
+}
+
+/// Reads just enough of a header to tell the table's total length: for a loader
+/// that finds a table at an address and must size the slice before parsing.
+pub fn table_len(header_bytes: &[u8]) -> Result<usize, TableError> {
+    let (header, _) = TableHeader::ref_from_prefix(header_bytes).map_err(|_| {
+        header_err(
+            "magic",
+            Problem::Truncated {
+                needed: HEADER_SIZE as u64,
+                available: header_bytes.len() as u64,
+            },
+        )
+    })?;
+    if header.magic != MAGIC {
+        return Err(header_err("magic", Problem::BadMagic));
+    }
+    if header.abi_version.get() != ABI_VERSION {
+        return Err(header_err(
+            "abi_version",
+            Problem::UnsupportedVersion {
+                found: header.abi_version.get(),
+            },
+        ));
+    }
+    if header.header_size.get() as usize != HEADER_SIZE {
+        let value = header.header_size.get() as u64;
+        return Err(header_err(
+            "header_size",
+            Problem::OutOfRange {
+                value,
+                min: 64,
+                max: 64,
+            },
+        ));
+    }
+    let total = header.total_len.get() as usize;
+    if total < HEADER_SIZE {
+        let value = total as u64;
+        return Err(header_err(
+            "total_len",
+            Problem::OutOfRange {
+                value,
+                min: 64,
+                max: u32::MAX as u64,
+            },
+        ));
+    }
+    Ok(total)
+}
+
+/// Bounds of one section, checked against the table length.
+fn section<'a, T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutable>(
+    bytes: &'a [u8],
+    field: &'static str,
+    sref: &SectionRef,
+) -> Result<(&'a [T], core::ops::Range<u64>), TableError> {
+    let offset = sref.offset.get() as u64;
+    let len = sref.count.get() as u64 * size_of::<T>() as u64;
+    let total = bytes.len() as u64;
+    if sref.count.get() > 0 && offset < HEADER_SIZE as u64 {
+        return Err(header_err(
+            field,
+            Problem::SectionOverlap {
+                other: Section::Header,
+            },
+        ));
+    }
+    if offset + len > total {
+        return Err(header_err(
+            field,
+            Problem::Truncated {
+                needed: offset + len,
+                available: total,
+            },
+        ));
+    }
+    let raw = &bytes[offset as usize..(offset + len) as usize];
+    let entries = <[T]>::ref_from_bytes(raw).expect("unaligned types of exact length always parse");
+    Ok((entries, offset..offset + len))
+}
+
+impl<'a> Table<'a> {
+    /// Parses and validates a whole table. `bytes` may be longer than the
+    /// table (a loader's fixed window); only `total_len` bytes are read.
+    pub fn parse(bytes: &'a [u8]) -> Result<Table<'a>, TableError> {
+        let total = table_len(bytes)?;
+        if bytes.len() < total {
+            let problem = Problem::Truncated {
+                needed: total as u64,
+                available: bytes.len() as u64,
+            };
+            return Err(header_err("total_len", problem));
+        }
+        let bytes = &bytes[..total];
+        let (header, _) = TableHeader::ref_from_prefix(bytes).expect("length checked by table_len");
+        let computed = table_checksum(bytes);
+        if computed != header.checksum.get() {
+            let problem = Problem::ChecksumMismatch {
+                stored: header.checksum.get(),
+                computed,
+            };
+            return Err(header_err("checksum", problem));
+        }
+        let (tensors, r0) = section::<TensorDesc>(bytes, "tensors", &header.tensors)?;
+        let (kernels, r1) = section::<KernelDesc>(bytes, "kernels", &header.kernels)?;
+        let (tasks, r2) = section::<TaskDesc>(bytes, "tasks", &header.tasks)?;
+        let (args, r3) = section::<TensorArg>(bytes, "args", &header.args)?;
+        let ranges = [
+            (Section::Tensors, r0),
+            (Section::Kernels, r1),
+            (Section::Tasks, r2),
+            (Section::Args, r3),
+        ];
+        for (i, (a, ra)) in ranges.iter().enumerate() {
+            for (b, rb) in &ranges[i + 1..] {
+                if !ra.is_empty() && !rb.is_empty() && ra.start < rb.end && rb.start < ra.end {
+                    return Err(header_err(b.name(), Problem::SectionOverlap { other: *a }));
+                }
+            }
+        }
+        let table = Table {
+            header,
+            tensors,
+            kernels,
+            tasks,
+            args,
+        };
+        table.validate_tensors()?;
+        table.validate_kernels()?;
+        table.validate_tasks()?;
+        Ok(table)
+    }
+
+    pub fn arena_size(&self) -> u64 {
+        self.header.arena_size.get()
+    }
+    pub fn total_len(&self) -> usize {
+        self.header.total_len.get() as usize
+    }
+    pub fn header(&self) -> &'a TableHeader {
+        self.header
+    }
+    pub fn tensors(&self) -> &'a [TensorDesc] {
+        self.tensors
+    }
+    pub fn kernels(&self) -> &'a [KernelDesc] {
+        self.kernels
+    }
+    pub fn tasks(&self) -> &'a [TaskDesc] {
+        self.tasks
+    }
+    /// The tensor arguments of `task` (validated to lie inside the args section).
+    pub fn task_args(&self, task: &TaskDesc) -> &'a [TensorArg] {
+        let first = task.first_arg.get() as usize;
+        &self.args[first..first + task.num_args.get() as usize]
+    }
+
+    /// Byte range of a tensor's elements in the arena (first to one past last).
+    pub fn tensor_bytes(tensor: &TensorDesc) -> Option<core::ops::Range<u64>> {
+        let elem = dtype_size(tensor.dtype.get())?;
+        let rank = tensor.rank.get() as usize;
+        let last: u64 = (0..rank.min(MAX_RANK))
+            .map(|d| {
+                (tensor.shape[d].get() as u64).saturating_sub(1) * tensor.strides[d].get() as u64
+            })
+            .sum();
+        let start = tensor.arena_offset.get();
+        Some(start..start.checked_add((last + 1) * elem)?)
+    }
+
+    fn validate_tensors(&self) -> Result<(), TableError> {
+        let arena = self.arena_size();
+        for (i, t) in self.tensors.iter().enumerate() {
+            let e = |field, problem| err(Section::Tensors, i, field, problem);
+            let dtype = t.dtype.get();
+            let elem = dtype_size(dtype).ok_or(e("dtype", Problem::UnsupportedDtype { dtype }))?;
+            let rank = t.rank.get() as usize;
+            if !(1..=MAX_RANK).contains(&rank) {
+                return Err(e(
+                    "rank",
+                    Problem::OutOfRange {
+                        value: rank as u64,
+                        min: 1,
+                        max: MAX_RANK as u64,
+                    },
+                ));
+            }
+            const SHAPE: [&str; MAX_RANK] = ["shape[0]", "shape[1]", "shape[2]", "shape[3]"];
+            const STRIDES: [&str; MAX_RANK] =
+                ["strides[0]", "strides[1]", "strides[2]", "strides[3]"];
+            for d in 0..MAX_RANK {
+                let (size, stride) = (t.shape[d].get() as u64, t.strides[d].get() as u64);
+                if d < rank && size == 0 {
+                    return Err(e(
+                        SHAPE[d],
+                        Problem::OutOfRange {
+                            value: 0,
+                            min: 1,
+                            max: u32::MAX as u64,
+                        },
+                    ));
+                }
+                if d >= rank && size != 0 {
+                    return Err(e(
+                        SHAPE[d],
+                        Problem::OutOfRange {
+                            value: size,
+                            min: 0,
+                            max: 0,
+                        },
+                    ));
+                }
+                if d >= rank && stride != 0 {
+                    return Err(e(
+                        STRIDES[d],
+                        Problem::OutOfRange {
+                            value: stride,
+                            min: 0,
+                            max: 0,
+                        },
+                    ));
+                }
+            }
+            // Row-major without self-overlap: innermost stride 1, each outer
+            // stride covers the whole inner block. Distinct indices then name
+            // distinct bytes, which dependency inference relies on.
+            if t.strides[rank - 1].get() != 1 {
+                let value = t.strides[rank - 1].get() as u64;
+                return Err(e(
+                    STRIDES[rank - 1],
+                    Problem::OutOfRange {
+                        value,
+                        min: 1,
+                        max: 1,
+                    },
+                ));
+            }
+            for d in (0..rank - 1).rev() {
+                let inner = t.strides[d + 1].get() as u64 * t.shape[d + 1].get() as u64;
+                let stride = t.strides[d].get() as u64;
+                if stride < inner {
+                    return Err(e(
+                        STRIDES[d],
+                        Problem::OutOfRange {
+                            value: stride,
+                            min: inner,
+                            max: u32::MAX as u64,
+                        },
+                    ));
+                }
+            }
+            let offset = t.arena_offset.get();
+            if offset % elem != 0 {
+                return Err(e(
+                    "arena_offset",
+                    Problem::OutOfRange {
+                        value: offset,
+                        min: 0,
+                        max: arena,
+                    },
+                ));
+            }
+            let bytes = Self::tensor_bytes(t).ok_or(e(
+                "arena_offset",
+                Problem::OutOfRange {
+                    value: offset,
+                    min: 0,
+                    max: arena,
+                },
+            ))?;
+            if bytes.end > arena {
+                let problem = Problem::OutOfRange {
+                    value: bytes.end,
+                    min: 0,
+                    max: arena,
+                };
+                return Err(e("arena_offset", problem));
+            }
+            for (j, other) in self.tensors[..i].iter().enumerate() {
+                let o = Self::tensor_bytes(other).expect("earlier tensors validated");
+                if bytes.start < o.end && o.start < bytes.end {
+                    return Err(e("arena_offset", Problem::Aliases { other: j as u32 }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_kernels(&self) -> Result<(), TableError> {
+        for (i, k) in self.kernels.iter().enumerate() {
+            let e = |field, problem| err(Section::Kernels, i, field, problem);
+            let id = k.kernel_id.get();
+            let info = wsp_ffi::lookup(id).ok_or(e(
+                "kernel_id",
+                Problem::UnknownKernel {
+                    id,
+                    declared: false,
+                },
+            ))?;
+            let checks = [
+                ("core_kind", k.core_kind.get(), info.kind as u32),
+                ("num_tensors", k.num_tensors.get(), info.num_tensors),
+                ("num_scalars", k.num_scalars.get(), info.num_scalars),
+            ];
+            for (field, found, expected) in checks {
+                if found != expected {
+                    return Err(e(field, Problem::RegistryMismatch { found, expected }));
+                }
+            }
+            if let Some(first) = self.kernels[..i]
+                .iter()
+                .position(|p| p.kernel_id.get() == id)
+            {
+                return Err(e(
+                    "kernel_id",
+                    Problem::Duplicate {
+                        first: first as u32,
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_tasks(&self) -> Result<(), TableError> {
+        let nargs = self.args.len() as u64;
+        for (i, task) in self.tasks.iter().enumerate() {
+            let e = |field, problem| err(Section::Tasks, i, field, problem);
+            let id = task.kernel_id.get();
+            if !self.kernels.iter().any(|k| k.kernel_id.get() == id) {
+                let declared = wsp_ffi::lookup(id).is_some();
+                return Err(e("kernel_id", Problem::UnknownKernel { id, declared }));
+            }
+            let info =
+                wsp_ffi::lookup(id).expect("declared kernels are validated against the registry");
+            let (first, count) = (task.first_arg.get() as u64, task.num_args.get() as u64);
+            if count != info.num_tensors as u64 {
+                let n = info.num_tensors as u64;
+                return Err(e(
+                    "num_args",
+                    Problem::OutOfRange {
+                        value: count,
+                        min: n,
+                        max: n,
+                    },
+                ));
+            }
+            if first + count > nargs {
+                let problem = Problem::OutOfRange {
+                    value: first,
+                    min: 0,
+                    max: nargs.saturating_sub(count),
+                };
+                return Err(e("first_arg", problem));
+            }
+            let nscalars = task.num_scalars.get() as u64;
+            if nscalars != info.num_scalars as u64 {
+                let n = info.num_scalars as u64;
+                return Err(e(
+                    "num_scalars",
+                    Problem::OutOfRange {
+                        value: nscalars,
+                        min: n,
+                        max: n,
+                    },
+                ));
+            }
+            let mut shapes = [wsp_ffi::TileShape {
+                rows: 0,
+                cols: 0,
+                dtype: 0,
+            }; MAX_TENSOR_ARGS];
+            for (k, arg) in self.task_args(task).iter().enumerate() {
+                let spec_access = info.tensor_args[k].access as u32;
+                shapes[k] = self.validate_arg(first as usize + k, arg, spec_access)?;
+            }
+            let mut scalars = [0u64; MAX_SCALARS];
+            for (s, v) in scalars.iter_mut().zip(task.scalars.iter()) {
+                *s = v.get();
+            }
+            info.check(&shapes[..count as usize], &scalars[..nscalars as usize])
+                .map_err(|c| e("first_arg", Problem::KernelContract(c)))?;
+        }
+        Ok(())
+    }
+
+    fn validate_arg(
+        &self,
+        index: usize,
+        arg: &TensorArg,
+        expected_access: u32,
+    ) -> Result<wsp_ffi::TileShape, TableError> {
+        let e = |field, problem| err(Section::Args, index, field, problem);
+        let t = arg.tensor.get() as usize;
+        let tensor = self.tensors.get(t).ok_or(e(
+            "tensor",
+            Problem::OutOfRange {
+                value: t as u64,
+                min: 0,
+                max: (self.tensors.len() as u64).saturating_sub(1),
+            },
+        ))?;
+        let access = arg.access.get();
+        if Access::from_bits(access).is_none_or(|a| a.is_empty()) {
+            return Err(e(
+                "access",
+                Problem::OutOfRange {
+                    value: access as u64,
+                    min: 1,
+                    max: 3,
+                },
+            ));
+        }
+        if access != expected_access {
+            return Err(e(
+                "access",
+                Problem::RegistryMismatch {
+                    found: access,
+                    expected: expected_access,
+                },
+            ));
+        }
+        const OFFSET: [&str; MAX_RANK] = ["offset[0]", "offset[1]", "offset[2]", "offset[3]"];
+        const EXTENT: [&str; MAX_RANK] = ["extent[0]", "extent[1]", "extent[2]", "extent[3]"];
+        let rank = tensor.rank.get() as usize;
+        let region = Region::of(arg);
+        for d in 0..MAX_RANK {
+            let (off, ext) = (region.offset[d], region.extent[d]);
+            if d >= rank {
+                if off != 0 {
+                    return Err(e(
+                        OFFSET[d],
+                        Problem::OutOfRange {
+                            value: off as u64,
+                            min: 0,
+                            max: 0,
+                        },
+                    ));
+                }
+                if ext != 1 {
+                    return Err(e(
+                        EXTENT[d],
+                        Problem::OutOfRange {
+                            value: ext as u64,
+                            min: 1,
+                            max: 1,
+                        },
+                    ));
+                }
+                continue;
+            }
+            let size = tensor.shape[d].get();
+            if ext == 0 {
+                return Err(e(
+                    EXTENT[d],
+                    Problem::OutOfRange {
+                        value: 0,
+                        min: 1,
+                        max: size as u64,
+                    },
+                ));
+            }
+            let end = off as u64 + ext as u64;
+            if end > size as u64 {
+                return Err(e(
+                    EXTENT[d],
+                    Problem::RegionOutside {
+                        dim: d as u32,
+                        end,
+                        size,
+                    },
+                ));
+            }
+            if d + 2 < rank && ext != 1 {
+                return Err(e(
+                    EXTENT[d],
+                    Problem::NotATile {
+                        dim: d as u32,
+                        extent: ext,
+                    },
+                ));
+            }
+        }
+        let view = TileView::of(tensor, &region);
+        Ok(wsp_ffi::TileShape {
+            rows: view.rows,
+            cols: view.cols,
+            dtype: tensor.dtype.get(),
+        })
+    }
+}

@@ -1,0 +1,133 @@
+//! The `Platform` trait: everything the scheduler needs from the machine it
+//! runs on. The scheduler core (`exec`) is written once against it; the host
+//! shim, the QEMU firmware and (later) the Ascend handshake implement it.
+
+use wsp_ffi::{CoreKind, WspKernelArgs};
+
+pub use crate::mailbox::Completion;
+use crate::mailbox::{CoreMailbox, IssuePort};
+
+/// Most cores one scheduler drives (one bit each in the scheduler's masks).
+pub const MAX_CORES: usize = 64;
+
+/// A monotonic clock and the idle hint of the platform.
+pub trait Clock {
+    fn now(&self) -> u64;
+    fn ticks_per_second(&self) -> u64;
+    /// What the scheduler does while it waits: a spin hint by default.
+    fn relax(&self) {
+        core::hint::spin_loop();
+    }
+}
+
+/// The machine under the scheduler: a set of cores of two kinds that take one
+/// task at a time, and a clock.
+pub trait Platform: Clock {
+    fn num_cores(&self) -> usize;
+    fn core_kind(&self, core: usize) -> CoreKind;
+    /// Starts `kernel_id` with `args` on an idle `core`. Returns `false` if the
+    /// core is not idle.
+    ///
+    /// # Safety
+    /// As [`IssuePort::issue`]: the views in `args` stay valid and unshared
+    /// until [`Platform::poll`] reports this task's completion.
+    unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool;
+    /// The completion of `core`'s task, once it has finished.
+    fn poll(&mut self, core: usize) -> Option<Completion>;
+}
+
+/// Why a platform could not be put together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformError {
+    /// Mailboxes and kinds differ in number, or there are more than [`MAX_CORES`].
+    BadCoreCount { mailboxes: usize, kinds: usize },
+    /// Another scheduler already drives this core's mailbox.
+    MailboxClaimed { core: usize },
+}
+
+impl core::fmt::Display for PlatformError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            PlatformError::BadCoreCount { mailboxes, kinds } => write!(
+                f,
+                "{mailboxes} mailboxes for {kinds} core kinds (they must match and be at most {MAX_CORES})"
+            ),
+            PlatformError::MailboxClaimed { core } => write!(f, "core {core}'s mailbox is driven by another scheduler"),
+        }
+    }
+}
+
+/// A platform whose cores share memory with the scheduler and serve
+/// [`CoreMailbox`]es: the host shim (threads) and the QEMU firmware
+/// (secondary cores) both use it, differing only in their clock.
+pub struct MailboxPlatform<'m, C: Clock> {
+    mailboxes: &'m [CoreMailbox],
+    ports: [Option<IssuePort<'m>>; MAX_CORES],
+    kinds: &'m [CoreKind],
+    clock: C,
+}
+
+impl<'m, C: Clock> MailboxPlatform<'m, C> {
+    pub fn new(
+        mailboxes: &'m [CoreMailbox],
+        kinds: &'m [CoreKind],
+        clock: C,
+    ) -> Result<Self, PlatformError> {
+        if mailboxes.len() != kinds.len() || mailboxes.len() > MAX_CORES {
+            return Err(PlatformError::BadCoreCount {
+                mailboxes: mailboxes.len(),
+                kinds: kinds.len(),
+            });
+        }
+        let mut ports = [const { None }; MAX_CORES];
+        for (core, mailbox) in mailboxes.iter().enumerate() {
+            ports[core] = Some(
+                mailbox
+                    .claim_issue()
+                    .ok_or(PlatformError::MailboxClaimed { core })?,
+            );
+        }
+        Ok(MailboxPlatform {
+            mailboxes,
+            ports,
+            kinds,
+            clock,
+        })
+    }
+
+    /// Tells every core to leave its serve loop once idle.
+    pub fn shutdown(&self) {
+        self.mailboxes.iter().for_each(CoreMailbox::request_exit);
+    }
+}
+
+impl<C: Clock> Clock for MailboxPlatform<'_, C> {
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+    fn ticks_per_second(&self) -> u64 {
+        self.clock.ticks_per_second()
+    }
+    fn relax(&self) {
+        self.clock.relax()
+    }
+}
+
+impl<C: Clock> Platform for MailboxPlatform<'_, C> {
+    fn num_cores(&self) -> usize {
+        self.kinds.len()
+    }
+    fn core_kind(&self, core: usize) -> CoreKind {
+        self.kinds[core]
+    }
+    unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
+        match self.ports.get_mut(core) {
+            // SAFETY: the caller upholds `issue`'s contract (this fn's # Safety).
+            Some(Some(port)) => unsafe { port.issue(kernel_id, args) },
+            _ => false,
+        }
+    }
+    fn poll(&mut self, core: usize) -> Option<Completion> {
+        self.ports.get_mut(core)?.as_mut()?.poll()
+    }
+}

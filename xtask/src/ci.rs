@@ -1,0 +1,93 @@
+//! `cargo xtask ci`: every check, fail-fast, timed.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::{bindgen, cargo, fw, run, setup};
+
+/// The steps in order. Host steps name `--workspace --exclude firmware`: the
+/// firmware is a workspace member that only builds for its bare-metal target.
+const STEPS: [(&str, Step); 8] = [
+    ("setup", |_| setup::setup()),
+    ("fmt", |root| {
+        run(cargo(root).args(["fmt", "--all", "--", "--check"]))
+    }),
+    ("clippy (host)", |root| {
+        run(cargo(root)
+            .args([
+                "clippy",
+                "--workspace",
+                "--exclude",
+                "firmware",
+                "--all-targets",
+            ])
+            .args(DENY))
+    }),
+    ("clippy (firmware)", |root| {
+        run(cargo(root)
+            .args(["clippy", "-p", "firmware", "--target", fw::TARGET])
+            .args(DENY))
+    }),
+    ("bindgen --check", |root| bindgen::bindgen(root, true)),
+    ("fw", |root| fw::fw(root).map(drop)),
+    ("test", test),
+    ("loom", loom),
+];
+
+type Step = fn(&Path) -> Result<()>;
+
+const DENY: [&str; 3] = ["--", "-D", "warnings"];
+
+pub fn ci(root: &Path) -> Result<()> {
+    let start = Instant::now();
+    let mut times = Vec::new();
+    for (name, step) in STEPS {
+        eprintln!("==> ci: {name}");
+        let t = Instant::now();
+        let result = step(root);
+        times.push((name, t.elapsed()));
+        if let Err(e) = result {
+            report(&times, start.elapsed());
+            return Err(e.context(format!("ci step `{name}` failed")));
+        }
+    }
+    report(&times, start.elapsed());
+    eprintln!("ci: all steps passed");
+    Ok(())
+}
+
+/// The host tests; integration tests find the firmware in `WSP_FIRMWARE`.
+fn test(root: &Path) -> Result<()> {
+    let mut test = cargo(root);
+    test.args(["test", "--workspace", "--exclude", "firmware"])
+        .env("WSP_FIRMWARE", fw::elf_path(root));
+    run(&mut test)
+}
+
+/// Model checks of the concurrent structures, in their own target directory
+/// so that `--cfg loom` does not invalidate the main build.
+fn loom(root: &Path) -> Result<()> {
+    let mut test = cargo(root);
+    test.args([
+        "test",
+        "-p",
+        "device-runtime",
+        "--release",
+        "--lib",
+        "--target-dir",
+    ])
+    .arg(root.join("target").join("loom"))
+    .arg("loom")
+    .env("RUSTFLAGS", "--cfg loom");
+    run(&mut test)
+}
+
+fn report(times: &[(&str, Duration)], total: Duration) {
+    eprintln!("ci: step times");
+    for (name, time) in times {
+        eprintln!("  {name:<18} {:>7.1} s", time.as_secs_f64());
+    }
+    eprintln!("  {:<18} {:>7.1} s", "total", total.as_secs_f64());
+}

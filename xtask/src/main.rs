@@ -1,0 +1,144 @@
+//! `cargo xtask <command>`: the project's build, run and CI tasks.
+//!
+//! - `setup`: installs what the build needs (apt packages, rustup target and components).
+//! - `bindgen [--check]`: regenerates (or checks) the kernel bindings.
+//! - `fw`: builds the QEMU firmware and reports its size.
+//! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU.
+//! - `ci`: every check, in the order CI runs them.
+
+mod bindgen;
+mod ci;
+mod fw;
+mod qemu;
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "pto-wsp build, run and CI tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what is missing: apt packages, the rustup target and components.
+    Setup,
+    /// Regenerate ffi/src/bindings.rs from the kernel ABI header.
+    Bindgen {
+        /// Only check that the checked-in bindings are up to date.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the QEMU firmware (release) and print its path and size.
+    Fw,
+    /// Run a descriptor table on the firmware under QEMU; exits with the firmware's status.
+    Qemu {
+        /// The descriptor table, loaded at 0x4800_0000.
+        table: PathBuf,
+        /// The initial data arena, loaded at 0x4900_0000 (zeroes if absent).
+        #[arg(long)]
+        arena: Option<PathBuf>,
+        /// Where to copy the arena the firmware writes back after a successful run.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Time limit for QEMU, in seconds.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_secs: u64,
+    },
+    /// Run every check CI runs: setup, fmt, clippy, bindgen, firmware, tests.
+    Ci,
+}
+
+fn main() -> Result<()> {
+    let root = workspace_root();
+    match Cli::parse().command {
+        Task::Setup => setup::setup(),
+        Task::Bindgen { check } => bindgen::bindgen(&root, check),
+        Task::Fw => fw::fw(&root).map(drop),
+        Task::Qemu {
+            table,
+            arena,
+            out,
+            timeout_secs,
+        } => {
+            let status = run_qemu(&root, table, arena, out.as_deref(), timeout_secs)?;
+            std::process::exit(status)
+        }
+        Task::Ci => ci::ci(&root),
+    }
+}
+
+/// Builds the firmware, runs it on `table` with the output passed through,
+/// copies `arena.out` to `out` and returns the firmware's exit status.
+fn run_qemu(
+    root: &Path,
+    table: PathBuf,
+    arena: Option<PathBuf>,
+    out: Option<&Path>,
+    secs: u64,
+) -> Result<i32> {
+    let firmware = fw::build(root)?;
+    let run = qemu::QemuRun {
+        table: Some(table),
+        arena,
+        timeout_secs: secs,
+        ..qemu::QemuRun::new(firmware)
+    };
+    let outcome = run.run()?;
+    if let Some(out) = out {
+        match &outcome.arena_out {
+            Some(bytes) => {
+                std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?
+            }
+            None => eprintln!(
+                "xtask: the firmware wrote no arena.out; {} not written",
+                out.display()
+            ),
+        }
+    }
+    Ok(outcome.status)
+}
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+        .to_path_buf()
+}
+
+/// `cargo` (the one running this xtask, when there is one) in `root`.
+fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root);
+    cmd
+}
+
+/// Prints `cmd`, runs it with inherited stdio and fails unless it succeeds.
+fn run(cmd: &mut Command) -> Result<()> {
+    let line = command_line(cmd);
+    eprintln!("$ {line}");
+    let status = cmd.status().with_context(|| format!("starting {line}"))?;
+    if !status.success() {
+        bail!("`{line}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// `cmd`'s program and arguments, space-separated.
+fn command_line(cmd: &Command) -> String {
+    let program = Path::new(cmd.get_program())
+        .file_name()
+        .unwrap_or(cmd.get_program());
+    std::iter::once(program)
+        .chain(cmd.get_args())
+        .map(|s| s.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

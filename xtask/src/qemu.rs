@@ -1,0 +1,216 @@
+//! Runs the pto-wsp firmware under QEMU `virt` with a descriptor table and a
+//! data arena loaded where its memory map expects them (see
+//! `linker/qemu-virt.ld`), and collects the exit status, the output and the
+//! arena the firmware writes back (`arena.out`, a semihosting file created
+//! in QEMU's working directory, which is a fresh temporary directory).
+//!
+//! Self-contained (std only, no other module of its crate), so that other
+//! crates, e.g. integration tests, can include it with
+//! `#[path = "<root>/xtask/src/qemu.rs"] mod qemu;`.
+#![allow(dead_code)] // Each includer uses a different part of it.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The QEMU binary (Debian package `qemu-system-arm`).
+pub const QEMU: &str = "qemu-system-aarch64";
+/// Where the firmware reads the descriptor table.
+pub const TABLE_ADDR: u64 = 0x4800_0000;
+/// Where the firmware finds the data arena.
+pub const ARENA_ADDR: u64 = 0x4900_0000;
+/// The file the firmware writes the arena to after a successful run.
+pub const ARENA_OUT: &str = "arena.out";
+/// Exit statuses of `timeout` when it stopped QEMU (SIGTERM, then SIGKILL).
+const TIMED_OUT: [i32; 2] = [124, 137];
+
+/// One run of the firmware.
+#[derive(Clone, Debug)]
+pub struct QemuRun {
+    /// The firmware ELF.
+    pub firmware: PathBuf,
+    /// The descriptor table; without one the table window reads as zeroes.
+    pub table: Option<PathBuf>,
+    /// The initial arena; without one the arena reads as zeroes.
+    pub arena: Option<PathBuf>,
+    /// Time limit, in whole seconds (at least 1: `timeout` reads 0 as none).
+    pub timeout_secs: u64,
+    /// Capture QEMU's stdout and stderr into the outcome instead of passing
+    /// them through to this process's.
+    pub capture: bool,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug)]
+pub struct QemuOutcome {
+    /// The firmware's exit status (semihosting exit code).
+    pub status: i32,
+    /// What the firmware printed; empty unless captured.
+    pub stdout: String,
+    pub stderr: String,
+    /// The arena the firmware wrote back, if it wrote one.
+    pub arena_out: Option<Vec<u8>>,
+}
+
+impl QemuOutcome {
+    pub fn success(&self) -> bool {
+        self.status == 0
+    }
+}
+
+/// Why a run did not produce an outcome.
+#[derive(Debug)]
+pub enum QemuError {
+    /// A file, the temporary directory or QEMU itself could not be used.
+    Io { what: String, error: io::Error },
+    /// QEMU was still running after the time limit.
+    TimedOut { secs: u64 },
+    /// QEMU ended through a signal.
+    Signaled,
+}
+
+impl fmt::Display for QemuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QemuError::Io { what, error } => write!(f, "{what}: {error}"),
+            QemuError::TimedOut { secs } => write!(f, "QEMU did not finish within {secs} s"),
+            QemuError::Signaled => write!(f, "QEMU was killed by a signal"),
+        }
+    }
+}
+
+// `Display` already includes an I/O error's message, so there is no `source`.
+impl std::error::Error for QemuError {}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> QemuError {
+    let what = what.into();
+    move |error| QemuError::Io { what, error }
+}
+
+impl QemuRun {
+    /// A run of `firmware` with no table or arena, a 60 s limit, output passed through.
+    pub fn new(firmware: impl Into<PathBuf>) -> Self {
+        QemuRun {
+            firmware: firmware.into(),
+            table: None,
+            arena: None,
+            timeout_secs: 60,
+            capture: false,
+        }
+    }
+
+    /// The command line, with relative paths made absolute; it must run in
+    /// the directory where `arena.out` is to appear.
+    pub fn command(&self) -> Result<Command, QemuError> {
+        let mut cmd = Command::new("timeout");
+        cmd.args([
+            "--foreground",
+            "--kill-after=5",
+            &self.limit_secs().to_string(),
+            QEMU,
+        ]);
+        cmd.args([
+            "-M",
+            "virt",
+            "-cpu",
+            "cortex-a57",
+            "-smp",
+            "4",
+            "-m",
+            "512M",
+        ]);
+        // `-nic none`: without it QEMU looks for a NIC ROM that a minimal install lacks.
+        cmd.args(["-nographic", "-nic", "none", "-semihosting", "-kernel"]);
+        cmd.arg(existing(&self.firmware, "firmware")?);
+        for (file, addr, what) in [
+            (&self.table, TABLE_ADDR, "table"),
+            (&self.arena, ARENA_ADDR, "arena"),
+        ] {
+            if let Some(file) = file {
+                cmd.arg("-device").arg(loader(&existing(file, what)?, addr));
+            }
+        }
+        Ok(cmd)
+    }
+
+    /// The time limit `timeout` gets.
+    fn limit_secs(&self) -> u64 {
+        self.timeout_secs.max(1)
+    }
+
+    /// Runs QEMU to the end (or the time limit) in a temporary directory.
+    pub fn run(&self) -> Result<QemuOutcome, QemuError> {
+        let mut cmd = self.command()?;
+        let dir = TempDir::new()?;
+        cmd.current_dir(&dir.0).stdin(Stdio::null());
+        let (status, stdout, stderr) = if self.capture {
+            let out = cmd.output().map_err(io_err(format!("running {QEMU}")))?;
+            let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+            (out.status, text(out.stdout), text(out.stderr))
+        } else {
+            let status = cmd.status().map_err(io_err(format!("running {QEMU}")))?;
+            (status, String::new(), String::new())
+        };
+        let status = status.code().ok_or(QemuError::Signaled)?;
+        if TIMED_OUT.contains(&status) {
+            return Err(QemuError::TimedOut {
+                secs: self.limit_secs(),
+            });
+        }
+        let out_path = dir.0.join(ARENA_OUT);
+        let arena_out = match std::fs::read(&out_path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err(format!("reading {}", out_path.display()))(e)),
+        };
+        Ok(QemuOutcome {
+            status,
+            stdout,
+            stderr,
+            arena_out,
+        })
+    }
+}
+
+/// `path` made absolute, or an error naming `what` if there is no such file.
+fn existing(path: &Path, what: &str) -> Result<PathBuf, QemuError> {
+    let abs = std::path::absolute(path).map_err(io_err(format!("{what} {}", path.display())))?;
+    std::fs::metadata(&abs).map_err(io_err(format!("{what} {}", abs.display())))?;
+    Ok(abs)
+}
+
+/// A generic-loader device putting `file`'s raw bytes at `addr`.
+fn loader(file: &Path, addr: u64) -> OsString {
+    // QEMU's option syntax escapes a comma in a value by doubling it.
+    let file = file.to_string_lossy().replace(',', ",,");
+    OsString::from(format!("loader,file={file},addr={addr:#x},force-raw=on"))
+}
+
+/// A fresh directory, removed with its contents when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<Self, QemuError> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("wsp-qemu-{}-{n}", std::process::id()));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(TempDir(path)),
+                // Left behind by an earlier process with the same id.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err(format!("creating {}", path.display()))(e)),
+            }
+        }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        // Best effort: a leftover directory in the temp dir is harmless.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -51,6 +51,9 @@ pub enum Problem {
     Aliases { other: u32 },
     /// The tensor arguments break the kernel's shape contract.
     KernelContract(wsp_ffi::ShapeError),
+    /// A task writes a region that overlaps another of its own arguments
+    /// (`other` is that argument's index in the args section).
+    ArgsOverlap { other: u32 },
     /// The same kernel declared twice; `first` is the earlier entry.
     Duplicate { first: u32 },
     /// A section overlaps the header or another section.
@@ -134,6 +137,12 @@ impl fmt::Display for Problem {
             }
             Problem::Aliases { other } => write!(f, "shares arena bytes with tensor {other}"),
             Problem::KernelContract(e) => write!(f, "kernel contract: {e}"),
+            Problem::ArgsOverlap { other } => {
+                write!(
+                    f,
+                    "region overlaps argument {other} of the same task, and one of them is written"
+                )
+            }
             Problem::Duplicate { first } => write!(f, "duplicate of entry {first}"),
             Problem::SectionOverlap { other } => {
                 write!(f, "section overlaps the {} section", other.name())

@@ -410,12 +410,34 @@ impl<'a> Table<'a> {
                 let spec_access = info.tensor_args[k].access as u32;
                 shapes[k] = self.validate_arg(first as usize + k, arg, spec_access)?;
             }
+            self.check_disjoint_writes(first as usize, self.task_args(task))?;
             let mut scalars = [0u64; MAX_SCALARS];
             for (s, v) in scalars.iter_mut().zip(task.scalars.iter()) {
                 *s = v.get();
             }
             info.check(&shapes[..count as usize], &scalars[..nscalars as usize])
                 .map_err(|c| e("first_arg", Problem::KernelContract(c)))?;
+        }
+        Ok(())
+    }
+
+    /// A kernel's output must not overlap its other arguments: the result
+    /// would depend on the kernel's loop order.
+    fn check_disjoint_writes(&self, first: usize, args: &[TensorArg]) -> Result<(), TableError> {
+        let writes =
+            |a: &TensorArg| Access::from_bits_retain(a.access.get()).contains(Access::WRITE);
+        for (k, a) in args.iter().enumerate() {
+            for (l, b) in args.iter().enumerate().skip(k + 1) {
+                if a.tensor == b.tensor
+                    && (writes(a) || writes(b))
+                    && Region::of(a).overlaps(&Region::of(b))
+                {
+                    let problem = Problem::ArgsOverlap {
+                        other: (first + k) as u32,
+                    };
+                    return Err(err(Section::Args, first + l, "offset", problem));
+                }
+            }
         }
         Ok(())
     }

@@ -1,0 +1,183 @@
+//! `wsp`: build, run, verify and inspect pto-wsp workloads.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use host_tools::inspect::inspect;
+use host_tools::shim::Shim;
+use host_tools::table::Arena;
+use host_tools::workloads::{Params, Workload, NAMES};
+
+#[derive(Parser)]
+#[command(name = "wsp", about = "Build, run and inspect pto-wsp workloads")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a workload, run it on the host shim and check it against the f64 reference.
+    Run {
+        #[command(flatten)]
+        workload: WorkloadArgs,
+        /// Emulated cube cores (matrix kernels).
+        #[arg(long, default_value_t = 2)]
+        cube: usize,
+        /// Emulated vector cores (the other kernels).
+        #[arg(long, default_value_t = 2)]
+        vector: usize,
+    },
+    /// Write a workload's table.bin and initial arena.bin (e.g. for `cargo xtask qemu`).
+    Build {
+        #[command(flatten)]
+        workload: WorkloadArgs,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Check an arena produced by another runner (QEMU) against the reference.
+    Verify {
+        #[command(flatten)]
+        workload: WorkloadArgs,
+        #[arg(long)]
+        arena: PathBuf,
+    },
+    /// Print a table in readable form, with its validation result.
+    Inspect {
+        table: PathBuf,
+        /// Show every task, not only the first ones.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Args)]
+struct WorkloadArgs {
+    /// One of: gemm, mlp.
+    workload: String,
+    #[arg(long)]
+    m: Option<u32>,
+    #[arg(long)]
+    n: Option<u32>,
+    #[arg(long)]
+    k: Option<u32>,
+    #[arg(long)]
+    tile: Option<u32>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+impl WorkloadArgs {
+    fn build(&self) -> Result<Workload> {
+        let d = Params::default();
+        let p = Params {
+            m: self.m.unwrap_or(d.m),
+            n: self.n.unwrap_or(d.n),
+            k: self.k.unwrap_or(d.k),
+            tile: self.tile.unwrap_or(d.tile),
+            seed: self.seed,
+        };
+        // The mlp workload picks its own small sizes unless any is given.
+        let p = if self.m.or(self.n).or(self.k).or(self.tile).is_none() {
+            Params {
+                seed: self.seed,
+                ..d
+            }
+        } else {
+            p
+        };
+        Workload::build(&self.workload, p)
+            .with_context(|| format!("building workload (known: {})", NAMES.join(", ")))
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<bool> {
+    match cli.command {
+        Command::Run {
+            workload,
+            cube,
+            vector,
+        } => {
+            let w = workload.build()?;
+            let shim = Shim {
+                cube_cores: cube,
+                vector_cores: vector,
+                ..Shim::default()
+            };
+            println!("workload  {}: {}", w.name, w.summary);
+            println!(
+                "table     {} tasks, {} bytes, arena {} bytes",
+                w.tasks,
+                w.table.len(),
+                w.arena.bytes.len()
+            );
+            println!(
+                "shim      1 AICPU scheduler thread, {cube} cube + {vector} vector AICore threads"
+            );
+            let mut arena = w.arena.clone();
+            let stats = shim.run(&w.table, &mut arena.bytes)?;
+            println!(
+                "ran       {} tasks in {:.3} ms wall",
+                stats.tasks,
+                stats.wall_micros() as f64 / 1000.0
+            );
+            for (i, c) in stats.cores().iter().enumerate() {
+                println!(
+                    "  core {i} ({:?}): {:>5} tasks {:>12} cycles",
+                    c.kind, c.tasks, c.cycles
+                );
+            }
+            println!("  total semantic cycles {}", stats.total_cycles());
+            Ok(report(&w, &arena))
+        }
+        Command::Build { workload, out } => {
+            let w = workload.build()?;
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            std::fs::write(out.join("table.bin"), &w.table).context("writing table.bin")?;
+            std::fs::write(out.join("arena.bin"), &w.arena.bytes).context("writing arena.bin")?;
+            println!(
+                "wrote {}/table.bin ({} tasks) and arena.bin ({} bytes)",
+                out.display(),
+                w.tasks,
+                w.arena.bytes.len()
+            );
+            Ok(true)
+        }
+        Command::Verify { workload, arena } => {
+            let w = workload.build()?;
+            let bytes =
+                std::fs::read(&arena).with_context(|| format!("reading {}", arena.display()))?;
+            Ok(report(&w, &Arena { bytes }))
+        }
+        Command::Inspect { table, all } => {
+            let bytes =
+                std::fs::read(&table).with_context(|| format!("reading {}", table.display()))?;
+            let text = inspect(&bytes, all);
+            print!("{text}");
+            if !host_tools::inspect::is_valid(&bytes) {
+                bail!("{} is not a valid table", table.display());
+            }
+            Ok(true)
+        }
+    }
+}
+
+fn report(w: &Workload, arena: &Arena) -> bool {
+    let v = w.verify(arena);
+    println!("check     {v}");
+    println!("{}", if v.passed() { "PASS" } else { "FAIL" });
+    v.passed()
+}

@@ -1,0 +1,14 @@
+//! The pto-wsp host toolkit.
+//!
+//! - [`table`]: `TableBuilder` writes descriptor tables; `Arena` holds tensor data.
+//! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
+//!   their f64 checks; [`reference`] holds the f64 math.
+//! - [`shim`]: runs the device runtime on host threads.
+//! - [`inspect`]: a readable dump of any table, valid or not.
+
+pub mod inspect;
+pub mod reference;
+pub mod rng;
+pub mod shim;
+pub mod table;
+pub mod workloads;

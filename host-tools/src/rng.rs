@@ -1,0 +1,32 @@
+//! SplitMix64: a small seeded generator for reproducible inputs.
+
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[-1, 1)` with 24 random bits (exact in f32).
+    pub fn unit_f32(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn fill(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit_f32()).collect()
+    }
+}

@@ -1,0 +1,373 @@
+//! `TableBuilder`: writes descriptor tables (ABI v1) from tensors and tasks.
+
+use device_runtime::abi::{
+    table_checksum, KernelDesc, SectionRef, TableHeader, TaskDesc, TensorArg, TensorDesc,
+    ABI_VERSION, HEADER_SIZE, MAGIC, MAX_RANK, MAX_SCALARS,
+};
+use wsp_ffi::{ArgAccess, DTYPE_F32};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::IntoBytes;
+
+/// Arena offsets of tensors are aligned to this many bytes.
+pub const TENSOR_ALIGN: u64 = 64;
+
+/// A tensor of a table under construction (its index in the tensors section).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TensorId(pub u32);
+
+/// A row-major f32 tensor as laid out in the arena.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    pub name: String,
+    pub shape: Vec<u32>,
+    /// Byte offset of element 0 in the arena.
+    pub arena_offset: u64,
+}
+
+impl TensorLayout {
+    pub fn elements(&self) -> usize {
+        self.shape.iter().map(|&d| d as usize).product()
+    }
+    fn byte_range(&self) -> std::ops::Range<usize> {
+        let start = self.arena_offset as usize;
+        start..start + self.elements() * 4
+    }
+}
+
+/// One tensor argument of a task: a region of a tensor and how it is accessed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arg {
+    pub tensor: TensorId,
+    pub access: ArgAccess,
+    pub offset: [u32; MAX_RANK],
+    pub extent: [u32; MAX_RANK],
+}
+
+impl Arg {
+    /// A `rows` x `cols` tile at (`row`, `col`) of a 2-D tensor.
+    pub fn tile(
+        tensor: TensorId,
+        access: ArgAccess,
+        row: u32,
+        col: u32,
+        rows: u32,
+        cols: u32,
+    ) -> Arg {
+        Arg {
+            tensor,
+            access,
+            offset: [row, col, 0, 0],
+            extent: [rows, cols, 1, 1],
+        }
+    }
+}
+
+/// Why a task could not be added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildError {
+    UnknownKernel(u32),
+    UnknownTensor(u32),
+    ArgCount {
+        kernel: &'static str,
+        expected: u32,
+        got: usize,
+    },
+    ScalarCount {
+        kernel: &'static str,
+        expected: u32,
+        got: usize,
+    },
+    BadShape(String),
+    TooLarge(&'static str),
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildError::UnknownKernel(id) => {
+                write!(f, "kernel id {id} is not in the kernel registry")
+            }
+            BuildError::UnknownTensor(t) => write!(f, "tensor {t} was not declared"),
+            BuildError::ArgCount {
+                kernel,
+                expected,
+                got,
+            } => {
+                write!(
+                    f,
+                    "kernel {kernel} takes {expected} tensor arguments, got {got}"
+                )
+            }
+            BuildError::ScalarCount {
+                kernel,
+                expected,
+                got,
+            } => {
+                write!(f, "kernel {kernel} takes {expected} scalars, got {got}")
+            }
+            BuildError::BadShape(why) => write!(f, "bad tensor shape: {why}"),
+            BuildError::TooLarge(what) => {
+                write!(f, "the table's {what} exceed the ABI's 32-bit limits")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Builds one descriptor table. Table order of tasks is program order.
+#[derive(Default)]
+pub struct TableBuilder {
+    tensors: Vec<TensorLayout>,
+    arena_size: u64,
+    kernels: Vec<KernelDesc>,
+    tasks: Vec<TaskDesc>,
+    args: Vec<TensorArg>,
+}
+
+impl TableBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Declares a row-major f32 tensor of `shape` (rank 1 to 4, no zero sizes).
+    pub fn tensor(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, BuildError> {
+        if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
+            return Err(BuildError::BadShape(format!(
+                "{name}: {shape:?} (rank 1..=4, sizes > 0)"
+            )));
+        }
+        let arena_offset = self.arena_size.next_multiple_of(TENSOR_ALIGN);
+        let layout = TensorLayout {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            arena_offset,
+        };
+        self.arena_size = arena_offset + layout.elements() as u64 * 4;
+        self.tensors.push(layout);
+        Ok(TensorId(self.tensors.len() as u32 - 1))
+    }
+
+    pub fn layout(&self, tensor: TensorId) -> &TensorLayout {
+        &self.tensors[tensor.0 as usize]
+    }
+
+    pub fn layouts(&self) -> &[TensorLayout] {
+        &self.tensors
+    }
+
+    pub fn arena_size(&self) -> u64 {
+        self.arena_size
+    }
+
+    pub fn num_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Appends a call of `kernel_id`; the kernel is declared on first use.
+    pub fn task(
+        &mut self,
+        kernel_id: u32,
+        args: &[Arg],
+        scalars: &[u64],
+    ) -> Result<(), BuildError> {
+        let info = wsp_ffi::lookup(kernel_id).ok_or(BuildError::UnknownKernel(kernel_id))?;
+        if args.len() != info.num_tensors as usize {
+            return Err(BuildError::ArgCount {
+                kernel: info.name,
+                expected: info.num_tensors,
+                got: args.len(),
+            });
+        }
+        if scalars.len() != info.num_scalars as usize || scalars.len() > MAX_SCALARS {
+            return Err(BuildError::ScalarCount {
+                kernel: info.name,
+                expected: info.num_scalars,
+                got: scalars.len(),
+            });
+        }
+        if let Some(bad) = args
+            .iter()
+            .find(|a| a.tensor.0 as usize >= self.tensors.len())
+        {
+            return Err(BuildError::UnknownTensor(bad.tensor.0));
+        }
+        if !self.kernels.iter().any(|k| k.kernel_id.get() == kernel_id) {
+            self.kernels.push(KernelDesc {
+                kernel_id: U32::new(kernel_id),
+                core_kind: U32::new(info.kind as u32),
+                num_tensors: U32::new(info.num_tensors),
+                num_scalars: U32::new(info.num_scalars),
+            });
+        }
+        let mut s = [U64::new(0); MAX_SCALARS];
+        for (dst, &v) in s.iter_mut().zip(scalars) {
+            *dst = U64::new(v);
+        }
+        self.tasks.push(TaskDesc {
+            kernel_id: U32::new(kernel_id),
+            first_arg: U32::new(self.args.len() as u32),
+            num_args: U32::new(args.len() as u32),
+            num_scalars: U32::new(scalars.len() as u32),
+            scalars: s,
+        });
+        self.args.extend(args.iter().map(|a| TensorArg {
+            tensor: U32::new(a.tensor.0),
+            access: U32::new(a.access as u32),
+            offset: a.offset.map(U32::new),
+            extent: a.extent.map(U32::new),
+        }));
+        Ok(())
+    }
+
+    /// Writes the table: header, then tensors, kernels, tasks and args.
+    pub fn finish(&self) -> Result<Vec<u8>, BuildError> {
+        let tensors: Vec<TensorDesc> = self.tensors.iter().map(tensor_desc).collect();
+        let mut out = vec![0u8; HEADER_SIZE];
+        let mut section = |bytes: &[u8], count: usize| -> Result<SectionRef, BuildError> {
+            let offset = u32::try_from(out.len()).map_err(|_| BuildError::TooLarge("sections"))?;
+            let count = u32::try_from(count).map_err(|_| BuildError::TooLarge("entries"))?;
+            out.extend_from_slice(bytes);
+            Ok(SectionRef {
+                offset: U32::new(offset),
+                count: U32::new(count),
+            })
+        };
+        let tensors_ref = section(tensors.as_bytes(), tensors.len())?;
+        let kernels_ref = section(self.kernels.as_bytes(), self.kernels.len())?;
+        let tasks_ref = section(self.tasks.as_bytes(), self.tasks.len())?;
+        let args_ref = section(self.args.as_bytes(), self.args.len())?;
+        let total_len = u32::try_from(out.len()).map_err(|_| BuildError::TooLarge("sections"))?;
+        let header = TableHeader {
+            magic: MAGIC,
+            abi_version: U32::new(ABI_VERSION),
+            header_size: U32::new(HEADER_SIZE as u32),
+            total_len: U32::new(total_len),
+            checksum: U32::new(0),
+            arena_size: U64::new(self.arena_size),
+            tensors: tensors_ref,
+            kernels: kernels_ref,
+            tasks: tasks_ref,
+            args: args_ref,
+        };
+        out[..HEADER_SIZE].copy_from_slice(header.as_bytes());
+        seal(&mut out);
+        Ok(out)
+    }
+}
+
+/// Recomputes and stores the checksum of a table (after editing its bytes).
+pub fn seal(table: &mut [u8]) {
+    let crc = table_checksum(table);
+    table[device_runtime::abi::CHECKSUM_FIELD].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn tensor_desc(t: &TensorLayout) -> TensorDesc {
+    let mut name = [0u8; 16];
+    let n = t.name.len().min(16);
+    name[..n].copy_from_slice(&t.name.as_bytes()[..n]);
+    let mut shape = [U32::new(0); MAX_RANK];
+    let mut strides = [U32::new(0); MAX_RANK];
+    let mut stride = 1u32;
+    for d in (0..t.shape.len()).rev() {
+        shape[d] = U32::new(t.shape[d]);
+        strides[d] = U32::new(stride);
+        stride = stride.saturating_mul(t.shape[d]);
+    }
+    TensorDesc {
+        name,
+        dtype: U32::new(DTYPE_F32),
+        rank: U32::new(t.shape.len() as u32),
+        shape,
+        strides,
+        arena_offset: U64::new(t.arena_offset),
+    }
+}
+
+/// The data arena of a table: tensor bytes at their arena offsets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arena {
+    pub bytes: Vec<u8>,
+}
+
+impl Arena {
+    /// A zeroed arena of `size` bytes.
+    pub fn zeroed(size: u64) -> Arena {
+        Arena {
+            bytes: vec![0; size as usize],
+        }
+    }
+
+    pub fn write_f32(&mut self, tensor: &TensorLayout, values: &[f32]) {
+        assert_eq!(
+            values.len(),
+            tensor.elements(),
+            "values for tensor {}",
+            tensor.name
+        );
+        let range = tensor.byte_range();
+        for (chunk, v) in self.bytes[range].chunks_exact_mut(4).zip(values) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    pub fn read_f32(&self, tensor: &TensorLayout) -> Vec<f32> {
+        let range = tensor.byte_range();
+        self.bytes[range]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use device_runtime::abi::Table;
+
+    #[test]
+    fn a_built_table_parses_with_the_fields_given() {
+        let mut b = TableBuilder::new();
+        let a = b.tensor("A", &[64, 32]).unwrap();
+        let c = b.tensor("C", &[64, 32]).unwrap();
+        let id = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+        let args = [
+            Arg::tile(a, ArgAccess::In, 0, 0, 32, 32),
+            Arg::tile(a, ArgAccess::In, 32, 0, 32, 32),
+        ];
+        b.task(
+            id,
+            &[
+                args[0],
+                args[1],
+                Arg::tile(c, ArgAccess::Out, 32, 0, 32, 32),
+            ],
+            &[],
+        )
+        .unwrap();
+        let bytes = b.finish().unwrap();
+        let table = Table::parse(&bytes).unwrap();
+        assert_eq!(table.tensors().len(), 2);
+        assert_eq!(table.tensors()[1].arena_offset.get(), 64 * 32 * 4);
+        assert_eq!(table.tensors()[0].strides[0].get(), 32);
+        assert_eq!(table.kernels().len(), 1);
+        assert_eq!(table.tasks().len(), 1);
+        let targs = table.task_args(&table.tasks()[0]);
+        assert_eq!(targs[2].offset[0].get(), 32);
+        assert_eq!(targs[2].access.get(), ArgAccess::Out as u32);
+        assert_eq!(table.arena_size(), 2 * 64 * 32 * 4);
+    }
+
+    #[test]
+    fn wrong_calls_are_refused_at_build_time() {
+        let mut b = TableBuilder::new();
+        let a = b.tensor("A", &[4, 4]).unwrap();
+        assert_eq!(b.task(77, &[], &[]), Err(BuildError::UnknownKernel(77)));
+        let arg = Arg::tile(a, ArgAccess::In, 0, 0, 4, 4);
+        assert!(matches!(
+            b.task(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &[arg], &[]),
+            Err(BuildError::ArgCount { .. })
+        ));
+        assert!(b.tensor("Z", &[0, 4]).is_err());
+    }
+}

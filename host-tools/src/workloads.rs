@@ -1,0 +1,387 @@
+//! Named workloads: a table, its initial arena, and how to check the result
+//! against the f64 reference.
+
+use std::fmt;
+
+use wsp_ffi::ArgAccess::{In, InOut, Out};
+use wsp_ffi::{
+    WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM,
+    WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM, WspKernelId_WSP_KERNEL_SOFTMAX as SOFTMAX,
+};
+
+use crate::reference;
+use crate::rng::SplitMix64;
+use crate::table::{Arena, Arg, BuildError, TableBuilder, TensorLayout};
+
+/// f32 unit roundoff.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// Sizes and seed of a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub tile: u32,
+    pub seed: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            m: 256,
+            n: 256,
+            k: 256,
+            tile: 32,
+            seed: 1,
+        }
+    }
+}
+
+/// The names `Workload::build` accepts.
+pub const NAMES: [&str; 2] = ["gemm", "mlp"];
+
+/// A built workload.
+pub struct Workload {
+    pub name: &'static str,
+    /// One line saying what it computes.
+    pub summary: String,
+    pub table: Vec<u8>,
+    pub arena: Arena,
+    pub tensors: Vec<TensorLayout>,
+    pub tasks: usize,
+    check: Box<dyn Fn(&Arena) -> Verification>,
+}
+
+/// How an output compares with the f64 reference.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verification {
+    pub output: String,
+    pub elements: usize,
+    pub max_abs_err: f64,
+    pub max_rel_err: f64,
+    /// The largest error divided by its allowed bound: at most 1 to pass.
+    pub worst_error_over_bound: f64,
+    /// How the bound is defined.
+    pub tolerance: &'static str,
+}
+
+impl Verification {
+    pub fn passed(&self) -> bool {
+        self.worst_error_over_bound <= 1.0
+    }
+
+    fn compare(
+        output: &str,
+        got: &[f32],
+        want: &[f64],
+        bound: impl Fn(usize) -> f64,
+        tolerance: &'static str,
+    ) -> Self {
+        let mut v = Verification {
+            output: output.to_string(),
+            elements: got.len(),
+            max_abs_err: 0.0,
+            max_rel_err: 0.0,
+            worst_error_over_bound: 0.0,
+            tolerance,
+        };
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let err = (g as f64 - w).abs();
+            let ratio = if err == 0.0 { 0.0 } else { err / bound(i) };
+            v.max_abs_err = v.max_abs_err.max(err);
+            if w != 0.0 {
+                v.max_rel_err = v.max_rel_err.max(err / w.abs());
+            }
+            // NaN compares false everywhere: make it fail loudly.
+            v.worst_error_over_bound = if ratio.is_nan() {
+                f64::INFINITY
+            } else {
+                v.worst_error_over_bound.max(ratio)
+            };
+        }
+        if got.len() != want.len() {
+            v.worst_error_over_bound = f64::INFINITY;
+        }
+        v
+    }
+}
+
+impl fmt::Display for Verification {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} elements, max abs err {:.3e}, max rel err {:.3e}, worst err/bound {:.3} ({})",
+            self.output,
+            self.elements,
+            self.max_abs_err,
+            self.max_rel_err,
+            self.worst_error_over_bound,
+            self.tolerance
+        )
+    }
+}
+
+impl Workload {
+    /// Builds the workload called `name` (see [`NAMES`]).
+    pub fn build(name: &str, p: Params) -> Result<Workload, WorkloadError> {
+        match name {
+            "gemm" => gemm(p),
+            "mlp" => mlp(p),
+            _ => Err(WorkloadError::Unknown(name.to_string())),
+        }
+    }
+
+    /// Checks an arena after a run.
+    pub fn verify(&self, arena: &Arena) -> Verification {
+        if arena.bytes.len() != self.arena.bytes.len() {
+            return Verification {
+                output: format!(
+                    "arena of {} bytes (expected {})",
+                    arena.bytes.len(),
+                    self.arena.bytes.len()
+                ),
+                elements: 0,
+                max_abs_err: f64::INFINITY,
+                max_rel_err: f64::INFINITY,
+                worst_error_over_bound: f64::INFINITY,
+                tolerance: "arena size must match",
+            };
+        }
+        (self.check)(arena)
+    }
+}
+
+/// Why a workload could not be built.
+#[derive(Debug)]
+pub enum WorkloadError {
+    Unknown(String),
+    Params(String),
+    Build(BuildError),
+}
+
+impl fmt::Display for WorkloadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkloadError::Unknown(name) => {
+                write!(f, "unknown workload `{name}` (known: {})", NAMES.join(", "))
+            }
+            WorkloadError::Params(why) => write!(f, "bad sizes: {why}"),
+            WorkloadError::Build(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for WorkloadError {}
+
+impl From<BuildError> for WorkloadError {
+    fn from(e: BuildError) -> Self {
+        WorkloadError::Build(e)
+    }
+}
+
+fn check_tiling(p: &Params, max_tile: u32) -> Result<(), WorkloadError> {
+    if p.tile == 0 || p.tile > max_tile {
+        return Err(WorkloadError::Params(format!(
+            "tile {} must be in 1..={max_tile}",
+            p.tile
+        )));
+    }
+    for (name, v) in [("m", p.m), ("n", p.n), ("k", p.k)] {
+        if v == 0 || v % p.tile != 0 {
+            return Err(WorkloadError::Params(format!(
+                "{name} = {v} must be a positive multiple of tile {}",
+                p.tile
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Appends the tasks of C += A x B in `t` x `t` tiles, accumulating over k
+/// in order, so every C tile is a chain of dependent tasks.
+fn gemm_tasks(
+    b: &mut TableBuilder,
+    ids: [crate::table::TensorId; 3],
+    p: &Params,
+) -> Result<(), BuildError> {
+    let [a, bm, c] = ids;
+    let t = p.tile;
+    for i in (0..p.m).step_by(t as usize) {
+        for j in (0..p.n).step_by(t as usize) {
+            for k in (0..p.k).step_by(t as usize) {
+                let args = [
+                    Arg::tile(a, In, i, k, t, t),
+                    Arg::tile(bm, In, k, j, t, t),
+                    Arg::tile(c, InOut, i, j, t, t),
+                ];
+                b.task(GEMM, &args, &[])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn gemm_bound(abs: Vec<f64>, k: u32) -> impl Fn(usize) -> f64 {
+    // Recursive summation of k products in f32: |error| <= gamma_(k+1) * sum|a*b|,
+    // gamma_n = n*u / (1 - n*u), plus the smallest normal to cover all-zero sums.
+    let n = (k + 1) as f64;
+    let gamma = n * U / (1.0 - n * U);
+    move |i| gamma * abs[i] + f32::MIN_POSITIVE as f64
+}
+
+const GEMM_TOLERANCE: &str =
+    "|c - ref| <= gamma_(K+1) * sum_k |a_ik * b_kj|, the f32 summation bound";
+
+/// C (m x n) = A (m x k) x B (k x n) in tiles; C starts at zero.
+fn gemm(p: Params) -> Result<Workload, WorkloadError> {
+    check_tiling(&p, 64)?;
+    let mut b = TableBuilder::new();
+    let ids = [
+        b.tensor("A", &[p.m, p.k])?,
+        b.tensor("B", &[p.k, p.n])?,
+        b.tensor("C", &[p.m, p.n])?,
+    ];
+    gemm_tasks(&mut b, ids, &p)?;
+    let mut rng = SplitMix64::new(p.seed);
+    let (av, bv) = (
+        rng.fill((p.m * p.k) as usize),
+        rng.fill((p.k * p.n) as usize),
+    );
+    let mut arena = Arena::zeroed(b.arena_size());
+    arena.write_f32(b.layout(ids[0]), &av);
+    arena.write_f32(b.layout(ids[1]), &bv);
+    let (want, abs) = reference::gemm(&av, &bv, p.m as usize, p.n as usize, p.k as usize);
+    let c = b.layout(ids[2]).clone();
+    let bound = gemm_bound(abs, p.k);
+    let check = move |arena: &Arena| {
+        Verification::compare("C", &arena.read_f32(&c), &want, &bound, GEMM_TOLERANCE)
+    };
+    Ok(Workload {
+        name: "gemm",
+        summary: format!(
+            "C[{m}x{n}] = A[{m}x{k}] x B[{k}x{n}], f32, {t}x{t} tiles",
+            m = p.m,
+            n = p.n,
+            k = p.k,
+            t = p.tile
+        ),
+        table: b.finish()?,
+        arena,
+        tensors: b.layouts().to_vec(),
+        tasks: b.num_tasks(),
+        check: Box::new(check),
+    })
+}
+
+/// A block that uses every kernel: Y = X x W (GEMM tiles), Z = Y + R (add),
+/// N = rmsnorm(Z) * G, P = softmax(N) per row. X is m x k, W is k x n.
+fn mlp(p: Params) -> Result<Workload, WorkloadError> {
+    let p = if p == Params::default() {
+        Params {
+            m: 64,
+            n: 128,
+            k: 128,
+            tile: 32,
+            seed: p.seed,
+        }
+    } else {
+        p
+    };
+    check_tiling(&p, 64)?;
+    if p.n > 1024 {
+        return Err(WorkloadError::Params(format!(
+            "n = {} must be at most 1024 (row kernels)",
+            p.n
+        )));
+    }
+    let mut b = TableBuilder::new();
+    let (x, w) = (b.tensor("X", &[p.m, p.k])?, b.tensor("W", &[p.k, p.n])?);
+    let (y, r) = (b.tensor("Y", &[p.m, p.n])?, b.tensor("R", &[p.m, p.n])?);
+    let (z, g) = (b.tensor("Z", &[p.m, p.n])?, b.tensor("G", &[1, p.n])?);
+    let (nrm, out) = (b.tensor("N", &[p.m, p.n])?, b.tensor("P", &[p.m, p.n])?);
+    gemm_tasks(&mut b, [x, w, y], &p)?;
+    let t = p.tile;
+    for i in (0..p.m).step_by(t as usize) {
+        for j in (0..p.n).step_by(t as usize) {
+            let args = [
+                Arg::tile(y, In, i, j, t, t),
+                Arg::tile(r, In, i, j, t, t),
+                Arg::tile(z, Out, i, j, t, t),
+            ];
+            b.task(ADD, &args, &[])?;
+        }
+    }
+    let eps = 1e-5f32;
+    let rows = 16.min(p.m);
+    for i in (0..p.m).step_by(rows as usize) {
+        let rows = rows.min(p.m - i);
+        let args = [
+            Arg::tile(z, In, i, 0, rows, p.n),
+            Arg::tile(g, In, 0, 0, 1, p.n),
+            Arg::tile(nrm, Out, i, 0, rows, p.n),
+        ];
+        b.task(RMSNORM, &args, &[eps.to_bits() as u64])?;
+        b.task(
+            SOFTMAX,
+            &[
+                Arg::tile(nrm, In, i, 0, rows, p.n),
+                Arg::tile(out, Out, i, 0, rows, p.n),
+            ],
+            &[],
+        )?;
+    }
+    let mut rng = SplitMix64::new(p.seed);
+    let inputs = [
+        (x, rng.fill((p.m * p.k) as usize)),
+        (w, rng.fill((p.k * p.n) as usize)),
+    ];
+    let rv = rng.fill((p.m * p.n) as usize);
+    let gv: Vec<f32> = rng
+        .fill(p.n as usize)
+        .iter()
+        .map(|v| 1.0 + 0.5 * v)
+        .collect();
+    let mut arena = Arena::zeroed(b.arena_size());
+    for (id, values) in &inputs {
+        arena.write_f32(b.layout(*id), values);
+    }
+    arena.write_f32(b.layout(r), &rv);
+    arena.write_f32(b.layout(g), &gv);
+    let (yv, _) = reference::gemm(
+        &inputs[0].1,
+        &inputs[1].1,
+        p.m as usize,
+        p.n as usize,
+        p.k as usize,
+    );
+    let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    let zv = reference::add(&yv, &to64(&rv));
+    let nv = reference::rmsnorm(&zv, &to64(&gv), p.n as usize, eps as f64);
+    let want = reference::softmax(&nv, p.n as usize);
+    let out_layout = b.layout(out).clone();
+    const TOL: &str =
+        "|p - ref| <= 1e-5 * |ref| + 1e-8 (f32 GEMM error carried through rmsnorm and softmax)";
+    let bound = {
+        let want = want.clone();
+        move |i: usize| 1e-5 * want[i].abs() + 1e-8
+    };
+    let check = move |arena: &Arena| {
+        Verification::compare("P", &arena.read_f32(&out_layout), &want, &bound, TOL)
+    };
+    Ok(Workload {
+        name: "mlp",
+        summary: format!(
+            "P = softmax(rmsnorm(X[{m}x{k}] x W[{k}x{n}] + R) * G), f32, {t}x{t} GEMM tiles",
+            m = p.m,
+            n = p.n,
+            k = p.k,
+            t = p.tile
+        ),
+        table: b.finish()?,
+        arena,
+        tensors: b.layouts().to_vec(),
+        tasks: b.num_tasks(),
+        check: Box::new(check),
+    })
+}

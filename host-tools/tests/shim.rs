@@ -1,0 +1,112 @@
+//! The host shim runs every workload correctly, and the result does not
+//! depend on how many cores run it (dependency order fixes every result).
+
+use host_tools::shim::Shim;
+use host_tools::workloads::{Params, Workload, NAMES};
+
+fn run(w: &Workload, cube: usize, vector: usize) -> Vec<u8> {
+    let mut arena = w.arena.clone();
+    let shim = Shim {
+        cube_cores: cube,
+        vector_cores: vector,
+        ..Shim::default()
+    };
+    let stats = shim.run(&w.table, &mut arena.bytes).unwrap();
+    assert_eq!(stats.tasks as usize, w.tasks);
+    assert_eq!(stats.cores().len(), cube + vector);
+    let check = w.verify(&arena);
+    assert!(
+        check.passed(),
+        "{} on {cube}+{vector} cores: {check}",
+        w.name
+    );
+    arena.bytes
+}
+
+#[test]
+fn every_workload_passes_and_core_count_does_not_change_a_bit() {
+    for name in NAMES {
+        let w = Workload::build(
+            name,
+            Params {
+                m: 128,
+                n: 128,
+                k: 96,
+                tile: 32,
+                seed: 5,
+            },
+        )
+        .unwrap();
+        let one = run(&w, 1, 1);
+        let many = run(&w, 4, 4);
+        assert!(one == many, "{name}: 1+1 and 4+4 cores differ");
+    }
+}
+
+#[test]
+fn a_failed_check_is_reported() {
+    let w = Workload::build(
+        "gemm",
+        Params {
+            m: 64,
+            n: 64,
+            k: 64,
+            tile: 32,
+            seed: 2,
+        },
+    )
+    .unwrap();
+    let mut arena = w.arena.clone();
+    Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    let c = w.tensors.iter().find(|t| t.name == "C").unwrap().clone();
+    let mut values = arena.read_f32(&c);
+    values[100] += 1e-3;
+    arena.write_f32(&c, &values);
+    let check = w.verify(&arena);
+    assert!(!check.passed(), "{check}");
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let w = Workload::build(
+        "gemm",
+        Params {
+            m: 64,
+            n: 64,
+            k: 64,
+            tile: 32,
+            seed: 2,
+        },
+    )
+    .unwrap();
+    let err = Shim::default()
+        .run(&w.table[..100], &mut w.arena.clone().bytes)
+        .unwrap_err();
+    assert!(err.to_string().contains("truncated"), "{err}");
+    let no_cube = Shim {
+        cube_cores: 0,
+        vector_cores: 2,
+        ..Shim::default()
+    };
+    let err = no_cube
+        .run(&w.table, &mut w.arena.clone().bytes)
+        .unwrap_err();
+    assert!(err.to_string().contains("needs a Cube core"), "{err}");
+    assert!(Workload::build("nope", Params::default()).is_err());
+    assert!(Workload::build(
+        "gemm",
+        Params {
+            tile: 65,
+            ..Params::default()
+        }
+    )
+    .is_err());
+    assert!(Workload::build(
+        "gemm",
+        Params {
+            m: 100,
+            ..Params::default()
+        }
+    )
+    .is_err());
+}

@@ -1,0 +1,71 @@
+//! Helpers shared by the integration tests in `tests/tests/`: finding the
+//! firmware and running a table in QEMU.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+#[path = "../../xtask/src/qemu.rs"]
+mod qemu;
+
+pub use qemu::{QemuError, QemuOutcome, QemuRun};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The firmware ELF: `$WSP_FIRMWARE` when set (as `cargo xtask ci` does),
+/// otherwise built once per test process into its own target directory, so
+/// that the nested cargo does not wait on the lock of the outer one.
+pub fn firmware() -> PathBuf {
+    static FIRMWARE: OnceLock<PathBuf> = OnceLock::new();
+    FIRMWARE
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("WSP_FIRMWARE") {
+                return PathBuf::from(path);
+            }
+            let root = workspace_root();
+            let target_dir = root.join("target").join("firmware-for-tests");
+            let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(&root)
+                .args(["build", "--release", "-p", "firmware", "--target", "aarch64-unknown-none"])
+                .arg("--target-dir")
+                .arg(&target_dir)
+                .status()
+                .expect("running cargo to build the firmware");
+            assert!(
+                status.success(),
+                "building the firmware failed; `cargo xtask setup` installs clang and the aarch64 target"
+            );
+            target_dir.join("aarch64-unknown-none/release/firmware")
+        })
+        .clone()
+}
+
+/// Runs `table` with `arena` in QEMU and captures what the firmware printed
+/// and the arena it wrote back.
+pub fn run_in_qemu(table: &[u8], arena: &[u8]) -> QemuOutcome {
+    let dir = std::env::temp_dir().join(format!("wsp-tests-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&dir).expect("creating a temporary directory");
+    let (table_path, arena_path) = (dir.join("table.bin"), dir.join("arena.bin"));
+    std::fs::write(&table_path, table).expect("writing table.bin");
+    std::fs::write(&arena_path, arena).expect("writing arena.bin");
+    let mut run = QemuRun::new(firmware());
+    run.table = Some(table_path);
+    run.arena = Some(arena_path);
+    run.capture = true;
+    run.timeout_secs = 120;
+    let outcome = run.run().unwrap_or_else(|e| panic!("QEMU: {e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+fn unique() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

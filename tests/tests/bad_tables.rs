@@ -1,0 +1,286 @@
+//! Every class of bad descriptor table is refused with a typed error that
+//! names the section, entry and field; nothing panics on any bytes.
+
+use device_runtime::abi::{
+    Problem, Section, Table, TableError, TableHeader, TaskDesc, TensorArg, TensorDesc,
+};
+use host_tools::inspect::inspect;
+use host_tools::rng::SplitMix64;
+use host_tools::table::seal;
+use host_tools::workloads::{Params, Workload};
+use zerocopy::FromBytes;
+
+fn valid() -> Vec<u8> {
+    Workload::build(
+        "mlp",
+        Params {
+            m: 32,
+            n: 64,
+            k: 64,
+            tile: 32,
+            seed: 3,
+        },
+    )
+    .unwrap()
+    .table
+}
+
+fn header(bytes: &mut [u8]) -> &mut TableHeader {
+    TableHeader::mut_from_prefix(bytes).unwrap().0
+}
+
+/// Entry `i` of the section `which` of type `T`.
+fn entry<T: FromBytes + zerocopy::IntoBytes + zerocopy::KnownLayout>(
+    bytes: &mut [u8],
+    which: fn(&TableHeader) -> u32,
+    i: usize,
+) -> &mut T {
+    let offset = which(header(bytes)) as usize + i * size_of::<T>();
+    T::mut_from_prefix(&mut bytes[offset..]).unwrap().0
+}
+
+/// Applies `edit`, reseals the checksum, and returns the parse error.
+fn refused(edit: impl FnOnce(&mut Vec<u8>)) -> TableError {
+    let mut bytes = valid();
+    edit(&mut bytes);
+    seal(&mut bytes);
+    let err = Table::parse(&bytes).expect_err("the edited table must be refused");
+    let text = inspect(&bytes, true);
+    assert!(
+        text.contains(&format!("INVALID: {err}")),
+        "inspect shows the error:\n{text}"
+    );
+    err
+}
+
+fn expect(err: TableError, section: Section, index: u32, field: &str) {
+    assert_eq!(
+        (err.section, err.index, err.field),
+        (section, index, field),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(section.name()) && text.contains(field),
+        "message names section and field: {text}"
+    );
+}
+
+#[test]
+fn the_valid_table_parses() {
+    let bytes = valid();
+    let t = Table::parse(&bytes).unwrap();
+    assert!(t.tasks().len() > 4);
+    assert!(inspect(&bytes, false).contains("valid:"));
+}
+
+#[test]
+fn wrong_magic() {
+    let e = refused(|b| b[0] ^= 0x20);
+    expect(e, Section::Header, 0, "magic");
+    assert_eq!(e.problem, Problem::BadMagic);
+}
+
+#[test]
+fn wrong_version() {
+    let e = refused(|b| header(b).abi_version.set(2));
+    expect(e, Section::Header, 0, "abi_version");
+    assert_eq!(e.problem, Problem::UnsupportedVersion { found: 2 });
+}
+
+#[test]
+fn truncated() {
+    let bytes = valid();
+    for len in [0, 10, 63, 64, bytes.len() / 2, bytes.len() - 1] {
+        let e = Table::parse(&bytes[..len]).unwrap_err();
+        assert!(
+            matches!(e.problem, Problem::Truncated { .. }),
+            "len {len}: {e}"
+        );
+        assert_eq!(e.section, Section::Header);
+    }
+}
+
+#[test]
+fn checksum_mismatch() {
+    let mut bytes = valid();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    let e = Table::parse(&bytes).unwrap_err();
+    expect(e, Section::Header, 0, "checksum");
+    assert!(matches!(e.problem, Problem::ChecksumMismatch { .. }));
+}
+
+#[test]
+fn section_offsets_out_of_range() {
+    let e = refused(|b| {
+        let len = b.len() as u32;
+        header(b).tasks.offset.set(len - 8);
+    });
+    expect(e, Section::Header, 0, "tasks");
+    assert!(matches!(e.problem, Problem::Truncated { .. }), "{e}");
+    let e = refused(|b| {
+        let tasks = header(b).tasks.offset.get();
+        header(b).args.offset.set(tasks);
+    });
+    assert!(
+        matches!(
+            e.problem,
+            Problem::SectionOverlap {
+                other: Section::Tasks
+            }
+        ),
+        "{e}"
+    );
+    let e = refused(|b| header(b).tensors.offset.set(8));
+    assert!(
+        matches!(
+            e.problem,
+            Problem::SectionOverlap {
+                other: Section::Header
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_kernel_id() {
+    let e = refused(|b| {
+        entry::<TaskDesc>(b, |h| h.tasks.offset.get(), 3)
+            .kernel_id
+            .set(99)
+    });
+    expect(e, Section::Tasks, 3, "kernel_id");
+    assert_eq!(
+        e.problem,
+        Problem::UnknownKernel {
+            id: 99,
+            declared: false
+        }
+    );
+    assert!(e.to_string().contains("unknown kernel id 99"));
+    // Known to the registry but not declared by the table.
+    let softmax = wsp_ffi::WspKernelId_WSP_KERNEL_SOFTMAX;
+    let e = refused(|b| {
+        let n = header(b).kernels.count.get();
+        header(b).kernels.count.set(n - 1);
+    });
+    assert_eq!(
+        e.problem,
+        Problem::UnknownKernel {
+            id: softmax,
+            declared: true
+        },
+        "{e}"
+    );
+    // A kernel section entry the registry does not know.
+    let e = refused(|b| {
+        let off = header(b).kernels.offset.get() as usize;
+        b[off..off + 4].copy_from_slice(&1234u32.to_le_bytes());
+    });
+    expect(e, Section::Kernels, 0, "kernel_id");
+}
+
+#[test]
+fn region_outside_its_tensor() {
+    // Arg 0 is A[0:32, 0:32] of a 32x64 tensor: start it at column 48.
+    let e = refused(|b| entry::<TensorArg>(b, |h| h.args.offset.get(), 0).offset[1].set(48));
+    expect(e, Section::Args, 0, "extent[1]");
+    assert_eq!(
+        e.problem,
+        Problem::RegionOutside {
+            dim: 1,
+            end: 80,
+            size: 64
+        }
+    );
+}
+
+#[test]
+fn unsupported_dtype() {
+    let e = refused(|b| {
+        entry::<TensorDesc>(b, |h| h.tensors.offset.get(), 2)
+            .dtype
+            .set(7)
+    });
+    expect(e, Section::Tensors, 2, "dtype");
+    assert_eq!(e.problem, Problem::UnsupportedDtype { dtype: 7 });
+}
+
+#[test]
+fn tensors_that_alias_or_leave_the_arena() {
+    let e = refused(|b| {
+        let first = entry::<TensorDesc>(b, |h| h.tensors.offset.get(), 0)
+            .arena_offset
+            .get();
+        entry::<TensorDesc>(b, |h| h.tensors.offset.get(), 1)
+            .arena_offset
+            .set(first + 64);
+    });
+    expect(e, Section::Tensors, 1, "arena_offset");
+    assert_eq!(e.problem, Problem::Aliases { other: 0 });
+    let e = refused(|b| header(b).arena_size.set(1024));
+    expect(e, Section::Tensors, 0, "arena_offset");
+}
+
+#[test]
+fn access_and_shape_contracts() {
+    // The GEMM's C argument declared In instead of InOut.
+    let e = refused(|b| {
+        entry::<TensorArg>(b, |h| h.args.offset.get(), 2)
+            .access
+            .set(1)
+    });
+    expect(e, Section::Args, 2, "access");
+    // A's tile made 16 rows tall while C stays 32.
+    let e = refused(|b| entry::<TensorArg>(b, |h| h.args.offset.get(), 0).extent[0].set(16));
+    expect(e, Section::Tasks, 0, "first_arg");
+    assert!(matches!(e.problem, Problem::KernelContract(_)), "{e}");
+}
+
+#[test]
+fn random_corruption_never_panics() {
+    let good = valid();
+    let mut rng = SplitMix64::new(7);
+    let rounds = if cfg!(debug_assertions) {
+        2_000
+    } else {
+        20_000
+    };
+    let mut refused = 0;
+    for _ in 0..rounds {
+        let mut bytes = good.clone();
+        for _ in 0..=rng.below(4) {
+            let i = rng.below(bytes.len() as u64) as usize;
+            bytes[i] = rng.next_u64() as u8;
+        }
+        if rng.below(2) == 0 {
+            seal(&mut bytes);
+        }
+        if rng.below(8) == 0 {
+            bytes.truncate(rng.below(bytes.len() as u64) as usize);
+        }
+        if Table::parse(&bytes).is_err() {
+            refused += 1;
+        }
+        let _ = inspect(&bytes, true);
+    }
+    assert!(
+        refused > rounds / 2,
+        "most corruptions are caught: {refused} of {rounds}"
+    );
+}
+
+#[test]
+fn a_task_writing_over_its_own_input() {
+    // Task 4 is the first add: args 12 (Y in), 13 (R in), 14 (Z out). Point
+    // its output at Y, over its own input.
+    let e = refused(|b| {
+        entry::<TensorArg>(b, |h| h.args.offset.get(), 14)
+            .tensor
+            .set(2)
+    });
+    expect(e, Section::Args, 14, "offset");
+    assert_eq!(e.problem, Problem::ArgsOverlap { other: 12 });
+}

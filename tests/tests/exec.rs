@@ -1,0 +1,399 @@
+//! The executor against an adversarial platform: random DAGs over partially
+//! overlapping regions, completed in random order, checked against a
+//! brute-force dependency oracle and against in-order execution.
+
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+
+use device_runtime::abi::{Access, Region, Table, TileView};
+use device_runtime::exec::{run, RunError, RunOptions};
+use device_runtime::platform::{Clock, Completion, Platform};
+use host_tools::rng::SplitMix64;
+use host_tools::table::{Arena, Arg, TableBuilder};
+use wsp_ffi::ArgAccess::{In, InOut, Out};
+use wsp_ffi::{CoreKind, WspKernelArgs};
+
+const ADD: u32 = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+const GEMM: u32 = wsp_ffi::WspKernelId_WSP_KERNEL_GEMM_TILE;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Finish a running task with probability 1/3 per poll.
+    Random,
+    /// Never finish.
+    Never,
+    /// Report every task as rejected.
+    Reject,
+}
+
+/// Cores that run a kernel only when polled, in an order chosen at random.
+struct Adversary {
+    kinds: Vec<CoreKind>,
+    running: Vec<Option<(u32, WspKernelArgs)>>,
+    rng: SplitMix64,
+    mode: Mode,
+    ticks: Cell<u64>,
+    /// (launch or finish, key of the args) in the order they happened.
+    events: Vec<(bool, [u64; 3])>,
+}
+
+impl Adversary {
+    fn new(kinds: Vec<CoreKind>, seed: u64, mode: Mode) -> Self {
+        let running = vec![None; kinds.len()];
+        Adversary {
+            kinds,
+            running,
+            rng: SplitMix64::new(seed),
+            mode,
+            ticks: Cell::new(0),
+            events: Vec::new(),
+        }
+    }
+}
+
+fn key(args: &WspKernelArgs) -> [u64; 3] {
+    [
+        args.tensors[0].addr,
+        args.tensors[1].addr,
+        args.tensors[2].addr,
+    ]
+}
+
+impl Clock for Adversary {
+    /// One millisecond per reading, so that timeouts come quickly.
+    fn now(&self) -> u64 {
+        self.ticks.set(self.ticks.get() + 1);
+        self.ticks.get()
+    }
+    fn ticks_per_second(&self) -> u64 {
+        1000
+    }
+}
+
+impl Platform for Adversary {
+    fn num_cores(&self) -> usize {
+        self.kinds.len()
+    }
+    fn core_kind(&self, core: usize) -> CoreKind {
+        self.kinds[core]
+    }
+    unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
+        if self.running[core].is_some() {
+            return false;
+        }
+        self.events.push((true, key(args)));
+        self.running[core] = Some((kernel_id, *args));
+        true
+    }
+    fn poll(&mut self, core: usize) -> Option<Completion> {
+        let (kernel_id, args) = self.running[core]?;
+        match self.mode {
+            Mode::Never => return None,
+            Mode::Reject => {
+                self.running[core] = None;
+                return Some(Completion::Rejected);
+            }
+            Mode::Random if self.rng.below(3) != 0 => return None,
+            Mode::Random => {}
+        }
+        self.running[core] = None;
+        self.events.push((false, key(&args)));
+        let info = wsp_ffi::lookup(kernel_id).unwrap();
+        // SAFETY: `launch`'s contract, upheld by the executor, covers the
+        // views until this completion is reported.
+        let cycles = unsafe { info.invoke(&args) }.unwrap();
+        Some(Completion::Done { cycles })
+    }
+}
+
+/// A random program of add and GEMM tasks on 16x16 tiles of three 64x64
+/// tensors, at offsets that are multiples of 8, so regions overlap partially.
+fn random_program(rng: &mut SplitMix64, tasks: usize) -> (Vec<u8>, Arena) {
+    let mut b = TableBuilder::new();
+    let t = [
+        b.tensor("T0", &[64, 64]).unwrap(),
+        b.tensor("T1", &[64, 64]).unwrap(),
+        b.tensor("T2", &[64, 64]).unwrap(),
+    ];
+    let tile = |rng: &mut SplitMix64, access| {
+        let tensor = t[rng.below(3) as usize];
+        Arg::tile(
+            tensor,
+            access,
+            8 * rng.below(7) as u32,
+            8 * rng.below(7) as u32,
+            16,
+            16,
+        )
+    };
+    while b.num_tasks() < tasks {
+        let (kernel, args) = if rng.below(2) == 0 {
+            (ADD, [tile(rng, In), tile(rng, In), tile(rng, Out)])
+        } else {
+            (GEMM, [tile(rng, In), tile(rng, In), tile(rng, InOut)])
+        };
+        // Tasks that write over their own inputs are invalid; draw again.
+        let out = Region {
+            offset: args[2].offset,
+            extent: args[2].extent,
+        };
+        let clash = args[..2].iter().any(|a| {
+            a.tensor == args[2].tensor
+                && Region {
+                    offset: a.offset,
+                    extent: a.extent,
+                }
+                .overlaps(&out)
+        });
+        if !clash {
+            b.task(kernel, &args, &[]).unwrap();
+        }
+    }
+    let mut arena = Arena::zeroed(b.arena_size());
+    for &id in &t {
+        // Small values keep repeated GEMMs finite.
+        let values: Vec<f32> = rng.fill(64 * 64).iter().map(|v| v * 0.25).collect();
+        arena.write_f32(b.layout(id), &values);
+    }
+    (b.finish().unwrap(), arena)
+}
+
+/// The args key each task will be launched with, for a given arena base.
+fn task_keys(table: &Table<'_>, base: u64) -> Vec<[u64; 3]> {
+    table
+        .tasks()
+        .iter()
+        .map(|task| {
+            let mut k = [0u64; 3];
+            for (slot, arg) in k.iter_mut().zip(table.task_args(task)) {
+                let tensor = &table.tensors()[arg.tensor.get() as usize];
+                let view = TileView::of(tensor, &Region::of(arg));
+                *slot = base + tensor.arena_offset.get() + 4 * view.first_element;
+            }
+            k
+        })
+        .collect()
+}
+
+fn conflict(table: &Table<'_>, u: usize, t: usize) -> bool {
+    let writes = |a: &device_runtime::abi::TensorArg| {
+        Access::from_bits_retain(a.access.get()).contains(Access::WRITE)
+    };
+    let (a, b) = (
+        table.task_args(&table.tasks()[u]),
+        table.task_args(&table.tasks()[t]),
+    );
+    a.iter().any(|x| {
+        b.iter().any(|y| {
+            x.tensor == y.tensor
+                && (writes(x) || writes(y))
+                && Region::of(x).overlaps(&Region::of(y))
+        })
+    })
+}
+
+/// Runs the table's tasks one by one in table order on this thread.
+fn in_order(table: &Table<'_>, arena: &mut Arena) {
+    let base = arena.bytes.as_mut_ptr() as u64;
+    let keys = task_keys(table, base);
+    for (task, key) in table.tasks().iter().zip(keys) {
+        let info = wsp_ffi::lookup(task.kernel_id.get()).unwrap();
+        let zero = wsp_ffi::WspTensorView {
+            addr: 0,
+            rows: 0,
+            cols: 0,
+            row_stride: 0,
+            dtype: 0,
+        };
+        let mut args = WspKernelArgs {
+            num_tensors: 3,
+            num_scalars: 0,
+            tensors: [zero; 4],
+            scalars: [0; 4],
+        };
+        for (i, arg) in table.task_args(task).iter().enumerate() {
+            let tensor = &table.tensors()[arg.tensor.get() as usize];
+            let view = TileView::of(tensor, &Region::of(arg));
+            args.tensors[i] = wsp_ffi::WspTensorView {
+                addr: key[i],
+                rows: view.rows,
+                cols: view.cols,
+                row_stride: view.row_stride,
+                dtype: 1,
+            };
+        }
+        // SAFETY: the views lie inside `arena`, validated by Table::parse, and
+        // nothing else touches it while the kernel runs on this thread.
+        unsafe { info.invoke(&args) }.unwrap();
+    }
+}
+
+#[test]
+fn random_dags_respect_every_dependency() {
+    let seeds = if cfg!(debug_assertions) { 20 } else { 200 };
+    for seed in 0..seeds {
+        let mut rng = SplitMix64::new(seed);
+        let (bytes, arena) = random_program(&mut rng, 150);
+        let table = Table::parse(&bytes).unwrap();
+        let mut ran = arena.clone();
+        let kinds = vec![
+            CoreKind::Cube,
+            CoreKind::Cube,
+            CoreKind::Vector,
+            CoreKind::Vector,
+            CoreKind::Vector,
+        ];
+        let mut platform = Adversary::new(kinds, seed, Mode::Random);
+        let stats = run(
+            &table,
+            &mut ran.bytes,
+            &mut platform,
+            &RunOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(stats.tasks as usize, table.tasks().len());
+
+        // Map events back to tasks: tasks with equal keys conflict (each has
+        // a written argument), so they start in table order.
+        let keys = task_keys(&table, ran.bytes.as_mut_ptr() as u64);
+        let mut by_key: HashMap<[u64; 3], VecDeque<usize>> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_key.entry(*k).or_default().push_back(i);
+        }
+        let mut running: HashMap<[u64; 3], VecDeque<usize>> = HashMap::new();
+        let (mut start, mut end) = (vec![usize::MAX; keys.len()], vec![usize::MAX; keys.len()]);
+        for (step, (launch, k)) in platform.events.iter().enumerate() {
+            if *launch {
+                let task = by_key.get_mut(k).unwrap().pop_front().unwrap();
+                assert_eq!(start[task], usize::MAX, "task {task} launched twice");
+                start[task] = step;
+                running.entry(*k).or_default().push_back(task);
+            } else {
+                let task = running.get_mut(k).unwrap().pop_front().unwrap();
+                end[task] = step;
+            }
+        }
+        assert!(
+            end.iter().all(|&e| e != usize::MAX),
+            "every task finished exactly once"
+        );
+        let mut ordered_pairs = 0;
+        for (t, &started) in start.iter().enumerate() {
+            for (u, &ended) in end.iter().enumerate().take(t) {
+                if conflict(&table, u, t) {
+                    ordered_pairs += 1;
+                    assert!(
+                        ended < started,
+                        "seed {seed}: task {t} started before task {u} it depends on finished"
+                    );
+                }
+            }
+        }
+        assert!(ordered_pairs > 0);
+        // And the data: identical to running the tasks one by one in order.
+        let mut expected = arena.clone();
+        in_order(&table, &mut expected);
+        assert!(
+            ran.bytes == expected.bytes,
+            "seed {seed}: out-of-order result differs from in-order"
+        );
+    }
+}
+
+fn gemm_table() -> (Vec<u8>, Arena) {
+    let w = host_tools::workloads::Workload::build(
+        "gemm",
+        host_tools::workloads::Params {
+            m: 64,
+            n: 64,
+            k: 64,
+            tile: 32,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    (w.table, w.arena)
+}
+
+#[test]
+fn a_kernel_kind_without_cores_is_an_error() {
+    let (bytes, mut arena) = gemm_table();
+    let table = Table::parse(&bytes).unwrap();
+    let mut platform = Adversary::new(vec![CoreKind::Vector], 1, Mode::Random);
+    let err = run(
+        &table,
+        &mut arena.bytes,
+        &mut platform,
+        &RunOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        RunError::NoCoreForKind {
+            task: 0,
+            kernel_id: GEMM,
+            kind: CoreKind::Cube
+        }
+    );
+    assert!(err.to_string().contains("needs a Cube core"), "{err}");
+}
+
+#[test]
+fn a_kernel_that_never_finishes_times_out() {
+    let (bytes, mut arena) = gemm_table();
+    let table = Table::parse(&bytes).unwrap();
+    let mut platform = Adversary::new(vec![CoreKind::Cube], 1, Mode::Never);
+    let options = RunOptions {
+        kernel_timeout_ms: 50,
+    };
+    let err = run(&table, &mut arena.bytes, &mut platform, &options).unwrap_err();
+    let RunError::KernelTimeout {
+        task: 0,
+        kernel_id: GEMM,
+        core: 0,
+        waited_ms,
+    } = err
+    else {
+        panic!("unexpected {err:?}");
+    };
+    assert!(waited_ms > 50);
+    assert!(err.to_string().contains("did not finish within"), "{err}");
+}
+
+#[test]
+fn a_rejected_kernel_ends_the_run() {
+    let (bytes, mut arena) = gemm_table();
+    let table = Table::parse(&bytes).unwrap();
+    let mut platform = Adversary::new(vec![CoreKind::Cube], 1, Mode::Reject);
+    let err = run(
+        &table,
+        &mut arena.bytes,
+        &mut platform,
+        &RunOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        RunError::KernelRejected {
+            task: 0,
+            kernel_id: GEMM,
+            core: 0
+        }
+    );
+}
+
+#[test]
+fn an_arena_smaller_than_the_table_needs() {
+    let (bytes, arena) = gemm_table();
+    let table = Table::parse(&bytes).unwrap();
+    let mut small = vec![0u8; arena.bytes.len() - 4];
+    let mut platform = Adversary::new(vec![CoreKind::Cube], 1, Mode::Random);
+    let err = run(&table, &mut small, &mut platform, &RunOptions::default()).unwrap_err();
+    assert_eq!(
+        err,
+        RunError::ArenaTooSmall {
+            needed: arena.bytes.len() as u64,
+            available: small.len() as u64
+        }
+    );
+}

@@ -9,6 +9,7 @@
 pub mod inspect;
 pub mod reference;
 pub mod rng;
+pub mod semantic;
 pub mod shim;
 pub mod table;
 pub mod workloads;

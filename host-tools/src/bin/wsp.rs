@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use host_tools::inspect::inspect;
+use host_tools::semantic::run_semantic;
 use host_tools::shim::Shim;
 use host_tools::table::Arena;
 use host_tools::workloads::{Params, Workload, NAMES};
@@ -29,6 +30,10 @@ enum Command {
         /// Emulated vector cores (the other kernels).
         #[arg(long, default_value_t = 2)]
         vector: usize,
+        /// Run in deterministic semantic time on one thread: kernels' cycle
+        /// counts drive a virtual clock, and the run reports its makespan.
+        #[arg(long)]
+        semantic: bool,
     },
     /// Write a workload's table.bin and initial arena.bin (e.g. for `cargo xtask qemu`).
     Build {
@@ -110,6 +115,7 @@ fn run(cli: Cli) -> Result<bool> {
             workload,
             cube,
             vector,
+            semantic,
         } => {
             let w = workload.build()?;
             let shim = Shim {
@@ -124,16 +130,32 @@ fn run(cli: Cli) -> Result<bool> {
                 w.table.len(),
                 w.arena.bytes.len()
             );
-            println!(
-                "shim      1 AICPU scheduler thread, {cube} cube + {vector} vector AICore threads"
-            );
             let mut arena = w.arena.clone();
-            let stats = shim.run(&w.table, &mut arena.bytes)?;
-            println!(
-                "ran       {} tasks in {:.3} ms wall",
-                stats.tasks,
-                stats.wall_micros() as f64 / 1000.0
-            );
+            let stats = if semantic {
+                println!(
+                    "shim      semantic time on one thread, {cube} cube + {vector} vector AICores"
+                );
+                let run = run_semantic(
+                    &w.table,
+                    &mut arena.bytes,
+                    &shim.core_kinds(),
+                    &shim.options,
+                )?;
+                println!(
+                    "ran       {} tasks, makespan {} cycles",
+                    run.stats.tasks, run.makespan
+                );
+                run.stats
+            } else {
+                println!("shim      1 AICPU scheduler thread, {cube} cube + {vector} vector AICore threads");
+                let stats = shim.run(&w.table, &mut arena.bytes)?;
+                println!(
+                    "ran       {} tasks in {:.3} ms wall",
+                    stats.tasks,
+                    stats.wall_micros() as f64 / 1000.0
+                );
+                stats
+            };
             for (i, c) in stats.cores().iter().enumerate() {
                 println!(
                     "  core {i} ({:?}): {:>5} tasks {:>12} cycles",

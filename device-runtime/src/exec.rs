@@ -1,27 +1,43 @@
-//! The table executor: issues the tasks of a validated table to the cores of a
-//! [`Platform`] in an order that respects every data dependency.
+//! The table interpreter: submits the tasks of a validated table, in table
+//! (program) order, to the [orchestrator](crate::orch), which infers their
+//! dependencies (read-after-write, write-after-write, write-after-read) and
+//! hands out ready tasks; this loop issues them to idle cores of their
+//! kernel's kind on a [`Platform`], feeds completions back, and so runs tasks
+//! out of order and in parallel wherever the data allows.
 //!
-//! Tasks enter a window of [`WINDOW`] consecutive tasks in table (program)
-//! order and leave it in that order once finished. On entry a task records,
-//! as a bit mask over the window, every earlier unfinished task it conflicts
-//! with: same tensor, overlapping regions, at least one of the two writes
-//! (read-after-write, write-after-write and write-after-read). A task whose
-//! mask is empty is ready and goes to an idle core of its kernel's kind; a
-//! finished task clears its bit in every mask. Tasks therefore run out of
-//! order and in parallel wherever the data allows, never where it does not.
-//!
-//! Every wait is bounded: a kernel that does not finish within
-//! [`RunOptions::kernel_timeout_ms`] ends the run with [`RunError::KernelTimeout`].
+//! When the task window or a pool is full, submission stalls (backpressure)
+//! while completions free space. Every wait is bounded: a kernel that does
+//! not finish within [`RunOptions::kernel_timeout_ms`] ends the run with
+//! [`RunError::KernelTimeout`], and a run that cannot progress at all ends
+//! with [`RunError::Deadlock`] and the orchestrator's report.
 
 use core::fmt;
 
 use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
 
-use crate::abi::{dtype_size, Access, Region, Table, TensorArg, TileView, MAX_TENSOR_ARGS};
+use crate::abi::{dtype_size, Access, Region, Table, TileView, MAX_TENSOR_ARGS};
+use crate::orch::{
+    DeadlockReport, KernelRef, Orchestrator, StallStats, SubmitError, TaskArg, TaskId,
+};
 use crate::platform::{Completion, Platform, MAX_CORES};
 
-/// Tasks the executor considers at once (one bit each in a `u64` mask).
-pub const WINDOW: usize = 64;
+/// The task window of table runs: tasks submitted and not yet retired.
+pub const TASK_WINDOW: usize = 256;
+/// TensorMap entries of table runs (at most 4 per task in the window).
+pub const TENSORMAP_ENTRIES: usize = 4 * TASK_WINDOW;
+/// DepList nodes of table runs (fan-in edges of the tasks in the window).
+pub const DEPLIST_NODES: usize = 8 * TASK_WINDOW;
+
+/// The orchestrator a table run uses (about 120 KiB: on the device, place it
+/// in a `static`). Tables carry no intermediate buffers, so its heap ring is empty.
+pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
+
+impl TableOrchestrator {
+    /// An orchestrator for [`run`].
+    pub const fn for_tables() -> Self {
+        Orchestrator::new(0)
+    }
+}
 
 /// Settings of one run.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +69,8 @@ pub struct RunStats {
     pub tasks: u32,
     pub wall_ticks: u64,
     pub ticks_per_second: u64,
+    /// Backpressure: stalls and high-water marks per resource.
+    pub stalls: StallStats,
     num_cores: usize,
     cores: [CoreStats; MAX_CORES],
 }
@@ -112,6 +130,10 @@ pub enum RunError {
     },
     /// The platform refused a launch on a core the executor saw idle.
     LaunchRefused { task: u32, core: u32 },
+    /// The orchestrator handed to `run` still holds tasks of an earlier run.
+    OrchestratorBusy { in_flight: u64 },
+    /// No progress is possible; the report says why.
+    Deadlock(DeadlockReport),
 }
 
 impl fmt::Display for RunError {
@@ -131,65 +153,49 @@ impl fmt::Display for RunError {
                 "task {task} (kernel {kernel_id}) on core {core} did not finish within {waited_ms} ms"
             ),
             RunError::LaunchRefused { task, core } => write!(f, "core {core} refused task {task} while idle"),
+            RunError::OrchestratorBusy { in_flight } => {
+                write!(f, "the orchestrator still holds {in_flight} tasks of an earlier run")
+            }
+            RunError::Deadlock(report) => write!(f, "{report}"),
         }
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    Waiting,
-    Running,
-    Done,
-}
-
-#[derive(Clone, Copy)]
-struct Slot {
-    task: u32,
-    state: State,
-    /// Window slots of earlier unfinished tasks this task conflicts with.
-    waits_on: u64,
-}
-
-/// Whether two argument lists touch a common element with at least one write.
-fn conflicts(a: &[TensorArg], b: &[TensorArg]) -> bool {
-    let writes =
-        |arg: &TensorArg| Access::from_bits_retain(arg.access.get()).contains(Access::WRITE);
-    a.iter().any(|x| {
-        b.iter().any(|y| {
-            x.tensor == y.tensor
-                && (writes(x) || writes(y))
-                && Region::of(x).overlaps(&Region::of(y))
-        })
-    })
-}
-
-struct Executor<'t, 'p, P: Platform> {
+struct Executor<'t, 'p, 'o, P: Platform> {
     table: &'t Table<'t>,
     platform: &'p mut P,
+    orch: &'o mut TableOrchestrator,
     arena_base: u64,
-    slots: [Slot; WINDOW],
-    head: usize,
-    tail: usize,
+    /// Next table task to submit.
+    next: usize,
     idle: u64,
     kind_mask: [u64; 2],
-    core_slot: [usize; MAX_CORES],
+    core_task: [TaskId; MAX_CORES],
+    core_table_index: [u32; MAX_CORES],
     core_started: [u64; MAX_CORES],
     next_core: u32,
     stats: RunStats,
     timeout_ticks: u64,
 }
 
-/// Runs every task of `table` on `platform`, with tensor data in `arena`.
+/// Runs every task of `table` on `platform`, with tensor data in `arena`,
+/// using `orch` (which must hold no tasks) for dependency tracking.
 pub fn run<P: Platform>(
     table: &Table<'_>,
     arena: &mut [u8],
     platform: &mut P,
+    orch: &mut TableOrchestrator,
     options: &RunOptions,
 ) -> Result<RunStats, RunError> {
     if (arena.len() as u64) < table.arena_size() {
         return Err(RunError::ArenaTooSmall {
             needed: table.arena_size(),
             available: arena.len() as u64,
+        });
+    }
+    if !orch.is_drained() {
+        return Err(RunError::OrchestratorBusy {
+            in_flight: orch.in_flight(),
         });
     }
     let num_cores = platform.num_cores().min(MAX_CORES);
@@ -207,27 +213,24 @@ pub fn run<P: Platform>(
     let mut exec = Executor {
         table,
         arena_base: arena.as_mut_ptr() as u64,
-        slots: [Slot {
-            task: 0,
-            state: State::Done,
-            waits_on: 0,
-        }; WINDOW],
-        head: 0,
-        tail: 0,
+        next: 0,
         idle: kind_mask[0] | kind_mask[1],
         kind_mask,
-        core_slot: [0; MAX_CORES],
+        core_task: [0; MAX_CORES],
+        core_table_index: [0; MAX_CORES],
         core_started: [0; MAX_CORES],
         next_core: 0,
         stats: RunStats {
             tasks: 0,
             wall_ticks: 0,
             ticks_per_second: tps,
+            stalls: *orch.stats(),
             num_cores,
             cores,
         },
         timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
         platform,
+        orch,
     };
     let start = exec.platform.now();
     let result = exec.run_all();
@@ -236,17 +239,24 @@ pub fn run<P: Platform>(
     }
     result?;
     exec.stats.wall_ticks = exec.platform.now().wrapping_sub(start);
+    exec.stats.stalls = *exec.orch.stats();
     Ok(exec.stats)
 }
 
-impl<P: Platform> Executor<'_, '_, P> {
+impl<P: Platform> Executor<'_, '_, '_, P> {
     fn run_all(&mut self) -> Result<(), RunError> {
         let n = self.table.tasks().len();
-        while self.head < n {
-            let mut progress = self.admit();
+        while self.next < n || !self.orch.is_drained() {
+            let mut progress = self.submit()?;
             progress |= self.launch_ready()?;
             progress |= self.poll_cores()?;
             if !progress {
+                let running =
+                    (!self.idle & (self.kind_mask[0] | self.kind_mask[1])).count_ones() as usize;
+                let has_cores = [self.kind_mask[0] != 0, self.kind_mask[1] != 0];
+                self.orch
+                    .check_progress(running, has_cores)
+                    .map_err(RunError::Deadlock)?;
                 self.check_timeouts()?;
                 self.platform.relax();
             }
@@ -260,82 +270,104 @@ impl<P: Platform> Executor<'_, '_, P> {
         (id, kind)
     }
 
-    /// Brings tasks into the window while it has room.
-    fn admit(&mut self) -> bool {
-        let n = self.table.tasks().len();
-        let mut admitted = false;
-        while self.tail < n && self.tail - self.head < WINDOW {
-            let task = &self.table.tasks()[self.tail];
-            let args = self.table.task_args(task);
-            let mut waits_on = 0u64;
-            for earlier in self.head..self.tail {
-                let slot = &self.slots[earlier % WINDOW];
-                if slot.state != State::Done {
-                    let other = &self.table.tasks()[slot.task as usize];
-                    if conflicts(self.table.task_args(other), args) {
-                        waits_on |= 1 << (earlier % WINDOW);
-                    }
+    /// Submits table tasks in order until one stalls.
+    fn submit(&mut self) -> Result<bool, RunError> {
+        let mut submitted = false;
+        while self.next < self.table.tasks().len() {
+            let index = self.next as u32;
+            let (kernel_id, kind) = self.kind_of(index);
+            if self.kind_mask[kind as usize] == 0 {
+                return Err(RunError::NoCoreForKind {
+                    task: index,
+                    kernel_id,
+                    kind,
+                });
+            }
+            let desc = &self.table.tasks()[self.next];
+            let mut args = [TaskArg {
+                tensor: 0,
+                region: Region {
+                    offset: [0; 4],
+                    extent: [0; 4],
+                },
+                access: Access::READ,
+            }; MAX_TENSOR_ARGS];
+            let table_args = self.table.task_args(desc);
+            for (arg, t) in args.iter_mut().zip(table_args) {
+                let access = Access::from_bits_truncate(t.access.get());
+                *arg = TaskArg {
+                    tensor: t.tensor.get(),
+                    region: Region::of(t),
+                    access,
+                };
+            }
+            let kernel = KernelRef {
+                id: kernel_id,
+                kind,
+            };
+            let now = self.platform.now();
+            match self
+                .orch
+                .submit(now, kernel, &args[..table_args.len()], 0, &[], index as u64)
+            {
+                Ok(_) => {
+                    self.next += 1;
+                    submitted = true;
+                }
+                Err(SubmitError::Stall(_)) => break,
+                Err(SubmitError::Deadlock(report)) => return Err(RunError::Deadlock(report)),
+                // A validated table never submits an invalid task.
+                Err(SubmitError::Invalid(_)) => {
+                    return Err(RunError::LaunchRefused {
+                        task: index,
+                        core: 0,
+                    })
                 }
             }
-            self.slots[self.tail % WINDOW] = Slot {
-                task: self.tail as u32,
-                state: State::Waiting,
-                waits_on,
-            };
-            self.tail += 1;
-            admitted = true;
         }
-        admitted
+        Ok(submitted)
     }
 
     /// Issues ready tasks, oldest first, to idle cores of their kind.
     fn launch_ready(&mut self) -> Result<bool, RunError> {
         let mut launched = false;
-        for i in self.head..self.tail {
-            if self.idle == 0 {
-                break;
-            }
-            let slot = self.slots[i % WINDOW];
-            if slot.state != State::Waiting || slot.waits_on != 0 {
-                continue;
-            }
-            let (kernel_id, kind) = self.kind_of(slot.task);
-            let candidates = self.idle & self.kind_mask[kind as usize];
-            if candidates == 0 {
-                if self.kind_mask[kind as usize] == 0 {
-                    return Err(RunError::NoCoreForKind {
-                        task: slot.task,
-                        kernel_id,
-                        kind,
+        for kind in [CoreKind::Cube, CoreKind::Vector] {
+            loop {
+                let candidates = self.idle & self.kind_mask[kind as usize];
+                if candidates == 0 {
+                    break;
+                }
+                let Some(task) = self.orch.pop_ready(kind) else {
+                    break;
+                };
+                let index = task.tag as u32;
+                // Rotate the starting core so that light loads spread over cores.
+                let core = ((candidates.rotate_right(self.next_core).trailing_zeros()
+                    + self.next_core)
+                    % 64) as usize;
+                self.next_core = (core as u32 + 1) % 64;
+                let args = self.kernel_args(index);
+                // SAFETY: the table is validated, so every view lies inside the
+                // arena, which `run` borrows mutably for the whole run and drains
+                // before returning. The orchestrator hands out a task only when
+                // every earlier task touching its regions with a write on either
+                // side has completed, and holds back later such tasks until this
+                // one completes.
+                if !unsafe { self.platform.launch(core, task.kernel.id, &args) } {
+                    return Err(RunError::LaunchRefused {
+                        task: index,
+                        core: core as u32,
                     });
                 }
-                continue;
+                self.idle &= !(1 << core);
+                self.core_task[core] = task.id;
+                self.core_table_index[core] = index;
+                self.core_started[core] = self.platform.now();
+                launched = true;
             }
-            // Rotate the starting core so that light loads spread over cores.
-            let core = ((candidates.rotate_right(self.next_core).trailing_zeros() + self.next_core)
-                % 64) as usize;
-            self.next_core = (core as u32 + 1) % 64;
-            let args = self.kernel_args(slot.task);
-            // SAFETY: the table is validated, so every view lies inside the
-            // arena, which `run` borrows mutably for the whole run and drains
-            // before returning. The task's mask is empty: no unfinished earlier
-            // task touches its regions with a write on either side, and a later
-            // task conflicting with it waits on its bit until it completes.
-            if !unsafe { self.platform.launch(core, kernel_id, &args) } {
-                return Err(RunError::LaunchRefused {
-                    task: slot.task,
-                    core: core as u32,
-                });
-            }
-            self.idle &= !(1 << core);
-            self.core_slot[core] = i % WINDOW;
-            self.core_started[core] = self.platform.now();
-            self.slots[i % WINDOW].state = State::Running;
-            launched = true;
         }
         Ok(launched)
     }
-
     fn kernel_args(&self, task: u32) -> WspKernelArgs {
         let desc = &self.table.tasks()[task as usize];
         let empty = WspTensorView {
@@ -368,7 +400,7 @@ impl<P: Platform> Executor<'_, '_, P> {
         args
     }
 
-    /// Collects finished tasks, releases their dependents, retires in order.
+    /// Collects finished tasks and reports them to the orchestrator.
     fn poll_cores(&mut self) -> Result<bool, RunError> {
         let mut finished = false;
         let mut busy = !self.idle & (self.kind_mask[0] | self.kind_mask[1]);
@@ -379,14 +411,13 @@ impl<P: Platform> Executor<'_, '_, P> {
                 continue;
             };
             self.idle |= 1 << core;
-            let s = self.core_slot[core];
-            let task = self.slots[s].task;
+            let index = self.core_table_index[core];
             let cycles = match completion {
                 Completion::Done { cycles } => cycles,
                 Completion::Rejected => {
-                    let (kernel_id, _) = self.kind_of(task);
+                    let (kernel_id, _) = self.kind_of(index);
                     return Err(RunError::KernelRejected {
-                        task,
+                        task: index,
                         kernel_id,
                         core: core as u32,
                     });
@@ -396,14 +427,9 @@ impl<P: Platform> Executor<'_, '_, P> {
             stats.tasks += 1;
             stats.cycles += cycles;
             self.stats.tasks += 1;
-            self.slots[s].state = State::Done;
-            for slot in self.slots.iter_mut() {
-                slot.waits_on &= !(1 << s);
-            }
+            // The task was handed out by `pop_ready` and not completed yet.
+            let _ = self.orch.complete(self.core_task[core]);
             finished = true;
-        }
-        while self.head < self.tail && self.slots[self.head % WINDOW].state == State::Done {
-            self.head += 1;
         }
         Ok(finished)
     }
@@ -416,7 +442,7 @@ impl<P: Platform> Executor<'_, '_, P> {
             busy &= busy - 1;
             let waited = now.wrapping_sub(self.core_started[core]);
             if waited > self.timeout_ticks {
-                let task = self.slots[self.core_slot[core]].task;
+                let task = self.core_table_index[core];
                 let (kernel_id, _) = self.kind_of(task);
                 let waited_ms =
                     (waited as u128 * 1000 / self.stats.ticks_per_second.max(1) as u128) as u64;

@@ -1,20 +1,28 @@
 //! The pto-wsp device runtime.
 //!
 //! `no_std` and without `alloc`: every capacity is a const, documented where
-//! it is defined ([`exec::WINDOW`], [`platform::MAX_CORES`]). The same code
+//! it is defined ([`exec::TASK_WINDOW`], [`platform::MAX_CORES`], the
+//! const generics of [`orch::Orchestrator`]). The same code
 //! runs in the host shim, in the QEMU firmware and on the AICPU; what differs
 //! per machine is behind [`platform::Platform`].
 //!
 //! - [`abi`]: the descriptor table (host -> device), parsed and validated in place.
-//! - [`exec`]: runs a validated table in dependency order.
+//! - [`orch`]: the bounded orchestrator: task ring, TensorMap, DepList pool,
+//!   heap ring, scopes, stall statistics and deadlock reports.
+//! - [`exec`]: interprets a validated table through the orchestrator and
+//!   issues ready tasks to cores.
 //! - [`platform`]: the `Platform` trait and the shared-memory mailbox platform.
 //! - [`mailbox`]: the per-core issue protocol and the core's serve loop.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
+// Without `alloc` a deadlock report cannot be boxed: errors that carry one
+// are large values. They end a run, so their size never costs a hot path.
+#![allow(clippy::large_enum_variant, clippy::result_large_err)]
 
 pub mod abi;
 pub mod exec;
 pub mod mailbox;
+pub mod orch;
 pub mod platform;
 mod sync;
 

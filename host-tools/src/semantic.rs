@@ -10,7 +10,7 @@
 //! machine, however loaded.
 
 use device_runtime::abi::Table;
-use device_runtime::exec::{self, RunOptions, RunStats};
+use device_runtime::exec::{self, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::platform::{Clock, Completion, Platform};
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
@@ -110,7 +110,9 @@ pub fn run_semantic(
         now: std::cell::Cell::new(0),
         makespan: 0,
     };
-    let stats = exec::run(&table, arena, &mut platform, options).map_err(ShimError::Run)?;
+    let mut orch = Box::new(TableOrchestrator::for_tables());
+    let stats = exec::run(&table, arena, &mut platform, &mut orch, options)
+        .map_err(|e| ShimError::Run(Box::new(e)))?;
     Ok(SemanticRun {
         stats,
         makespan: platform.makespan,

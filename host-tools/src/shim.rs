@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::Instant;
 
 use device_runtime::abi::{Table, TableError};
-use device_runtime::exec::{self, RunError, RunOptions, RunStats};
+use device_runtime::exec::{self, RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform, PlatformError};
 use wsp_ffi::CoreKind;
@@ -31,11 +31,12 @@ impl Default for Shim {
 }
 
 /// Why a shim run failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShimError {
     Table(TableError),
     Platform(PlatformError),
-    Run(RunError),
+    /// Boxed: a run error can carry a deadlock report of several hundred bytes.
+    Run(Box<RunError>),
 }
 
 impl fmt::Display for ShimError {
@@ -79,6 +80,7 @@ impl Shim {
         let table = Table::parse(table).map_err(ShimError::Table)?;
         let kinds = self.core_kinds();
         let mailboxes: Vec<CoreMailbox> = kinds.iter().map(|_| CoreMailbox::new()).collect();
+        let mut orch = Box::new(TableOrchestrator::for_tables());
         std::thread::scope(|s| {
             for mailbox in &mailboxes {
                 s.spawn(move || serve(mailbox, std::thread::yield_now));
@@ -86,7 +88,8 @@ impl Shim {
             let result = MailboxPlatform::new(&mailboxes, &kinds, HostClock(Instant::now()))
                 .map_err(ShimError::Platform)
                 .and_then(|mut platform| {
-                    exec::run(&table, arena, &mut platform, &self.options).map_err(ShimError::Run)
+                    exec::run(&table, arena, &mut platform, &mut orch, &self.options)
+                        .map_err(|e| ShimError::Run(Box::new(e)))
                 });
             // Also when the platform could not be built: the threads must end.
             mailboxes.iter().for_each(CoreMailbox::request_exit);

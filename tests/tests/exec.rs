@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 
 use device_runtime::abi::{Access, Region, Table, TileView};
-use device_runtime::exec::{run, RunError, RunOptions};
+use device_runtime::exec::{self, RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::platform::{Clock, Completion, Platform};
 use host_tools::rng::SplitMix64;
 use host_tools::table::{Arena, Arg, TableBuilder};
@@ -396,4 +396,16 @@ fn an_arena_smaller_than_the_table_needs() {
             available: small.len() as u64
         }
     );
+}
+
+/// `exec::run` with a fresh orchestrator.
+#[allow(clippy::result_large_err)] // the device's error type, unboxed by design
+fn run<P: Platform>(
+    table: &Table<'_>,
+    arena: &mut [u8],
+    platform: &mut P,
+    options: &RunOptions,
+) -> Result<RunStats, RunError> {
+    let mut orch = Box::new(TableOrchestrator::for_tables());
+    exec::run(table, arena, platform, &mut orch, options)
 }

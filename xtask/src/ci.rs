@@ -9,7 +9,7 @@ use crate::{bindgen, cargo, fw, run, setup};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
-const STEPS: [(&str, Step); 8] = [
+const STEPS: [(&str, Step); 10] = [
     ("setup", |_| setup::setup()),
     ("fmt", |root| {
         run(cargo(root).args(["fmt", "--all", "--", "--check"]))
@@ -34,6 +34,8 @@ const STEPS: [(&str, Step); 8] = [
     ("fw", |root| fw::fw(root).map(drop)),
     ("test", test),
     ("loom", loom),
+    ("stress (release)", stress),
+    ("bench (smoke)", bench),
 ];
 
 type Step = fn(&Path) -> Result<()>;
@@ -82,6 +84,24 @@ fn loom(root: &Path) -> Result<()> {
     .arg("loom")
     .env("RUSTFLAGS", "--cfg loom");
     run(&mut test)
+}
+
+/// The orchestrator's randomized stress test at full size (2 million tasks).
+fn stress(root: &Path) -> Result<()> {
+    run(cargo(root).args([
+        "test",
+        "--release",
+        "-p",
+        "device-runtime",
+        "--test",
+        "orch_stress",
+    ]))
+}
+
+/// Builds and runs the orchestration benchmark once, so that it keeps
+/// working; its figures are recorded in BENCHMARKS.md, not judged here.
+fn bench(root: &Path) -> Result<()> {
+    run(cargo(root).args(["bench", "-p", "device-runtime", "--bench", "orchestration"]))
 }
 
 fn report(times: &[(&str, Duration)], total: Duration) {

@@ -24,10 +24,10 @@ mod clock;
 mod psci;
 
 use core::fmt::Display;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
-use device_runtime::exec::{run, RunOptions};
+use device_runtime::exec::{run, RunOptions, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform};
 use semihosting::println;
@@ -53,6 +53,31 @@ const WORKERS: usize = boot::CORES - 1;
 static KINDS: [CoreKind; WORKERS] = [CoreKind::Cube, CoreKind::Cube, CoreKind::Vector];
 /// One mailbox per worker, indexed like [`KINDS`].
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
+/// The orchestrator of core 0 (about 120 KiB: too large for its stack).
+static ORCHESTRATOR: OrchestratorCell = OrchestratorCell {
+    cell: core::cell::UnsafeCell::new(TableOrchestrator::for_tables()),
+    taken: AtomicBool::new(false),
+};
+
+/// The orchestrator's static home, handed out once by [`take_orchestrator`].
+struct OrchestratorCell {
+    cell: core::cell::UnsafeCell<TableOrchestrator>,
+    taken: AtomicBool,
+}
+
+// SAFETY: the cell is only reached through `take_orchestrator`, which hands
+// out its one `&mut` at most once (guarded by the atomic flag).
+unsafe impl Sync for OrchestratorCell {}
+
+/// The orchestrator, the first time; `None` after that.
+fn take_orchestrator() -> Option<&'static mut TableOrchestrator> {
+    if ORCHESTRATOR.taken.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    // SAFETY: the flag above makes this the only reference ever created.
+    Some(unsafe { &mut *ORCHESTRATOR.cell.get() })
+}
+
 /// Bit `cpu` is set once that CPU is up and about to serve its mailbox.
 static ONLINE: AtomicU32 = AtomicU32::new(0);
 /// How long core 0 waits for the workers to come up.
@@ -80,7 +105,10 @@ extern "C" fn primary_main() -> ! {
         Ok(platform) => platform,
         Err(e) => fail(EXIT_RUN, e),
     };
-    let result = run(&table, arena, &mut platform, &RunOptions::default());
+    let Some(orch) = take_orchestrator() else {
+        fail(EXIT_RUN, "the orchestrator is already in use");
+    };
+    let result = run(&table, arena, &mut platform, orch, &RunOptions::default());
     platform.shutdown();
     match result {
         Ok(stats) => {

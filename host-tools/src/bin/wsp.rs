@@ -163,6 +163,7 @@ fn run(cli: Cli) -> Result<bool> {
                 );
             }
             println!("  total semantic cycles {}", stats.total_cycles());
+            print_stalls(&stats.stalls);
             Ok(report(&w, &arena))
         }
         Command::Build { workload, out } => {
@@ -194,6 +195,25 @@ fn run(cli: Cli) -> Result<bool> {
             }
             Ok(true)
         }
+    }
+}
+
+/// Backpressure per resource: high-water mark against capacity, and stalls.
+fn print_stalls(stalls: &device_runtime::orch::StallStats) {
+    use device_runtime::orch::StallReason;
+    for reason in [
+        StallReason::TaskRingFull,
+        StallReason::TensorMapPoolFull,
+        StallReason::DepListPoolFull,
+    ] {
+        let r = stalls.of(reason);
+        println!(
+            "  {:<20} high water {:>5} of {:>5}, {} stalls",
+            reason.name(),
+            r.high_water,
+            r.capacity,
+            r.stalls
+        );
     }
 }
 

@@ -1,0 +1,217 @@
+//! The heap ring: bump allocation of intermediate output buffers from a
+//! fixed arena, freed in retirement order, never straddling the wrap point.
+//!
+//! The ring hands out byte offsets; the memory itself belongs to the caller.
+//! Live allocations occupy `[tail, head)` (modulo the wrap). A request that
+//! does not fit before the end goes to offset 0 and the skipped bytes stay
+//! accounted as used until the allocation before them is freed.
+
+/// An allocation: `offset .. offset + len` in the arena.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapBlock {
+    pub offset: u64,
+    pub len: u64,
+    /// Where the ring's tail moves when this block is freed.
+    end: u64,
+}
+
+impl HeapBlock {
+    /// No allocation.
+    pub const EMPTY: HeapBlock = HeapBlock {
+        offset: 0,
+        len: 0,
+        end: 0,
+    };
+}
+
+/// Why an allocation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeapError {
+    /// Not enough contiguous room now; freeing older blocks will make room.
+    Full,
+    /// Larger than the whole arena: no amount of freeing helps.
+    TooLarge { requested: u64, capacity: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct HeapRing {
+    capacity: u64,
+    head: u64,
+    tail: u64,
+    live: u64,
+    used: u64,
+}
+
+/// Allocations are aligned to this many bytes.
+pub const HEAP_ALIGN: u64 = 64;
+
+impl HeapRing {
+    pub const fn new(capacity: u64) -> Self {
+        HeapRing {
+            capacity: capacity - capacity % HEAP_ALIGN,
+            head: 0,
+            tail: 0,
+            live: 0,
+            used: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes held by live blocks and wrap gaps.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    pub fn alloc(&mut self, len: u64) -> Result<HeapBlock, HeapError> {
+        let len = len.div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
+        if len > self.capacity {
+            return Err(HeapError::TooLarge {
+                requested: len,
+                capacity: self.capacity,
+            });
+        }
+        if self.live == 0 {
+            (self.head, self.tail, self.used) = (0, 0, 0);
+        }
+        let (offset, gap) = if self.live == 0 || self.head > self.tail {
+            // Free space: [head, capacity) and [0, tail).
+            if self.capacity - self.head >= len {
+                (self.head, 0)
+            } else if self.tail > len {
+                (0, self.capacity - self.head)
+            } else {
+                return Err(HeapError::Full);
+            }
+        } else if self.tail - self.head > len {
+            // Wrapped: free space is [head, tail); keep one byte to tell full from empty.
+            (self.head, 0)
+        } else {
+            return Err(HeapError::Full);
+        };
+        let end = offset + len;
+        self.head = end;
+        self.live += 1;
+        self.used += len + gap;
+        Ok(HeapBlock { offset, len, end })
+    }
+
+    /// Frees the oldest live block, which must be `block` (retirement order).
+    pub fn free(&mut self, block: HeapBlock) {
+        if block.len == 0 || self.live == 0 {
+            return;
+        }
+        let freed = if block.end >= self.tail {
+            block.end - self.tail
+        } else {
+            self.capacity - self.tail + block.end
+        };
+        self.tail = block.end;
+        self.live -= 1;
+        self.used = self.used.saturating_sub(freed);
+        if self.live == 0 {
+            (self.head, self.tail, self.used) = (0, 0, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bump_wrap_and_gap_accounting() {
+        let mut h = HeapRing::new(1024);
+        let a = h.alloc(400).unwrap(); // 448 after alignment
+        let b = h.alloc(400).unwrap(); // [448, 896)
+        assert_eq!((a.offset, b.offset), (0, 448));
+        assert_eq!(
+            h.alloc(200),
+            Err(HeapError::Full),
+            "128 bytes left at the end, none at the start"
+        );
+        h.free(a);
+        assert_eq!(h.used(), 448);
+        let c = h.alloc(200).unwrap(); // 256 bytes: does not fit in [896, 1024): wraps to 0
+        assert_eq!(c.offset, 0, "never straddles the wrap point");
+        assert_eq!(
+            h.used(),
+            448 + 256 + 128,
+            "the skipped 128 bytes count as used"
+        );
+        assert_eq!(
+            h.alloc(256),
+            Err(HeapError::Full),
+            "[256, 448) is 192 bytes"
+        );
+        let d = h.alloc(100).unwrap();
+        assert_eq!(d.offset, 256);
+        h.free(b);
+        assert_eq!(
+            h.used(),
+            256 + 128 + 128,
+            "c, d, and the gap until c is freed"
+        );
+        h.free(c);
+        assert_eq!(h.used(), 128, "freeing c releases the gap before it");
+        h.free(d);
+        assert_eq!(h.used(), 0);
+        assert_eq!(
+            h.alloc(1024).unwrap().offset,
+            0,
+            "an empty ring takes the whole arena"
+        );
+    }
+
+    #[test]
+    fn too_large_is_not_full() {
+        let mut h = HeapRing::new(1024);
+        assert_eq!(
+            h.alloc(2000),
+            Err(HeapError::TooLarge {
+                requested: 2048,
+                capacity: 1024
+            })
+        );
+    }
+
+    #[test]
+    fn many_rounds_stay_consistent() {
+        let mut h = HeapRing::new(4096);
+        let mut live = [HeapBlock::default(); 8];
+        let (mut first, mut count) = (0usize, 0usize);
+        let mut x = 12345u64;
+        for _ in 0..10_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let len = 1 + (x >> 33) % 1500;
+            match h.alloc(len) {
+                Ok(b) if count < 8 => {
+                    // No live block overlaps the new one.
+                    for i in 0..count {
+                        let o = live[(first + i) % 8];
+                        assert!(b.offset + b.len <= o.offset || o.offset + o.len <= b.offset);
+                    }
+                    live[(first + count) % 8] = b;
+                    count += 1;
+                }
+                Ok(b) => {
+                    h.free(live[first]);
+                    live[first] = b;
+                    first = (first + 1) % 8;
+                }
+                Err(HeapError::Full) => {
+                    assert!(count > 0, "an empty ring fits anything up to its capacity");
+                    h.free(live[first]);
+                    first = (first + 1) % 8;
+                    count -= 1;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+            assert!(h.used() <= h.capacity());
+        }
+    }
+}

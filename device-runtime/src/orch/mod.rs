@@ -1,0 +1,704 @@
+//! Bounded orchestration: turns a stream of task submissions into a
+//! dependency graph in statically sized memory, with backpressure instead of
+//! failure and a report instead of a hang.
+//!
+//! One thread owns the graph: the AICPU thread that submits tasks also
+//! receives their completions (from the platform's polls) and calls
+//! [`Orchestrator::complete`]. Fan-in counters and fan-out lists therefore
+//! need no atomics: the reference runtime's atomic fan-in and scope
+//! reference counts exist because its scheduler threads complete tasks
+//! concurrently with the orchestrator; here completions reach the owner as
+//! events, which also makes every run deterministic for a given event order.
+//!
+//! Resources, each with a documented capacity:
+//! - task ring (`TASKS` slots, the task window): allocated and retired in order;
+//! - TensorMap (`TMAP` entries, [`tensor_map::BUCKETS`] buckets): dependency inference;
+//! - DepList pool (`DEPS` nodes): fan-out edges;
+//! - heap ring (a byte capacity given at construction): intermediate buffers.
+//!
+//! A task's slot, heap block and TensorMap entries are reclaimed together
+//! when it and every older task have completed and no open scope holds it;
+//! its DepList nodes go back to the pool as soon as it completes, since its
+//! consumers are released then.
+//!
+//! When a resource is full, [`Orchestrator::submit`] returns
+//! [`SubmitError::Stall`] and changes nothing: the caller processes
+//! completions and submits again. When the caller finds it cannot progress,
+//! [`Orchestrator::check_progress`] proves (not guesses from a spin count)
+//! whether progress is impossible and returns a [`DeadlockReport`].
+
+pub mod deadlock;
+pub mod dep_pool;
+pub mod heap_ring;
+pub mod stall;
+pub mod tensor_map;
+
+use core::fmt;
+
+use wsp_ffi::CoreKind;
+
+use crate::abi::{Access, Region, MAX_TENSOR_ARGS};
+pub use deadlock::{BlockedTask, DeadlockCause, DeadlockReport, Occupancy, MAX_SCOPE_DEPTH};
+use deadlock::{REPORTED_PRODUCERS, REPORTED_TASKS};
+use dep_pool::{DepPool, NIL};
+pub use heap_ring::{HeapBlock, HeapError, HeapRing};
+pub use stall::{ResourceStats, StallReason, StallStats};
+use tensor_map::TensorMap;
+
+#[cfg(test)]
+mod tests;
+
+/// A task's number: submission order, from 0. Its slot is `id % TASKS`.
+pub type TaskId = u64;
+
+/// The kernel a task calls and the kind of core it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelRef {
+    pub id: u32,
+    pub kind: CoreKind,
+}
+
+/// One tensor argument: a region of the tensor with key `tensor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskArg {
+    pub tensor: u32,
+    pub region: Region,
+    pub access: Access,
+}
+
+/// Where a task is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskState {
+    /// Waiting for producers.
+    Pending,
+    /// In a ready list.
+    Ready,
+    /// Handed out by [`Orchestrator::pop_ready`].
+    Running,
+    /// Finished; retires when everything older has and no scope holds it.
+    Completed,
+}
+
+/// A task handed to the caller to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadyTask {
+    pub id: TaskId,
+    pub kernel: KernelRef,
+    /// The caller's own value given at submission (e.g. a table index).
+    pub tag: u64,
+    /// Its heap ring block (length 0 if it asked for none).
+    pub heap: HeapBlock,
+}
+
+/// A submission the orchestrator refuses for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invalid {
+    TooManyArgs {
+        count: usize,
+        max: usize,
+    },
+    /// An explicit dependency on a task that was never submitted.
+    UnknownTask {
+        id: TaskId,
+        next: TaskId,
+    },
+    /// Argument `index` writes a region overlapping argument `other`.
+    ArgsOverlap {
+        index: usize,
+        other: usize,
+    },
+}
+
+/// Why [`Orchestrator::submit`] did not submit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// A resource is full; complete tasks and submit again.
+    Stall(StallReason),
+    /// Waiting cannot help: the report says why.
+    Deadlock(DeadlockReport),
+    Invalid(Invalid),
+}
+
+/// Misuse of scopes or completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageError {
+    ScopeTooDeep {
+        max: usize,
+    },
+    NoOpenScope,
+    /// `complete` for a task that is not running.
+    NotRunning {
+        id: TaskId,
+    },
+}
+
+impl fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::Stall(r) => write!(f, "stalled: {r}"),
+            SubmitError::Deadlock(report) => write!(f, "{report}"),
+            SubmitError::Invalid(Invalid::TooManyArgs { count, max }) => {
+                write!(f, "{count} tensor arguments, at most {max}")
+            }
+            SubmitError::Invalid(Invalid::UnknownTask { id, next }) => {
+                write!(
+                    f,
+                    "dependency on task {id}, but only tasks 0..{next} were submitted"
+                )
+            }
+            SubmitError::Invalid(Invalid::ArgsOverlap { index, other }) => {
+                write!(
+                    f,
+                    "argument {index} writes a region overlapping argument {other}"
+                )
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    id: TaskId,
+    kernel: KernelRef,
+    tag: u64,
+    state: TaskState,
+    /// Unfinished producers, plus one while the task is being wired.
+    fanin: u32,
+    /// Head of the fan-out list in the DepList pool.
+    fanout: u32,
+    heap: HeapBlock,
+    /// An open scope keeps the task from retiring.
+    held: bool,
+    /// The last dependency pass that met this task as a producer.
+    marked_by: u64,
+    /// Next task in the ready list of its kind.
+    ready_next: TaskId,
+}
+
+const NONE: TaskId = u64::MAX;
+
+const FREE_SLOT: Slot = Slot {
+    id: NONE,
+    kernel: KernelRef {
+        id: 0,
+        kind: CoreKind::Vector,
+    },
+    tag: 0,
+    state: TaskState::Completed,
+    fanin: 0,
+    fanout: NIL,
+    heap: HeapBlock::EMPTY,
+    held: false,
+    marked_by: 0,
+    ready_next: NONE,
+};
+
+#[derive(Clone, Copy, Debug)]
+struct ReadyList {
+    head: TaskId,
+    tail: TaskId,
+    len: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Scope {
+    name: &'static str,
+    first: TaskId,
+}
+
+/// The orchestrator. `TASKS` (the task window) must be a power of two.
+/// Defaults used by the runtime: see [`exec`](crate::exec).
+pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize> {
+    slots: [Slot; TASKS],
+    /// Oldest task not retired.
+    head: TaskId,
+    /// Id of the next submission.
+    next: TaskId,
+    tmap: TensorMap<TMAP, TASKS>,
+    deps: DepPool<DEPS>,
+    heap: HeapRing,
+    ready: [ReadyList; 2],
+    scopes: [Scope; MAX_SCOPE_DEPTH],
+    depth: usize,
+    stats: StallStats,
+    /// Counts dependency passes; each pass marks producers with its number.
+    pass: u64,
+}
+
+impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASKS, TMAP, DEPS> {
+    const POWER_OF_TWO: () = assert!(
+        TASKS.is_power_of_two(),
+        "the task window must be a power of two"
+    );
+
+    /// An empty orchestrator whose heap ring manages `heap_bytes` bytes.
+    pub const fn new(heap_bytes: u64) -> Self {
+        #[allow(clippy::let_unit_value)]
+        let _ = Self::POWER_OF_TWO;
+        let empty = ReadyList {
+            head: NONE,
+            tail: NONE,
+            len: 0,
+        };
+        Orchestrator {
+            slots: [FREE_SLOT; TASKS],
+            head: 0,
+            next: 0,
+            tmap: TensorMap::new(),
+            deps: DepPool::new(),
+            heap: HeapRing::new(heap_bytes),
+            ready: [empty; 2],
+            scopes: [Scope { name: "", first: 0 }; MAX_SCOPE_DEPTH],
+            depth: 0,
+            stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0]),
+            pass: 0,
+        }
+    }
+
+    pub fn stats(&self) -> &StallStats {
+        &self.stats
+    }
+
+    /// Tasks submitted and not yet retired.
+    pub fn in_flight(&self) -> u64 {
+        self.next - self.head
+    }
+
+    /// Every submitted task has completed and retired.
+    pub fn is_drained(&self) -> bool {
+        self.head == self.next
+    }
+
+    pub fn submitted(&self) -> u64 {
+        self.next
+    }
+
+    /// Tasks ready to run on `kind` cores.
+    pub fn ready_count(&self, kind: CoreKind) -> u64 {
+        self.ready[kind as usize].len
+    }
+
+    fn slot(&self, id: TaskId) -> &Slot {
+        &self.slots[(id % TASKS as u64) as usize]
+    }
+
+    fn slot_mut(&mut self, id: TaskId) -> &mut Slot {
+        &mut self.slots[(id % TASKS as u64) as usize]
+    }
+
+    /// Whether `id` was submitted and has not completed.
+    pub fn is_live(&self, id: TaskId) -> bool {
+        id >= self.head && id < self.next && self.slot(id).state != TaskState::Completed
+    }
+
+    /// Submits a task at time `now` (the caller's clock, for stall times).
+    /// Nothing changes unless it returns `Ok`.
+    pub fn submit(
+        &mut self,
+        now: u64,
+        kernel: KernelRef,
+        args: &[TaskArg],
+        heap_bytes: u64,
+        extra_deps: &[TaskId],
+        tag: u64,
+    ) -> Result<TaskId, SubmitError> {
+        if args.len() > MAX_TENSOR_ARGS {
+            return Err(SubmitError::Invalid(Invalid::TooManyArgs {
+                count: args.len(),
+                max: MAX_TENSOR_ARGS,
+            }));
+        }
+        if let Some(&id) = extra_deps.iter().find(|&&id| id >= self.next) {
+            return Err(SubmitError::Invalid(Invalid::UnknownTask {
+                id,
+                next: self.next,
+            }));
+        }
+        let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
+        for (index, a) in args.iter().enumerate() {
+            for (other, b) in args.iter().enumerate().take(index) {
+                if a.tensor == b.tensor && (writes(a) || writes(b)) && a.region.overlaps(&b.region)
+                {
+                    return Err(SubmitError::Invalid(Invalid::ArgsOverlap { index, other }));
+                }
+            }
+        }
+        let heap_capacity = self.heap.capacity();
+        if heap_bytes > heap_capacity {
+            let cause = DeadlockCause::HeapRequestTooLarge {
+                requested: heap_bytes,
+                capacity: heap_capacity,
+            };
+            return Err(SubmitError::Deadlock(self.report(cause)));
+        }
+        if args.len() > TMAP {
+            let pool = StallReason::TensorMapPoolFull;
+            let cause = DeadlockCause::TaskExceedsPool {
+                pool,
+                needed: args.len() as u64,
+                capacity: TMAP as u64,
+            };
+            return Err(SubmitError::Deadlock(self.report(cause)));
+        }
+
+        // Room in every resource, checked before anything changes.
+        if self.in_flight() == TASKS as u64 {
+            if self.slot(self.head).held {
+                return Err(SubmitError::Deadlock(self.report(self.scope_deadlock())));
+            }
+            return self.stall(StallReason::TaskRingFull, now);
+        }
+        if self.tmap.available() < args.len() {
+            let (slots, head, next) = (&self.slots, self.head, self.next);
+            self.tmap.sweep(|t| !live(slots, head, next, t));
+            if self.tmap.available() < args.len() {
+                return self.stall(StallReason::TensorMapPoolFull, now);
+            }
+        }
+        let id = self.next;
+        let found = self.wire(id, args, extra_deps, false);
+        let edges = found.count;
+        if edges > DEPS as u64 {
+            let pool = StallReason::DepListPoolFull;
+            let cause = DeadlockCause::TaskExceedsPool {
+                pool,
+                needed: edges,
+                capacity: DEPS as u64,
+            };
+            return Err(SubmitError::Deadlock(self.report(cause)));
+        }
+        if (self.deps.available() as u64) < edges {
+            return self.stall(StallReason::DepListPoolFull, now);
+        }
+        let heap = if heap_bytes == 0 {
+            HeapBlock::default()
+        } else {
+            match self.heap.alloc(heap_bytes) {
+                Ok(block) => block,
+                Err(_) => return self.stall(StallReason::HeapRingFull, now),
+            }
+        };
+
+        // Commit: the slot, the edges from live producers, the TensorMap entries.
+        self.stats.end(now);
+        let held = self.depth > 0;
+        *self.slot_mut(id) = Slot {
+            id,
+            kernel,
+            tag,
+            state: TaskState::Pending,
+            fanin: 1,
+            heap,
+            held,
+            ..FREE_SLOT
+        };
+        if found.count as usize <= found.ids.len() {
+            // The counting pass saw every producer: wire from its list.
+            for &p in &found.ids[..found.count as usize] {
+                let pushed = self
+                    .deps
+                    .push(&mut self.slots[(p % TASKS as u64) as usize].fanout, id);
+                debug_assert!(pushed, "room was checked before committing");
+            }
+            self.slot_mut(id).fanin += found.count as u32;
+        } else {
+            self.wire(id, args, extra_deps, true);
+        }
+        self.next += 1;
+        for a in args {
+            let (slots, head, next) = (&self.slots, self.head, self.next);
+            self.tmap.prune(a.tensor, &a.region, writes(a), |t| {
+                !live(slots, head, next, t)
+            });
+            self.tmap.insert(a.tensor, a.region, writes(a), id);
+        }
+        self.release(id);
+        self.stats.used(StallReason::TaskRingFull, self.in_flight());
+        self.stats
+            .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
+        self.stats
+            .used(StallReason::DepListPoolFull, self.deps.used() as u64);
+        self.stats.used(StallReason::HeapRingFull, self.heap.used());
+        Ok(id)
+    }
+
+    fn stall(&mut self, reason: StallReason, now: u64) -> Result<TaskId, SubmitError> {
+        self.stats.stalled(reason, now);
+        Err(SubmitError::Stall(reason))
+    }
+
+    /// Finds the distinct live producers of task `id` (submitted or about to
+    /// be) and, when `commit`, records an edge from each and counts it in the
+    /// task's fan-in. Returns their number. A fresh mark per pass dedups
+    /// producers met through several arguments (a stalled submission is
+    /// retried with the same id, so the mark cannot derive from the id).
+    fn wire(
+        &mut self,
+        id: TaskId,
+        args: &[TaskArg],
+        extra_deps: &[TaskId],
+        commit: bool,
+    ) -> Producers {
+        self.pass += 1;
+        let mark = self.pass;
+        let (head, next) = (self.head, self.next);
+        let (slots, deps) = (&mut self.slots, &mut self.deps);
+        let mut found = Producers {
+            ids: [0; 16],
+            count: 0,
+        };
+        let mut visit = |p: TaskId| {
+            if !live(slots, head, next, p) {
+                return;
+            }
+            let producer = &mut slots[(p % TASKS as u64) as usize];
+            if producer.marked_by == mark {
+                return;
+            }
+            producer.marked_by = mark;
+            if let Some(slot) = found.ids.get_mut(found.count as usize) {
+                *slot = p;
+            }
+            found.count += 1;
+            if commit {
+                let pushed = deps.push(&mut producer.fanout, id);
+                debug_assert!(pushed, "room was checked before committing");
+            }
+        };
+        for a in args {
+            self.tmap.producers(
+                a.tensor,
+                &a.region,
+                a.access.contains(Access::WRITE),
+                &mut visit,
+            );
+        }
+        extra_deps.iter().for_each(|&p| visit(p));
+        if commit {
+            self.slot_mut(id).fanin += found.count as u32;
+        }
+        found
+    }
+
+    /// Drops one from the fan-in of `id`; at zero the task becomes ready.
+    fn release(&mut self, id: TaskId) {
+        let slot = self.slot_mut(id);
+        slot.fanin -= 1;
+        if slot.fanin > 0 {
+            return;
+        }
+        slot.state = TaskState::Ready;
+        slot.ready_next = NONE;
+        let kind = slot.kernel.kind as usize;
+        let tail = self.ready[kind].tail;
+        if tail == NONE {
+            self.ready[kind].head = id;
+        } else {
+            self.slot_mut(tail).ready_next = id;
+        }
+        self.ready[kind].tail = id;
+        self.ready[kind].len += 1;
+    }
+
+    /// The oldest ready task for `kind` cores, now running.
+    pub fn pop_ready(&mut self, kind: CoreKind) -> Option<ReadyTask> {
+        let list = &mut self.ready[kind as usize];
+        let id = list.head;
+        if id == NONE {
+            return None;
+        }
+        list.len -= 1;
+        let slot = &mut self.slots[(id % TASKS as u64) as usize];
+        let list = &mut self.ready[kind as usize];
+        list.head = slot.ready_next;
+        if list.head == NONE {
+            list.tail = NONE;
+        }
+        slot.state = TaskState::Running;
+        Some(ReadyTask {
+            id,
+            kernel: slot.kernel,
+            tag: slot.tag,
+            heap: slot.heap,
+        })
+    }
+
+    /// Task `id` finished: releases its consumers and retires what it can.
+    pub fn complete(&mut self, id: TaskId) -> Result<(), UsageError> {
+        if !(id >= self.head && id < self.next && self.slot(id).state == TaskState::Running) {
+            return Err(UsageError::NotRunning { id });
+        }
+        self.slot_mut(id).state = TaskState::Completed;
+        let mut fanout = self.slot(id).fanout;
+        while let Some(consumer) = self.deps.pop(&mut fanout) {
+            self.release(consumer);
+        }
+        self.slot_mut(id).fanout = NIL;
+        self.retire();
+        Ok(())
+    }
+
+    /// Retires completed tasks from the oldest on, until one is still live
+    /// or held by a scope; reclaims their slots, heap and TensorMap entries.
+    fn retire(&mut self) {
+        while self.head < self.next {
+            let slot = *self.slot(self.head);
+            if slot.state != TaskState::Completed || slot.held {
+                break;
+            }
+            self.tmap.release_task(self.head);
+            self.heap.free(slot.heap);
+            self.head += 1;
+        }
+    }
+
+    /// Opens a scope: the outputs of tasks submitted until its end stay alive
+    /// (their tasks do not retire) until [`Orchestrator::scope_end`].
+    pub fn scope_begin(&mut self, name: &'static str) -> Result<(), UsageError> {
+        if self.depth == MAX_SCOPE_DEPTH {
+            return Err(UsageError::ScopeTooDeep {
+                max: MAX_SCOPE_DEPTH,
+            });
+        }
+        self.scopes[self.depth] = Scope {
+            name,
+            first: self.next,
+        };
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// Closes the innermost scope and lets its tasks retire.
+    pub fn scope_end(&mut self) -> Result<(), UsageError> {
+        if self.depth == 0 {
+            return Err(UsageError::NoOpenScope);
+        }
+        self.depth -= 1;
+        let first = self.scopes[self.depth].first.max(self.head);
+        // Tasks of an enclosing scope stay held by it.
+        let still_held = self.depth > 0;
+        for id in first..self.next {
+            self.slot_mut(id).held = still_held;
+        }
+        self.retire();
+        Ok(())
+    }
+
+    /// Proves whether the caller can still make progress when `running`
+    /// tasks are on cores and `has_cores[kind]` says which kinds exist.
+    /// Called when a submission stays stalled or the caller waits for
+    /// completions: if nothing runs and nothing can be handed out, nothing
+    /// will ever complete, so waiting longer cannot help.
+    pub fn check_progress(
+        &self,
+        running: usize,
+        has_cores: [bool; 2],
+    ) -> Result<(), DeadlockReport> {
+        if running > 0 {
+            return Ok(());
+        }
+        let runnable = |k: CoreKind| has_cores[k as usize] && self.ready[k as usize].len > 0;
+        if runnable(CoreKind::Cube) || runnable(CoreKind::Vector) {
+            return Ok(());
+        }
+        for kind in [CoreKind::Cube, CoreKind::Vector] {
+            if self.ready[kind as usize].len > 0 {
+                return Err(self.report(DeadlockCause::NoCoreForKind { kind }));
+            }
+        }
+        let waiting = (self.head..self.next).any(|id| self.slot(id).state != TaskState::Completed);
+        match self.stats.current {
+            Some(StallReason::TaskRingFull) if self.slot(self.head).held => {
+                Err(self.report(self.scope_deadlock()))
+            }
+            Some(_) => Err(self.report(DeadlockCause::Stuck)),
+            None if waiting => Err(self.report(DeadlockCause::Stuck)),
+            None => Ok(()),
+        }
+    }
+
+    /// The window is full and its oldest task is held: by the outermost open
+    /// scope that began at or before it.
+    fn scope_deadlock(&self) -> DeadlockCause {
+        let scope = self.scopes[..self.depth]
+            .iter()
+            .find(|s| s.first <= self.head)
+            .unwrap_or(&self.scopes[0]);
+        DeadlockCause::ScopeExceedsWindow {
+            scope: scope.name,
+            window: TASKS as u64,
+            held: self.next - scope.first.max(self.head),
+        }
+    }
+
+    fn report(&self, cause: DeadlockCause) -> DeadlockReport {
+        let occupancy = |resource, used: u64, capacity: u64| Occupancy {
+            resource,
+            used,
+            capacity,
+        };
+        let mut report = DeadlockReport {
+            cause,
+            stalled_on: self.stats.current,
+            occupancy: [
+                occupancy(StallReason::TaskRingFull, self.in_flight(), TASKS as u64),
+                occupancy(
+                    StallReason::TensorMapPoolFull,
+                    self.tmap.used() as u64,
+                    TMAP as u64,
+                ),
+                occupancy(
+                    StallReason::DepListPoolFull,
+                    self.deps.used() as u64,
+                    DEPS as u64,
+                ),
+                occupancy(
+                    StallReason::HeapRingFull,
+                    self.heap.used(),
+                    self.heap.capacity(),
+                ),
+            ],
+            in_flight: self.in_flight(),
+            blocked: [None; REPORTED_TASKS],
+            scopes: [None; MAX_SCOPE_DEPTH],
+        };
+        let blocked =
+            (self.head..self.next).filter(|&id| self.slot(id).state != TaskState::Completed);
+        for (out, id) in report.blocked.iter_mut().zip(blocked) {
+            let slot = self.slot(id);
+            let mut task = BlockedTask {
+                id,
+                kernel_id: slot.kernel.id,
+                state: slot.state,
+                waits_on: [None; REPORTED_PRODUCERS],
+                producers: 0,
+            };
+            // Producers are the older live tasks whose fan-out lists name it.
+            for p in self.head..id {
+                if self.is_live(p) && self.deps.iter(self.slot(p).fanout).any(|c| c == id) {
+                    if let Some(w) = task.waits_on.get_mut(task.producers as usize) {
+                        *w = Some(p);
+                    }
+                    task.producers += 1;
+                }
+            }
+            *out = Some(task);
+        }
+        for (out, scope) in report.scopes.iter_mut().zip(&self.scopes[..self.depth]) {
+            *out = Some((scope.name, self.next - scope.first));
+        }
+        report
+    }
+}
+
+/// The producers a dependency pass found: all of them when `count` fits `ids`.
+struct Producers {
+    ids: [TaskId; 16],
+    count: u64,
+}
+
+/// Whether task `id` was submitted, has not retired and has not completed.
+fn live<const T: usize>(slots: &[Slot; T], head: TaskId, next: TaskId, id: TaskId) -> bool {
+    let slot = &slots[(id % T as u64) as usize];
+    id >= head && id < next && slot.id == id && slot.state != TaskState::Completed
+}

@@ -1,0 +1,358 @@
+//! Unit tests of the orchestrator: dependencies, stalls, scopes, deadlocks.
+
+use super::*;
+
+const CUBE: KernelRef = KernelRef {
+    id: 2,
+    kind: CoreKind::Cube,
+};
+const VEC: KernelRef = KernelRef {
+    id: 1,
+    kind: CoreKind::Vector,
+};
+
+fn region(start: u32, len: u32) -> Region {
+    Region {
+        offset: [start, 0, 0, 0],
+        extent: [len, 1, 1, 1],
+    }
+}
+
+fn read(tensor: u32, start: u32, len: u32) -> TaskArg {
+    TaskArg {
+        tensor,
+        region: region(start, len),
+        access: Access::READ,
+    }
+}
+
+fn write(tensor: u32, start: u32, len: u32) -> TaskArg {
+    TaskArg {
+        tensor,
+        region: region(start, len),
+        access: Access::WRITE,
+    }
+}
+
+type Small = Orchestrator<4, 16, 16>;
+
+fn submit<const T: usize, const M: usize, const D: usize>(
+    o: &mut Orchestrator<T, M, D>,
+    args: &[TaskArg],
+) -> Result<TaskId, SubmitError> {
+    o.submit(0, VEC, args, 0, &[], 0)
+}
+
+/// Runs the oldest ready vector task to completion.
+fn run_one<const T: usize, const M: usize, const D: usize>(
+    o: &mut Orchestrator<T, M, D>,
+) -> TaskId {
+    let t = o.pop_ready(CoreKind::Vector).expect("a ready task");
+    o.complete(t.id).unwrap();
+    t.id
+}
+
+#[test]
+fn raw_waw_and_war_are_all_tracked() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let w0 = submit(&mut o, &[write(7, 0, 4)]).unwrap();
+    let r1 = submit(&mut o, &[read(7, 2, 4)]).unwrap(); // RAW on w0
+    let w2 = submit(&mut o, &[write(7, 5, 4)]).unwrap(); // WAR on r1 (5 in 2..6); no overlap with w0
+    let other = submit(&mut o, &[write(8, 0, 4)]).unwrap(); // another tensor: independent
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        2,
+        "w0 and the other tensor's writer"
+    );
+    assert_eq!(run_one(&mut o), w0);
+    assert_eq!(run_one(&mut o), other);
+    assert_eq!(run_one(&mut o), r1, "r1 was released by w0");
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        1,
+        "w2 waited for the reader (WAR)"
+    );
+    assert_eq!(run_one(&mut o), w2);
+    let w3 = submit(&mut o, &[write(7, 0, 1)]).unwrap();
+    let w4 = submit(&mut o, &[write(7, 0, 2)]).unwrap(); // WAW on w3
+    assert_eq!(run_one(&mut o), w3);
+    assert_eq!(run_one(&mut o), w4);
+    assert!(o.is_drained());
+}
+
+#[test]
+fn reads_do_not_order_reads() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    for _ in 0..5 {
+        submit(&mut o, &[read(1, 0, 8)]).unwrap();
+    }
+    assert_eq!(o.ready_count(CoreKind::Vector), 5);
+}
+
+#[test]
+fn covered_entries_are_pruned() {
+    let mut o = Orchestrator::<1024, 8, 1024>::new(0);
+    // Without pruning, 1000 live writers of one region need 1000 entries.
+    for _ in 0..1000 {
+        submit(&mut o, &[write(3, 0, 16)]).unwrap();
+    }
+    assert_eq!(o.tmap.used(), 1, "each write covers the previous one");
+    assert_eq!(o.ready_count(CoreKind::Vector), 1, "still a chain");
+    let mut order = Vec::new();
+    while !o.is_drained() {
+        order.push(run_one(&mut o));
+    }
+    assert_eq!(order, (0..1000).collect::<Vec<_>>());
+    assert_eq!(o.tmap.used(), 0, "retirement frees the rest");
+}
+
+#[test]
+fn each_resource_stalls_and_recovers() {
+    // Task ring: 4 slots.
+    let mut o = Small::new(0);
+    for i in 0..4 {
+        submit(&mut o, &[write(i, 0, 1)]).unwrap();
+    }
+    assert_eq!(
+        o.submit(10, VEC, &[write(9, 0, 1)], 0, &[], 0),
+        Err(SubmitError::Stall(StallReason::TaskRingFull))
+    );
+    assert_eq!(o.stats().current, Some(StallReason::TaskRingFull));
+    run_one(&mut o);
+    o.submit(25, VEC, &[write(9, 0, 1)], 0, &[], 0).unwrap();
+    let ring = o.stats().of(StallReason::TaskRingFull);
+    assert_eq!(
+        (
+            ring.stalls,
+            ring.stall_ticks,
+            ring.high_water,
+            ring.capacity
+        ),
+        (1, 15, 4, 4)
+    );
+    assert_eq!(o.stats().current, None);
+
+    // TensorMap: 4 entries, held by live (unfinished) tasks.
+    let mut o = Orchestrator::<16, 4, 16>::new(0);
+    submit(&mut o, &[write(1, 0, 1), write(2, 0, 1)]).unwrap();
+    submit(&mut o, &[write(3, 0, 1), write(4, 0, 1)]).unwrap();
+    assert_eq!(
+        submit(&mut o, &[write(5, 0, 1)]),
+        Err(SubmitError::Stall(StallReason::TensorMapPoolFull))
+    );
+    run_one(&mut o);
+    submit(&mut o, &[write(5, 0, 1)]).unwrap();
+    assert_eq!(o.stats().of(StallReason::TensorMapPoolFull).stalls, 1);
+
+    // DepList pool: 2 nodes; the third consumer of a live producer waits.
+    let mut o = Orchestrator::<16, 16, 2>::new(0);
+    submit(&mut o, &[write(1, 0, 8)]).unwrap();
+    submit(&mut o, &[read(1, 0, 1)]).unwrap();
+    submit(&mut o, &[read(1, 1, 1)]).unwrap();
+    assert_eq!(
+        submit(&mut o, &[read(1, 2, 1)]),
+        Err(SubmitError::Stall(StallReason::DepListPoolFull))
+    );
+    run_one(&mut o); // the producer: its edges go back to the pool
+    submit(&mut o, &[read(1, 2, 1)]).unwrap();
+    assert_eq!(o.stats().of(StallReason::DepListPoolFull).high_water, 2);
+
+    // Heap ring: 1024 bytes.
+    let mut o = Orchestrator::<16, 16, 16>::new(1024);
+    o.submit(0, VEC, &[], 512, &[], 0).unwrap();
+    o.submit(0, VEC, &[], 512, &[], 0).unwrap();
+    assert_eq!(
+        o.submit(0, VEC, &[], 64, &[], 0),
+        Err(SubmitError::Stall(StallReason::HeapRingFull))
+    );
+    run_one(&mut o);
+    let id = o.submit(0, VEC, &[], 64, &[], 0).unwrap();
+    let block = loop {
+        let t = o.pop_ready(CoreKind::Vector).unwrap();
+        if t.id == id {
+            break t.heap;
+        }
+    };
+    assert_eq!(
+        (block.offset, block.len),
+        (0, 64),
+        "reuses the freed space at the start"
+    );
+}
+
+#[test]
+fn scopes_hold_tasks_until_they_end() {
+    let mut o = Orchestrator::<8, 16, 16>::new(0);
+    o.scope_begin("outer").unwrap();
+    submit(&mut o, &[write(1, 0, 1)]).unwrap();
+    o.scope_begin("inner").unwrap();
+    submit(&mut o, &[write(2, 0, 1)]).unwrap();
+    run_one(&mut o);
+    run_one(&mut o);
+    assert_eq!(o.in_flight(), 2, "completed, but held");
+    o.scope_end().unwrap();
+    assert_eq!(o.in_flight(), 2, "the outer scope still holds both");
+    o.scope_end().unwrap();
+    assert_eq!(o.in_flight(), 0);
+    assert_eq!(o.scope_end(), Err(UsageError::NoOpenScope));
+}
+
+fn deadlock(result: Result<TaskId, SubmitError>) -> DeadlockReport {
+    match result {
+        Err(SubmitError::Deadlock(report)) => report,
+        other => panic!("expected a deadlock report, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_scope_larger_than_the_window_is_reported() {
+    let mut o = Small::new(0);
+    o.scope_begin("layer0").unwrap();
+    for i in 0..4 {
+        submit(&mut o, &[write(i, 0, 1)]).unwrap();
+    }
+    while o.ready_count(CoreKind::Vector) > 0 {
+        run_one(&mut o);
+    }
+    let report = deadlock(submit(&mut o, &[write(9, 0, 1)]));
+    assert_eq!(
+        report.cause,
+        DeadlockCause::ScopeExceedsWindow {
+            scope: "layer0",
+            window: 4,
+            held: 4
+        }
+    );
+    assert_eq!(
+        report.occupancy[0],
+        Occupancy {
+            resource: StallReason::TaskRingFull,
+            used: 4,
+            capacity: 4
+        }
+    );
+    assert_eq!(report.scopes[0], Some(("layer0", 4)));
+    let text = report.to_string();
+    assert!(
+        text.contains("task_window 4 < 4+ tasks held by scope 'layer0'"),
+        "{text}"
+    );
+    assert!(text.contains("TASK_RING_FULL       4/4"), "{text}");
+}
+
+#[test]
+fn a_heap_request_larger_than_the_arena_is_reported() {
+    let mut o = Small::new(1024);
+    let report = deadlock(o.submit(0, VEC, &[], 4096, &[], 0));
+    assert_eq!(
+        report.cause,
+        DeadlockCause::HeapRequestTooLarge {
+            requested: 4096,
+            capacity: 1024
+        }
+    );
+    assert!(
+        report.to_string().contains("enlarge the heap ring"),
+        "{report}"
+    );
+    assert_eq!(o.in_flight(), 0, "nothing was submitted");
+}
+
+#[test]
+fn a_task_larger_than_a_pool_is_reported() {
+    let mut o = Orchestrator::<16, 16, 2>::new(0);
+    for i in 0..3 {
+        submit(&mut o, &[write(i, 0, 1)]).unwrap();
+    }
+    let deps = [0, 1, 2];
+    let report = deadlock(o.submit(0, VEC, &[], 0, &deps, 0));
+    let pool = StallReason::DepListPoolFull;
+    assert_eq!(
+        report.cause,
+        DeadlockCause::TaskExceedsPool {
+            pool,
+            needed: 3,
+            capacity: 2
+        }
+    );
+}
+
+#[test]
+fn ready_tasks_without_a_core_kind_are_reported() {
+    let mut o = Small::new(0);
+    let t = o.submit(0, CUBE, &[write(1, 0, 1)], 0, &[], 0).unwrap();
+    submit(&mut o, &[read(1, 0, 1)]).unwrap();
+    assert_eq!(
+        o.check_progress(0, [true, true]),
+        Ok(()),
+        "a cube core could run it"
+    );
+    let report = o.check_progress(0, [false, true]).unwrap_err();
+    assert_eq!(
+        report.cause,
+        DeadlockCause::NoCoreForKind {
+            kind: CoreKind::Cube
+        }
+    );
+    let first = report.blocked[0].unwrap();
+    assert_eq!(
+        (first.id, first.kernel_id, first.state),
+        (t, CUBE.id, TaskState::Ready)
+    );
+    let second = report.blocked[1].unwrap();
+    assert_eq!(
+        (second.state, second.producers, second.waits_on[0]),
+        (TaskState::Pending, 1, Some(t))
+    );
+    assert!(
+        report.to_string().contains("give the platform a Cube core"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_dependency_that_can_never_finish_is_reported() {
+    let mut o = Small::new(0);
+    let lost = submit(&mut o, &[write(1, 0, 1)]).unwrap();
+    let _ = o.pop_ready(CoreKind::Vector); // handed out, never completed
+    submit(&mut o, &[read(1, 0, 1)]).unwrap();
+    assert_eq!(
+        o.check_progress(1, [true, true]),
+        Ok(()),
+        "while it runs, waiting is fine"
+    );
+    let report = o.check_progress(0, [true, true]).unwrap_err();
+    assert_eq!(report.cause, DeadlockCause::Stuck);
+    assert_eq!(report.blocked[1].unwrap().waits_on[0], Some(lost));
+    assert!(
+        report.to_string().contains("waits for 1 producer(s): 0"),
+        "{report}"
+    );
+}
+
+#[test]
+fn bad_submissions_are_refused() {
+    let mut o = Small::new(0);
+    let err = o.submit(0, VEC, &[], 0, &[5], 0).unwrap_err();
+    assert_eq!(
+        err,
+        SubmitError::Invalid(Invalid::UnknownTask { id: 5, next: 0 })
+    );
+    let err = submit(&mut o, &[read(1, 0, 4), write(1, 2, 4)]).unwrap_err();
+    assert_eq!(
+        err,
+        SubmitError::Invalid(Invalid::ArgsOverlap { index: 1, other: 0 })
+    );
+    assert_eq!(o.complete(0), Err(UsageError::NotRunning { id: 0 }));
+    assert_eq!(o.in_flight(), 0);
+}
+
+#[test]
+fn explicit_dependencies_order_unrelated_tasks() {
+    let mut o = Orchestrator::<16, 16, 16>::new(0);
+    let a = submit(&mut o, &[write(1, 0, 1)]).unwrap();
+    let b = o.submit(0, VEC, &[write(2, 0, 1)], 0, &[a], 0).unwrap();
+    assert_eq!(o.ready_count(CoreKind::Vector), 1);
+    assert_eq!(run_one(&mut o), a);
+    assert_eq!(run_one(&mut o), b);
+}

@@ -315,7 +315,9 @@ impl<P: Platform> Executor<'_, '_, '_, P> {
                     submitted = true;
                 }
                 Err(SubmitError::Stall(_)) => break,
-                Err(SubmitError::Deadlock(report)) => return Err(RunError::Deadlock(report)),
+                Err(SubmitError::Deadlock(cause)) => {
+                    return Err(RunError::Deadlock(self.orch.report(cause)))
+                }
                 // A validated table never submits an invalid task.
                 Err(SubmitError::Invalid(_)) => {
                     return Err(RunError::LaunchRefused {

@@ -32,10 +32,10 @@ const STEPS: [(&str, Step); 10] = [
     }),
     ("bindgen --check", |root| bindgen::bindgen(root, true)),
     ("fw", |root| fw::fw(root).map(drop)),
+    ("bench (smoke)", bench),
     ("test", test),
     ("loom", loom),
     ("stress (release)", stress),
-    ("bench (smoke)", bench),
 ];
 
 type Step = fn(&Path) -> Result<()>;

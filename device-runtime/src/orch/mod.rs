@@ -114,8 +114,10 @@ pub enum Invalid {
 pub enum SubmitError {
     /// A resource is full; complete tasks and submit again.
     Stall(StallReason),
-    /// Waiting cannot help: the report says why.
-    Deadlock(DeadlockReport),
+    /// Waiting cannot help. [`Orchestrator::report`] turns the cause into a
+    /// full report (kept out of this type so that submission results stay
+    /// small on the hot path).
+    Deadlock(DeadlockCause),
     Invalid(Invalid),
 }
 
@@ -136,7 +138,7 @@ impl fmt::Display for SubmitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SubmitError::Stall(r) => write!(f, "stalled: {r}"),
-            SubmitError::Deadlock(report) => write!(f, "{report}"),
+            SubmitError::Deadlock(cause) => write!(f, "deadlock: {cause}"),
             SubmitError::Invalid(Invalid::TooManyArgs { count, max }) => {
                 write!(f, "{count} tensor arguments, at most {max}")
             }
@@ -329,7 +331,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 requested: heap_bytes,
                 capacity: heap_capacity,
             };
-            return Err(SubmitError::Deadlock(self.report(cause)));
+            return Err(SubmitError::Deadlock(cause));
         }
         if args.len() > TMAP {
             let pool = StallReason::TensorMapPoolFull;
@@ -338,13 +340,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 needed: args.len() as u64,
                 capacity: TMAP as u64,
             };
-            return Err(SubmitError::Deadlock(self.report(cause)));
+            return Err(SubmitError::Deadlock(cause));
         }
 
         // Room in every resource, checked before anything changes.
         if self.in_flight() == TASKS as u64 {
             if self.slot(self.head).held {
-                return Err(SubmitError::Deadlock(self.report(self.scope_deadlock())));
+                return Err(SubmitError::Deadlock(self.scope_deadlock()));
             }
             return self.stall(StallReason::TaskRingFull, now);
         }
@@ -365,7 +367,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 needed: edges,
                 capacity: DEPS as u64,
             };
-            return Err(SubmitError::Deadlock(self.report(cause)));
+            return Err(SubmitError::Deadlock(cause));
         }
         if (self.deps.available() as u64) < edges {
             return self.stall(StallReason::DepListPoolFull, now);
@@ -631,7 +633,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
     }
 
-    fn report(&self, cause: DeadlockCause) -> DeadlockReport {
+    /// The full report for `cause` in the orchestrator's current state.
+    pub fn report(&self, cause: DeadlockCause) -> DeadlockReport {
         let occupancy = |resource, used: u64, capacity: u64| Occupancy {
             resource,
             used,

@@ -197,9 +197,12 @@ fn scopes_hold_tasks_until_they_end() {
     assert_eq!(o.scope_end(), Err(UsageError::NoOpenScope));
 }
 
-fn deadlock(result: Result<TaskId, SubmitError>) -> DeadlockReport {
+fn deadlock<const T: usize, const M: usize, const D: usize>(
+    o: &Orchestrator<T, M, D>,
+    result: Result<TaskId, SubmitError>,
+) -> DeadlockReport {
     match result {
-        Err(SubmitError::Deadlock(report)) => report,
+        Err(SubmitError::Deadlock(cause)) => o.report(cause),
         other => panic!("expected a deadlock report, got {other:?}"),
     }
 }
@@ -214,7 +217,8 @@ fn a_scope_larger_than_the_window_is_reported() {
     while o.ready_count(CoreKind::Vector) > 0 {
         run_one(&mut o);
     }
-    let report = deadlock(submit(&mut o, &[write(9, 0, 1)]));
+    let result = submit(&mut o, &[write(9, 0, 1)]);
+    let report = deadlock(&o, result);
     assert_eq!(
         report.cause,
         DeadlockCause::ScopeExceedsWindow {
@@ -243,7 +247,8 @@ fn a_scope_larger_than_the_window_is_reported() {
 #[test]
 fn a_heap_request_larger_than_the_arena_is_reported() {
     let mut o = Small::new(1024);
-    let report = deadlock(o.submit(0, VEC, &[], 4096, &[], 0));
+    let result = o.submit(0, VEC, &[], 4096, &[], 0);
+    let report = deadlock(&o, result);
     assert_eq!(
         report.cause,
         DeadlockCause::HeapRequestTooLarge {
@@ -265,7 +270,8 @@ fn a_task_larger_than_a_pool_is_reported() {
         submit(&mut o, &[write(i, 0, 1)]).unwrap();
     }
     let deps = [0, 1, 2];
-    let report = deadlock(o.submit(0, VEC, &[], 0, &deps, 0));
+    let result = o.submit(0, VEC, &[], 0, &deps, 0);
+    let report = deadlock(&o, result);
     let pool = StallReason::DepListPoolFull;
     assert_eq!(
         report.cause,

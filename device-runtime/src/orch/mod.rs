@@ -412,7 +412,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             self.tmap.prune(a.tensor, &a.region, writes(a), |t| {
                 !live(slots, head, next, t)
             });
-            self.tmap.insert(a.tensor, a.region, writes(a), id);
+            let inserted = self.tmap.insert(a.tensor, a.region, writes(a), id);
+            // Room for every argument was checked before committing; pruning only frees.
+            debug_assert!(inserted, "TensorMap room was checked before committing");
         }
         self.release(id);
         self.stats.used(StallReason::TaskRingFull, self.in_flight());

@@ -225,6 +225,9 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     stats: StallStats,
     /// Counts dependency passes; each pass marks producers with its number.
     pass: u64,
+    /// The first producers the last dependency pass found (all of them when
+    /// it found no more than this holds), so that committing needs no second walk.
+    found: [TaskId; 16],
 }
 
 impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASKS, TMAP, DEPS> {
@@ -254,6 +257,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             depth: 0,
             stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0]),
             pass: 0,
+            found: [0; 16],
         }
     }
 
@@ -358,8 +362,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
         }
         let id = self.next;
-        let found = self.wire(id, args, extra_deps, false);
-        let edges = found.count;
+        let edges = self.wire(id, args, extra_deps, false);
         if edges > DEPS as u64 {
             let pool = StallReason::DepListPoolFull;
             let cause = DeadlockCause::TaskExceedsPool {
@@ -394,15 +397,15 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             held,
             ..FREE_SLOT
         };
-        if found.count as usize <= found.ids.len() {
+        if edges as usize <= self.found.len() {
             // The counting pass saw every producer: wire from its list.
-            for &p in &found.ids[..found.count as usize] {
+            for &p in &self.found[..edges as usize] {
                 let pushed = self
                     .deps
                     .push(&mut self.slots[(p % TASKS as u64) as usize].fanout, id);
                 debug_assert!(pushed, "room was checked before committing");
             }
-            self.slot_mut(id).fanin += found.count as u32;
+            self.slot_mut(id).fanin += edges as u32;
         } else {
             self.wire(id, args, extra_deps, true);
         }
@@ -436,21 +439,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// task's fan-in. Returns their number. A fresh mark per pass dedups
     /// producers met through several arguments (a stalled submission is
     /// retried with the same id, so the mark cannot derive from the id).
-    fn wire(
-        &mut self,
-        id: TaskId,
-        args: &[TaskArg],
-        extra_deps: &[TaskId],
-        commit: bool,
-    ) -> Producers {
+    fn wire(&mut self, id: TaskId, args: &[TaskArg], extra_deps: &[TaskId], commit: bool) -> u64 {
         self.pass += 1;
         let mark = self.pass;
         let (head, next) = (self.head, self.next);
-        let (slots, deps) = (&mut self.slots, &mut self.deps);
-        let mut found = Producers {
-            ids: [0; 16],
-            count: 0,
-        };
+        let (slots, deps, found) = (&mut self.slots, &mut self.deps, &mut self.found);
+        let mut count = 0u64;
         let mut visit = |p: TaskId| {
             if !live(slots, head, next, p) {
                 return;
@@ -460,10 +454,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 return;
             }
             producer.marked_by = mark;
-            if let Some(slot) = found.ids.get_mut(found.count as usize) {
+            if let Some(slot) = found.get_mut(count as usize) {
                 *slot = p;
             }
-            found.count += 1;
+            count += 1;
             if commit {
                 let pushed = deps.push(&mut producer.fanout, id);
                 debug_assert!(pushed, "room was checked before committing");
@@ -479,9 +473,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         extra_deps.iter().for_each(|&p| visit(p));
         if commit {
-            self.slot_mut(id).fanin += found.count as u32;
+            self.slot_mut(id).fanin += count as u32;
         }
-        found
+        count
     }
 
     /// Drops one from the fan-in of `id`; at zero the task becomes ready.
@@ -694,12 +688,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         report
     }
-}
-
-/// The producers a dependency pass found: all of them when `count` fits `ids`.
-struct Producers {
-    ids: [TaskId; 16],
-    count: u64,
 }
 
 /// Whether task `id` was submitted, has not retired and has not completed.

@@ -220,10 +220,8 @@ impl<const N: usize, const T: usize> TensorMap<N, T> {
         if let Some(next) = self.entries.get_mut(e.task_next as usize) {
             next.task_prev = e.task_prev;
         }
-        self.entries[i as usize] = Entry {
-            task_next: self.free,
-            ..EMPTY
-        };
+        // A free entry is only read for its free-list link.
+        self.entries[i as usize].task_next = self.free;
         self.free = i;
         self.used -= 1;
     }

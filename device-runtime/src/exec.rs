@@ -17,7 +17,7 @@ use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
 
 use crate::abi::{dtype_size, Access, Region, Table, TileView, MAX_TENSOR_ARGS};
 use crate::orch::{
-    DeadlockReport, KernelRef, Orchestrator, StallStats, SubmitError, TaskArg, TaskId,
+    DeadlockReport, Invalid, KernelRef, Orchestrator, StallStats, SubmitError, TaskArg, TaskId,
 };
 use crate::platform::{Completion, Platform, MAX_CORES};
 
@@ -130,6 +130,8 @@ pub enum RunError {
     },
     /// The platform refused a launch on a core the executor saw idle.
     LaunchRefused { task: u32, core: u32 },
+    /// The orchestrator refused a task that table validation accepted.
+    Refused { task: u32, why: Invalid },
     /// The orchestrator handed to `run` still holds tasks of an earlier run.
     OrchestratorBusy { in_flight: u64 },
     /// No progress is possible; the report says why.
@@ -153,6 +155,9 @@ impl fmt::Display for RunError {
                 "task {task} (kernel {kernel_id}) on core {core} did not finish within {waited_ms} ms"
             ),
             RunError::LaunchRefused { task, core } => write!(f, "core {core} refused task {task} while idle"),
+            RunError::Refused { task, why } => {
+                write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
+            }
             RunError::OrchestratorBusy { in_flight } => {
                 write!(f, "the orchestrator still holds {in_flight} tasks of an earlier run")
             }
@@ -318,12 +323,10 @@ impl<P: Platform> Executor<'_, '_, '_, P> {
                 Err(SubmitError::Deadlock(cause)) => {
                     return Err(RunError::Deadlock(self.orch.report(cause)))
                 }
-                // A validated table never submits an invalid task.
-                Err(SubmitError::Invalid(_)) => {
-                    return Err(RunError::LaunchRefused {
-                        task: index,
-                        core: 0,
-                    })
+                // Validation refuses every task the orchestrator would;
+                // reaching this means the two disagree: say so, do not run.
+                Err(SubmitError::Invalid(why)) => {
+                    return Err(RunError::Refused { task: index, why });
                 }
             }
         }

@@ -12,7 +12,7 @@
 //! two is the figure to compare across runs.
 //!
 //! Run: `cargo bench -p device-runtime --bench orchestration`. Prints medians
-//! over 15 runs of nanoseconds per task.
+//! over 15 runs of nanoseconds per task. `WSP_BENCH_ONLY=a|b|c` runs one DAG.
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -43,13 +43,8 @@ fn tile(tensor: u32, row: u32, col: u32, access: Access) -> TaskArg {
 
 /// Submits every task; when submission stalls, or every `batch` tasks,
 /// completes what is ready (a device that finishes kernels instantly).
-fn drive(
-    o: &mut Orch,
-    tasks: usize,
-    batch: usize,
-    args: &impl Fn(usize) -> [TaskArg; 3],
-    nargs: usize,
-) {
+fn drive(o: &mut Orch, batch: usize, args: &[[TaskArg; 3]], nargs: usize) {
+    let tasks = args.len();
     let complete_ready = |o: &mut Orch| {
         while let Some(t) = o.pop_ready(CoreKind::Cube) {
             o.complete(t.id).unwrap();
@@ -57,8 +52,7 @@ fn drive(
     };
     let mut i = 0;
     while i < tasks {
-        let a = args(i);
-        match o.submit(0, KERNEL, &a[..nargs], 0, &[], i as u64) {
+        match o.submit(0, KERNEL, &args[i][..nargs], 0, &[], i as u64) {
             Ok(_) => {
                 i += 1;
                 if i % batch == 0 {
@@ -136,10 +130,16 @@ fn peer(fanin: &[u32], consumers: &[Vec<u32>]) {
 }
 
 fn measure(name: &str, tasks: usize, args: impl Fn(usize) -> [TaskArg; 3], nargs: usize) {
+    // `WSP_BENCH_ONLY=c` runs only the DAG whose name starts with "(c)" (for profiling).
+    if let Ok(only) = std::env::var("WSP_BENCH_ONLY") {
+        if !name.starts_with(&format!("({only})")) {
+            return;
+        }
+    }
     let mut orch = Box::new(Orch::new(0));
-    let ours = median(tasks, || {
-        drive(black_box(&mut orch), tasks, 64, &args, nargs)
-    });
+    // The submitter's arguments are built outside the timing, as the peer's edges are.
+    let all: Vec<[TaskArg; 3]> = (0..tasks).map(&args).collect();
+    let ours = median(tasks, || drive(black_box(&mut orch), 64, &all, nargs));
     let (fanin, consumers) = edges(tasks, &args, nargs);
     let peer_ns = median(tasks, || peer(black_box(&fanin), &consumers));
     println!(

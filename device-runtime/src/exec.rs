@@ -23,8 +23,9 @@ use crate::platform::{Completion, Platform, MAX_CORES};
 
 /// The task window of table runs: tasks submitted and not yet retired.
 pub const TASK_WINDOW: usize = 256;
-/// TensorMap entries of table runs (at most 4 per task in the window).
-pub const TENSORMAP_ENTRIES: usize = 4 * TASK_WINDOW;
+/// TensorMap entries of table runs: one per tensor argument (at most
+/// [`MAX_TENSOR_ARGS`]) of every task in the window, so it never stalls.
+pub const TENSORMAP_ENTRIES: usize = MAX_TENSOR_ARGS * TASK_WINDOW;
 /// DepList nodes of table runs (fan-in edges of the tasks in the window).
 pub const DEPLIST_NODES: usize = 8 * TASK_WINDOW;
 

@@ -11,7 +11,9 @@
 //! `cargo xtask ci` runs the release size.
 
 use device_runtime::abi::{Access, Region};
-use device_runtime::orch::{KernelRef, Orchestrator, StallReason, SubmitError, TaskArg, TaskId};
+use device_runtime::orch::{
+    DeadlockCause, KernelRef, Orchestrator, StallReason, SubmitError, TaskArg, TaskId,
+};
 use device_runtime::CoreKind;
 
 struct Rng(u64);
@@ -137,6 +139,18 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
                     continue;
                 }
                 Err(SubmitError::Stall(_)) => pending = Some(task),
+                // The scope's tasks fill the heap ring or the TensorMap:
+                // nothing can retire before it ends. A program would have to
+                // be fixed; the test ends the scope early and goes on.
+                Err(SubmitError::Deadlock(
+                    cause @ (DeadlockCause::ScopeExceedsPool { scope, .. }
+                    | DeadlockCause::ScopeExceedsWindow { scope, .. }),
+                )) => {
+                    assert!(scope_left > 0 && scope == "stress", "seed {seed}: {cause}");
+                    o.scope_end().unwrap();
+                    scope_left = 0;
+                    pending = Some(task);
+                }
                 Err(e) => panic!("seed {seed}: {e}"),
             }
         } else if scope_left > 0 {

@@ -25,6 +25,14 @@ pub enum DeadlockCause {
         window: u64,
         held: u64,
     },
+    /// The TensorMap or the heap ring is full of the entries and buffers of
+    /// tasks an open scope holds: they are reclaimed only when those tasks
+    /// retire, after the scope ends.
+    ScopeExceedsPool {
+        scope: &'static str,
+        pool: StallReason,
+        held: u64,
+    },
     /// A task asks the heap ring for more than its whole arena.
     HeapRequestTooLarge { requested: u64, capacity: u64 },
     /// One task needs more TensorMap entries or DepList nodes than exist.
@@ -91,6 +99,11 @@ impl fmt::Display for Suggestion<'_> {
                 "task_window {window} < {held}+ tasks held by scope '{scope}': raise the task window above the scope's \
                  task count, or split the scope"
             ),
+            DeadlockCause::ScopeExceedsPool { scope, pool, held } => write!(
+                f,
+                "{pool} is full of the {held} tasks held by scope '{scope}': enlarge it \
+                 (it needs room for every task of the scope), or split the scope"
+            ),
             DeadlockCause::HeapRequestTooLarge { requested, capacity } => write!(
                 f,
                 "a task asks for {requested} heap bytes of {capacity}: enlarge the heap ring or tile the output smaller"
@@ -115,6 +128,12 @@ impl fmt::Display for DeadlockCause {
                 write!(
                     f,
                     "scope '{scope}' holds {held} tasks, the whole task window"
+                )
+            }
+            DeadlockCause::ScopeExceedsPool { scope, pool, held } => {
+                write!(
+                    f,
+                    "{pool} is full, and scope '{scope}' holds its {held} tasks"
                 )
             }
             DeadlockCause::HeapRequestTooLarge {

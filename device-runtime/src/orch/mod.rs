@@ -17,7 +17,8 @@
 //! - heap ring (a byte capacity given at construction): intermediate buffers.
 //!
 //! A task's slot, heap block and TensorMap entries are reclaimed together
-//! when it and every older task have completed and no open scope holds it;
+//! when it and every older task have completed and no open scope holds it
+//! (the TensorMap and the heap are rings reclaimed in that order);
 //! its DepList nodes go back to the pool as soon as it completes, since its
 //! consumers are released then.
 //!
@@ -175,6 +176,9 @@ struct Slot {
     marked_by: u64,
     /// Next task in the ready list of its kind.
     ready_next: TaskId,
+    /// TensorMap position after this task's entries: reclaimed up to it
+    /// when the task retires.
+    tmap_end: u64,
 }
 
 const NONE: TaskId = u64::MAX;
@@ -193,6 +197,7 @@ const FREE_SLOT: Slot = Slot {
     held: false,
     marked_by: 0,
     ready_next: NONE,
+    tmap_end: 0,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -216,7 +221,7 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     head: TaskId,
     /// Id of the next submission.
     next: TaskId,
-    tmap: TensorMap<TMAP, TASKS>,
+    tmap: TensorMap<TMAP>,
     deps: DepPool<DEPS>,
     heap: HeapRing,
     ready: [ReadyList; 2],
@@ -349,38 +354,39 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
         // Room in every resource, checked before anything changes.
         if self.in_flight() == TASKS as u64 {
-            if self.slot(self.head).held {
-                return Err(SubmitError::Deadlock(self.scope_deadlock()));
-            }
-            return self.stall(StallReason::TaskRingFull, now);
+            return self.stall_or_scope(StallReason::TaskRingFull, now);
         }
         if self.tmap.available() < args.len() {
-            let (slots, head, next) = (&self.slots, self.head, self.next);
-            self.tmap.sweep(|t| !live(slots, head, next, t));
-            if self.tmap.available() < args.len() {
-                return self.stall(StallReason::TensorMapPoolFull, now);
-            }
+            return self.stall_or_scope(StallReason::TensorMapPoolFull, now);
         }
         let id = self.next;
-        let edges = self.wire(id, args, extra_deps, false);
-        if edges > DEPS as u64 {
-            let pool = StallReason::DepListPoolFull;
-            let cause = DeadlockCause::TaskExceedsPool {
-                pool,
-                needed: edges,
-                capacity: DEPS as u64,
-            };
-            return Err(SubmitError::Deadlock(cause));
-        }
-        if (self.deps.available() as u64) < edges {
-            return self.stall(StallReason::DepListPoolFull, now);
+        // Each producer is a distinct live task, so a pool with room for one
+        // edge per task in flight cannot run out: wire in one pass while
+        // committing. Otherwise count the edges first, so that a stall
+        // changes nothing.
+        let one_pass = self.deps.available() as u64 >= self.in_flight();
+        let mut edges = 0;
+        if !one_pass {
+            edges = self.wire(id, args, extra_deps, false);
+            if edges > DEPS as u64 {
+                let pool = StallReason::DepListPoolFull;
+                let cause = DeadlockCause::TaskExceedsPool {
+                    pool,
+                    needed: edges,
+                    capacity: DEPS as u64,
+                };
+                return Err(SubmitError::Deadlock(cause));
+            }
+            if (self.deps.available() as u64) < edges {
+                return self.stall(StallReason::DepListPoolFull, now);
+            }
         }
         let heap = if heap_bytes == 0 {
             HeapBlock::default()
         } else {
             match self.heap.alloc(heap_bytes) {
                 Ok(block) => block,
-                Err(_) => return self.stall(StallReason::HeapRingFull, now),
+                Err(_) => return self.stall_or_scope(StallReason::HeapRingFull, now),
             }
         };
 
@@ -397,8 +403,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             held,
             ..FREE_SLOT
         };
-        if edges as usize <= self.found.len() {
-            // The counting pass saw every producer: wire from its list.
+        if !one_pass && edges as usize <= self.found.len() && self.tmap.cover_pending() {
+            // The counting pass saw every producer and covered entry: wire
+            // from its lists.
             for &p in &self.found[..edges as usize] {
                 let pushed = self
                     .deps
@@ -411,14 +418,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         self.next += 1;
         for a in args {
-            let (slots, head, next) = (&self.slots, self.head, self.next);
-            self.tmap.prune(a.tensor, &a.region, writes(a), |t| {
-                !live(slots, head, next, t)
-            });
             let inserted = self.tmap.insert(a.tensor, a.region, writes(a), id);
-            // Room for every argument was checked before committing; pruning only frees.
             debug_assert!(inserted, "TensorMap room was checked before committing");
         }
+        self.slot_mut(id).tmap_end = self.tmap.end();
         self.release(id);
         self.stats.used(StallReason::TaskRingFull, self.in_flight());
         self.stats
@@ -427,6 +430,17 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             .used(StallReason::DepListPoolFull, self.deps.used() as u64);
         self.stats.used(StallReason::HeapRingFull, self.heap.used());
         Ok(id)
+    }
+
+    /// A full task ring, TensorMap or heap ring frees space only when the
+    /// oldest task retires; if an open scope holds it, nothing can retire
+    /// before the scope ends, which cannot happen while submission waits.
+    fn stall_or_scope(&mut self, reason: StallReason, now: u64) -> Result<TaskId, SubmitError> {
+        if self.head < self.next && self.slot(self.head).held {
+            self.stats.stalled(reason, now);
+            return Err(SubmitError::Deadlock(self.scope_deadlock(reason)));
+        }
+        self.stall(reason, now)
     }
 
     fn stall(&mut self, reason: StallReason, now: u64) -> Result<TaskId, SubmitError> {
@@ -442,16 +456,17 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     fn wire(&mut self, id: TaskId, args: &[TaskArg], extra_deps: &[TaskId], commit: bool) -> u64 {
         self.pass += 1;
         let mark = self.pass;
+        self.tmap.begin();
         let (head, next) = (self.head, self.next);
         let (slots, deps, found) = (&mut self.slots, &mut self.deps, &mut self.found);
         let mut count = 0u64;
-        let mut visit = |p: TaskId| {
+        let mut visit = |p: TaskId, conflicts: bool| -> bool {
             if !live(slots, head, next, p) {
-                return;
+                return false;
             }
             let producer = &mut slots[(p % TASKS as u64) as usize];
-            if producer.marked_by == mark {
-                return;
+            if !conflicts || producer.marked_by == mark {
+                return true;
             }
             producer.marked_by = mark;
             if let Some(slot) = found.get_mut(count as usize) {
@@ -462,16 +477,16 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 let pushed = deps.push(&mut producer.fanout, id);
                 debug_assert!(pushed, "room was checked before committing");
             }
+            true
         };
         for a in args {
-            self.tmap.producers(
-                a.tensor,
-                &a.region,
-                a.access.contains(Access::WRITE),
-                &mut visit,
-            );
+            let writes = a.access.contains(Access::WRITE);
+            self.tmap
+                .scan(a.tensor, &a.region, writes, commit, &mut visit);
         }
-        extra_deps.iter().for_each(|&p| visit(p));
+        extra_deps.iter().for_each(|&p| {
+            visit(p, true);
+        });
         if commit {
             self.slot_mut(id).fanin += count as u32;
         }
@@ -544,7 +559,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             if slot.state != TaskState::Completed || slot.held {
                 break;
             }
-            self.tmap.release_task(self.head);
+            self.tmap.release_until(slot.tmap_end);
             self.heap.free(slot.heap);
             self.head += 1;
         }
@@ -606,26 +621,36 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         let waiting = (self.head..self.next).any(|id| self.slot(id).state != TaskState::Completed);
         match self.stats.current {
-            Some(StallReason::TaskRingFull) if self.slot(self.head).held => {
-                Err(self.report(self.scope_deadlock()))
-            }
+            Some(
+                reason @ (StallReason::TaskRingFull
+                | StallReason::TensorMapPoolFull
+                | StallReason::HeapRingFull),
+            ) if self.slot(self.head).held => Err(self.report(self.scope_deadlock(reason))),
             Some(_) => Err(self.report(DeadlockCause::Stuck)),
             None if waiting => Err(self.report(DeadlockCause::Stuck)),
             None => Ok(()),
         }
     }
 
-    /// The window is full and its oldest task is held: by the outermost open
+    /// `pool` is full and its oldest task is held: by the outermost open
     /// scope that began at or before it.
-    fn scope_deadlock(&self) -> DeadlockCause {
+    fn scope_deadlock(&self, pool: StallReason) -> DeadlockCause {
         let scope = self.scopes[..self.depth]
             .iter()
             .find(|s| s.first <= self.head)
             .unwrap_or(&self.scopes[0]);
-        DeadlockCause::ScopeExceedsWindow {
-            scope: scope.name,
-            window: TASKS as u64,
-            held: self.next - scope.first.max(self.head),
+        let held = self.next - scope.first.max(self.head);
+        match pool {
+            StallReason::TaskRingFull => DeadlockCause::ScopeExceedsWindow {
+                scope: scope.name,
+                window: TASKS as u64,
+                held,
+            },
+            _ => DeadlockCause::ScopeExceedsPool {
+                scope: scope.name,
+                pool,
+                held,
+            },
         }
     }
 

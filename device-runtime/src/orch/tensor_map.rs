@@ -7,57 +7,75 @@
 //! (write-after-read) of an overlapping region. Overlap is the exact
 //! hyper-rectangle test of [`Region::overlaps`].
 //!
-//! Entries live in a fixed pool, chained per bucket (by tensor key) and per
-//! task (for reclamation), both doubly linked. Three things keep chains short:
-//! an entry whose task has completed is dropped when a scan meets it (a
-//! dependency on a finished task is already met); a new write drops older
-//! entries whose region it fully covers (later tasks reach them through the
-//! new writer, which depends on them); and a retiring task's entries are freed.
+//! Entries are allocated from a ring in submission order and reclaimed in
+//! retirement order (tasks retire oldest first), so allocation is a bump and
+//! reclamation moves one index: there is no free list and no per-task list.
+//! Entries are addressed by *position*, a counter that only grows (the slot
+//! is `position % N`), and each bucket chain links from newer positions to
+//! older ones. A link to a position below the reclaimed tail therefore ends
+//! the chain: everything behind it is older and reclaimed too. This is the
+//! reference runtime's lazy invalidation, without its need to size the pool
+//! so that entries never wrap while referenced: the position check makes a
+//! stale link harmless.
+//!
+//! Two things keep chains short, so lookups stay cheap: a scan unlinks the
+//! entries of completed tasks it meets (a dependency on a finished task is
+//! already met), and a new write marks older entries whose region it fully
+//! covers, which the next scan unlinks (later tasks reach those through the
+//! new writer, which waits for them). Unlinking shortens chains; the ring
+//! space comes back when the task retires.
+//!
+//! Sizing: a task uses one entry per tensor argument until it retires, so
+//! `N >= task window x arguments per task` means the TensorMap never stalls
+//! on its own.
 
 use crate::abi::{Region, MAX_RANK};
-
-use super::dep_pool::NIL;
 
 /// Buckets of the TensorMap (a power of two); tensors hash by their key.
 pub const BUCKETS: usize = 256;
 
+/// Covered entries a scan remembers for the commit (more: the commit rescans).
+const PENDING: usize = 16;
+
+/// "No entry": positions start at 1, and the tail never falls below 1.
+const NONE: u64 = 0;
+
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     tensor: u32,
-    writes: bool,
+    /// A newer write covers this entry's region: skip it and unlink it.
+    covered: bool,
     region: Region,
     task: u64,
-    bucket_prev: u32,
-    bucket_next: u32,
-    task_prev: u32,
-    task_next: u32,
+    /// Position of the next (older) entry of the bucket chain.
+    next: u64,
 }
 
 const EMPTY: Entry = Entry {
     tensor: 0,
-    writes: false,
+    covered: false,
     region: Region {
         offset: [0; MAX_RANK],
         extent: [0; MAX_RANK],
     },
     task: 0,
-    bucket_prev: NIL,
-    bucket_next: NIL,
-    task_prev: NIL,
-    task_next: NIL,
+    next: NONE,
 };
 
-/// `N` entries, for a task ring of `T` slots (task `id` uses slot `id % T`).
-/// Each bucket keeps readers and writers in separate chains, so that a read,
-/// which only waits for writers, never walks past readers.
-pub struct TensorMap<const N: usize, const T: usize> {
+/// `N` entries in a ring.
+pub struct TensorMap<const N: usize> {
     entries: [Entry; N],
-    /// Per bucket: the chain of reader entries and the chain of writer entries.
-    buckets: [[u32; 2]; BUCKETS],
-    /// Per task slot: the first entry of that task's list.
-    task_heads: [u32; T],
-    free: u32,
-    used: usize,
+    /// Per bucket: the newest reader entry and the newest writer entry.
+    buckets: [[u64; 2]; BUCKETS],
+    /// Position the next entry gets.
+    head: u64,
+    /// Oldest position not reclaimed.
+    tail: u64,
+    /// Positions of entries the current submission's writes cover (the first
+    /// [`PENDING`]), marked when it commits.
+    pending: [u64; PENDING],
+    /// How many covered entries the scans since [`TensorMap::begin`] found.
+    pending_len: usize,
 }
 
 fn bucket(tensor: u32) -> usize {
@@ -65,169 +83,167 @@ fn bucket(tensor: u32) -> usize {
 }
 
 /// Whether `outer` contains every element of `inner`.
+#[inline]
 fn covers(outer: &Region, inner: &Region) -> bool {
-    (0..MAX_RANK).all(|d| {
+    let mut all = true;
+    for d in 0..MAX_RANK {
         let (o0, i0) = (outer.offset[d] as u64, inner.offset[d] as u64);
-        o0 <= i0 && i0 + inner.extent[d] as u64 <= o0 + outer.extent[d] as u64
-    })
+        all &= (o0 <= i0) & (i0 + inner.extent[d] as u64 <= o0 + outer.extent[d] as u64);
+    }
+    all
 }
 
-impl<const N: usize, const T: usize> TensorMap<N, T> {
+impl<const N: usize> TensorMap<N> {
     pub const fn new() -> Self {
-        let mut entries = [EMPTY; N];
-        let mut i = 0;
-        while i + 1 < N {
-            entries[i].task_next = (i + 1) as u32;
-            i += 1;
-        }
         TensorMap {
-            entries,
-            buckets: [[NIL; 2]; BUCKETS],
-            task_heads: [NIL; T],
-            free: if N == 0 { NIL } else { 0 },
-            used: 0,
+            entries: [EMPTY; N],
+            buckets: [[NONE; 2]; BUCKETS],
+            head: 1,
+            tail: 1,
+            pending: [NONE; PENDING],
+            pending_len: 0,
         }
     }
 
+    fn at(&self, position: u64) -> &Entry {
+        &self.entries[(position % N as u64) as usize]
+    }
+
+    fn at_mut(&mut self, position: u64) -> &mut Entry {
+        &mut self.entries[(position % N as u64) as usize]
+    }
+
+    /// Entries allocated and not yet reclaimed.
     pub fn used(&self) -> usize {
-        self.used
+        (self.head - self.tail) as usize
     }
 
     pub fn available(&self) -> usize {
-        N - self.used
+        N - self.used()
     }
 
-    /// Calls `producer` with the task id of every entry that overlaps the
-    /// new argument and conflicts with it (at least one of the two writes).
-    /// The caller skips tasks that have completed.
-    pub fn producers(
-        &self,
-        tensor: u32,
-        region: &Region,
-        writes: bool,
-        mut producer: impl FnMut(u64),
-    ) {
-        let chains = &self.buckets[bucket(tensor)];
-        // A write also waits for readers; any access waits for writers.
-        for &first in &chains[(!writes) as usize..] {
-            let mut i = first;
-            while let Some(e) = self.entries.get(i as usize) {
-                if e.tensor == tensor && e.region.overlaps(region) {
-                    producer(e.task);
-                }
-                i = e.bucket_next;
-            }
-        }
+    /// The position after the newest entry: a task records it after
+    /// inserting its entries and hands it to [`TensorMap::release_until`]
+    /// when it retires.
+    pub fn end(&self) -> u64 {
+        self.head
     }
 
-    /// Drops, in `tensor`'s bucket, the entries of tasks for which `dead`
-    /// holds and, when the new argument writes, the entries of `tensor`
-    /// whose region `region` covers (later tasks reach those through the new
-    /// writer, which waits for them).
-    pub fn prune(
+    /// Reclaims every entry before position `end` (the tasks that inserted
+    /// them have retired).
+    pub fn release_until(&mut self, end: u64) {
+        debug_assert!(self.tail <= end && end <= self.head, "reclaimed in order");
+        self.tail = end;
+    }
+
+    /// Starts a submission's scans: forgets covered entries of earlier ones.
+    pub fn begin(&mut self) {
+        self.pending_len = 0;
+    }
+
+    /// Scans for the earlier accesses that conflict with a new argument
+    /// (at least one of the two writes). For every entry of the bucket's
+    /// relevant chains it calls `f(task, overlapping)`, which returns whether
+    /// that task is still live; entries of tasks that are not are unlinked.
+    /// When the argument writes, live overlapping entries its region covers
+    /// are remembered for [`TensorMap::cover_pending`], or marked at once
+    /// when `mark_now` (the submission is committing).
+    #[inline(always)]
+    pub fn scan(
         &mut self,
         tensor: u32,
         region: &Region,
         writes: bool,
-        dead: impl Fn(u64) -> bool,
+        mark_now: bool,
+        mut f: impl FnMut(u64, bool) -> bool,
     ) {
-        // Reads prune nothing: a read covers no earlier access for later ones.
-        if !writes {
-            return;
-        }
-        for chain in 0..2 {
-            let mut i = self.buckets[bucket(tensor)][chain];
-            while let Some(e) = self.entries.get(i as usize).copied() {
-                if dead(e.task) || (e.tensor == tensor && covers(region, &e.region)) {
-                    self.remove(i);
-                }
-                i = e.bucket_next;
-            }
-        }
-    }
-
-    /// Drops the entries of every task for which `dead` holds.
-    pub fn sweep(&mut self, dead: impl Fn(u64) -> bool) {
-        for b in 0..BUCKETS {
-            for chain in 0..2 {
-                let mut i = self.buckets[b][chain];
-                while let Some(e) = self.entries.get(i as usize).copied() {
-                    if dead(e.task) {
-                        self.remove(i);
-                    }
-                    i = e.bucket_next;
-                }
-            }
-        }
-    }
-
-    /// Records that `task` reads or writes `region` of `tensor`. `false` if
-    /// the pool is full.
-    pub fn insert(&mut self, tensor: u32, region: Region, writes: bool, task: u64) -> bool {
-        let i = self.free;
-        let Some(slot) = self.entries.get(i as usize) else {
-            return false;
-        };
-        self.free = slot.task_next;
         let b = bucket(tensor);
-        let old_bucket_head = self.buckets[b][writes as usize];
-        let task_head = &mut self.task_heads[(task % T as u64) as usize];
-        self.entries[i as usize] = Entry {
-            tensor,
-            writes,
-            region,
-            task,
-            bucket_prev: NIL,
-            bucket_next: old_bucket_head,
-            task_prev: NIL,
-            task_next: *task_head,
-        };
-        let old_task_head = core::mem::replace(task_head, i);
-        if let Some(next) = self.entries.get_mut(old_bucket_head as usize) {
-            next.bucket_prev = i;
+        // A write also waits for readers; any access waits for writers.
+        for chain in (!writes) as usize..2 {
+            let mut prev = NONE;
+            let mut position = self.buckets[b][chain];
+            while position >= self.tail {
+                let e = self.at(position);
+                let next = e.next;
+                let keep = !e.covered && {
+                    let overlapping = e.tensor == tensor && e.region.overlaps(region);
+                    let covered = overlapping && writes && covers(region, &e.region);
+                    let live = f(e.task, overlapping);
+                    if live && covered {
+                        if mark_now {
+                            self.at_mut(position).covered = true;
+                        } else {
+                            if let Some(p) = self.pending.get_mut(self.pending_len) {
+                                *p = position;
+                            }
+                            self.pending_len += 1;
+                        }
+                    }
+                    live
+                };
+                if keep {
+                    prev = position;
+                } else if prev == NONE {
+                    self.buckets[b][chain] = next;
+                } else {
+                    self.at_mut(prev).next = next;
+                }
+                position = next;
+            }
         }
-        self.buckets[b][writes as usize] = i;
-        if let Some(next) = self.entries.get_mut(old_task_head as usize) {
-            next.task_prev = i;
+    }
+
+    /// Marks the covered entries the scans since [`TensorMap::begin`] found.
+    /// `false` (marking nothing) if they were more than it remembers: the
+    /// caller then rescans with `mark_now`.
+    pub fn cover_pending(&mut self) -> bool {
+        if self.pending_len > PENDING {
+            return false;
         }
-        self.used += 1;
+        for i in 0..self.pending_len {
+            let position = self.pending[i];
+            self.at_mut(position).covered = true;
+        }
         true
     }
 
-    /// Frees every entry of `task` (it retires).
-    pub fn release_task(&mut self, task: u64) {
-        let slot = (task % T as u64) as usize;
-        while self.task_heads[slot] != NIL {
-            self.remove(self.task_heads[slot]);
+    /// Records that `task` reads or writes `region` of `tensor`. `false` if
+    /// the ring is full.
+    pub fn insert(&mut self, tensor: u32, region: Region, writes: bool, task: u64) -> bool {
+        if self.used() == N {
+            return false;
         }
+        let position = self.head;
+        self.head += 1;
+        let head = &mut self.buckets[bucket(tensor)][writes as usize];
+        let next = core::mem::replace(head, position);
+        *self.at_mut(position) = Entry {
+            tensor,
+            covered: false,
+            region,
+            task,
+            next,
+        };
+        true
     }
 
-    fn remove(&mut self, i: u32) {
-        let e = self.entries[i as usize];
-        let task_head = &mut self.task_heads[(e.task % T as u64) as usize];
-        match self.entries.get_mut(e.bucket_prev as usize) {
-            Some(prev) => prev.bucket_next = e.bucket_next,
-            None => self.buckets[bucket(e.tensor)][e.writes as usize] = e.bucket_next,
+    /// Entries a scan of `tensor`'s bucket would still visit: live links
+    /// that are not yet known to be covered (for tests of chain length).
+    pub fn chain_len(&self, tensor: u32) -> usize {
+        let mut len = 0;
+        for chain in 0..2 {
+            let mut position = self.buckets[bucket(tensor)][chain];
+            while position >= self.tail {
+                let e = self.at(position);
+                len += !e.covered as usize;
+                position = e.next;
+            }
         }
-        if let Some(next) = self.entries.get_mut(e.bucket_next as usize) {
-            next.bucket_prev = e.bucket_prev;
-        }
-        if e.task_prev == NIL {
-            *task_head = e.task_next;
-        } else {
-            self.entries[e.task_prev as usize].task_next = e.task_next;
-        }
-        if let Some(next) = self.entries.get_mut(e.task_next as usize) {
-            next.task_prev = e.task_prev;
-        }
-        // A free entry is only read for its free-list link.
-        self.entries[i as usize].task_next = self.free;
-        self.free = i;
-        self.used -= 1;
+        len
     }
 }
 
-impl<const N: usize, const T: usize> Default for TensorMap<N, T> {
+impl<const N: usize> Default for TensorMap<N> {
     fn default() -> Self {
         Self::new()
     }

@@ -91,12 +91,18 @@ fn reads_do_not_order_reads() {
 
 #[test]
 fn covered_entries_are_pruned() {
-    let mut o = Orchestrator::<1024, 8, 1024>::new(0);
-    // Without pruning, 1000 live writers of one region need 1000 entries.
+    let mut o = Orchestrator::<1024, 1024, 1024>::new(0);
+    // Without pruning, the 1000th writer of one region would scan 999 live
+    // writers (and depend on each of them).
     for _ in 0..1000 {
         submit(&mut o, &[write(3, 0, 16)]).unwrap();
     }
-    assert_eq!(o.tmap.used(), 1, "each write covers the previous one");
+    assert!(
+        o.tmap.chain_len(3) <= 2,
+        "each write covers the previous one: {} entries to scan",
+        o.tmap.chain_len(3)
+    );
+    assert_eq!(o.deps.used(), 999, "one edge per task, to its predecessor");
     assert_eq!(o.ready_count(CoreKind::Vector), 1, "still a chain");
     let mut order = Vec::new();
     while !o.is_drained() {
@@ -361,4 +367,57 @@ fn explicit_dependencies_order_unrelated_tasks() {
     assert_eq!(o.ready_count(CoreKind::Vector), 1);
     assert_eq!(run_one(&mut o), a);
     assert_eq!(run_one(&mut o), b);
+}
+
+#[test]
+fn a_scope_that_fills_the_tensormap_or_the_heap_is_reported() {
+    // TensorMap: 4 entries; the scope's two tasks hold all of them.
+    let mut o = Orchestrator::<16, 4, 16>::new(0);
+    o.scope_begin("attn").unwrap();
+    submit(&mut o, &[write(1, 0, 1), write(2, 0, 1)]).unwrap();
+    submit(&mut o, &[write(3, 0, 1), write(4, 0, 1)]).unwrap();
+    while o.ready_count(CoreKind::Vector) > 0 {
+        run_one(&mut o);
+    }
+    let result = submit(&mut o, &[write(5, 0, 1)]);
+    let report = deadlock(&o, result);
+    assert_eq!(
+        report.cause,
+        DeadlockCause::ScopeExceedsPool {
+            scope: "attn",
+            pool: StallReason::TensorMapPoolFull,
+            held: 2
+        }
+    );
+    assert_eq!(report.occupancy[1].used, 4);
+    let text = report.to_string();
+    assert!(
+        text.contains("TENSORMAP_POOL_FULL is full of the 2 tasks held by scope 'attn'"),
+        "{text}"
+    );
+    // Ending the scope lets them retire, and the same submission goes through.
+    o.scope_end().unwrap();
+    submit(&mut o, &[write(5, 0, 1)]).unwrap();
+
+    // Heap ring: 1024 bytes, two 512-byte buffers held by the scope.
+    let mut o = Orchestrator::<16, 16, 16>::new(1024);
+    o.scope_begin("moe").unwrap();
+    for i in 0..2 {
+        o.submit(0, VEC, &[write(i, 0, 1)], 512, &[], 0).unwrap();
+        run_one(&mut o);
+    }
+    let result = o.submit(0, VEC, &[write(9, 0, 1)], 512, &[], 0);
+    let report = deadlock(&o, result);
+    assert_eq!(
+        report.cause,
+        DeadlockCause::ScopeExceedsPool {
+            scope: "moe",
+            pool: StallReason::HeapRingFull,
+            held: 2
+        }
+    );
+    assert_eq!(report.stalled_on, Some(StallReason::HeapRingFull));
+    // Outside a scope the same state is a stall: retirement frees the heap.
+    o.scope_end().unwrap();
+    o.submit(0, VEC, &[write(9, 0, 1)], 512, &[], 0).unwrap();
 }

@@ -1,9 +1,15 @@
-//! The table interpreter: submits the tasks of a validated table, in table
-//! (program) order, to the [orchestrator](crate::orch), which infers their
+//! The table interpreter: runs a validated table. The
+//! [dispatcher](crate::sched::Dispatcher) submits its tasks in table
+//! (program) order to the [orchestrator](crate::orch), which infers their
 //! dependencies (read-after-write, write-after-write, write-after-read) and
-//! hands out ready tasks; this loop issues them to idle cores of their
-//! kernel's kind on a [`Platform`], feeds completions back, and so runs tasks
-//! out of order and in parallel wherever the data allows.
+//! hands out ready tasks; the [scheduler threads](crate::sched::Scheduler)
+//! issue them to idle cores of their kernel's kind on their [`Platform`]s and
+//! feed completions back, so tasks run out of order and in parallel wherever
+//! the data allows. [`run`] is the one-thread form (the QEMU firmware's);
+//! the host shim runs several threads through [`crate::sched`].
+//!
+//! This module holds what every form shares: the capacities of table runs,
+//! their options, statistics and errors.
 //!
 //! When the task window or a pool is full, submission stalls (backpressure)
 //! while completions free space. Every wait is bounded: a kernel that does
@@ -13,13 +19,15 @@
 
 use core::fmt;
 
-use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
+use wsp_ffi::CoreKind;
 
-use crate::abi::{dtype_size, Access, Region, Table, TileView, MAX_TENSOR_ARGS};
-use crate::orch::{
-    DeadlockReport, Invalid, KernelRef, Orchestrator, StallStats, SubmitError, TaskArg, TaskId,
+use crate::abi::{Table, MAX_TENSOR_ARGS};
+use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError};
+use crate::platform::{Platform, MAX_CORES};
+use crate::sched::policy::RoundRobin;
+use crate::sched::{
+    drive_stepped, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler, MAX_THREADS,
 };
-use crate::platform::{Completion, Platform, MAX_CORES};
 
 /// The task window of table runs: tasks submitted and not yet retired.
 pub const TASK_WINDOW: usize = 256;
@@ -55,12 +63,52 @@ impl Default for RunOptions {
     }
 }
 
-/// Per-core figures of a run.
+/// Per-core figures of a run. Ticks are the platform clock's (wall time in
+/// the shim, cycles in semantic time).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoreStats {
+    /// The core's number in the run.
+    pub core: u16,
     pub kind: CoreKind,
+    /// The scheduler thread that owns it.
+    pub thread: u8,
     pub tasks: u32,
     /// Semantic cycles the core's kernels reported.
+    pub cycles: u64,
+    /// Ticks from issue to observed completion, summed over its tasks.
+    pub busy_ticks: u64,
+}
+
+impl Default for CoreStats {
+    fn default() -> Self {
+        CoreStats {
+            core: 0,
+            kind: CoreKind::Vector,
+            thread: 0,
+            tasks: 0,
+            cycles: 0,
+            busy_ticks: 0,
+        }
+    }
+}
+
+/// Per-scheduler-thread figures of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadStats {
+    pub thread: u8,
+    /// Tasks it issued to its cores.
+    pub issued: u64,
+    /// Tasks the dispatcher placed in its queues.
+    pub placed: u64,
+    /// Of the issued tasks, those taken from the shared queue.
+    pub from_shared: u64,
+    /// Steals tried on a non-empty victim queue, and those that got a task.
+    pub steal_attempts: u64,
+    pub steals: u64,
+    /// Most tasks its dispatch queues held at once.
+    pub queue_high_water: u64,
+    /// Busy ticks and reported cycles of its cores, summed.
+    pub busy_ticks: u64,
     pub cycles: u64,
 }
 
@@ -72,19 +120,93 @@ pub struct RunStats {
     pub ticks_per_second: u64,
     /// Backpressure: stalls and high-water marks per resource.
     pub stalls: StallStats,
-    num_cores: usize,
-    cores: [CoreStats; MAX_CORES],
+    /// The dispatch policy's decision (its name, or what an adaptive one chose).
+    pub policy: &'static str,
+    pub(crate) num_cores: usize,
+    pub(crate) cores: [CoreStats; MAX_CORES],
+    pub(crate) num_threads: usize,
+    pub(crate) threads: [ThreadStats; MAX_THREADS],
 }
 
 impl RunStats {
+    /// Statistics of a run that has not started.
+    pub const fn empty(ticks_per_second: u64) -> Self {
+        RunStats {
+            tasks: 0,
+            wall_ticks: 0,
+            ticks_per_second,
+            stalls: StallStats::new([0; 5]),
+            policy: "",
+            num_cores: 0,
+            cores: [CoreStats {
+                core: 0,
+                kind: CoreKind::Vector,
+                thread: 0,
+                tasks: 0,
+                cycles: 0,
+                busy_ticks: 0,
+            }; MAX_CORES],
+            num_threads: 0,
+            threads: [ThreadStats {
+                thread: 0,
+                issued: 0,
+                placed: 0,
+                from_shared: 0,
+                steal_attempts: 0,
+                steals: 0,
+                queue_high_water: 0,
+                busy_ticks: 0,
+                cycles: 0,
+            }; MAX_THREADS],
+        }
+    }
+
+    /// Per core, in the run's core order.
     pub fn cores(&self) -> &[CoreStats] {
         &self.cores[..self.num_cores]
+    }
+    pub fn threads(&self) -> &[ThreadStats] {
+        &self.threads[..self.num_threads]
     }
     pub fn wall_micros(&self) -> u64 {
         (self.wall_ticks as u128 * 1_000_000 / self.ticks_per_second.max(1) as u128) as u64
     }
     pub fn total_cycles(&self) -> u64 {
         self.cores().iter().map(|c| c.cycles).sum()
+    }
+
+    /// The statistics of a finished run.
+    pub fn collect<P: Platform>(
+        dispatcher: &Dispatcher<'_>,
+        schedulers: &[Scheduler<'_, P>],
+        ticks_per_second: u64,
+        wall_ticks: u64,
+    ) -> RunStats {
+        let mut stats = RunStats::empty(ticks_per_second);
+        stats.wall_ticks = wall_ticks;
+        dispatcher.fill_stats(&mut stats);
+        for s in schedulers {
+            stats.add_thread(s);
+        }
+        stats
+    }
+
+    /// Adds the figures of one scheduler thread and its cores (in any order).
+    pub fn add_thread<P: Platform>(&mut self, scheduler: &Scheduler<'_, P>) {
+        let t = scheduler.stats();
+        let slot = &mut self.threads[t.thread as usize];
+        let (placed, high_water) = (slot.placed, slot.queue_high_water);
+        *slot = ThreadStats {
+            placed,
+            queue_high_water: high_water,
+            ..*t
+        };
+        self.num_threads = self.num_threads.max(t.thread as usize + 1);
+        for c in scheduler.core_stats() {
+            self.cores[c.core as usize] = *c;
+            self.num_cores = self.num_cores.max(c.core as usize + 1);
+        }
+        self.tasks += t.issued as u32;
     }
 }
 
@@ -137,6 +259,10 @@ pub enum RunError {
     OrchestratorBusy { in_flight: u64 },
     /// No progress is possible; the report says why.
     Deadlock(DeadlockReport),
+    /// A scheduling setting the runtime cannot honour.
+    Config(ConfigError),
+    /// Another scheduler thread failed; its own error says why.
+    ThreadFailed,
 }
 
 impl fmt::Display for RunError {
@@ -163,29 +289,16 @@ impl fmt::Display for RunError {
                 write!(f, "the orchestrator still holds {in_flight} tasks of an earlier run")
             }
             RunError::Deadlock(report) => write!(f, "{report}"),
+            RunError::Config(e) => write!(f, "scheduling: {e}"),
+            RunError::ThreadFailed => f.write_str("another scheduler thread failed"),
         }
     }
 }
 
-struct Executor<'t, 'p, 'o, P: Platform> {
-    table: &'t Table<'t>,
-    platform: &'p mut P,
-    orch: &'o mut TableOrchestrator,
-    arena_base: u64,
-    /// Next table task to submit.
-    next: usize,
-    idle: u64,
-    kind_mask: [u64; 2],
-    core_task: [TaskId; MAX_CORES],
-    core_table_index: [u32; MAX_CORES],
-    core_started: [u64; MAX_CORES],
-    next_core: u32,
-    stats: RunStats,
-    timeout_ticks: u64,
-}
-
 /// Runs every task of `table` on `platform`, with tensor data in `arena`,
-/// using `orch` (which must hold no tasks) for dependency tracking.
+/// using `orch` (which must hold no tasks) for dependency tracking: one
+/// scheduler thread (the caller) driving every core of the platform, in
+/// ready order (round-robin over one thread).
 pub fn run<P: Platform>(
     table: &Table<'_>,
     arena: &mut [u8],
@@ -193,291 +306,37 @@ pub fn run<P: Platform>(
     orch: &mut TableOrchestrator,
     options: &RunOptions,
 ) -> Result<RunStats, RunError> {
-    if (arena.len() as u64) < table.arena_size() {
-        return Err(RunError::ArenaTooSmall {
-            needed: table.arena_size(),
-            available: arena.len() as u64,
-        });
-    }
-    if !orch.is_drained() {
-        return Err(RunError::OrchestratorBusy {
-            in_flight: orch.in_flight(),
-        });
-    }
+    let queues = Queues::new();
+    let mut policy = RoundRobin::default();
+    let config = SchedConfig::default();
     let num_cores = platform.num_cores().min(MAX_CORES);
-    let mut kind_mask = [0u64; 2];
-    let mut cores = [CoreStats {
-        kind: CoreKind::Vector,
-        tasks: 0,
-        cycles: 0,
-    }; MAX_CORES];
-    for (core, stats) in cores.iter_mut().enumerate().take(num_cores) {
-        stats.kind = platform.core_kind(core);
-        kind_mask[stats.kind as usize] |= 1 << core;
-    }
+    let global: [u16; MAX_CORES] = core::array::from_fn(|c| c as u16);
+    let arena_len = arena.len() as u64;
+    let arena = Arena::new(arena);
     let tps = platform.ticks_per_second();
-    let mut exec = Executor {
-        table,
-        arena_base: arena.as_mut_ptr() as u64,
-        next: 0,
-        idle: kind_mask[0] | kind_mask[1],
-        kind_mask,
-        core_task: [0; MAX_CORES],
-        core_table_index: [0; MAX_CORES],
-        core_started: [0; MAX_CORES],
-        next_core: 0,
-        stats: RunStats {
-            tasks: 0,
-            wall_ticks: 0,
-            ticks_per_second: tps,
-            stalls: *orch.stats(),
-            num_cores,
-            cores,
-        },
-        timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
+    let scheduler = Scheduler::new(
+        0,
+        1,
         platform,
+        &global[..num_cores],
+        table,
+        arena,
+        &queues,
+        options,
+    );
+    let kinds = [scheduler.kinds()];
+    let mut dispatcher = Dispatcher::new(
+        table,
+        arena_len,
         orch,
-    };
-    let start = exec.platform.now();
-    let result = exec.run_all();
-    if result.is_err() {
-        exec.drain();
-    }
-    result?;
-    exec.stats.wall_ticks = exec.platform.now().wrapping_sub(start);
-    exec.stats.stalls = *exec.orch.stats();
-    Ok(exec.stats)
-}
-
-impl<P: Platform> Executor<'_, '_, '_, P> {
-    fn run_all(&mut self) -> Result<(), RunError> {
-        let n = self.table.tasks().len();
-        while self.next < n || !self.orch.is_drained() {
-            let mut progress = self.submit()?;
-            progress |= self.launch_ready()?;
-            progress |= self.poll_cores()?;
-            if !progress {
-                let running =
-                    (!self.idle & (self.kind_mask[0] | self.kind_mask[1])).count_ones() as usize;
-                let has_cores = [self.kind_mask[0] != 0, self.kind_mask[1] != 0];
-                self.orch
-                    .check_progress(running, has_cores)
-                    .map_err(RunError::Deadlock)?;
-                self.check_timeouts()?;
-                self.platform.relax();
-            }
-        }
-        Ok(())
-    }
-
-    fn kind_of(&self, task: u32) -> (u32, CoreKind) {
-        let id = self.table.tasks()[task as usize].kernel_id.get();
-        let kind = wsp_ffi::lookup(id).map_or(CoreKind::Vector, |k| k.kind);
-        (id, kind)
-    }
-
-    /// Submits table tasks in order until one stalls.
-    fn submit(&mut self) -> Result<bool, RunError> {
-        let mut submitted = false;
-        while self.next < self.table.tasks().len() {
-            let index = self.next as u32;
-            let (kernel_id, kind) = self.kind_of(index);
-            if self.kind_mask[kind as usize] == 0 {
-                return Err(RunError::NoCoreForKind {
-                    task: index,
-                    kernel_id,
-                    kind,
-                });
-            }
-            let desc = &self.table.tasks()[self.next];
-            let mut args = [TaskArg {
-                tensor: 0,
-                region: Region {
-                    offset: [0; 4],
-                    extent: [0; 4],
-                },
-                access: Access::READ,
-            }; MAX_TENSOR_ARGS];
-            let table_args = self.table.task_args(desc);
-            for (arg, t) in args.iter_mut().zip(table_args) {
-                let access = Access::from_bits_truncate(t.access.get());
-                *arg = TaskArg {
-                    tensor: t.tensor.get(),
-                    region: Region::of(t),
-                    access,
-                };
-            }
-            let kernel = KernelRef {
-                id: kernel_id,
-                kind,
-            };
-            let now = self.platform.now();
-            match self
-                .orch
-                .submit(now, kernel, &args[..table_args.len()], 0, &[], index as u64)
-            {
-                Ok(_) => {
-                    self.next += 1;
-                    submitted = true;
-                }
-                Err(SubmitError::Stall(_)) => break,
-                Err(SubmitError::Deadlock(cause)) => {
-                    return Err(RunError::Deadlock(self.orch.report(cause)))
-                }
-                // Validation refuses every task the orchestrator would;
-                // reaching this means the two disagree: say so, do not run.
-                Err(SubmitError::Invalid(why)) => {
-                    return Err(RunError::Refused { task: index, why });
-                }
-            }
-        }
-        Ok(submitted)
-    }
-
-    /// Issues ready tasks, oldest first, to idle cores of their kind.
-    fn launch_ready(&mut self) -> Result<bool, RunError> {
-        let mut launched = false;
-        for kind in [CoreKind::Cube, CoreKind::Vector] {
-            loop {
-                let candidates = self.idle & self.kind_mask[kind as usize];
-                if candidates == 0 {
-                    break;
-                }
-                let Some(task) = self.orch.pop_ready(kind) else {
-                    break;
-                };
-                let index = task.tag as u32;
-                // Rotate the starting core so that light loads spread over cores.
-                let core = ((candidates.rotate_right(self.next_core).trailing_zeros()
-                    + self.next_core)
-                    % 64) as usize;
-                self.next_core = (core as u32 + 1) % 64;
-                let args = self.kernel_args(index);
-                // SAFETY: the table is validated, so every view lies inside the
-                // arena, which `run` borrows mutably for the whole run and drains
-                // before returning. The orchestrator hands out a task only when
-                // every earlier task touching its regions with a write on either
-                // side has completed, and holds back later such tasks until this
-                // one completes.
-                if !unsafe { self.platform.launch(core, task.kernel.id, &args) } {
-                    return Err(RunError::LaunchRefused {
-                        task: index,
-                        core: core as u32,
-                    });
-                }
-                self.idle &= !(1 << core);
-                self.core_task[core] = task.id;
-                self.core_table_index[core] = index;
-                self.core_started[core] = self.platform.now();
-                launched = true;
-            }
-        }
-        Ok(launched)
-    }
-    fn kernel_args(&self, task: u32) -> WspKernelArgs {
-        let desc = &self.table.tasks()[task as usize];
-        let empty = WspTensorView {
-            addr: 0,
-            rows: 0,
-            cols: 0,
-            row_stride: 0,
-            dtype: 0,
-        };
-        let mut args = WspKernelArgs {
-            num_tensors: desc.num_args.get(),
-            num_scalars: desc.num_scalars.get(),
-            tensors: [empty; MAX_TENSOR_ARGS],
-            scalars: desc.scalars.map(|s| s.get()),
-        };
-        for (view, arg) in args.tensors.iter_mut().zip(self.table.task_args(desc)) {
-            let tensor = &self.table.tensors()[arg.tensor.get() as usize];
-            let dtype = tensor.dtype.get();
-            let tile = TileView::of(tensor, &Region::of(arg));
-            let elem = dtype_size(dtype).unwrap_or(0);
-            let addr = self.arena_base + tensor.arena_offset.get() + tile.first_element * elem;
-            *view = WspTensorView {
-                addr,
-                rows: tile.rows,
-                cols: tile.cols,
-                row_stride: tile.row_stride,
-                dtype,
-            };
-        }
-        args
-    }
-
-    /// Collects finished tasks and reports them to the orchestrator.
-    fn poll_cores(&mut self) -> Result<bool, RunError> {
-        let mut finished = false;
-        let mut busy = !self.idle & (self.kind_mask[0] | self.kind_mask[1]);
-        while busy != 0 {
-            let core = busy.trailing_zeros() as usize;
-            busy &= busy - 1;
-            let Some(completion) = self.platform.poll(core) else {
-                continue;
-            };
-            self.idle |= 1 << core;
-            let index = self.core_table_index[core];
-            let cycles = match completion {
-                Completion::Done { cycles } => cycles,
-                Completion::Rejected => {
-                    let (kernel_id, _) = self.kind_of(index);
-                    return Err(RunError::KernelRejected {
-                        task: index,
-                        kernel_id,
-                        core: core as u32,
-                    });
-                }
-            };
-            let stats = &mut self.stats.cores[core];
-            stats.tasks += 1;
-            stats.cycles += cycles;
-            self.stats.tasks += 1;
-            // The task was handed out by `pop_ready` and not completed yet.
-            let _ = self.orch.complete(self.core_task[core]);
-            finished = true;
-        }
-        Ok(finished)
-    }
-
-    fn check_timeouts(&self) -> Result<(), RunError> {
-        let now = self.platform.now();
-        let mut busy = !self.idle & (self.kind_mask[0] | self.kind_mask[1]);
-        while busy != 0 {
-            let core = busy.trailing_zeros() as usize;
-            busy &= busy - 1;
-            let waited = now.wrapping_sub(self.core_started[core]);
-            if waited > self.timeout_ticks {
-                let task = self.core_table_index[core];
-                let (kernel_id, _) = self.kind_of(task);
-                let waited_ms =
-                    (waited as u128 * 1000 / self.stats.ticks_per_second.max(1) as u128) as u64;
-                return Err(RunError::KernelTimeout {
-                    task,
-                    kernel_id,
-                    core: core as u32,
-                    waited_ms,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// After an error: waits (bounded) for the tasks still on cores, so that
-    /// no kernel writes the arena after `run` returns its borrow.
-    fn drain(&mut self) {
-        let all = self.kind_mask[0] | self.kind_mask[1];
-        let deadline = self.platform.now().wrapping_add(self.timeout_ticks);
-        while self.idle & all != all && self.platform.now() < deadline {
-            let mut busy = !self.idle & all;
-            while busy != 0 {
-                let core = busy.trailing_zeros() as usize;
-                busy &= busy - 1;
-                if self.platform.poll(core).is_some() {
-                    self.idle |= 1 << core;
-                }
-            }
-            self.platform.relax();
-        }
-    }
+        &queues,
+        &mut policy,
+        &config,
+        &kinds,
+    )?;
+    let mut schedulers = [scheduler];
+    let start = schedulers[0].platform().now();
+    drive_stepped(&mut dispatcher, &mut schedulers)?;
+    let wall = schedulers[0].platform().now().wrapping_sub(start);
+    Ok(RunStats::collect(&dispatcher, &schedulers, tps, wall))
 }

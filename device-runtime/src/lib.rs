@@ -11,8 +11,12 @@
 //!   heap ring, scopes, stall statistics and deadlock reports.
 //! - [`exec`]: interprets a validated table through the orchestrator and
 //!   issues ready tasks to cores.
+//! - [`sched`]: scheduler threads, dispatch policies, dispatch queues and
+//!   work stealing.
 //! - [`platform`]: the `Platform` trait and the shared-memory mailbox platform.
 //! - [`mailbox`]: the per-core issue protocol and the core's serve loop.
+//! - [`steal_deque`]: a fixed-capacity Chase-Lev deque: a scheduler thread's
+//!   ready queue that idle threads steal single tasks from.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 // Without `alloc` a deadlock report cannot be boxed: errors that carry one
@@ -24,6 +28,8 @@ pub mod exec;
 pub mod mailbox;
 pub mod orch;
 pub mod platform;
+pub mod sched;
+pub mod steal_deque;
 mod sync;
 
 pub use wsp_ffi::CoreKind;

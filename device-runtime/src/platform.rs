@@ -36,6 +36,35 @@ pub trait Platform: Clock {
     fn poll(&mut self, core: usize) -> Option<Completion>;
 }
 
+impl<C: Clock + ?Sized> Clock for &mut C {
+    fn now(&self) -> u64 {
+        (**self).now()
+    }
+    fn ticks_per_second(&self) -> u64 {
+        (**self).ticks_per_second()
+    }
+    fn relax(&self) {
+        (**self).relax()
+    }
+}
+
+/// A borrowed platform is a platform (a run borrows the caller's).
+impl<P: Platform + ?Sized> Platform for &mut P {
+    fn num_cores(&self) -> usize {
+        (**self).num_cores()
+    }
+    fn core_kind(&self, core: usize) -> CoreKind {
+        (**self).core_kind(core)
+    }
+    unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
+        // SAFETY: the caller upholds the same contract.
+        unsafe { (**self).launch(core, kernel_id, args) }
+    }
+    fn poll(&mut self, core: usize) -> Option<Completion> {
+        (**self).poll(core)
+    }
+}
+
 /// Why a platform could not be put together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlatformError {

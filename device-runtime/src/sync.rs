@@ -4,9 +4,9 @@
 //! without touching the structures themselves (as crossbeam does).
 
 #[cfg(not(loom))]
-pub use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+pub use core::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 /// An `UnsafeCell` with closure access, so that loom can track every access.
 #[derive(Debug)]

@@ -9,12 +9,18 @@
 //! cycles. The same table and core counts give the same makespan on any
 //! machine, however loaded.
 
+use std::cell::{Cell, RefCell};
+
 use device_runtime::abi::Table;
-use device_runtime::exec::{self, RunOptions, RunStats, TableOrchestrator};
+use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::platform::{Clock, Completion, Platform};
+use device_runtime::sched::{
+    drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, Queues, SchedConfig, Scheduler,
+    MAX_THREADS,
+};
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
-use crate::shim::ShimError;
+use crate::shim::{thread_cores, ShimError};
 
 /// Cycles per semantic second (the clock the timeouts are measured in).
 pub const CYCLES_PER_SECOND: u64 = 1_000_000_000;
@@ -26,37 +32,49 @@ struct Busy {
     completion: Completion,
 }
 
-struct SemanticPlatform {
-    kinds: Vec<CoreKind>,
-    busy: Vec<Option<Busy>>,
-    now: std::cell::Cell<u64>,
-    makespan: u64,
+/// The virtual machine every scheduler thread's platform shares: one
+/// clock, every core's state.
+struct Machine {
+    busy: RefCell<Vec<Option<Busy>>>,
+    now: Cell<u64>,
+    makespan: Cell<u64>,
 }
 
-impl Clock for SemanticPlatform {
+/// The cores of one scheduler thread, by run-wide number.
+struct SemanticCores<'m> {
+    machine: &'m Machine,
+    cores: Vec<usize>,
+    kinds: Vec<CoreKind>,
+}
+
+impl Clock for SemanticCores<'_> {
     fn now(&self) -> u64 {
-        self.now.get()
+        self.machine.now.get()
     }
     fn ticks_per_second(&self) -> u64 {
         CYCLES_PER_SECOND
     }
-    /// Nothing else can happen before the earliest completion: jump there.
+    /// Nothing else can happen before the earliest completion on any core
+    /// of the machine: jump there.
     fn relax(&self) {
-        if let Some(next) = self.busy.iter().flatten().map(|b| b.until).min() {
-            self.now.set(self.now.get().max(next));
+        let busy = self.machine.busy.borrow();
+        if let Some(next) = busy.iter().flatten().map(|b| b.until).min() {
+            let now = &self.machine.now;
+            now.set(now.get().max(next));
         }
     }
 }
 
-impl Platform for SemanticPlatform {
+impl Platform for SemanticCores<'_> {
     fn num_cores(&self) -> usize {
-        self.kinds.len()
+        self.cores.len()
     }
     fn core_kind(&self, core: usize) -> CoreKind {
         self.kinds[core]
     }
     unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
-        if self.busy[core].is_some() {
+        let core = self.cores[core];
+        if self.machine.busy.borrow()[core].is_some() {
             return false;
         }
         let completion = match wsp_ffi::lookup(kernel_id) {
@@ -73,18 +91,21 @@ impl Platform for SemanticPlatform {
             Completion::Done { cycles } => cycles,
             Completion::Rejected => 0,
         };
-        let until = self.now.get() + cycles;
-        self.makespan = self.makespan.max(until);
-        self.busy[core] = Some(Busy { until, completion });
+        let until = self.machine.now.get() + cycles;
+        let makespan = &self.machine.makespan;
+        makespan.set(makespan.get().max(until));
+        self.machine.busy.borrow_mut()[core] = Some(Busy { until, completion });
         true
     }
     fn poll(&mut self, core: usize) -> Option<Completion> {
-        let busy = self.busy[core]?;
-        if busy.until > self.now.get() {
+        let core = self.cores[core];
+        let mut busy = self.machine.busy.borrow_mut();
+        let b = busy[core]?;
+        if b.until > self.machine.now.get() {
             return None;
         }
-        self.busy[core] = None;
-        Some(busy.completion)
+        busy[core] = None;
+        Some(b.completion)
     }
 }
 
@@ -96,27 +117,95 @@ pub struct SemanticRun {
     pub makespan: u64,
 }
 
-/// Runs `table` on `kinds` cores in semantic time, on the calling thread.
+/// Runs `table` on `kinds` cores in semantic time, on the calling thread,
+/// with one scheduler thread.
 pub fn run_semantic(
     table: &[u8],
     arena: &mut [u8],
     kinds: &[CoreKind],
     options: &RunOptions,
 ) -> Result<SemanticRun, ShimError> {
+    run_semantic_with(table, arena, kinds, &SchedConfig::default(), options)
+}
+
+/// Runs `table` in semantic time with the scheduler threads and policy of
+/// `sched`, all stepped in turn on the calling thread: the same dispatcher,
+/// scheduler and policy code as a threaded run, with a deterministic order
+/// of events. Core `c` of `kinds` belongs to thread `c % threads`.
+pub fn run_semantic_with(
+    table: &[u8],
+    arena: &mut [u8],
+    kinds: &[CoreKind],
+    sched: &SchedConfig,
+    options: &RunOptions,
+) -> Result<SemanticRun, ShimError> {
+    let mut policy = sched.policy.build();
+    run_semantic_custom(table, arena, kinds, sched, &mut policy, options)
+}
+
+/// As [`run_semantic_with`], with the caller's own dispatch policy
+/// (`sched.policy` is not used).
+pub fn run_semantic_custom(
+    table: &[u8],
+    arena: &mut [u8],
+    kinds: &[CoreKind],
+    sched: &SchedConfig,
+    policy: &mut dyn DispatchPolicy,
+    options: &RunOptions,
+) -> Result<SemanticRun, ShimError> {
     let table = Table::parse(table).map_err(ShimError::Table)?;
-    let mut platform = SemanticPlatform {
-        kinds: kinds.to_vec(),
-        busy: vec![None; kinds.len()],
-        now: std::cell::Cell::new(0),
-        makespan: 0,
+    let run_error = |e: RunError| ShimError::Run(Box::new(e));
+    let threads = sched.threads;
+    if threads == 0 || threads > MAX_THREADS {
+        let e = ConfigError::Threads {
+            threads,
+            max: MAX_THREADS,
+        };
+        return Err(run_error(RunError::Config(e)));
+    }
+    let groups = thread_cores(kinds.len(), threads);
+    let machine = Machine {
+        busy: RefCell::new(vec![None; kinds.len()]),
+        now: Cell::new(0),
+        makespan: Cell::new(0),
     };
+    let ids: Vec<Vec<u16>> = groups
+        .iter()
+        .map(|g| g.iter().map(|&c| c as u16).collect())
+        .collect();
+    let queues = Box::new(Queues::new());
     let mut orch = Box::new(TableOrchestrator::for_tables());
-    let stats = exec::run(&table, arena, &mut platform, &mut orch, options)
-        .map_err(|e| ShimError::Run(Box::new(e)))?;
-    Ok(SemanticRun {
-        stats,
-        makespan: platform.makespan,
-    })
+    let arena_len = arena.len() as u64;
+    let arena = Arena::new(arena);
+    let mut schedulers: Vec<_> = groups
+        .iter()
+        .enumerate()
+        .map(|(t, g)| {
+            let platform = SemanticCores {
+                machine: &machine,
+                cores: g.clone(),
+                kinds: g.iter().map(|&c| kinds[c]).collect(),
+            };
+            Scheduler::new(
+                t, threads, platform, &ids[t], &table, arena, &queues, options,
+            )
+        })
+        .collect();
+    let thread_kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
+    let mut dispatcher = Dispatcher::new(
+        &table,
+        arena_len,
+        &mut orch,
+        &queues,
+        policy,
+        sched,
+        &thread_kinds,
+    )
+    .map_err(run_error)?;
+    drive_stepped(&mut dispatcher, &mut schedulers).map_err(run_error)?;
+    let makespan = machine.makespan.get();
+    let stats = RunStats::collect(&dispatcher, &schedulers, CYCLES_PER_SECOND, makespan);
+    Ok(SemanticRun { stats, makespan })
 }
 
 #[cfg(test)]

@@ -7,9 +7,12 @@ use std::fmt;
 use std::time::Instant;
 
 use device_runtime::abi::{Table, TableError};
-use device_runtime::exec::{self, RunError, RunOptions, RunStats, TableOrchestrator};
+use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform, PlatformError};
+use device_runtime::sched::{
+    drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler, MAX_THREADS,
+};
 use wsp_ffi::CoreKind;
 
 /// The emulated machine.
@@ -18,6 +21,9 @@ pub struct Shim {
     pub cube_cores: usize,
     pub vector_cores: usize,
     pub options: RunOptions,
+    /// Scheduler threads and dispatch policy. Core `c` (cube cores first,
+    /// then vector cores) belongs to scheduler thread `c % threads`.
+    pub sched: SchedConfig,
 }
 
 impl Default for Shim {
@@ -26,8 +32,18 @@ impl Default for Shim {
             cube_cores: 2,
             vector_cores: 2,
             options: RunOptions::default(),
+            sched: SchedConfig::default(),
         }
     }
+}
+
+/// Core `c` of `cores` belongs to scheduler thread `c % threads`, so that
+/// every thread gets cores of both kinds when there are enough.
+pub fn thread_cores(cores: usize, threads: usize) -> Vec<Vec<usize>> {
+    let threads = threads.max(1);
+    (0..threads)
+        .map(|t| (t..cores).step_by(threads).collect())
+        .collect()
 }
 
 /// Why a shim run failed.
@@ -52,6 +68,7 @@ impl fmt::Display for ShimError {
 impl std::error::Error for ShimError {}
 
 /// Nanoseconds since the shim started; idles by yielding the host thread.
+#[derive(Clone, Copy)]
 struct HostClock(Instant);
 
 impl Clock for HostClock {
@@ -74,25 +91,119 @@ impl Shim {
             .collect()
     }
 
+    /// The cores of each scheduler thread, by run-wide core number.
+    pub fn thread_cores(&self) -> Vec<Vec<usize>> {
+        thread_cores(self.cube_cores + self.vector_cores, self.sched.threads)
+    }
+
     /// Validates `table` and runs it with `arena` as the data arena. One host
-    /// thread per AICore serves its mailbox; the calling thread is the AICPU.
+    /// thread per AICore serves its mailbox; the calling thread is scheduler
+    /// thread 0 and the dispatcher, and each further scheduler thread is a
+    /// host thread.
     pub fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats, ShimError> {
         let table = Table::parse(table).map_err(ShimError::Table)?;
+        let threads = self.sched.threads;
+        if threads == 0 || threads > MAX_THREADS {
+            let e = ConfigError::Threads {
+                threads,
+                max: MAX_THREADS,
+            };
+            return Err(ShimError::Run(Box::new(RunError::Config(e))));
+        }
         let kinds = self.core_kinds();
-        let mailboxes: Vec<CoreMailbox> = kinds.iter().map(|_| CoreMailbox::new()).collect();
+        let groups = self.thread_cores();
+        let mailboxes: Vec<Vec<CoreMailbox>> = groups
+            .iter()
+            .map(|g| g.iter().map(|_| CoreMailbox::new()).collect())
+            .collect();
+        let group_kinds: Vec<Vec<CoreKind>> = groups
+            .iter()
+            .map(|g| g.iter().map(|&c| kinds[c]).collect())
+            .collect();
+        let ids: Vec<Vec<u16>> = groups
+            .iter()
+            .map(|g| g.iter().map(|&c| c as u16).collect())
+            .collect();
+        let queues = Box::new(Queues::new());
         let mut orch = Box::new(TableOrchestrator::for_tables());
+        let mut policy = self.sched.policy.build();
+        let arena_len = arena.len() as u64;
+        let arena = Arena::new(arena);
+        let clock = HostClock(Instant::now());
+        let run_error = |e: RunError| ShimError::Run(Box::new(e));
         std::thread::scope(|s| {
-            for mailbox in &mailboxes {
+            for mailbox in mailboxes.iter().flatten() {
                 s.spawn(move || serve(mailbox, std::thread::yield_now));
             }
-            let result = MailboxPlatform::new(&mailboxes, &kinds, HostClock(Instant::now()))
-                .map_err(ShimError::Platform)
-                .and_then(|mut platform| {
-                    exec::run(&table, arena, &mut platform, &mut orch, &self.options)
-                        .map_err(|e| ShimError::Run(Box::new(e)))
-                });
-            // Also when the platform could not be built: the threads must end.
-            mailboxes.iter().for_each(CoreMailbox::request_exit);
+            let result = (|| {
+                let mut schedulers = Vec::with_capacity(threads);
+                for t in 0..threads {
+                    let platform = MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock)
+                        .map_err(ShimError::Platform)?;
+                    schedulers.push(Scheduler::new(
+                        t,
+                        threads,
+                        platform,
+                        &ids[t],
+                        &table,
+                        arena,
+                        &queues,
+                        &self.options,
+                    ));
+                }
+                let kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
+                let mut dispatcher = Dispatcher::new(
+                    &table,
+                    arena_len,
+                    &mut orch,
+                    &queues,
+                    &mut policy,
+                    &self.sched,
+                    &kinds,
+                )
+                .map_err(run_error)?;
+                let others = schedulers.split_off(1);
+                let mut leader = schedulers.pop().expect("one scheduler per thread");
+                let start = leader.platform().now();
+                let handles: Vec<_> = others
+                    .into_iter()
+                    .map(|mut scheduler| {
+                        s.spawn(move || {
+                            let result = scheduler.serve();
+                            (scheduler, result)
+                        })
+                    })
+                    .collect();
+                let led = drive_leader(&mut dispatcher, &mut leader);
+                let wall = leader.platform().now().wrapping_sub(start);
+                let mut all = vec![leader];
+                let mut failure = None;
+                for handle in handles {
+                    let (scheduler, result) = handle
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    if let Err(e) = result {
+                        failure.get_or_insert(e);
+                    }
+                    all.push(scheduler);
+                }
+                match (led, failure) {
+                    (Err(RunError::ThreadFailed), Some(e)) | (Ok(()), Some(e)) | (Err(e), _) => {
+                        Err(run_error(e))
+                    }
+                    (Ok(()), None) => Ok(RunStats::collect(
+                        &dispatcher,
+                        &all,
+                        clock.ticks_per_second(),
+                        wall,
+                    )),
+                }
+            })();
+            // Also when the run failed early: the core threads must end.
+            mailboxes
+                .iter()
+                .flatten()
+                .for_each(CoreMailbox::request_exit);
             result
         })
     }

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use host_tools::inspect::inspect;
-use host_tools::semantic::run_semantic;
+use host_tools::semantic::run_semantic_with;
 use host_tools::shim::Shim;
 use host_tools::table::Arena;
 use host_tools::workloads::{Params, Workload, NAMES};
@@ -34,6 +35,20 @@ enum Command {
         /// counts drive a virtual clock, and the run reports its makespan.
         #[arg(long)]
         semantic: bool,
+        /// Scheduler threads (1 to 4); core c belongs to thread c % threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Dispatch policy: round-robin, affinity, hash, work-stealing, shared, adaptive.
+        #[arg(long, default_value = "work-stealing")]
+        policy: String,
+        /// Dispatch key of the key-based policies: `task` (task index),
+        /// `scalar:N` (scalar N) or `tile:ARG:DIM` (tile index of argument
+        /// ARG along dimension DIM, e.g. tile:2:0 = output row block of a GEMM).
+        #[arg(long, default_value = "tile:2:0")]
+        key: String,
+        /// Tasks one dispatch queue may hold (1 to 256).
+        #[arg(long, default_value_t = device_runtime::sched::DISPATCH_QUEUE)]
+        queue_depth: usize,
     },
     /// Write a workload's table.bin and initial arena.bin (e.g. for `cargo xtask qemu`).
     Build {
@@ -109,6 +124,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// `task`, `scalar:N` or `tile:ARG:DIM`.
+fn parse_key(text: &str) -> Result<DispatchKey> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let num = |s: &str| -> Result<u8> {
+        s.parse()
+            .with_context(|| format!("--key {text}: {s} is not a number 0-255"))
+    };
+    match parts.as_slice() {
+        ["task"] => Ok(DispatchKey::TaskIndex),
+        ["scalar", n] => Ok(DispatchKey::Scalar(num(n)?)),
+        ["tile", arg, dim] => Ok(DispatchKey::Tile {
+            arg: num(arg)?,
+            dim: num(dim)?,
+        }),
+        _ => bail!("--key {text}: expected task, scalar:N or tile:ARG:DIM"),
+    }
+}
+
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
         Command::Run {
@@ -116,11 +149,24 @@ fn run(cli: Cli) -> Result<bool> {
             cube,
             vector,
             semantic,
+            threads,
+            policy,
+            key,
+            queue_depth,
         } => {
+            let policy = PolicyKind::parse(&policy)
+                .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
+            let sched = SchedConfig {
+                threads,
+                policy,
+                key: parse_key(&key)?,
+                queue_depth,
+            };
             let w = workload.build()?;
             let shim = Shim {
                 cube_cores: cube,
                 vector_cores: vector,
+                sched,
                 ..Shim::default()
             };
             println!("workload  {}: {}", w.name, w.summary);
@@ -133,12 +179,14 @@ fn run(cli: Cli) -> Result<bool> {
             let mut arena = w.arena.clone();
             let stats = if semantic {
                 println!(
-                    "shim      semantic time on one thread, {cube} cube + {vector} vector AICores"
+                    "shim      semantic time on one host thread: {threads} scheduler threads ({}), {cube} cube + {vector} vector AICores",
+                    policy.name()
                 );
-                let run = run_semantic(
+                let run = run_semantic_with(
                     &w.table,
                     &mut arena.bytes,
                     &shim.core_kinds(),
+                    &sched,
                     &shim.options,
                 )?;
                 println!(
@@ -147,7 +195,10 @@ fn run(cli: Cli) -> Result<bool> {
                 );
                 run.stats
             } else {
-                println!("shim      1 AICPU scheduler thread, {cube} cube + {vector} vector AICore threads");
+                println!(
+                    "shim      {threads} AICPU scheduler threads ({}), {cube} cube + {vector} vector AICore threads",
+                    policy.name()
+                );
                 let stats = shim.run(&w.table, &mut arena.bytes)?;
                 println!(
                     "ran       {} tasks in {:.3} ms wall",
@@ -156,10 +207,19 @@ fn run(cli: Cli) -> Result<bool> {
                 );
                 stats
             };
-            for (i, c) in stats.cores().iter().enumerate() {
+            println!("policy    {}", stats.policy);
+            let ticks = if semantic { "cycles" } else { "ns" };
+            for t in stats.threads() {
                 println!(
-                    "  core {i} ({:?}): {:>5} tasks {:>12} cycles",
-                    c.kind, c.tasks, c.cycles
+                    "  thread {}: placed {:>5} issued {:>5} (shared {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
+                    t.thread, t.placed, t.issued, t.from_shared, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
+                );
+            }
+            for c in stats.cores() {
+                let idle = stats.wall_ticks.saturating_sub(c.busy_ticks);
+                println!(
+                    "  core {} ({:?}, thread {}): {:>5} tasks {:>12} cycles, busy {} {ticks}, idle {} {ticks}",
+                    c.core, c.kind, c.thread, c.tasks, c.cycles, c.busy_ticks, idle
                 );
             }
             println!("  total semantic cycles {}", stats.total_cycles());
@@ -205,6 +265,7 @@ fn print_stalls(stalls: &device_runtime::orch::StallStats) {
         StallReason::TaskRingFull,
         StallReason::TensorMapPoolFull,
         StallReason::DepListPoolFull,
+        StallReason::ReadyQueueFull,
     ] {
         let r = stalls.of(reason);
         println!(

@@ -1,0 +1,274 @@
+//! Scheduling: how ready tasks reach cores.
+//!
+//! A run has one [`Dispatcher`] and 1 ..= [`MAX_THREADS`] scheduler threads
+//! ([`Scheduler`]), each owning a set of cores (cube and vector) through its
+//! own [`Platform`](crate::platform::Platform). The dispatcher owns the
+//! orchestrator: it submits the table's tasks, takes their completions and
+//! places every ready task, by the run's [`DispatchPolicy`], in the dispatch
+//! queue of one thread that owns cores of the task's kind, or in the shared
+//! queue. A scheduler thread takes tasks from its queue (oldest first), then
+//! from the shared queue, and, when the policy allows stealing and it still
+//! has idle cores, single tasks from other threads' queues; it issues them to
+//! its idle cores, polls its cores, and hands completions back to the
+//! dispatcher through its completion ring.
+//!
+//! ```text
+//!  dispatcher (thread 0)                         scheduler thread t
+//!  orchestrator ─ ready ─► policy ─► queue[t][kind] ─► idle core of kind
+//!        ▲                       └──► shared[kind] ─┘        │
+//!        └──────────────── done[t] ◄───────────────── poll ◄─┘
+//! ```
+//!
+//! All queues live in one [`Queues`] (a `static` on the device): dispatch
+//! queues are [`StealDeque`]s owned by the dispatcher, whose
+//! [`steal`](StealDeque::steal) end serves both the thread a queue belongs
+//! to and thieves; completion rings are single-producer single-consumer.
+//! A full dispatch queue stalls dispatch (`READY_QUEUE_FULL`) until the
+//! thread takes from it.
+//!
+//! The code is written as steps that never block, so the same dispatcher,
+//! scheduler and policy code runs
+//! - threaded: thread 0 runs [`drive_leader`] (dispatcher and scheduler 0),
+//!   threads 1.. run [`Scheduler::serve`] (the shim's threads, the AICPU's);
+//! - stepped on one thread: [`drive_stepped`] (the table interpreter
+//!   [`exec::run`](crate::exec::run) with one thread, the deterministic
+//!   semantic-time mode of the shim with several).
+//!
+//! Nothing waits without bound: a kernel that overruns its timeout ends the
+//! run with a report, a run that cannot progress is proven stuck by the
+//! orchestrator (when nothing is queued or running), and a failing thread
+//! aborts the others, which drain their cores and stop.
+
+mod dispatch;
+pub mod policy;
+pub mod ring;
+mod thread;
+
+use crate::exec::TASK_WINDOW;
+use crate::steal_deque::StealDeque;
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+pub use dispatch::DispatchStats;
+pub use dispatch::Dispatcher;
+pub use policy::{
+    DispatchKey, DispatchPolicy, Load, Placement, Policy, PolicyKind, TaskInfo, UnknownPolicy,
+    MAX_THREADS,
+};
+use ring::Ring;
+pub use thread::{kernel_args, Arena, Scheduler};
+
+use crate::exec::RunError;
+
+/// Capacity of one dispatch queue (per thread and core kind, and of the
+/// shared queue per kind). [`SchedConfig::queue_depth`] may set a lower limit.
+pub const DISPATCH_QUEUE: usize = 256;
+
+const RUNNING: u32 = 0;
+const FINISHED: u32 = 1;
+const ABORTED: u32 = 2;
+
+/// The queues between the dispatcher and the scheduler threads (about
+/// 30 KiB; on the device, a `static`).
+pub struct Queues {
+    ready: [[StealDeque<DISPATCH_QUEUE>; 2]; MAX_THREADS],
+    shared: [StealDeque<DISPATCH_QUEUE>; 2],
+    /// Table indices of finished tasks, per thread. Never full: every entry
+    /// is a distinct task of the window that has not been collected.
+    done: [Ring<TASK_WINDOW>; MAX_THREADS],
+    state: AtomicU32,
+    /// Whether the policy lets idle threads steal (it may change its mind).
+    stealing: AtomicBool,
+    /// [`Load::starved`].
+    starved: AtomicU64,
+}
+
+impl Queues {
+    /// Empty queues (`const`, so they can live in a `static`).
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Queues {
+            ready: [const { [const { StealDeque::new() }; 2] }; MAX_THREADS],
+            shared: [const { StealDeque::new() }; 2],
+            done: [const { Ring::new() }; MAX_THREADS],
+            state: AtomicU32::new(RUNNING),
+            stealing: AtomicBool::new(false),
+            starved: AtomicU64::new(0),
+        }
+    }
+
+    /// Empty queues (loom's atomics cannot be built in const context).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Queues {
+            ready: core::array::from_fn(|_| core::array::from_fn(|_| StealDeque::new())),
+            shared: core::array::from_fn(|_| StealDeque::new()),
+            done: core::array::from_fn(|_| Ring::new()),
+            state: AtomicU32::new(RUNNING),
+            stealing: AtomicBool::new(false),
+            starved: AtomicU64::new(0),
+        }
+    }
+
+    fn state(&self) -> u32 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// Tells every thread to stop: the run failed.
+    pub fn abort(&self) {
+        self.state.store(ABORTED, Ordering::Release);
+    }
+
+    fn finish(&self) {
+        self.state.store(FINISHED, Ordering::Release);
+    }
+
+    /// Ready for another run (every queue is empty after a finished run;
+    /// after an aborted one, leftovers are dropped here).
+    pub fn reset(&mut self) {
+        *self = Queues::new();
+    }
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Queues::new()
+    }
+}
+
+/// How a run schedules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedConfig {
+    /// Scheduler threads, 1 ..= [`MAX_THREADS`]; each needs at least one core.
+    pub threads: usize,
+    pub policy: PolicyKind,
+    /// How key-based policies compute a task's key.
+    pub key: DispatchKey,
+    /// Tasks a dispatch queue may hold, 1 ..= [`DISPATCH_QUEUE`].
+    pub queue_depth: usize,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            threads: 1,
+            policy: PolicyKind::RoundRobin,
+            key: DispatchKey::TaskIndex,
+            queue_depth: DISPATCH_QUEUE,
+        }
+    }
+}
+
+/// A scheduling setting the runtime cannot honour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    Threads {
+        threads: usize,
+        max: usize,
+    },
+    /// Every scheduler thread needs a core to issue to.
+    ThreadWithoutCores {
+        thread: usize,
+    },
+    QueueDepth {
+        depth: usize,
+        max: usize,
+    },
+    /// The queues hold tasks or are claimed by another run.
+    QueuesInUse,
+    /// A policy chose a thread that does not exist.
+    BadPlacement {
+        policy: &'static str,
+        thread: usize,
+        threads: usize,
+    },
+}
+
+impl core::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            ConfigError::Threads { threads, max } => {
+                write!(f, "{threads} scheduler threads; 1 to {max} are supported")
+            }
+            ConfigError::ThreadWithoutCores { thread } => {
+                write!(f, "scheduler thread {thread} owns no core; use fewer threads or more cores")
+            }
+            ConfigError::QueueDepth { depth, max } => {
+                write!(f, "dispatch queue depth {depth}; 1 to {max} are supported")
+            }
+            ConfigError::QueuesInUse => {
+                f.write_str("the dispatch queues are in use by another run (or were not reset after an aborted one)")
+            }
+            ConfigError::BadPlacement { policy, thread, threads } => write!(
+                f,
+                "policy {policy} placed a task on thread {thread} of {threads}"
+            ),
+        }
+    }
+}
+
+/// Runs the dispatcher and every scheduler in turn on the calling thread
+/// until the table has run, or the first error (after draining every core).
+/// With several schedulers this is the deterministic mode: the order of
+/// events depends only on the platforms' clocks.
+pub fn drive_stepped<P: crate::platform::Platform>(
+    dispatcher: &mut Dispatcher<'_>,
+    schedulers: &mut [Scheduler<'_, P>],
+) -> Result<(), RunError> {
+    let result = (|| {
+        while !dispatcher.finished() {
+            let now = schedulers[0].now();
+            let mut progress = dispatcher.step(now)?;
+            for s in schedulers.iter_mut() {
+                progress |= s.step()?;
+            }
+            if !progress {
+                dispatcher.check_progress()?;
+                for s in schedulers.iter() {
+                    s.check_timeouts()?;
+                }
+                schedulers[0].relax();
+            }
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        dispatcher.queues().abort();
+        schedulers.iter_mut().for_each(Scheduler::drain);
+    } else {
+        dispatcher.queues().finish();
+    }
+    result
+}
+
+/// Thread 0 of a threaded run: the dispatcher and scheduler 0, until the
+/// table has run or a thread fails. Threads 1.. run [`Scheduler::serve`]
+/// on the same [`Queues`].
+pub fn drive_leader<P: crate::platform::Platform>(
+    dispatcher: &mut Dispatcher<'_>,
+    scheduler: &mut Scheduler<'_, P>,
+) -> Result<(), RunError> {
+    let queues = dispatcher.queues();
+    let result = (|| {
+        while !dispatcher.finished() {
+            if queues.state() == ABORTED {
+                return Err(RunError::ThreadFailed);
+            }
+            let now = scheduler.now();
+            let mut progress = dispatcher.step(now)?;
+            progress |= scheduler.step()?;
+            if !progress {
+                dispatcher.check_progress()?;
+                scheduler.check_timeouts()?;
+                scheduler.relax();
+            }
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => queues.finish(),
+        Err(_) => {
+            queues.abort();
+            scheduler.drain();
+        }
+    }
+    result
+}

@@ -1,0 +1,424 @@
+//! Dispatch policies: which scheduler thread a ready task goes to, and
+//! whether idle threads may steal. One trait, so users can write their own
+//! ([`DispatchPolicy`]); the built-in ones are chosen by name at run time
+//! ([`PolicyKind`], [`Policy`]). There is no fallback: a name the build does
+//! not know is an error ([`UnknownPolicy`]).
+
+use core::fmt;
+
+use wsp_ffi::CoreKind;
+
+use crate::abi::{Table, TaskDesc};
+
+/// Most scheduler threads (the device's AICPU has up to 4).
+pub const MAX_THREADS: usize = 4;
+
+/// What a policy knows about a ready task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskInfo {
+    /// Its index in the table (program order).
+    pub index: u32,
+    pub kernel_id: u32,
+    pub kind: CoreKind,
+    /// The dispatch key ([`DispatchKey`]) computed from the task.
+    pub key: u64,
+}
+
+/// Where a policy puts a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// The dispatch queue of eligible thread `i` (`i < threads`, see
+    /// [`DispatchPolicy::place`]).
+    Thread(usize),
+    /// The queue every thread takes from.
+    Shared,
+}
+
+/// Load the dispatcher sees when it places a task.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Load {
+    /// Tasks waiting in each eligible thread's dispatch queue.
+    pub queued: [usize; MAX_THREADS],
+    /// Times so far that a thread had idle cores and nothing to take while
+    /// another thread's queue held tasks of the same kind (and stealing
+    /// was off): the cost of static placement, as the threads saw it.
+    pub starved: u64,
+}
+
+/// A dispatch policy. `place` runs on the dispatcher for every ready task;
+/// `steals` is read by the scheduler threads whenever one has idle cores
+/// and an empty queue.
+pub trait DispatchPolicy {
+    fn name(&self) -> &'static str;
+    /// Chooses among the `threads` threads that own cores of `task.kind`.
+    fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement;
+    /// Whether an idle thread may take single tasks from others' queues now.
+    fn steals(&self) -> bool {
+        false
+    }
+    /// What the policy decided, for reports (adaptive policies change
+    /// their mind; the others always say their name).
+    fn decision(&self) -> &'static str {
+        self.name()
+    }
+}
+
+/// How the dispatch key of a task is computed, for the key-based policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DispatchKey {
+    /// The task's index in the table.
+    #[default]
+    TaskIndex,
+    /// The value of scalar `n`.
+    Scalar(u8),
+    /// The tile index of argument `arg` along tensor dimension `dim`
+    /// (region offset / region extent): a loop index, e.g. the batch or the
+    /// output row block of a tiled GEMM.
+    Tile { arg: u8, dim: u8 },
+}
+
+impl DispatchKey {
+    /// The key of `task` in `table` (0 where the task has no such scalar
+    /// or argument: validation fixed their number per kernel).
+    pub fn of(&self, table: &Table<'_>, task: &TaskDesc, index: u32) -> u64 {
+        match *self {
+            DispatchKey::TaskIndex => index as u64,
+            DispatchKey::Scalar(n) => task.scalars.get(n as usize).map_or(0, |s| s.get()),
+            DispatchKey::Tile { arg, dim } => {
+                let Some(a) = table.task_args(task).get(arg as usize) else {
+                    return 0;
+                };
+                let d = (dim as usize).min(a.offset.len() - 1);
+                let extent = a.extent[d].get().max(1);
+                (a.offset[d].get() / extent) as u64
+            }
+        }
+    }
+}
+
+/// Tasks go to threads in turn.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl DispatchPolicy for RoundRobin {
+    fn name(&self) -> &'static str {
+        "round-robin"
+    }
+    fn place(&mut self, _: &TaskInfo, threads: usize, _: &Load) -> Placement {
+        self.next = (self.next + 1) % threads;
+        Placement::Thread(self.next)
+    }
+}
+
+/// Tasks with the same key go to the same thread: key modulo threads, so
+/// consecutive keys (batches, row blocks) spread evenly.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Affinity;
+
+impl DispatchPolicy for Affinity {
+    fn name(&self) -> &'static str {
+        "affinity"
+    }
+    fn place(&mut self, task: &TaskInfo, threads: usize, _: &Load) -> Placement {
+        Placement::Thread((task.key % threads as u64) as usize)
+    }
+}
+
+/// Tasks with the same key go to the same thread, chosen by a hash of the
+/// key, so that keys with a common stride do not pile onto one thread.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Hash;
+
+/// SplitMix64's finaliser: a cheap, well-mixing hash of a key.
+pub fn mix(key: u64) -> u64 {
+    let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl DispatchPolicy for Hash {
+    fn name(&self) -> &'static str {
+        "hash"
+    }
+    fn place(&mut self, task: &TaskInfo, threads: usize, _: &Load) -> Placement {
+        Placement::Thread((mix(task.key) % threads as u64) as usize)
+    }
+}
+
+/// Tasks are placed by key, like [`Affinity`] (locality first); a thread
+/// whose cores are idle and whose queue is empty steals single tasks from
+/// the others.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkStealing;
+
+impl DispatchPolicy for WorkStealing {
+    fn name(&self) -> &'static str {
+        "work-stealing"
+    }
+    fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement {
+        Affinity.place(task, threads, load)
+    }
+    fn steals(&self) -> bool {
+        true
+    }
+}
+
+/// Every task goes to one queue that all threads take from.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SharedQueue;
+
+impl DispatchPolicy for SharedQueue {
+    fn name(&self) -> &'static str {
+        "shared"
+    }
+    fn place(&mut self, _: &TaskInfo, _: usize, _: &Load) -> Placement {
+        Placement::Shared
+    }
+}
+
+/// Starts static (placement by key, no stealing) and switches to stealing,
+/// for the rest of the run, once threads have been starved
+/// ([`Load::starved`]) [`Adaptive::IMBALANCE`] times: idle cores and an
+/// empty queue while another thread had a backlog. A momentary difference
+/// in queue lengths (a burst placed on one thread just before the next) is
+/// not imbalance; a thread that finds nothing to do is.
+/// [`DispatchPolicy::decision`] says which it runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Adaptive {
+    stealing: bool,
+    /// Tasks placed before it switched (for reports).
+    switched_after: u64,
+    placed: u64,
+}
+
+impl Adaptive {
+    /// Starved observations that count as imbalance.
+    pub const IMBALANCE: u64 = 4;
+
+    /// `Some(n)` once it switched to stealing after placing `n` tasks.
+    pub fn switched_after(&self) -> Option<u64> {
+        self.stealing.then_some(self.switched_after)
+    }
+}
+
+impl DispatchPolicy for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+    fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement {
+        if !self.stealing && threads > 1 && load.starved >= Self::IMBALANCE {
+            self.stealing = true;
+            self.switched_after = self.placed;
+        }
+        self.placed += 1;
+        Affinity.place(task, threads, load)
+    }
+    fn steals(&self) -> bool {
+        self.stealing
+    }
+    fn decision(&self) -> &'static str {
+        if self.stealing {
+            "adaptive: chose work stealing (queues out of balance)"
+        } else {
+            "adaptive: kept static placement (queues stayed balanced)"
+        }
+    }
+}
+
+/// The built-in policies, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PolicyKind {
+    #[default]
+    RoundRobin,
+    Affinity,
+    Hash,
+    WorkStealing,
+    Shared,
+    Adaptive,
+}
+
+/// A policy name no built-in policy has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownPolicy;
+
+impl fmt::Display for UnknownPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("unknown dispatch policy; this build supports: ")?;
+        for (i, kind) in PolicyKind::ALL.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{}", kind.name())?;
+        }
+        Ok(())
+    }
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 6] = [
+        PolicyKind::RoundRobin,
+        PolicyKind::Affinity,
+        PolicyKind::Hash,
+        PolicyKind::WorkStealing,
+        PolicyKind::Shared,
+        PolicyKind::Adaptive,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::Affinity => "affinity",
+            PolicyKind::Hash => "hash",
+            PolicyKind::WorkStealing => "work-stealing",
+            PolicyKind::Shared => "shared",
+            PolicyKind::Adaptive => "adaptive",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<PolicyKind, UnknownPolicy> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or(UnknownPolicy)
+    }
+
+    /// A fresh policy of this kind.
+    pub fn build(self) -> Policy {
+        match self {
+            PolicyKind::RoundRobin => Policy::RoundRobin(RoundRobin::default()),
+            PolicyKind::Affinity => Policy::Affinity(Affinity),
+            PolicyKind::Hash => Policy::Hash(Hash),
+            PolicyKind::WorkStealing => Policy::WorkStealing(WorkStealing),
+            PolicyKind::Shared => Policy::Shared(SharedQueue),
+            PolicyKind::Adaptive => Policy::Adaptive(Adaptive::default()),
+        }
+    }
+}
+
+/// A built-in policy as a value (no `alloc`, so no boxed trait objects).
+#[derive(Clone, Copy, Debug)]
+pub enum Policy {
+    RoundRobin(RoundRobin),
+    Affinity(Affinity),
+    Hash(Hash),
+    WorkStealing(WorkStealing),
+    Shared(SharedQueue),
+    Adaptive(Adaptive),
+}
+
+impl Policy {
+    fn inner(&mut self) -> &mut dyn DispatchPolicy {
+        match self {
+            Policy::RoundRobin(p) => p,
+            Policy::Affinity(p) => p,
+            Policy::Hash(p) => p,
+            Policy::WorkStealing(p) => p,
+            Policy::Shared(p) => p,
+            Policy::Adaptive(p) => p,
+        }
+    }
+    fn inner_ref(&self) -> &dyn DispatchPolicy {
+        match self {
+            Policy::RoundRobin(p) => p,
+            Policy::Affinity(p) => p,
+            Policy::Hash(p) => p,
+            Policy::WorkStealing(p) => p,
+            Policy::Shared(p) => p,
+            Policy::Adaptive(p) => p,
+        }
+    }
+}
+
+impl DispatchPolicy for Policy {
+    fn name(&self) -> &'static str {
+        self.inner_ref().name()
+    }
+    fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement {
+        self.inner().place(task, threads, load)
+    }
+    fn steals(&self) -> bool {
+        self.inner_ref().steals()
+    }
+    fn decision(&self) -> &'static str {
+        self.inner_ref().decision()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(key: u64) -> TaskInfo {
+        TaskInfo {
+            index: 0,
+            kernel_id: 0,
+            kind: CoreKind::Vector,
+            key,
+        }
+    }
+
+    fn thread_of(p: &mut dyn DispatchPolicy, key: u64, threads: usize) -> usize {
+        match p.place(&task(key), threads, &Load::default()) {
+            Placement::Thread(t) => t,
+            Placement::Shared => panic!("{} placed on the shared queue", p.name()),
+        }
+    }
+
+    #[test]
+    fn names_round_trip_and_unknown_names_are_errors() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(PolicyKind::parse(kind.name()), Ok(kind));
+            assert_eq!(kind.build().name(), kind.name());
+        }
+        let err = PolicyKind::parse("gang").unwrap_err();
+        let text = std::format!("{err}");
+        assert!(
+            text.contains("work-stealing") && text.contains("adaptive"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn round_robin_cycles_and_key_policies_are_stable() {
+        let mut rr = RoundRobin::default();
+        let seq: std::vec::Vec<_> = (0..6).map(|_| thread_of(&mut rr, 7, 3)).collect();
+        assert_eq!(seq, [1, 2, 0, 1, 2, 0]);
+        for key in 0..100 {
+            assert_eq!(thread_of(&mut Affinity, key, 3), (key % 3) as usize);
+            let h = thread_of(&mut Hash, key, 3);
+            assert_eq!(thread_of(&mut Hash, key, 3), h, "same key, same thread");
+        }
+        // A stride that Affinity maps onto one thread spreads under Hash.
+        let used: std::collections::BTreeSet<_> =
+            (0..32).map(|i| thread_of(&mut Hash, i * 4, 4)).collect();
+        assert!(used.len() > 1, "hash spreads keys of stride 4: {used:?}");
+        assert!(!Affinity.steals() && WorkStealing.steals());
+        assert_eq!(
+            SharedQueue.place(&task(1), 4, &Load::default()),
+            Placement::Shared
+        );
+    }
+
+    #[test]
+    fn adaptive_switches_to_stealing_on_imbalance_only() {
+        let mut a = Adaptive::default();
+        let balanced = Load {
+            queued: [9, 0, 3, 2],
+            starved: 3,
+        };
+        for k in 0..10 {
+            a.place(&task(k), 4, &balanced);
+        }
+        assert!(!a.steals());
+        assert!(a.decision().contains("static"));
+        let skewed = Load {
+            queued: [9, 0, 1, 1],
+            starved: 4,
+        };
+        a.place(&task(0), 4, &skewed);
+        assert!(a.steals());
+        assert_eq!(a.switched_after(), Some(10));
+        assert!(a.decision().contains("stealing"));
+    }
+}

@@ -1,0 +1,390 @@
+//! A scheduler thread: takes tasks from the dispatch queues, issues them to
+//! its idle cores, polls its cores and hands completions to the dispatcher.
+
+use core::marker::PhantomData;
+
+use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
+
+use super::policy::MAX_THREADS;
+use super::{Queues, FINISHED, RUNNING};
+use crate::abi::{dtype_size, Region, Table, TileView, MAX_TENSOR_ARGS};
+use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, TASK_WINDOW};
+use crate::platform::{Completion, Platform, MAX_CORES};
+use crate::steal_deque::{Steal, StealDeque};
+use crate::sync::Ordering;
+
+/// The data arena of a run, borrowed mutably for `'a` and shared by the
+/// scheduler threads, which only turn it into tensor views for kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct Arena<'a> {
+    base: u64,
+    len: u64,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: an `Arena` is an address range, never dereferenced by the
+// runtime; kernels write through views of it only under the orchestrator's
+// exclusivity (a task is issued only when no running task touches its
+// regions with a write on either side), whatever thread issues them.
+unsafe impl Send for Arena<'_> {}
+// SAFETY: as for `Send`: sharing the address range shares no access.
+unsafe impl Sync for Arena<'_> {}
+
+impl<'a> Arena<'a> {
+    pub fn new(bytes: &'a mut [u8]) -> Self {
+        Arena {
+            base: bytes.as_mut_ptr() as u64,
+            len: bytes.len() as u64,
+            _borrow: PhantomData,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The kernel arguments of table task `task` with its tensors in `arena`:
+/// the views a core gets. Building them is safe; running a kernel on them is
+/// not (see [`Platform::launch`]).
+pub fn kernel_args(table: &Table<'_>, arena: &Arena<'_>, task: u32) -> WspKernelArgs {
+    let desc = &table.tasks()[task as usize];
+    let empty = WspTensorView {
+        addr: 0,
+        rows: 0,
+        cols: 0,
+        row_stride: 0,
+        dtype: 0,
+    };
+    let mut args = WspKernelArgs {
+        num_tensors: desc.num_args.get(),
+        num_scalars: desc.num_scalars.get(),
+        tensors: [empty; MAX_TENSOR_ARGS],
+        scalars: desc.scalars.map(|s| s.get()),
+    };
+    for (view, arg) in args.tensors.iter_mut().zip(table.task_args(desc)) {
+        let tensor = &table.tensors()[arg.tensor.get() as usize];
+        let dtype = tensor.dtype.get();
+        let tile = TileView::of(tensor, &Region::of(arg));
+        let elem = dtype_size(dtype).unwrap_or(0);
+        let addr = arena.base + tensor.arena_offset.get() + tile.first_element * elem;
+        *view = WspTensorView {
+            addr,
+            rows: tile.rows,
+            cols: tile.cols,
+            row_stride: tile.row_stride,
+            dtype,
+        };
+    }
+    args
+}
+
+/// How many times a take retries a deque whose `top` it lost to another
+/// taker before moving on (the deque is lock-free: a loss means someone
+/// else took a task).
+const RETRIES: usize = 8;
+
+/// One scheduler thread and the cores it owns.
+pub struct Scheduler<'a, P: Platform> {
+    id: usize,
+    threads: usize,
+    platform: P,
+    queues: &'a Queues,
+    table: &'a Table<'a>,
+    arena: Arena<'a>,
+    num_cores: usize,
+    /// Run-wide number of each of its cores.
+    global: [u16; MAX_CORES],
+    kind_mask: [u64; 2],
+    idle: u64,
+    core_task: [u32; MAX_CORES],
+    core_started: [u64; MAX_CORES],
+    next_core: u32,
+    timeout_ticks: u64,
+    stats: ThreadStats,
+    cores: [CoreStats; MAX_CORES],
+}
+
+impl<'a, P: Platform> Scheduler<'a, P> {
+    /// Scheduler thread `id` of `threads`, driving `platform`'s cores, which
+    /// the run numbers `global[i]` (for stats and errors).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: usize,
+        threads: usize,
+        platform: P,
+        global: &[u16],
+        table: &'a Table<'a>,
+        arena: Arena<'a>,
+        queues: &'a Queues,
+        options: &RunOptions,
+    ) -> Self {
+        let num_cores = platform.num_cores().min(MAX_CORES).min(global.len());
+        let mut kind_mask = [0u64; 2];
+        let mut ids = [0u16; MAX_CORES];
+        let mut cores = [CoreStats::default(); MAX_CORES];
+        for core in 0..num_cores {
+            let kind = platform.core_kind(core);
+            kind_mask[kind as usize] |= 1 << core;
+            ids[core] = global[core];
+            cores[core].kind = kind;
+            cores[core].core = global[core];
+            cores[core].thread = id as u8;
+        }
+        let tps = platform.ticks_per_second();
+        Scheduler {
+            id,
+            threads: threads.min(MAX_THREADS),
+            queues,
+            table,
+            arena,
+            num_cores,
+            global: ids,
+            idle: kind_mask[0] | kind_mask[1],
+            kind_mask,
+            core_task: [0; MAX_CORES],
+            core_started: [0; MAX_CORES],
+            next_core: 0,
+            timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
+            stats: ThreadStats {
+                thread: id as u8,
+                ..ThreadStats::default()
+            },
+            cores,
+            platform,
+        }
+    }
+
+    /// `[has cube cores, has vector cores]`, for [`Dispatcher::new`](super::Dispatcher::new).
+    pub fn kinds(&self) -> [bool; 2] {
+        [self.kind_mask[0] != 0, self.kind_mask[1] != 0]
+    }
+
+    pub fn stats(&self) -> &ThreadStats {
+        &self.stats
+    }
+
+    pub fn core_stats(&self) -> &[CoreStats] {
+        &self.cores[..self.num_cores]
+    }
+
+    pub fn platform(&self) -> &P {
+        &self.platform
+    }
+
+    pub(super) fn now(&self) -> u64 {
+        self.platform.now()
+    }
+
+    pub(super) fn relax(&self) {
+        self.platform.relax()
+    }
+
+    fn busy(&self) -> u64 {
+        !self.idle & (self.kind_mask[0] | self.kind_mask[1])
+    }
+
+    /// One round: poll cores, issue to idle ones. Returns whether anything
+    /// happened.
+    pub fn step(&mut self) -> Result<bool, RunError> {
+        let mut progress = self.poll_cores()?;
+        progress |= self.issue()?;
+        Ok(progress)
+    }
+
+    /// Threads 1.. of a threaded run: steps until the dispatcher says the
+    /// run finished or some thread failed; then returns with its cores idle.
+    pub fn serve(&mut self) -> Result<(), RunError> {
+        loop {
+            match self.queues.state() {
+                RUNNING => {}
+                FINISHED => return Ok(()),
+                _ => {
+                    self.drain();
+                    return Ok(());
+                }
+            }
+            let stepped = match self.step() {
+                Ok(true) => Ok(()),
+                Ok(false) => self.check_timeouts().map(|()| self.relax()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = stepped {
+                self.queues.abort();
+                self.drain();
+                return Err(e);
+            }
+        }
+    }
+
+    /// Takes the oldest task of `deque`, retrying a few lost races.
+    fn take_from(deque: &StealDeque<{ super::DISPATCH_QUEUE }>) -> Option<u32> {
+        for _ in 0..RETRIES {
+            match deque.steal() {
+                Steal::Task(task) => return Some(task as u32),
+                Steal::Empty => return None,
+                Steal::Retry => {}
+            }
+        }
+        None
+    }
+
+    /// The next task for a `kind` core: own queue, shared queue, then (if
+    /// the policy allows) one task stolen from another thread.
+    fn take(&mut self, kind: CoreKind) -> Option<u32> {
+        let k = kind as usize;
+        let queues = self.queues;
+        if let Some(task) = Self::take_from(&queues.ready[self.id][k]) {
+            return Some(task);
+        }
+        if let Some(task) = Self::take_from(&queues.shared[k]) {
+            self.stats.from_shared += 1;
+            return Some(task);
+        }
+        if !queues.stealing.load(Ordering::Acquire) {
+            let others =
+                (1..self.threads).map(|step| &queues.ready[(self.id + step) % self.threads][k]);
+            if others.into_iter().any(|q| !q.is_empty()) {
+                queues.starved.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        }
+        for step in 1..self.threads {
+            let victim = &queues.ready[(self.id + step) % self.threads][k];
+            if victim.is_empty() {
+                continue;
+            }
+            self.stats.steal_attempts += 1;
+            if let Some(task) = Self::take_from(victim) {
+                self.stats.steals += 1;
+                return Some(task);
+            }
+        }
+        None
+    }
+
+    /// Issues queued tasks to idle cores of their kind.
+    fn issue(&mut self) -> Result<bool, RunError> {
+        let mut issued = false;
+        for kind in [CoreKind::Cube, CoreKind::Vector] {
+            loop {
+                let candidates = self.idle & self.kind_mask[kind as usize];
+                if candidates == 0 {
+                    break;
+                }
+                let Some(index) = self.take(kind) else {
+                    break;
+                };
+                // Rotate the starting core so that light loads spread over cores.
+                let core = ((candidates.rotate_right(self.next_core).trailing_zeros()
+                    + self.next_core)
+                    % 64) as usize;
+                self.next_core = (core as u32 + 1) % 64;
+                let args = kernel_args(self.table, &self.arena, index);
+                let kernel_id = self.table.tasks()[index as usize].kernel_id.get();
+                // SAFETY: the table is validated, so every view lies inside the
+                // arena, which `Arena` borrows mutably for the whole run; every
+                // run drains its cores before it ends. The orchestrator hands out
+                // a task only when every earlier task touching its regions with a
+                // write on either side has completed, and holds back later such
+                // tasks until this one completes.
+                if !unsafe { self.platform.launch(core, kernel_id, &args) } {
+                    return Err(RunError::LaunchRefused {
+                        task: index,
+                        core: self.global[core] as u32,
+                    });
+                }
+                self.idle &= !(1 << core);
+                self.core_task[core] = index;
+                self.core_started[core] = self.platform.now();
+                self.stats.issued += 1;
+                issued = true;
+            }
+        }
+        Ok(issued)
+    }
+
+    /// Collects finished tasks and hands them to the dispatcher.
+    fn poll_cores(&mut self) -> Result<bool, RunError> {
+        let mut finished = false;
+        let mut busy = self.busy();
+        let done = &self.queues.done[self.id];
+        // Never full (it holds distinct uncollected tasks of the window and
+        // is as large as the window); checked anyway, so that no completion
+        // is taken from a core without room to hand it on.
+        while busy != 0 && done.len() < TASK_WINDOW {
+            let core = busy.trailing_zeros() as usize;
+            busy &= busy - 1;
+            let Some(completion) = self.platform.poll(core) else {
+                continue;
+            };
+            self.idle |= 1 << core;
+            let index = self.core_task[core];
+            let cycles = match completion {
+                Completion::Done { cycles } => cycles,
+                Completion::Rejected => {
+                    return Err(RunError::KernelRejected {
+                        task: index,
+                        kernel_id: self.table.tasks()[index as usize].kernel_id.get(),
+                        core: self.global[core] as u32,
+                    });
+                }
+            };
+            let now = self.platform.now();
+            let stats = &mut self.cores[core];
+            stats.tasks += 1;
+            stats.cycles += cycles;
+            let busy_ticks = now.wrapping_sub(self.core_started[core]);
+            stats.busy_ticks += busy_ticks;
+            self.stats.busy_ticks += busy_ticks;
+            self.stats.cycles += cycles;
+            let pushed = done.push(index as u64);
+            debug_assert!(pushed, "room was checked before polling");
+            finished = true;
+        }
+        Ok(finished)
+    }
+
+    /// Ends the run if a kernel has overrun its timeout.
+    pub fn check_timeouts(&self) -> Result<(), RunError> {
+        let now = self.platform.now();
+        let mut busy = self.busy();
+        while busy != 0 {
+            let core = busy.trailing_zeros() as usize;
+            busy &= busy - 1;
+            let waited = now.wrapping_sub(self.core_started[core]);
+            if waited > self.timeout_ticks {
+                let task = self.core_task[core];
+                let tps = self.platform.ticks_per_second().max(1);
+                return Err(RunError::KernelTimeout {
+                    task,
+                    kernel_id: self.table.tasks()[task as usize].kernel_id.get(),
+                    core: self.global[core] as u32,
+                    waited_ms: (waited as u128 * 1000 / tps as u128) as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// After an error: waits (bounded) for the tasks still on its cores, so
+    /// that no kernel writes the arena after the run returns its borrow.
+    pub fn drain(&mut self) {
+        let deadline = self.platform.now().wrapping_add(self.timeout_ticks);
+        while self.busy() != 0 && self.platform.now() < deadline {
+            let mut busy = self.busy();
+            while busy != 0 {
+                let core = busy.trailing_zeros() as usize;
+                busy &= busy - 1;
+                if self.platform.poll(core).is_some() {
+                    self.idle |= 1 << core;
+                }
+            }
+            self.platform.relax();
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! A fixed-capacity work-stealing deque of task ids (Chase-Lev): one owner
+//! pushes and pops at the bottom (newest first), any thread steals single
+//! tasks from the top (oldest first).
+//!
+//! The scheduler uses it as the dispatch queue of one scheduler thread (see
+//! [`crate::sched`]): the dispatcher owns it and pushes the tasks it places
+//! there; the thread takes them oldest first through [`StealDeque::steal`],
+//! and so do idle threads when the policy lets them steal.
+//!
+//! It follows Lê, Pop, Cohen and Zappa Nardelli, "Correct and Efficient
+//! Work-Stealing for Weak Memory Models" (PPoPP 2013), with two changes for
+//! a runtime without `alloc`:
+//! - the buffer never grows: a push into a full deque is refused
+//!   ([`Full`]), which the dispatcher turns into the `READY_QUEUE_FULL`
+//!   stall instead of allocating;
+//! - slots are atomics, so a thief that reads a slot the owner is
+//!   overwriting gets a stale value instead of undefined behaviour, and
+//!   then loses the race on `top` and discards it. The owner overwrites
+//!   slot `i % N` only after `top` has passed `i`, so any thief that read
+//!   position `i` fails its compare-exchange.
+//!
+//! `top` and `bottom` are signed so that the owner's tentative
+//! `bottom - 1` on an empty deque cannot wrap around.
+//!
+//! All atomics come from [`crate::sync`], so the loom model check at the end
+//! of this file runs the same code.
+
+use crate::sync::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+/// A push found the deque full; the task id is handed back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Full(pub u64);
+
+/// The deque's owner end was claimed already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlreadyOwned;
+
+/// What a steal attempt got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Steal {
+    Empty,
+    /// Lost a race with the owner or another thief; the deque may still
+    /// hold tasks.
+    Retry,
+    Task(u64),
+}
+
+/// `N` slots (a power of two). Place it where the owner and the thieves can
+/// all reach it (a `static` on the device).
+#[repr(C, align(64))]
+pub struct StealDeque<const N: usize> {
+    /// Next position a thief takes.
+    top: AtomicI64,
+    /// Next position the owner pushes to; on its own cache line, since only
+    /// the owner writes it and thieves read it.
+    bottom: CacheLine<AtomicI64>,
+    owner_claimed: AtomicBool,
+    slots: [AtomicU64; N],
+}
+
+#[repr(align(64))]
+struct CacheLine<T>(T);
+
+impl<const N: usize> StealDeque<N> {
+    const POWER_OF_TWO: () = assert!(
+        N.is_power_of_two() && N <= i64::MAX as usize,
+        "the deque's capacity must be a power of two"
+    );
+
+    /// An empty deque (`const`, so it can live in a `static`).
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        #[allow(clippy::let_unit_value)]
+        let _ = Self::POWER_OF_TWO;
+        StealDeque {
+            top: AtomicI64::new(0),
+            bottom: CacheLine(AtomicI64::new(0)),
+            owner_claimed: AtomicBool::new(false),
+            slots: [const { AtomicU64::new(0) }; N],
+        }
+    }
+
+    /// An empty deque (loom's atomics cannot be built in const context).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        #[allow(clippy::let_unit_value)]
+        let _ = Self::POWER_OF_TWO;
+        StealDeque {
+            top: AtomicI64::new(0),
+            bottom: CacheLine(AtomicI64::new(0)),
+            owner_claimed: AtomicBool::new(false),
+            slots: core::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    fn slot(&self, position: i64) -> &AtomicU64 {
+        &self.slots[(position as u64 % N as u64) as usize]
+    }
+
+    /// The owner end, once: only one thread may push and pop.
+    pub fn claim_owner(&self) -> Result<Owner<'_, N>, AlreadyOwned> {
+        if self.owner_claimed.swap(true, Ordering::Acquire) {
+            return Err(AlreadyOwned);
+        }
+        Ok(Owner { deque: self })
+    }
+
+    /// Tasks in the deque at some recent moment (exact when no one else
+    /// is changing it).
+    pub fn len(&self) -> usize {
+        let b = self.bottom.0.load(Ordering::Relaxed);
+        let t = self.top.load(Ordering::Relaxed);
+        (b - t).max(0) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub const fn capacity(&self) -> usize {
+        N
+    }
+
+    /// Takes the oldest task, from any thread.
+    pub fn steal(&self) -> Steal {
+        let t = self.top.load(Ordering::Acquire);
+        // Orders the read of `top` before the read of `bottom` against the
+        // owner's fence in `pop` (the store-load pair of the algorithm).
+        fence(Ordering::SeqCst);
+        let b = self.bottom.0.load(Ordering::Acquire);
+        if t >= b {
+            return Steal::Empty;
+        }
+        let task = self.slot(t).load(Ordering::Relaxed);
+        match self
+            .top
+            .compare_exchange(t, t + 1, Ordering::SeqCst, Ordering::Relaxed)
+        {
+            Ok(_) => Steal::Task(task),
+            Err(_) => Steal::Retry,
+        }
+    }
+}
+
+impl<const N: usize> Default for StealDeque<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The owner's end of a [`StealDeque`]: push and pop at the bottom.
+pub struct Owner<'a, const N: usize> {
+    deque: &'a StealDeque<N>,
+}
+
+impl<const N: usize> Drop for Owner<'_, N> {
+    /// Gives the owner end back, so that a later run can claim it.
+    fn drop(&mut self) {
+        self.deque.owner_claimed.store(false, Ordering::Release);
+    }
+}
+
+impl<const N: usize> Owner<'_, N> {
+    /// Adds a task at the bottom; refused when the deque holds `N` tasks.
+    pub fn push(&mut self, task: u64) -> Result<(), Full> {
+        let d = self.deque;
+        let b = d.bottom.0.load(Ordering::Relaxed);
+        let t = d.top.load(Ordering::Acquire);
+        if b - t >= N as i64 {
+            return Err(Full(task));
+        }
+        d.slot(b).store(task, Ordering::Relaxed);
+        // Publishes the slot before the new bottom that makes it visible.
+        fence(Ordering::Release);
+        d.bottom.0.store(b + 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Takes the newest task.
+    pub fn pop(&mut self) -> Option<u64> {
+        let d = self.deque;
+        let b = d.bottom.0.load(Ordering::Relaxed) - 1;
+        d.bottom.0.store(b, Ordering::Relaxed);
+        // Orders the claim on `bottom` before the read of `top` (see `steal`).
+        fence(Ordering::SeqCst);
+        let t = d.top.load(Ordering::Relaxed);
+        if t > b {
+            // Empty: undo the claim.
+            d.bottom.0.store(b + 1, Ordering::Relaxed);
+            return None;
+        }
+        let task = d.slot(b).load(Ordering::Relaxed);
+        if t < b {
+            return Some(task);
+        }
+        // The last task: race the thieves for it through `top`.
+        let won = d
+            .top
+            .compare_exchange(t, t + 1, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok();
+        d.bottom.0.store(b + 1, Ordering::Relaxed);
+        won.then_some(task)
+    }
+
+    pub fn len(&self) -> usize {
+        self.deque.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.deque.is_empty()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    #[test]
+    fn owner_is_lifo_thieves_are_fifo_and_full_refuses() {
+        let d = StealDeque::<4>::new();
+        let mut o = d.claim_owner().unwrap();
+        assert_eq!(d.claim_owner().err(), Some(AlreadyOwned));
+        for t in 1..=4 {
+            o.push(t).unwrap();
+        }
+        assert_eq!(
+            o.push(5),
+            Err(Full(5)),
+            "a full deque refuses, it does not grow"
+        );
+        assert_eq!(d.steal(), Steal::Task(1));
+        assert_eq!(o.pop(), Some(4));
+        o.push(6).unwrap();
+        assert_eq!(d.len(), 3);
+        assert_eq!(d.steal(), Steal::Task(2));
+        assert_eq!(o.pop(), Some(6));
+        assert_eq!(o.pop(), Some(3));
+        assert_eq!(o.pop(), None);
+        assert_eq!(d.steal(), Steal::Empty);
+        // Positions keep growing past the capacity; slots wrap.
+        for round in 0..10u64 {
+            for t in 0..4 {
+                o.push(round * 4 + t).unwrap();
+            }
+            for t in 0..4 {
+                assert_eq!(d.steal(), Steal::Task(round * 4 + t));
+            }
+        }
+        assert!(d.is_empty());
+    }
+
+    /// One owner pushing and popping, three thieves: every task is taken
+    /// exactly once.
+    #[test]
+    fn every_task_is_taken_exactly_once_under_contention() {
+        const TASKS: u64 = 200_000;
+        let d = Arc::new(StealDeque::<64>::new());
+        let taken: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..TASKS).map(|_| AtomicUsize::new(0)).collect());
+        let done = Arc::new(AtomicBool::new(false));
+        let thieves: Vec<_> = (0..3)
+            .map(|_| {
+                let (d, taken, done) = (d.clone(), taken.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut stolen = 0u64;
+                    loop {
+                        match d.steal() {
+                            Steal::Task(t) => {
+                                taken[t as usize].fetch_add(1, Ordering::Relaxed);
+                                stolen += 1;
+                            }
+                            Steal::Retry => {}
+                            Steal::Empty if done.load(Ordering::Acquire) => return stolen,
+                            Steal::Empty => std::hint::spin_loop(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut o = d.claim_owner().unwrap();
+        let mut popped = 0u64;
+        for t in 0..TASKS {
+            while o.push(t).is_err() {
+                if let Some(x) = o.pop() {
+                    taken[x as usize].fetch_add(1, Ordering::Relaxed);
+                    popped += 1;
+                }
+            }
+            if t % 3 == 0 {
+                if let Some(x) = o.pop() {
+                    taken[x as usize].fetch_add(1, Ordering::Relaxed);
+                    popped += 1;
+                }
+            }
+        }
+        while let Some(x) = o.pop() {
+            taken[x as usize].fetch_add(1, Ordering::Relaxed);
+            popped += 1;
+        }
+        done.store(true, Ordering::Release);
+        let stolen: u64 = thieves.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(popped + stolen, TASKS);
+        for (t, n) in taken.iter().enumerate() {
+            assert_eq!(n.load(Ordering::Relaxed), 1, "task {t}");
+        }
+    }
+}
+
+/// Model check: every interleaving of the owner and two thieves over a
+/// deque of two slots, including the race for the last task and a push
+/// into a full deque.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+
+    /// Owner pushes past capacity and pops while a thief steals twice.
+    #[test]
+    fn each_task_is_taken_once_in_every_interleaving() {
+        loom::model(|| {
+            let d = Arc::new(StealDeque::<2>::new());
+            let thief = {
+                let d = d.clone();
+                loom::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for _ in 0..2 {
+                        if let Steal::Task(t) = d.steal() {
+                            got.push(t);
+                        }
+                    }
+                    got
+                })
+            };
+            let mut o = d.claim_owner().unwrap();
+            let mut all = Vec::new();
+            o.push(1).unwrap();
+            o.push(2).unwrap();
+            if o.push(3).is_err() {
+                // Full: taking one makes room.
+                all.extend(o.pop());
+                o.push(3).unwrap();
+            }
+            while let Some(t) = o.pop() {
+                all.push(t);
+            }
+            all.extend(thief.join().unwrap());
+            all.sort();
+            assert_eq!(all, vec![1, 2, 3], "each task exactly once");
+        });
+    }
+
+    /// Two thieves and the owner race for the last task: one wins.
+    #[test]
+    fn the_last_task_goes_to_exactly_one_taker() {
+        loom::model(|| {
+            let d = Arc::new(StealDeque::<2>::new());
+            let mut o = d.claim_owner().unwrap();
+            o.push(7).unwrap();
+            let thieves: Vec<_> = (0..2)
+                .map(|_| {
+                    let d = d.clone();
+                    loom::thread::spawn(move || match d.steal() {
+                        Steal::Task(t) => Some(t),
+                        Steal::Empty | Steal::Retry => None,
+                    })
+                })
+                .collect();
+            let mut all: Vec<u64> = o.pop().into_iter().collect();
+            for t in thieves {
+                all.extend(t.join().unwrap());
+            }
+            assert_eq!(all, vec![7], "the task exactly once");
+        });
+    }
+}

@@ -43,10 +43,20 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
         let n = 1 + rng.below(3) as usize;
         let args: Vec<TaskArg> = (0..n)
             .map(|_| {
-                let (r0, c0) = (rng.below(12) as u32, rng.below(12) as u32);
+                // Mostly small regions packed into one TensorMap cell (many
+                // conflicts); some spread over cell boundaries (64 elements),
+                // some wider than a cell, a few so large that lookups scan
+                // every bucket.
+                let (span, size) = match rng.below(20) {
+                    0..=13 => (12, 4),
+                    14..=17 => (200, 40),
+                    18 => (160, 100),
+                    _ => (64, 400),
+                };
+                let (r0, c0) = (rng.below(span) as u32, rng.below(span) as u32);
                 let region = Region {
                     offset: [r0, c0, 0, 0],
-                    extent: [1 + rng.below(4) as u32, 1 + rng.below(4) as u32, 1, 1],
+                    extent: [1 + rng.below(size) as u32, 1 + rng.below(size) as u32, 1, 1],
                 };
                 let access = [Access::READ, Access::WRITE, Access::READ | Access::WRITE]
                     [rng.below(3) as usize];

@@ -35,7 +35,9 @@ pub enum DeadlockCause {
     },
     /// A task asks the heap ring for more than its whole arena.
     HeapRequestTooLarge { requested: u64, capacity: u64 },
-    /// One task needs more TensorMap entries or DepList nodes than exist.
+    /// One task needs more units of a pool than exist (e.g. more arguments
+    /// than TensorMap entries). Not raised for the DepList pool: a task's
+    /// edges count only producers still running, which free them as they end.
     TaskExceedsPool {
         pool: StallReason,
         needed: u64,

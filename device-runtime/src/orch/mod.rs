@@ -44,7 +44,7 @@ use deadlock::{REPORTED_PRODUCERS, REPORTED_TASKS};
 use dep_pool::{DepPool, NIL};
 pub use heap_ring::{HeapBlock, HeapError, HeapRing};
 pub use stall::{ResourceStats, StallReason, StallStats};
-use tensor_map::TensorMap;
+use tensor_map::{Place, TensorMap};
 
 #[cfg(test)]
 mod tests;
@@ -360,6 +360,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             return self.stall_or_scope(StallReason::TensorMapPoolFull, now);
         }
         let id = self.next;
+        let mut places = [Place::default(); MAX_TENSOR_ARGS];
+        for (place, a) in places.iter_mut().zip(args) {
+            *place = TensorMap::<TMAP>::place(a.tensor, &a.region);
+        }
+        let places = &places[..args.len()];
         // Each producer is a distinct live task, so a pool with room for one
         // edge per task in flight cannot run out: wire in one pass while
         // committing. Otherwise count the edges first, so that a stall
@@ -367,16 +372,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         let one_pass = self.deps.available() as u64 >= self.in_flight();
         let mut edges = 0;
         if !one_pass {
-            edges = self.wire(id, args, extra_deps, false);
-            if edges > DEPS as u64 {
-                let pool = StallReason::DepListPoolFull;
-                let cause = DeadlockCause::TaskExceedsPool {
-                    pool,
-                    needed: edges,
-                    capacity: DEPS as u64,
-                };
-                return Err(SubmitError::Deadlock(cause));
-            }
+            // More edges than the whole pool is no deadlock: the count is of
+            // producers still running, and each one that completes frees its
+            // edges and drops out of the count.
+            edges = self.wire(id, args, places, extra_deps, false);
             if (self.deps.available() as u64) < edges {
                 return self.stall(StallReason::DepListPoolFull, now);
             }
@@ -414,11 +413,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             self.slot_mut(id).fanin += edges as u32;
         } else {
-            self.wire(id, args, extra_deps, true);
+            self.wire(id, args, places, extra_deps, true);
         }
         self.next += 1;
-        for a in args {
-            let inserted = self.tmap.insert(a.tensor, a.region, writes(a), id);
+        for (a, place) in args.iter().zip(places) {
+            let inserted = self.tmap.insert(place, a.tensor, a.region, writes(a), id);
             debug_assert!(inserted, "TensorMap room was checked before committing");
         }
         self.slot_mut(id).tmap_end = self.tmap.end();
@@ -453,7 +452,14 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// task's fan-in. Returns their number. A fresh mark per pass dedups
     /// producers met through several arguments (a stalled submission is
     /// retried with the same id, so the mark cannot derive from the id).
-    fn wire(&mut self, id: TaskId, args: &[TaskArg], extra_deps: &[TaskId], commit: bool) -> u64 {
+    fn wire(
+        &mut self,
+        id: TaskId,
+        args: &[TaskArg],
+        places: &[Place],
+        extra_deps: &[TaskId],
+        commit: bool,
+    ) -> u64 {
         self.pass += 1;
         let mark = self.pass;
         self.tmap.begin();
@@ -479,10 +485,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             true
         };
-        for a in args {
+        for (a, place) in args.iter().zip(places) {
             let writes = a.access.contains(Access::WRITE);
             self.tmap
-                .scan(a.tensor, &a.region, writes, commit, &mut visit);
+                .scan(place, a.tensor, &a.region, writes, commit, &mut visit);
         }
         extra_deps.iter().for_each(|&p| {
             visit(p, true);
@@ -626,6 +632,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 | StallReason::TensorMapPoolFull
                 | StallReason::HeapRingFull),
             ) if self.slot(self.head).held => Err(self.report(self.scope_deadlock(reason))),
+            // Nothing in flight: every resource is free (requests larger than
+            // a resource were refused as deadlocks), so a retry succeeds. The
+            // stall is stale, e.g. a scope ended after it and retired the rest.
+            Some(_) if self.is_drained() => Ok(()),
             Some(_) => Err(self.report(DeadlockCause::Stuck)),
             None if waiting => Err(self.report(DeadlockCause::Stuck)),
             None => Ok(()),

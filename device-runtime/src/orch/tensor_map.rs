@@ -25,14 +25,42 @@
 //! new writer, which waits for them). Unlinking shortens chains; the ring
 //! space comes back when the task retires.
 //!
+//! Entries are found by place, not only by tensor: a region whose extent is
+//! at most [`CELL`] elements in every dimension (every kernel tile is) goes
+//! to the bucket of its tensor and of the cell holding its first element;
+//! a larger region goes to its tensor's "wide" bucket. A lookup probes the
+//! cells its region touches, plus, in every dimension, the cell before them
+//! if some live entry reaches over its origin cell's boundary (tiles aligned
+//! to their size never do), plus the wide bucket
+//! if any wide entry is live. So the writes of many independent tiles of one
+//! tensor (a GEMM's output) do not sit in one chain that every new tile
+//! scans: an aligned tile probes one bucket. A lookup that would probe more
+//! than [`MAX_PROBES`] cells (a region much larger than a cell) scans every
+//! bucket instead: always correct, and rare (kernel tiles never need it).
+//! Two cells may share a bucket; a bucket scanned twice costs time only
+//! (the caller counts each producer once).
+//!
 //! Sizing: a task uses one entry per tensor argument until it retires, so
 //! `N >= task window x arguments per task` means the TensorMap never stalls
 //! on its own.
 
 use crate::abi::{Region, MAX_RANK};
 
-/// Buckets of the TensorMap (a power of two); tensors hash by their key.
-pub const BUCKETS: usize = 256;
+/// Buckets of the TensorMap (a power of two); entries hash by tensor and cell.
+pub const BUCKETS: usize = 1024;
+
+/// Edge of a cell, in elements, in every dimension (the largest kernel
+/// tile is 64 x 64).
+pub const CELL: u32 = 64;
+
+/// Most cells one lookup probes before it scans every bucket instead.
+pub const MAX_PROBES: u64 = 16;
+
+/// The cell coordinates of a wide entry's bucket.
+const WIDE: [u32; MAX_RANK] = [u32::MAX; MAX_RANK];
+
+/// Bucket index bits: the top bits of the hash.
+const BUCKET_SHIFT: u32 = 64 - BUCKETS.trailing_zeros();
 
 /// Covered entries a scan remembers for the commit (more: the commit rescans).
 const PENDING: usize = 16;
@@ -76,10 +104,64 @@ pub struct TensorMap<const N: usize> {
     pending: [u64; PENDING],
     /// How many covered entries the scans since [`TensorMap::begin`] found.
     pending_len: usize,
+    /// Position of the newest cell-bucketed entry that reaches over its
+    /// origin cell's boundary (`NONE`: none yet). Below the tail, no live
+    /// entry does, and lookups need not probe back a cell.
+    crossing: u64,
+    /// Position of the newest wide entry (`NONE`: none yet).
+    wide: u64,
 }
 
-fn bucket(tensor: u32) -> usize {
-    (tensor.wrapping_mul(0x9E37_79B1) >> 24) as usize % BUCKETS
+/// Multiplicative hash of a tensor and a cell; the products are
+/// independent, so they issue in parallel.
+#[inline(always)]
+fn bucket(tensor: u32, cell: [u32; MAX_RANK]) -> usize {
+    let h = (tensor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (cell[0] as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
+        ^ (cell[1] as u64).wrapping_mul(0x94D0_49BB_1331_11EB)
+        ^ (cell[2] as u64 | (cell[3] as u64) << 32).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    (h >> BUCKET_SHIFT) as usize
+}
+
+/// The cell holding a region's first element.
+#[inline(always)]
+fn origin_cell(region: &Region) -> [u32; MAX_RANK] {
+    region.offset.map(|o| o / CELL)
+}
+
+/// The cell holding a region's last element.
+#[inline(always)]
+fn last_cell(region: &Region) -> [u32; MAX_RANK] {
+    core::array::from_fn(|d| region.offset[d].saturating_add(region.extent[d].max(1) - 1) / CELL)
+}
+
+/// The next cell of the box `lo..=hi`, odometer style; `false` after the last.
+#[inline(always)]
+fn next_cell(cell: &mut [u32; MAX_RANK], lo: &[u32; MAX_RANK], hi: &[u32; MAX_RANK]) -> bool {
+    for d in 0..MAX_RANK {
+        if cell[d] < hi[d] {
+            cell[d] += 1;
+            return true;
+        }
+        cell[d] = lo[d];
+    }
+    false
+}
+
+/// Where one argument's entry goes and what its lookup probes, computed
+/// once per submission by [`TensorMap::place`] (for the counting scan, the
+/// committing scan and the insert).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Place {
+    /// The bucket of the entry: its tensor's and origin cell's, or its
+    /// tensor's wide bucket.
+    home: u16,
+    /// The region lies inside its origin cell.
+    one_cell: bool,
+    /// The region is larger than a cell in some dimension.
+    wide: bool,
+    /// The region is narrow and reaches over its origin cell's boundary.
+    crossing: bool,
 }
 
 /// Whether `outer` contains every element of `inner`.
@@ -102,6 +184,69 @@ impl<const N: usize> TensorMap<N> {
             tail: 1,
             pending: [NONE; PENDING],
             pending_len: 0,
+            crossing: NONE,
+            wide: NONE,
+        }
+    }
+
+    /// Where an argument on `region` of `tensor` goes.
+    #[inline(always)]
+    pub fn place(tensor: u32, region: &Region) -> Place {
+        // Branch-free over the dimensions, so that it compiles to vector ops.
+        // Bit tricks, OR-ed over the dimensions: the first and last element
+        // lie in different cells iff they differ above the cell bits (a
+        // wrapped or empty region counts as crossing, which is conservative).
+        let (mut spread, mut largest) = (0u32, 0u32);
+        for d in 0..MAX_RANK {
+            let (first, extent) = (region.offset[d], region.extent[d]);
+            let last = first.wrapping_add(extent).wrapping_sub(1);
+            spread |= (first ^ last) | ((last < first) as u32 * CELL);
+            largest |= extent.wrapping_sub(1);
+        }
+        let crossing = spread >= CELL;
+        let large = largest >= CELL;
+        let cell = if large { WIDE } else { origin_cell(region) };
+        Place {
+            home: bucket(tensor, cell) as u16,
+            one_cell: !crossing,
+            wide: large,
+            crossing: crossing & !large,
+        }
+    }
+
+    /// The box of cells where an entry overlapping `region` can have its
+    /// origin, or `None` if it holds more than [`MAX_PROBES`] cells.
+    #[inline(always)]
+    fn cells(&self, region: &Region) -> Option<([u32; MAX_RANK], [u32; MAX_RANK])> {
+        // A narrow entry spans at most two cells per dimension: its
+        // origin's and the next.
+        let back = (self.crossing >= self.tail) as u32;
+        let mut lo = origin_cell(region);
+        let hi = last_cell(region);
+        let mut count = 1u64;
+        for d in 0..MAX_RANK {
+            lo[d] = lo[d].saturating_sub(back);
+            count *= (hi[d] - lo[d] + 1) as u64;
+        }
+        (count <= MAX_PROBES).then_some((lo, hi))
+    }
+
+    /// Calls `f` with every bucket a lookup of `region` of `tensor` probes.
+    #[inline(always)]
+    fn probe(&self, tensor: u32, region: &Region, mut f: impl FnMut(usize)) {
+        let Some((lo, hi)) = self.cells(region) else {
+            (0..BUCKETS).for_each(f);
+            return;
+        };
+        if self.wide >= self.tail {
+            f(bucket(tensor, WIDE));
+        }
+        let mut cell = lo;
+        loop {
+            f(bucket(tensor, cell));
+            if !next_cell(&mut cell, &lo, &hi) {
+                return;
+            }
         }
     }
 
@@ -151,13 +296,53 @@ impl<const N: usize> TensorMap<N> {
     #[inline(always)]
     pub fn scan(
         &mut self,
+        place: &Place,
         tensor: u32,
         region: &Region,
         writes: bool,
         mark_now: bool,
         mut f: impl FnMut(u64, bool) -> bool,
     ) {
-        let b = bucket(tensor);
+        if self.wide >= self.tail && !place.wide {
+            let b = bucket(tensor, WIDE);
+            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+        }
+        // The common case: a tile inside one cell, no entry reaching over.
+        if place.one_cell && self.crossing < self.tail {
+            let b = place.home as usize;
+            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+            return;
+        }
+        let Some((lo, hi)) = self.cells(region) else {
+            for b in 0..BUCKETS {
+                self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+            }
+            return;
+        };
+        if place.wide && self.wide >= self.tail {
+            let b = place.home as usize;
+            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+        }
+        let mut cell = lo;
+        loop {
+            let b = bucket(tensor, cell);
+            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+            if !next_cell(&mut cell, &lo, &hi) {
+                return;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn scan_bucket(
+        &mut self,
+        b: usize,
+        tensor: u32,
+        region: &Region,
+        writes: bool,
+        mark_now: bool,
+        f: &mut impl FnMut(u64, bool) -> bool,
+    ) {
         // A write also waits for readers; any access waits for writers.
         for chain in (!writes) as usize..2 {
             let mut prev = NONE;
@@ -209,13 +394,25 @@ impl<const N: usize> TensorMap<N> {
 
     /// Records that `task` reads or writes `region` of `tensor`. `false` if
     /// the ring is full.
-    pub fn insert(&mut self, tensor: u32, region: Region, writes: bool, task: u64) -> bool {
+    pub fn insert(
+        &mut self,
+        place: &Place,
+        tensor: u32,
+        region: Region,
+        writes: bool,
+        task: u64,
+    ) -> bool {
         if self.used() == N {
             return false;
         }
         let position = self.head;
         self.head += 1;
-        let head = &mut self.buckets[bucket(tensor)][writes as usize];
+        if place.wide {
+            self.wide = position;
+        } else if place.crossing {
+            self.crossing = position;
+        }
+        let head = &mut self.buckets[place.home as usize][writes as usize];
         let next = core::mem::replace(head, position);
         *self.at_mut(position) = Entry {
             tensor,
@@ -227,18 +424,22 @@ impl<const N: usize> TensorMap<N> {
         true
     }
 
-    /// Entries a scan of `tensor`'s bucket would still visit: live links
-    /// that are not yet known to be covered (for tests of chain length).
-    pub fn chain_len(&self, tensor: u32) -> usize {
+    /// Entries of `tensor` a lookup of `region` would still visit: live
+    /// links that are not yet known to be covered (for tests of chain
+    /// length).
+    pub fn chain_len(&self, tensor: u32, region: &Region) -> usize {
         let mut len = 0;
-        for chain in 0..2 {
-            let mut position = self.buckets[bucket(tensor)][chain];
-            while position >= self.tail {
-                let e = self.at(position);
-                len += !e.covered as usize;
-                position = e.next;
+        let mut count = |b: usize| {
+            for chain in 0..2 {
+                let mut position = self.buckets[b][chain];
+                while position >= self.tail {
+                    let e = self.at(position);
+                    len += (!e.covered && e.tensor == tensor) as usize;
+                    position = e.next;
+                }
             }
-        }
+        };
+        self.probe(tensor, region, &mut count);
         len
     }
 }

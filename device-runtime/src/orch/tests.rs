@@ -97,10 +97,11 @@ fn covered_entries_are_pruned() {
     for _ in 0..1000 {
         submit(&mut o, &[write(3, 0, 16)]).unwrap();
     }
+    let region = write(3, 0, 16).region;
     assert!(
-        o.tmap.chain_len(3) <= 2,
+        o.tmap.chain_len(3, &region) <= 2,
         "each write covers the previous one: {} entries to scan",
-        o.tmap.chain_len(3)
+        o.tmap.chain_len(3, &region)
     );
     assert_eq!(o.deps.used(), 999, "one edge per task, to its predecessor");
     assert_eq!(o.ready_count(CoreKind::Vector), 1, "still a chain");
@@ -271,14 +272,11 @@ fn a_heap_request_larger_than_the_arena_is_reported() {
 
 #[test]
 fn a_task_larger_than_a_pool_is_reported() {
-    let mut o = Orchestrator::<16, 16, 2>::new(0);
-    for i in 0..3 {
-        submit(&mut o, &[write(i, 0, 1)]).unwrap();
-    }
-    let deps = [0, 1, 2];
-    let result = o.submit(0, VEC, &[], 0, &deps, 0);
+    let mut o = Orchestrator::<16, 2, 16>::new(0);
+    let args = [write(0, 0, 1), write(1, 0, 1), write(2, 0, 1)];
+    let result = o.submit(0, VEC, &args, 0, &[], 0);
     let report = deadlock(&o, result);
-    let pool = StallReason::DepListPoolFull;
+    let pool = StallReason::TensorMapPoolFull;
     assert_eq!(
         report.cause,
         DeadlockCause::TaskExceedsPool {
@@ -287,6 +285,31 @@ fn a_task_larger_than_a_pool_is_reported() {
             capacity: 2
         }
     );
+}
+
+#[test]
+fn more_producers_than_deplist_nodes_stall_until_they_complete() {
+    let mut o = Orchestrator::<16, 16, 2>::new(0);
+    for i in 0..3 {
+        submit(&mut o, &[write(i, 0, 1)]).unwrap();
+    }
+    let deps = [0, 1, 2];
+    assert_eq!(
+        o.submit(0, VEC, &[], 0, &deps, 0),
+        Err(SubmitError::Stall(StallReason::DepListPoolFull))
+    );
+    assert_eq!(o.check_progress(0, [true, true]), Ok(()));
+    let t = o.pop_ready(CoreKind::Vector).unwrap();
+    o.complete(t.id).unwrap();
+    // Two producers left, two nodes: it fits now, and waits for both.
+    let id = o.submit(0, VEC, &[], 0, &deps, 0).unwrap();
+    for _ in 0..2 {
+        assert!(o.pop_ready(CoreKind::Vector).is_some_and(|t| t.id != id));
+    }
+    assert!(o.pop_ready(CoreKind::Vector).is_none());
+    o.complete(1).unwrap();
+    o.complete(2).unwrap();
+    assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(id));
 }
 
 #[test]
@@ -420,4 +443,46 @@ fn a_scope_that_fills_the_tensormap_or_the_heap_is_reported() {
     // Outside a scope the same state is a stall: retirement frees the heap.
     o.scope_end().unwrap();
     o.submit(0, VEC, &[write(9, 0, 1)], 512, &[], 0).unwrap();
+}
+
+#[test]
+fn independent_tiles_of_one_tensor_are_found_by_place() {
+    let mut o = Orchestrator::<1024, 1024, 1024>::new(0);
+    let tile = |i: u32| TaskArg {
+        tensor: 7,
+        region: Region {
+            offset: [i / 32 * 32, i % 32 * 32, 0, 0],
+            extent: [32, 32, 1, 1],
+        },
+        access: Access::WRITE,
+    };
+    // 1000 live writers of distinct 32x32 tiles of one 1024x1024 tensor: a
+    // lookup by tensor alone would scan all of them for every new tile.
+    for i in 0..1000 {
+        submit(&mut o, &[tile(i)]).unwrap();
+    }
+    assert_eq!(o.ready_count(CoreKind::Vector), 1000, "independent");
+    let next = tile(1000).region;
+    let visited = o.tmap.chain_len(7, &next);
+    assert!(visited <= 16, "{visited} entries visited for one tile");
+    // A region spanning many cells still finds every overlapping tile.
+    let wide = TaskArg {
+        tensor: 7,
+        region: Region {
+            offset: [0, 0, 0, 0],
+            extent: [1024, 1024, 1, 1],
+        },
+        access: Access::READ,
+    };
+    let id = submit(&mut o, &[wide]).unwrap();
+    assert_eq!(o.ready_count(CoreKind::Vector), 1000, "the reader waits");
+    while o.is_live(0) || (1..1000).any(|t| o.is_live(t)) {
+        run_one(&mut o);
+    }
+    assert!(o.is_live(id));
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        1,
+        "ready once every tile is written"
+    );
 }

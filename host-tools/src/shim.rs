@@ -9,7 +9,7 @@ use std::time::Instant;
 use device_runtime::abi::{Table, TableError};
 use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
-use device_runtime::platform::{Clock, MailboxPlatform, PlatformError};
+use device_runtime::platform::{Clock, MailboxPlatform, Platform, PlatformError};
 use device_runtime::sched::{
     drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler, MAX_THREADS,
 };
@@ -102,14 +102,7 @@ impl Shim {
     /// host thread.
     pub fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats, ShimError> {
         let table = Table::parse(table).map_err(ShimError::Table)?;
-        let threads = self.sched.threads;
-        if threads == 0 || threads > MAX_THREADS {
-            let e = ConfigError::Threads {
-                threads,
-                max: MAX_THREADS,
-            };
-            return Err(ShimError::Run(Box::new(RunError::Config(e))));
-        }
+        check_threads(self.sched.threads)?;
         let kinds = self.core_kinds();
         let groups = self.thread_cores();
         let mailboxes: Vec<Vec<CoreMailbox>> = groups
@@ -120,85 +113,25 @@ impl Shim {
             .iter()
             .map(|g| g.iter().map(|&c| kinds[c]).collect())
             .collect();
-        let ids: Vec<Vec<u16>> = groups
-            .iter()
-            .map(|g| g.iter().map(|&c| c as u16).collect())
-            .collect();
-        let queues = Box::new(Queues::new());
-        let mut orch = Box::new(TableOrchestrator::for_tables());
-        let mut policy = self.sched.policy.build();
-        let arena_len = arena.len() as u64;
-        let arena = Arena::new(arena);
         let clock = HostClock(Instant::now());
-        let run_error = |e: RunError| ShimError::Run(Box::new(e));
         std::thread::scope(|s| {
             for mailbox in mailboxes.iter().flatten() {
                 s.spawn(move || serve(mailbox, std::thread::yield_now));
             }
-            let result = (|| {
-                let mut schedulers = Vec::with_capacity(threads);
-                for t in 0..threads {
-                    let platform = MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock)
-                        .map_err(ShimError::Platform)?;
-                    schedulers.push(Scheduler::new(
-                        t,
-                        threads,
-                        platform,
-                        &ids[t],
+            let result = (0..groups.len())
+                .map(|t| MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ShimError::Platform)
+                .and_then(|platforms| {
+                    run_threads(
                         &table,
                         arena,
-                        &queues,
+                        platforms,
+                        &groups,
+                        &self.sched,
                         &self.options,
-                    ));
-                }
-                let kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
-                let mut dispatcher = Dispatcher::new(
-                    &table,
-                    arena_len,
-                    &mut orch,
-                    &queues,
-                    &mut policy,
-                    &self.sched,
-                    &kinds,
-                )
-                .map_err(run_error)?;
-                let others = schedulers.split_off(1);
-                let mut leader = schedulers.pop().expect("one scheduler per thread");
-                let start = leader.platform().now();
-                let handles: Vec<_> = others
-                    .into_iter()
-                    .map(|mut scheduler| {
-                        s.spawn(move || {
-                            let result = scheduler.serve();
-                            (scheduler, result)
-                        })
-                    })
-                    .collect();
-                let led = drive_leader(&mut dispatcher, &mut leader);
-                let wall = leader.platform().now().wrapping_sub(start);
-                let mut all = vec![leader];
-                let mut failure = None;
-                for handle in handles {
-                    let (scheduler, result) = handle
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                    if let Err(e) = result {
-                        failure.get_or_insert(e);
-                    }
-                    all.push(scheduler);
-                }
-                match (led, failure) {
-                    (Err(RunError::ThreadFailed), Some(e)) | (Ok(()), Some(e)) | (Err(e), _) => {
-                        Err(run_error(e))
-                    }
-                    (Ok(()), None) => Ok(RunStats::collect(
-                        &dispatcher,
-                        &all,
-                        clock.ticks_per_second(),
-                        wall,
-                    )),
-                }
-            })();
+                    )
+                });
             // Also when the run failed early: the core threads must end.
             mailboxes
                 .iter()
@@ -207,4 +140,94 @@ impl Shim {
             result
         })
     }
+}
+
+fn check_threads(threads: usize) -> Result<(), ShimError> {
+    if threads == 0 || threads > MAX_THREADS {
+        let e = ConfigError::Threads {
+            threads,
+            max: MAX_THREADS,
+        };
+        return Err(ShimError::Run(Box::new(RunError::Config(e))));
+    }
+    Ok(())
+}
+
+/// Runs `table` with one scheduler thread per platform: the calling thread
+/// is the dispatcher and scheduler 0, each further scheduler is a scoped
+/// host thread. `cores[t]` numbers the cores of `platforms[t]` in the run.
+pub fn run_threads<P: Platform + Send>(
+    table: &Table<'_>,
+    arena: &mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+) -> Result<RunStats, ShimError> {
+    check_threads(platforms.len())?;
+    let threads = platforms.len();
+    let ids: Vec<Vec<u16>> = cores
+        .iter()
+        .map(|g| g.iter().map(|&c| c as u16).collect())
+        .collect();
+    let queues = Box::new(Queues::new());
+    let mut orch = Box::new(TableOrchestrator::for_tables());
+    let mut policy = sched.policy.build();
+    let arena_len = arena.len() as u64;
+    let arena = Arena::new(arena);
+    let run_error = |e: RunError| ShimError::Run(Box::new(e));
+    let mut schedulers: Vec<_> = platforms
+        .into_iter()
+        .zip(&ids)
+        .enumerate()
+        .map(|(t, (platform, ids))| {
+            Scheduler::new(t, threads, platform, ids, table, arena, &queues, options)
+        })
+        .collect();
+    let tps = schedulers[0].platform().ticks_per_second();
+    let kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
+    let mut dispatcher = Dispatcher::new(
+        table,
+        arena_len,
+        &mut orch,
+        &queues,
+        &mut policy,
+        sched,
+        &kinds,
+    )
+    .map_err(run_error)?;
+    let others = schedulers.split_off(1);
+    let mut leader = schedulers.pop().expect("one scheduler per thread");
+    std::thread::scope(|s| {
+        let start = leader.platform().now();
+        let handles: Vec<_> = others
+            .into_iter()
+            .map(|mut scheduler| {
+                s.spawn(move || {
+                    let result = scheduler.serve();
+                    (scheduler, result)
+                })
+            })
+            .collect();
+        let led = drive_leader(&mut dispatcher, &mut leader);
+        let wall = leader.platform().now().wrapping_sub(start);
+        let mut all = Vec::with_capacity(threads);
+        let mut failure = None;
+        for handle in handles {
+            let (scheduler, result) = handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            if let Err(e) = result {
+                failure.get_or_insert(e);
+            }
+            all.push(scheduler);
+        }
+        all.insert(0, leader);
+        match (led, failure) {
+            (Err(RunError::ThreadFailed), Some(e)) | (Ok(()), Some(e)) | (Err(e), _) => {
+                Err(run_error(e))
+            }
+            (Ok(()), None) => Ok(RunStats::collect(&dispatcher, &all, tps, wall)),
+        }
+    })
 }

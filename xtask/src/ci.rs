@@ -98,10 +98,14 @@ fn stress(root: &Path) -> Result<()> {
     ]))
 }
 
-/// Builds and runs the orchestration benchmark once, so that it keeps
-/// working; its figures are recorded in BENCHMARKS.md, not judged here.
+/// Builds and runs the benchmarks once (scheduling at small sizes), so
+/// that they keep working; their figures are recorded in BENCHMARKS.md,
+/// not judged here.
 fn bench(root: &Path) -> Result<()> {
-    run(cargo(root).args(["bench", "-p", "device-runtime", "--bench", "orchestration"]))
+    run(cargo(root).args(["bench", "-p", "device-runtime", "--bench", "orchestration"]))?;
+    run(cargo(root)
+        .args(["bench", "-p", "host-tools", "--bench", "scheduling"])
+        .env("WSP_BENCH_SMOKE", "1"))
 }
 
 fn report(times: &[(&str, Duration)], total: Duration) {

@@ -308,6 +308,14 @@ impl<'a> Dispatcher<'a> {
                 placed = true;
             }
         }
+        let mut load = Load {
+            starved: self.queues.starved.load(Ordering::Relaxed),
+            ..Load::default()
+        };
+        for (queued, ready) in load.queued.iter_mut().zip(&self.queues.ready) {
+            *queued = ready.iter().map(|q| q.len()).sum();
+        }
+        self.policy.observe(&load);
         self.queues
             .stealing
             .store(self.policy.steals(), Ordering::Release);

@@ -52,6 +52,11 @@ pub trait DispatchPolicy {
     fn name(&self) -> &'static str;
     /// Chooses among the `threads` threads that own cores of `task.kind`.
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement;
+    /// Called by the dispatcher after every dispatch round, also when no
+    /// task was ready, with `queued[t]` the tasks in thread `t`'s dispatch
+    /// queues (both kinds): lets a policy change its mind while the tasks
+    /// it already placed run (an adaptive policy sees starvation only then).
+    fn observe(&mut self, _load: &Load) {}
     /// Whether an idle thread may take single tasks from others' queues now.
     fn steals(&self) -> bool {
         false
@@ -209,12 +214,17 @@ impl DispatchPolicy for Adaptive {
         "adaptive"
     }
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement {
-        if !self.stealing && threads > 1 && load.starved >= Self::IMBALANCE {
-            self.stealing = true;
-            self.switched_after = self.placed;
+        if threads > 1 {
+            self.observe(load);
         }
         self.placed += 1;
         Affinity.place(task, threads, load)
+    }
+    fn observe(&mut self, load: &Load) {
+        if !self.stealing && load.starved >= Self::IMBALANCE {
+            self.stealing = true;
+            self.switched_after = self.placed;
+        }
     }
     fn steals(&self) -> bool {
         self.stealing
@@ -337,6 +347,9 @@ impl DispatchPolicy for Policy {
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement {
         self.inner().place(task, threads, load)
     }
+    fn observe(&mut self, load: &Load) {
+        self.inner().observe(load)
+    }
     fn steals(&self) -> bool {
         self.inner_ref().steals()
     }
@@ -420,5 +433,12 @@ mod tests {
         assert!(a.steals());
         assert_eq!(a.switched_after(), Some(10));
         assert!(a.decision().contains("stealing"));
+        // Starvation seen between placements switches it too.
+        let mut b = Adaptive::default();
+        b.place(&task(0), 4, &balanced);
+        b.observe(&balanced);
+        assert!(!b.steals());
+        b.observe(&skewed);
+        assert_eq!(b.switched_after(), Some(1));
     }
 }

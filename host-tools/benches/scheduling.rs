@@ -1,0 +1,390 @@
+//! Scheduling benchmarks (issue 4).
+//!
+//! 1. Runtime overhead per task, end to end: the dispatcher and the
+//!    scheduler threads run real tables (submission, dependency inference,
+//!    dispatch, issue, completion) on cores whose kernels are empty (a
+//!    platform that completes every launch at once), for (a) independent
+//!    tasks, (b) a chain, (c) rounds of a wide fan-out and a fan-in. In the
+//!    same run, `rayon` (scope spawns) and a `crossbeam-deque` work-stealing
+//!    executor (given the edges, atomic fan-in counters) run the same graphs
+//!    with empty tasks on the same number of threads. Ratios = ours / peer.
+//! 2. Load balance in semantic time on a skewed load: MoE experts with
+//!    Zipf-distributed token counts, every policy keyed by expert; makespan
+//!    divided by the lower bound max(total work / cores, longest task).
+//!
+//! `cargo bench -p host-tools --bench scheduling`; `WSP_BENCH_SMOKE=1` runs
+//! small sizes once (CI).
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+use device_runtime::abi::Table;
+use device_runtime::exec::RunOptions;
+use device_runtime::platform::{Clock, Completion, Platform};
+use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
+use host_tools::semantic::run_semantic_with;
+use host_tools::shim::run_threads;
+use host_tools::table::{Arg, TableBuilder};
+use wsp_ffi::ArgAccess::{In, Out};
+use wsp_ffi::{
+    CoreKind, WspKernelArgs, WspKernelId_WSP_KERNEL_ADD as ADD,
+    WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM,
+};
+
+const THREADS: usize = 2;
+
+const CORES_PER_THREAD: usize = 4;
+const WIDTH: u32 = 256;
+
+/// Cores whose kernels are empty: a launch completes at once.
+struct EmptyCores {
+    cores: usize,
+    busy: u64,
+    start: Instant,
+}
+
+impl Clock for EmptyCores {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+    fn ticks_per_second(&self) -> u64 {
+        1_000_000_000
+    }
+}
+
+impl Platform for EmptyCores {
+    fn num_cores(&self) -> usize {
+        self.cores
+    }
+    fn core_kind(&self, _: usize) -> CoreKind {
+        CoreKind::Vector
+    }
+    unsafe fn launch(&mut self, core: usize, _: u32, args: &WspKernelArgs) -> bool {
+        black_box(args);
+        if self.busy & (1 << core) != 0 {
+            return false;
+        }
+        self.busy |= 1 << core;
+        true
+    }
+    fn poll(&mut self, core: usize) -> Option<Completion> {
+        if self.busy & (1 << core) == 0 {
+            return None;
+        }
+        self.busy &= !(1 << core);
+        Some(Completion::Done { cycles: 0 })
+    }
+}
+
+/// A graph as the peers get it: successors and fan-in counts.
+struct Graph {
+    succ: Vec<Vec<u32>>,
+    fanin: Vec<u32>,
+}
+
+struct Dag {
+    name: &'static str,
+    table: Vec<u8>,
+    arena: usize,
+    graph: Graph,
+}
+
+fn add(b: &mut TableBuilder, x: Arg, y: Arg, z: Arg) {
+    b.task(ADD, &[x, y, z], &[]).unwrap();
+}
+
+fn independent(n: u32) -> Dag {
+    let mut b = TableBuilder::new();
+    let x = b.tensor("x", &[1, 1]).unwrap();
+    let out = b.tensor("out", &[n.div_ceil(1024), 1024]).unwrap();
+    for i in 0..n {
+        let z = Arg::tile(out, Out, i / 1024, i % 1024, 1, 1);
+        add(
+            &mut b,
+            Arg::tile(x, In, 0, 0, 1, 1),
+            Arg::tile(x, In, 0, 0, 1, 1),
+            z,
+        );
+    }
+    let graph = Graph {
+        succ: vec![Vec::new(); n as usize],
+        fanin: vec![0; n as usize],
+    };
+    finish("(a) independent", b, graph)
+}
+
+fn chain(n: u32) -> Dag {
+    let mut b = TableBuilder::new();
+    let t = [
+        b.tensor("a", &[1, 1]).unwrap(),
+        b.tensor("b", &[1, 1]).unwrap(),
+    ];
+    let k = b.tensor("k", &[1, 1]).unwrap();
+    for i in 0..n as usize {
+        let (src, dst) = (t[i % 2], t[(i + 1) % 2]);
+        let one = |t, access| Arg::tile(t, access, 0, 0, 1, 1);
+        add(&mut b, one(src, In), one(k, In), one(dst, Out));
+    }
+    let mut succ: Vec<Vec<u32>> = (1..n).map(|i| vec![i]).collect();
+    succ.push(Vec::new());
+    let mut fanin = vec![1; n as usize];
+    fanin[0] = 0;
+    finish("(b) chain", b, Graph { succ, fanin })
+}
+
+/// Rounds of `WIDTH` tasks reading X[j] and writing Y[j], then one task
+/// reading all of Y and writing all of X.
+fn fan(rounds: u32) -> Dag {
+    let mut b = TableBuilder::new();
+    // WIDTH = 16 x 16: the largest tile a kernel takes is 64 x 64.
+    let x = b.tensor("x", &[16, 16]).unwrap();
+    let y = b.tensor("y", &[16, 16]).unwrap();
+    let k = b.tensor("k", &[16, 16]).unwrap();
+    let per = WIDTH + 1;
+    let n = (rounds * per) as usize;
+    let mut succ = vec![Vec::new(); n];
+    let mut fanin = vec![0; n];
+    for r in 0..rounds {
+        let base = r * per;
+        for j in 0..WIDTH {
+            let one = |t, access| Arg::tile(t, access, j / 16, j % 16, 1, 1);
+            add(&mut b, one(x, In), one(k, In), one(y, Out));
+            let task = base + j;
+            if r > 0 {
+                succ[(base - 1) as usize].push(task);
+                fanin[task as usize] += 1;
+            }
+            succ[task as usize].push(base + WIDTH);
+            fanin[(base + WIDTH) as usize] += 1;
+        }
+        let all = |t, access| Arg::tile(t, access, 0, 0, 16, 16);
+        add(&mut b, all(y, In), all(k, In), all(x, Out));
+    }
+    finish("(c) fan-out/fan-in", b, Graph { succ, fanin })
+}
+
+fn finish(name: &'static str, b: TableBuilder, graph: Graph) -> Dag {
+    Dag {
+        name,
+        table: b.finish().unwrap(),
+        arena: b.arena_size() as usize,
+        graph,
+    }
+}
+
+fn ours(dag: &Dag, policy: PolicyKind) -> f64 {
+    ours_on(dag, policy, THREADS)
+}
+
+fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
+    let table = Table::parse(&dag.table).unwrap();
+    let mut arena = vec![0u8; dag.arena];
+    let start = Instant::now();
+    let platforms = (0..threads)
+        .map(|_| EmptyCores {
+            cores: CORES_PER_THREAD,
+            busy: 0,
+            start,
+        })
+        .collect();
+    let cores: Vec<Vec<usize>> = (0..threads)
+        .map(|t| (t * CORES_PER_THREAD..(t + 1) * CORES_PER_THREAD).collect())
+        .collect();
+    let sched = SchedConfig {
+        threads,
+        policy,
+        ..SchedConfig::default()
+    };
+    let stats = run_threads(
+        &table,
+        &mut arena,
+        platforms,
+        &cores,
+        &sched,
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let elapsed = start.elapsed().as_nanos() as f64;
+    assert_eq!(stats.tasks as usize, dag.graph.fanin.len());
+    elapsed / stats.tasks as f64
+}
+
+fn rayon_peer(dag: &Dag, pool: &rayon::ThreadPool) -> f64 {
+    let n = dag.graph.fanin.len();
+    let start = Instant::now();
+    match dag.name.as_bytes()[1] {
+        b'a' => pool.scope(|s| {
+            for i in 0..n {
+                s.spawn(move |_| {
+                    black_box(i);
+                });
+            }
+        }),
+        b'b' => {
+            fn link<'s>(s: &rayon::Scope<'s>, i: usize, n: usize) {
+                black_box(i);
+                if i + 1 < n {
+                    s.spawn(move |s| link(s, i + 1, n));
+                }
+            }
+            pool.scope(|s| link(s, 0, n));
+        }
+        _ => pool.install(|| {
+            for round in 0..n / (WIDTH as usize + 1) {
+                rayon::scope(|s| {
+                    for j in 0..WIDTH as usize {
+                        s.spawn(move |_| {
+                            black_box((round, j));
+                        });
+                    }
+                });
+                black_box(round);
+            }
+        }),
+    }
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// A minimal work-stealing DAG executor on crossbeam-deque: per-thread
+/// LIFO workers, an injector for the initial ready tasks, atomic fan-in.
+fn crossbeam_peer(dag: &Dag) -> f64 {
+    let g = &dag.graph;
+    let n = g.fanin.len();
+    let start = Instant::now();
+    let fanin: Vec<AtomicU32> = g.fanin.iter().map(|&f| AtomicU32::new(f)).collect();
+    let injector = Injector::new();
+    for (t, &f) in g.fanin.iter().enumerate() {
+        if f == 0 {
+            injector.push(t as u32);
+        }
+    }
+    let done = AtomicUsize::new(0);
+    let workers: Vec<Worker<u32>> = (0..THREADS).map(|_| Worker::new_lifo()).collect();
+    let stealers: Vec<Stealer<u32>> = workers.iter().map(|w| w.stealer()).collect();
+    std::thread::scope(|s| {
+        for (id, worker) in workers.into_iter().enumerate() {
+            let (fanin, injector, done, stealers) = (&fanin, &injector, &done, &stealers);
+            s.spawn(move || {
+                while done.load(Ordering::Acquire) < n {
+                    let task = worker.pop().or_else(|| loop {
+                        let found = injector.steal_batch_and_pop(&worker).or_else(|| {
+                            (1..THREADS)
+                                .map(|k| stealers[(id + k) % THREADS].steal())
+                                .collect()
+                        });
+                        if !found.is_retry() {
+                            break found.success();
+                        }
+                    });
+                    let Some(t) = task else {
+                        std::hint::spin_loop();
+                        continue;
+                    };
+                    black_box(t);
+                    for &c in &g.succ[t as usize] {
+                        if fanin[c as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                            worker.push(c);
+                        }
+                    }
+                    done.fetch_add(1, Ordering::Release);
+                }
+            });
+        }
+    });
+    let _ = Steal::<u32>::Empty;
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn median(samples: usize, mut f: impl FnMut() -> f64) -> f64 {
+    let mut v: Vec<f64> = (0..samples).map(|_| f()).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// MoE experts with Zipf(1.1)-distributed token counts: expert e runs
+/// ceil(tokens_e / 16) independent 16x16x16 GEMM tiles, its outputs in row
+/// block e (the dispatch key).
+fn moe(experts: u32, tokens: u32) -> (Vec<u8>, Vec<u8>, u64) {
+    let weights: Vec<f64> = (1..=experts).map(|r| 1.0 / (r as f64).powf(1.1)).collect();
+    let total: f64 = weights.iter().sum();
+    let tiles: Vec<u32> = weights
+        .iter()
+        .map(|w| ((w / total * tokens as f64) / 16.0).ceil().max(1.0) as u32)
+        .collect();
+    let most = *tiles.iter().max().unwrap();
+    let mut b = TableBuilder::new();
+    let x = b.tensor("x", &[16, 16]).unwrap();
+    let w = b.tensor("w", &[16, 16]).unwrap();
+    let y = b.tensor("y", &[experts * 16, most * 16]).unwrap();
+    for (e, &n) in tiles.iter().enumerate() {
+        for t in 0..n {
+            let args = [
+                Arg::tile(x, In, 0, 0, 16, 16),
+                Arg::tile(w, In, 0, 0, 16, 16),
+                Arg::tile(y, wsp_ffi::ArgAccess::InOut, e as u32 * 16, t * 16, 16, 16),
+            ];
+            b.task(GEMM, &args, &[]).unwrap();
+        }
+    }
+    let arena = vec![0u8; b.arena_size() as usize];
+    let count: u64 = tiles.iter().map(|&t| t as u64).sum();
+    (b.finish().unwrap(), arena, count)
+}
+
+fn main() {
+    let smoke = std::env::var_os("WSP_BENCH_SMOKE").is_some();
+    let (n, samples) = if smoke { (20_000, 1) } else { (1_000_000, 5) };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(THREADS)
+        .build()
+        .unwrap();
+    println!(
+        "overhead per task, empty kernels, {THREADS} threads ({CORES_PER_THREAD} empty cores each for ours); median of {samples}"
+    );
+    let dags = [independent(n), chain(n / 10), fan((n / 10) / (WIDTH + 1))];
+    for dag in &dags {
+        let tasks = dag.graph.fanin.len();
+        let ws = median(samples, || ours(dag, PolicyKind::WorkStealing));
+        let rr = median(samples, || ours_on(dag, PolicyKind::RoundRobin, 1));
+        let ry = median(samples, || rayon_peer(dag, &pool));
+        let cb = median(samples, || crossbeam_peer(dag));
+        println!(
+            "{:<20} {tasks:>8} tasks  ours {ws:>6.1} ns (1 thread {rr:>6.1})  rayon {ry:>6.1} ns (ratio {:.2})  crossbeam-deque {cb:>6.1} ns (ratio {:.2})",
+            dag.name,
+            ws / ry,
+            ws / cb
+        );
+    }
+
+    let (experts, tokens) = if smoke { (16, 2048) } else { (64, 16384) };
+    let (table, arena, tasks) = moe(experts, tokens);
+    let cores = 8;
+    let task_cycles = 5120u64;
+    let bound = (tasks * task_cycles)
+        .div_ceil(cores as u64)
+        .max(task_cycles);
+    println!(
+        "load balance, semantic time: {experts} experts, Zipf(1.1) over {tokens} tokens = {tasks} GEMM tiles, {cores} cube cores on 4 threads, key = expert; lower bound {bound} cycles"
+    );
+    let kinds = vec![CoreKind::Cube; cores];
+    for policy in PolicyKind::ALL {
+        let sched = SchedConfig {
+            threads: 4,
+            policy,
+            key: DispatchKey::Tile { arg: 2, dim: 0 },
+            ..SchedConfig::default()
+        };
+        let mut a = arena.clone();
+        let run =
+            run_semantic_with(&table, &mut a, &kinds, &sched, &RunOptions::default()).unwrap();
+        println!(
+            "  {:<14} makespan {:>9} cycles  makespan/bound {:.3}  ({})",
+            policy.name(),
+            run.makespan,
+            run.makespan as f64 / bound as f64,
+            run.stats.policy
+        );
+    }
+}

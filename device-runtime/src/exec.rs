@@ -79,16 +79,21 @@ pub struct CoreStats {
     pub busy_ticks: u64,
 }
 
+impl CoreStats {
+    /// A core that ran nothing (`const`, for [`RunStats::empty`]).
+    pub const IDLE: CoreStats = CoreStats {
+        core: 0,
+        kind: CoreKind::Vector,
+        thread: 0,
+        tasks: 0,
+        cycles: 0,
+        busy_ticks: 0,
+    };
+}
+
 impl Default for CoreStats {
     fn default() -> Self {
-        CoreStats {
-            core: 0,
-            kind: CoreKind::Vector,
-            thread: 0,
-            tasks: 0,
-            cycles: 0,
-            busy_ticks: 0,
-        }
+        Self::IDLE
     }
 }
 
@@ -138,14 +143,7 @@ impl RunStats {
             stalls: StallStats::new([0; 5]),
             policy: "",
             num_cores: 0,
-            cores: [CoreStats {
-                core: 0,
-                kind: CoreKind::Vector,
-                thread: 0,
-                tasks: 0,
-                cycles: 0,
-                busy_ticks: 0,
-            }; MAX_CORES],
+            cores: [CoreStats::IDLE; MAX_CORES],
             num_threads: 0,
             threads: [ThreadStats {
                 thread: 0,

@@ -22,15 +22,16 @@ impl Region {
     /// an element iff their intervals intersect in every dimension.
     #[inline]
     pub fn overlaps(&self, other: &Region) -> bool {
-        // Branch-free over the dimensions (`&`, not `&&`): the four tests
-        // compile to a few vector compares instead of eight branches.
-        let mut all = true;
+        // Branch-free over the dimensions: `a0 < b1` iff `a0 - b1` is
+        // negative (in i64 the values, below 2^33, cannot overflow), so one
+        // AND of differences carries every test in its sign bit.
+        let mut all = -1i64;
         for d in 0..MAX_RANK {
-            let (a0, b0) = (self.offset[d] as u64, other.offset[d] as u64);
-            let (a1, b1) = (a0 + self.extent[d] as u64, b0 + other.extent[d] as u64);
-            all &= (a0 < b1) & (b0 < a1);
+            let (a0, b0) = (self.offset[d] as i64, other.offset[d] as i64);
+            let (a1, b1) = (a0 + self.extent[d] as i64, b0 + other.extent[d] as i64);
+            all &= (a0 - b1) & (b0 - a1);
         }
-        all
+        all < 0
     }
 }
 

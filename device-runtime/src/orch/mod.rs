@@ -44,7 +44,7 @@ use deadlock::{REPORTED_PRODUCERS, REPORTED_TASKS};
 use dep_pool::{DepPool, NIL};
 pub use heap_ring::{HeapBlock, HeapError, HeapRing};
 pub use stall::{ResourceStats, StallReason, StallStats};
-use tensor_map::{Place, TensorMap};
+use tensor_map::{Place, TensorMap, Visitor};
 
 #[cfg(test)]
 mod tests;
@@ -463,36 +463,28 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         self.pass += 1;
         let mark = self.pass;
         self.tmap.begin();
-        let (head, next) = (self.head, self.next);
-        let (slots, deps, found) = (&mut self.slots, &mut self.deps, &mut self.found);
-        let mut count = 0u64;
-        let mut visit = |p: TaskId, conflicts: bool| -> bool {
-            if !live(slots, head, next, p) {
-                return false;
-            }
-            let producer = &mut slots[(p % TASKS as u64) as usize];
-            if !conflicts || producer.marked_by == mark {
-                return true;
-            }
-            producer.marked_by = mark;
-            if let Some(slot) = found.get_mut(count as usize) {
-                *slot = p;
-            }
-            count += 1;
-            if commit {
-                let pushed = deps.push(&mut producer.fanout, id);
-                debug_assert!(pushed, "room was checked before committing");
-            }
-            true
+        let mut wiring = Wiring {
+            slots: &mut self.slots,
+            deps: &mut self.deps,
+            found: &mut self.found,
+            head: self.head,
+            next: self.next,
+            id,
+            mark,
+            commit,
+            count: 0,
         };
         for (a, place) in args.iter().zip(places) {
             let writes = a.access.contains(Access::WRITE);
             self.tmap
-                .scan(place, a.tensor, &a.region, writes, commit, &mut visit);
+                .scan(place, a.tensor, &a.region, writes, commit, &mut wiring);
         }
-        extra_deps.iter().for_each(|&p| {
-            visit(p, true);
-        });
+        for &p in extra_deps {
+            if wiring.live(p) {
+                wiring.conflict(p);
+            }
+        }
+        let count = wiring.count;
         if commit {
             self.slot_mut(id).fanin += count as u32;
         }
@@ -722,6 +714,44 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             *out = Some((scope.name, self.next - scope.first));
         }
         report
+    }
+}
+
+/// One dependency pass of [`Orchestrator::wire`]: counts the distinct live
+/// producers of task `id` and, when `commit`, records an edge from each.
+struct Wiring<'a, const TASKS: usize, const DEPS: usize> {
+    slots: &'a mut [Slot; TASKS],
+    deps: &'a mut DepPool<DEPS>,
+    found: &'a mut [TaskId; 16],
+    head: TaskId,
+    next: TaskId,
+    id: TaskId,
+    mark: u64,
+    commit: bool,
+    count: u64,
+}
+
+impl<const TASKS: usize, const DEPS: usize> Visitor for Wiring<'_, TASKS, DEPS> {
+    #[inline(always)]
+    fn live(&self, task: TaskId) -> bool {
+        live(self.slots, self.head, self.next, task)
+    }
+
+    #[inline(always)]
+    fn conflict(&mut self, p: TaskId) {
+        let producer = &mut self.slots[(p % TASKS as u64) as usize];
+        if producer.marked_by == self.mark {
+            return;
+        }
+        producer.marked_by = self.mark;
+        if let Some(slot) = self.found.get_mut(self.count as usize) {
+            *slot = p;
+        }
+        self.count += 1;
+        if self.commit {
+            let pushed = self.deps.push(&mut producer.fanout, self.id);
+            debug_assert!(pushed, "room was checked before committing");
+        }
     }
 }
 

@@ -90,6 +90,15 @@ const EMPTY: Entry = Entry {
     next: NONE,
 };
 
+/// What a scan asks its caller about the tasks of the entries it meets.
+pub trait Visitor {
+    /// Whether `task` has not completed; the entries of one that has are
+    /// unlinked without looking at their regions.
+    fn live(&self, task: u64) -> bool;
+    /// A live `task` has an access that conflicts with the scanned one.
+    fn conflict(&mut self, task: u64);
+}
+
 /// `N` entries in a ring.
 pub struct TensorMap<const N: usize> {
     entries: [Entry; N],
@@ -112,15 +121,18 @@ pub struct TensorMap<const N: usize> {
     wide: u64,
 }
 
-/// Multiplicative hash of a tensor and a cell; the products are
-/// independent, so they issue in parallel.
+/// Multiplicative hash of a tensor and a cell. The key packs the tensor
+/// and the cell coordinates into one word at spread-out rotations (cell
+/// coordinates are small, so they rarely collide there), and one multiply
+/// mixes it; a collision costs time only.
 #[inline(always)]
 fn bucket(tensor: u32, cell: [u32; MAX_RANK]) -> usize {
-    let h = (tensor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (cell[0] as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
-        ^ (cell[1] as u64).wrapping_mul(0x94D0_49BB_1331_11EB)
-        ^ (cell[2] as u64 | (cell[3] as u64) << 32).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    (h >> BUCKET_SHIFT) as usize
+    let key = (tensor as u64).rotate_left(48)
+        ^ cell[0] as u64
+        ^ (cell[1] as u64).rotate_left(20)
+        ^ (cell[2] as u64).rotate_left(40)
+        ^ (cell[3] as u64).rotate_left(30);
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> BUCKET_SHIFT) as usize
 }
 
 /// The cell holding a region's first element.
@@ -167,12 +179,15 @@ pub struct Place {
 /// Whether `outer` contains every element of `inner`.
 #[inline]
 fn covers(outer: &Region, inner: &Region) -> bool {
-    let mut all = true;
+    // Every `o0 <= i0` and `i1 <= o1` at once: no difference is negative
+    // (in i64 the values, below 2^33, cannot overflow).
+    let mut any_negative = 0i64;
     for d in 0..MAX_RANK {
-        let (o0, i0) = (outer.offset[d] as u64, inner.offset[d] as u64);
-        all &= (o0 <= i0) & (i0 + inner.extent[d] as u64 <= o0 + outer.extent[d] as u64);
+        let (o0, i0) = (outer.offset[d] as i64, inner.offset[d] as i64);
+        let (o1, i1) = (o0 + outer.extent[d] as i64, i0 + inner.extent[d] as i64);
+        any_negative |= (i0 - o0) | (o1 - i1);
     }
-    all
+    any_negative >= 0
 }
 
 impl<const N: usize> TensorMap<N> {
@@ -192,15 +207,16 @@ impl<const N: usize> TensorMap<N> {
     /// Where an argument on `region` of `tensor` goes.
     #[inline(always)]
     pub fn place(tensor: u32, region: &Region) -> Place {
-        // Branch-free over the dimensions, so that it compiles to vector ops.
-        // Bit tricks, OR-ed over the dimensions: the first and last element
-        // lie in different cells iff they differ above the cell bits (a
-        // wrapped or empty region counts as crossing, which is conservative).
+        // Branch-free over the dimensions in u32 lanes, so that it compiles
+        // to vector ops. Bit tricks, OR-ed over the dimensions: the first and
+        // last element lie in different cells iff they differ above the cell
+        // bits. A region that wraps past u32::MAX is either longer than a
+        // cell (large) or has its last element far below its first
+        // (crossing); an extent of 0 wraps to a large `extent - 1`.
         let (mut spread, mut largest) = (0u32, 0u32);
         for d in 0..MAX_RANK {
             let (first, extent) = (region.offset[d], region.extent[d]);
-            let last = first.wrapping_add(extent).wrapping_sub(1);
-            spread |= (first ^ last) | ((last < first) as u32 * CELL);
+            spread |= first ^ first.wrapping_add(extent).wrapping_sub(1);
             largest |= extent.wrapping_sub(1);
         }
         let crossing = spread >= CELL;
@@ -287,9 +303,9 @@ impl<const N: usize> TensorMap<N> {
     }
 
     /// Scans for the earlier accesses that conflict with a new argument
-    /// (at least one of the two writes). For every entry of the bucket's
-    /// relevant chains it calls `f(task, overlapping)`, which returns whether
-    /// that task is still live; entries of tasks that are not are unlinked.
+    /// (at least one of the two writes). Entries of tasks that are no longer
+    /// [`Visitor::live`] are unlinked; for every live one whose region
+    /// overlaps it calls [`Visitor::conflict`].
     /// When the argument writes, live overlapping entries its region covers
     /// are remembered for [`TensorMap::cover_pending`], or marked at once
     /// when `mark_now` (the submission is committing).
@@ -301,32 +317,32 @@ impl<const N: usize> TensorMap<N> {
         region: &Region,
         writes: bool,
         mark_now: bool,
-        mut f: impl FnMut(u64, bool) -> bool,
+        v: &mut impl Visitor,
     ) {
         if self.wide >= self.tail && !place.wide {
             let b = bucket(tensor, WIDE);
-            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+            self.scan_bucket(b, tensor, region, writes, mark_now, v);
         }
         // The common case: a tile inside one cell, no entry reaching over.
         if place.one_cell && self.crossing < self.tail {
             let b = place.home as usize;
-            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+            self.scan_bucket(b, tensor, region, writes, mark_now, v);
             return;
         }
         let Some((lo, hi)) = self.cells(region) else {
             for b in 0..BUCKETS {
-                self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+                self.scan_bucket(b, tensor, region, writes, mark_now, v);
             }
             return;
         };
         if place.wide && self.wide >= self.tail {
             let b = place.home as usize;
-            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+            self.scan_bucket(b, tensor, region, writes, mark_now, v);
         }
         let mut cell = lo;
         loop {
             let b = bucket(tensor, cell);
-            self.scan_bucket(b, tensor, region, writes, mark_now, &mut f);
+            self.scan_bucket(b, tensor, region, writes, mark_now, v);
             if !next_cell(&mut cell, &lo, &hi) {
                 return;
             }
@@ -341,7 +357,7 @@ impl<const N: usize> TensorMap<N> {
         region: &Region,
         writes: bool,
         mark_now: bool,
-        f: &mut impl FnMut(u64, bool) -> bool,
+        v: &mut impl Visitor,
     ) {
         // A write also waits for readers; any access waits for writers.
         for chain in (!writes) as usize..2 {
@@ -350,11 +366,10 @@ impl<const N: usize> TensorMap<N> {
             while position >= self.tail {
                 let e = self.at(position);
                 let next = e.next;
-                let keep = !e.covered && {
-                    let overlapping = e.tensor == tensor && e.region.overlaps(region);
-                    let covered = overlapping && writes && covers(region, &e.region);
-                    let live = f(e.task, overlapping);
-                    if live && covered {
+                let keep = !e.covered && v.live(e.task);
+                if keep && e.tensor == tensor && e.region.overlaps(region) {
+                    v.conflict(e.task);
+                    if writes && covers(region, &e.region) {
                         if mark_now {
                             self.at_mut(position).covered = true;
                         } else {
@@ -364,8 +379,7 @@ impl<const N: usize> TensorMap<N> {
                             self.pending_len += 1;
                         }
                     }
-                    live
-                };
+                }
                 if keep {
                     prev = position;
                 } else if prev == NONE {

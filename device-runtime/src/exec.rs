@@ -53,12 +53,23 @@ impl TableOrchestrator {
 pub struct RunOptions {
     /// How long one kernel may run before the run ends with an error.
     pub kernel_timeout_ms: u64,
+    /// Tasks a scheduler thread hands one core at most: 1 (issue to idle
+    /// cores only) or 2 (also queue the next task behind a running one, in
+    /// the issue protocol's second payload buffer, so that the core starts
+    /// it without a round trip). `None` (the default): as many as the
+    /// platform takes ([`Platform::depth`]). More than it takes is a
+    /// [`ConfigError::IssueDepth`].
+    pub issue_depth: Option<usize>,
 }
+
+/// Most tasks one core holds at once (the issue protocol's payload buffers).
+pub const MAX_ISSUE_DEPTH: usize = crate::mailbox::DEPTH;
 
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
             kernel_timeout_ms: 10_000,
+            issue_depth: None,
         }
     }
 }
@@ -107,6 +118,9 @@ pub struct ThreadStats {
     pub placed: u64,
     /// Of the issued tasks, those taken from the shared queue.
     pub from_shared: u64,
+    /// Of the issued tasks, those queued behind a running task on a busy
+    /// core (issue depth 2).
+    pub queued: u64,
     /// Steals tried on a non-empty victim queue, and those that got a task.
     pub steal_attempts: u64,
     pub steals: u64,
@@ -151,6 +165,7 @@ impl RunStats {
                 placed: 0,
                 from_shared: 0,
                 steal_attempts: 0,
+                queued: 0,
                 steals: 0,
                 queue_high_water: 0,
                 busy_ticks: 0,
@@ -321,7 +336,8 @@ pub fn run<P: Platform>(
         arena,
         &queues,
         options,
-    );
+    )
+    .map_err(RunError::Config)?;
     let kinds = [scheduler.kinds()];
     let mut dispatcher = Dispatcher::new(
         table,

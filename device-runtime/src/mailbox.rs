@@ -1,45 +1,86 @@
-//! A per-core mailbox: how a scheduler issues one task at a time to a core
-//! that shares memory with it (host threads in the shim, secondary cores
-//! under QEMU), and how the core reports completion.
+//! A per-core mailbox: how a scheduler issues tasks to a core that shares
+//! memory with it (host threads in the shim, secondary cores under QEMU), and
+//! how the core reports them. It has the shape of the Ascend AICPU-AICore
+//! handshake, so that the device implementation is a thin layer over
+//! registers:
 //!
-//! Protocol (one scheduler, one core, single task in flight):
-//! 1. The scheduler sees the core idle (`done == issued`), writes the payload,
-//!    then publishes `issued = seq + 1` with Release.
-//! 2. The core sees `issued != done` with Acquire, copies the payload, runs the
-//!    kernel, writes the result, then publishes `done = issued` with Release.
-//! 3. The scheduler sees `done == issued` with Acquire and reads the result.
+//! - `task` (the device's DATA_MAIN_BASE register, scheduler to core): the id
+//!   of the newest task issued, or [`EXIT`].
+//! - `cond` (the device's COND register, core to scheduler): ACK = `id` once
+//!   the core has taken task `id`, FIN = `id | FIN` once it has finished it;
+//!   [`COND_IDLE`] before the first task, [`COND_EXITED`] after leaving.
+//! - Two payload buffers; task `id` uses buffer `id & 1`.
 //!
-//! The payload and result cells are therefore never accessed by both sides at
-//! once. Each side claims its end once ([`CoreMailbox::claim_issue`],
-//! [`serve`]), so two schedulers or two cores cannot share a mailbox.
+//! Ids are per core, start at 1, grow by one and skip the reserved values
+//! from [`EXIT`] up, keeping their parity (so buffers keep alternating).
+//!
+//! Protocol (one scheduler, one core, at most two tasks in flight):
+//! 1. The scheduler issues task `n` when the core holds no unreported task
+//!    (and has finished the last one), or holds one that it has already
+//!    acknowledged: it writes buffer `n & 1` (free: the task that used it,
+//!    `n - 2`, has been reported), then publishes `task = n` with Release.
+//! 2. The core sees `task` change with Acquire, publishes ACK `n`, copies
+//!    buffer `n & 1`, runs the kernel, writes the result into the buffer and
+//!    publishes FIN `n` with Release. The scheduler never rewrites `task`
+//!    before its task is acknowledged, so the core sees every id.
+//! 3. The scheduler reports task `n` once `cond` shows FIN `n`, or shows
+//!    the next task (ACK or FIN `n + 1`: the core takes tasks in order), and
+//!    reads its result after that Acquire.
+//!
+//! So while the core runs task `n`, task `n + 1` already waits in the other
+//! buffer: the core starts it without a round trip to the scheduler. Each
+//! side claims its end once ([`CoreMailbox::claim_issue`], [`serve`]), so two
+//! schedulers or two cores cannot share a mailbox.
 
 use wsp_ffi::{WspKernelArgs, WSP_KERNEL_REJECTED};
 
 use crate::sync::{maybe_const_fn, AtomicBool, AtomicU32, Ordering, UnsafeCell};
 
+/// `cond` bit: the task in the low bits has finished.
+pub const FIN: u32 = 0x8000_0000;
+/// `task` value that asks the core to leave [`serve`]; ids stay below it.
+pub const EXIT: u32 = 0x7FFF_FFF0;
+/// `cond` before the core has taken a task.
+pub const COND_IDLE: u32 = 0x7FFF_FFFF;
+/// `cond` after the core has left [`serve`].
+pub const COND_EXITED: u32 = 0xFFFF_FFFE;
+
+/// Tasks a mailbox holds at once: the one the core runs and the next.
+pub const DEPTH: usize = 2;
+
+/// The id after `id`: ids wrap before the reserved values, keeping parity.
+pub const fn next_id(id: u32) -> u32 {
+    let next = id + 1;
+    if next >= EXIT {
+        2 - (next & 1)
+    } else {
+        next
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Payload {
     kernel_id: u32,
     args: WspKernelArgs,
+    /// The core's answer: the kernel's cycles or [`WSP_KERNEL_REJECTED`].
+    result: u64,
 }
 
 /// One core's mailbox; place it in memory both sides can reach.
 #[repr(C, align(64))]
 pub struct CoreMailbox {
-    issued: AtomicU32,
-    done: AtomicU32,
-    exit: AtomicBool,
+    task: AtomicU32,
+    cond: AtomicU32,
     issuer_claimed: AtomicBool,
     core_claimed: AtomicBool,
-    payload: UnsafeCell<Payload>,
-    result: UnsafeCell<u64>,
+    payload: [UnsafeCell<Payload>; DEPTH],
 }
 
-// SAFETY: the cells are only touched under the protocol in the module docs:
-// the payload by the scheduler while the core is idle and by the core between
-// seeing `issued` advance and publishing `done`; the result by the core before
-// publishing `done` and by the scheduler after observing it. The claim flags
-// make sure there is one scheduler and one core per mailbox.
+// SAFETY: the payload buffers are only touched under the protocol in the
+// module docs: buffer `n & 1` by the scheduler before it publishes task `n`
+// and after it has seen task `n` finished, by the core between seeing task
+// `n` and publishing FIN `n`. The claim flags make sure there is one
+// scheduler and one core per mailbox.
 unsafe impl Sync for CoreMailbox {}
 
 impl Default for CoreMailbox {
@@ -52,51 +93,64 @@ impl CoreMailbox {
     maybe_const_fn! {
     pub fn new() -> Self {
         const EMPTY: wsp_ffi::WspTensorView = wsp_ffi::WspTensorView { addr: 0, rows: 0, cols: 0, row_stride: 0, dtype: 0 };
+        const PAYLOAD: Payload = Payload {
+            kernel_id: 0,
+            args: WspKernelArgs {
+                num_tensors: 0,
+                num_scalars: 0,
+                tensors: [EMPTY; wsp_ffi::WSP_MAX_TENSOR_ARGS as usize],
+                scalars: [0; wsp_ffi::WSP_MAX_SCALARS as usize],
+            },
+            result: 0,
+        };
         CoreMailbox {
-            issued: AtomicU32::new(0),
-            done: AtomicU32::new(0),
-            exit: AtomicBool::new(false),
+            task: AtomicU32::new(0),
+            cond: AtomicU32::new(COND_IDLE),
             issuer_claimed: AtomicBool::new(false),
             core_claimed: AtomicBool::new(false),
-            payload: UnsafeCell::new(Payload {
-                kernel_id: 0,
-                args: WspKernelArgs {
-                    num_tensors: 0,
-                    num_scalars: 0,
-                    tensors: [EMPTY; wsp_ffi::WSP_MAX_TENSOR_ARGS as usize],
-                    scalars: [0; wsp_ffi::WSP_MAX_SCALARS as usize],
-                },
-            }),
-            result: UnsafeCell::new(0),
+            payload: [UnsafeCell::new(PAYLOAD), UnsafeCell::new(PAYLOAD)],
         }
     }
     }
 
     /// Claims the scheduler's end. `None` if another scheduler holds it.
+    /// A task an earlier scheduler left unfinished keeps the core refusing
+    /// new ones until it finishes.
     pub fn claim_issue(&self) -> Option<IssuePort<'_>> {
         if self.issuer_claimed.swap(true, Ordering::Acquire) {
             return None;
         }
-        let seq = self.issued.load(Ordering::Acquire);
-        let busy = self.done.load(Ordering::Acquire) != seq;
+        let task = self.task.load(Ordering::Acquire);
         Some(IssuePort {
             mailbox: self,
-            seq,
-            busy,
+            last: if task < EXIT { task } else { 0 },
+            oldest: 0,
+            pending: 0,
         })
     }
 
-    /// Asks the core to leave [`serve`] once it has finished its current task.
+    /// Asks the core to leave [`serve`] once it has finished its current
+    /// task. Call it when the scheduler holds no unreported task on the core
+    /// (a task issued but not yet taken would not run).
     pub fn request_exit(&self) {
-        self.exit.store(true, Ordering::Release);
+        self.task.store(EXIT, Ordering::Release);
+    }
+
+    /// Whether the core has left [`serve`] after [`CoreMailbox::request_exit`].
+    pub fn has_exited(&self) -> bool {
+        self.cond.load(Ordering::Acquire) == COND_EXITED
     }
 }
 
 /// The scheduler's end of a mailbox.
 pub struct IssuePort<'a> {
     mailbox: &'a CoreMailbox,
-    seq: u32,
-    busy: bool,
+    /// Id of the newest task issued (0: none).
+    last: u32,
+    /// Id of the oldest task not yet reported (when `pending > 0`).
+    oldest: u32,
+    /// Tasks issued and not yet reported: 0, 1 or 2.
+    pending: usize,
 }
 
 /// What a core reports for a finished task.
@@ -109,12 +163,25 @@ pub enum Completion {
 }
 
 impl IssuePort<'_> {
-    pub fn is_busy(&self) -> bool {
-        self.busy
+    /// Tasks issued and not yet reported by [`IssuePort::poll`].
+    pub fn pending(&self) -> usize {
+        self.pending
     }
 
-    /// Hands a task to the core. Returns `false` (and does nothing) if the core
-    /// still runs the previous task.
+    /// Whether [`IssuePort::issue`] would take a task now: the core holds no
+    /// unreported task and has finished the last one, or holds one that it
+    /// has acknowledged.
+    pub fn can_issue(&self) -> bool {
+        let cond = self.mailbox.cond.load(Ordering::Acquire);
+        match self.pending {
+            0 => self.last == 0 || cond == self.last | FIN,
+            1 => cond & !FIN == self.last,
+            _ => false,
+        }
+    }
+
+    /// Hands a task to the core. Returns `false` (and does nothing) if the
+    /// core cannot take it now (see [`IssuePort::can_issue`]).
     ///
     /// # Safety
     /// 1. Every tensor view in `args` names memory that stays valid until
@@ -122,32 +189,48 @@ impl IssuePort<'_> {
     /// 2. Until then nothing else writes any region the views name, and nothing
     ///    else reads a region the kernel writes.
     pub unsafe fn issue(&mut self, kernel_id: u32, args: &WspKernelArgs) -> bool {
-        if self.busy {
+        if !self.can_issue() {
             return false;
         }
-        // SAFETY: the core is idle (`done == issued` was observed with Acquire
-        // by `poll` or `claim_issue`), so it does not read the payload now.
-        self.mailbox.payload.with_mut(|p| unsafe {
+        let id = next_id(self.last);
+        // SAFETY: buffer `id & 1` was last used by task `id - 2`, which has
+        // been reported (at most one task, `last = id - 1`, is pending), and
+        // the core, on `last` or idle, does not read it before seeing `id`.
+        self.mailbox.payload[(id & 1) as usize].with_mut(|p| unsafe {
             *p = Payload {
                 kernel_id,
                 args: *args,
+                result: 0,
             }
         });
-        self.seq = self.seq.wrapping_add(1);
-        self.mailbox.issued.store(self.seq, Ordering::Release);
-        self.busy = true;
+        self.mailbox.task.store(id, Ordering::Release);
+        if self.pending == 0 {
+            self.oldest = id;
+        }
+        self.last = id;
+        self.pending += 1;
         true
     }
 
-    /// The completion of the task in flight, if the core has finished it.
+    /// The completion of the oldest task issued and not yet reported, if the
+    /// core has finished it. Completions come in issue order.
     pub fn poll(&mut self) -> Option<Completion> {
-        if !self.busy || self.mailbox.done.load(Ordering::Acquire) != self.seq {
+        if self.pending == 0 {
             return None;
         }
-        // SAFETY: the core published `done == seq` with Release after writing
-        // the result and does not touch it again until the next issue.
-        let result = self.mailbox.result.with(|r| unsafe { *r });
-        self.busy = false;
+        let cond = self.mailbox.cond.load(Ordering::Acquire);
+        let finished = cond == self.oldest | FIN || (self.pending == 2 && cond & !FIN == self.last);
+        if !finished {
+            return None;
+        }
+        // SAFETY: the core wrote the result before publishing FIN `oldest`
+        // (or, later in its order, anything about the next task) with
+        // Release, observed above with Acquire, and does not touch the
+        // buffer again until the scheduler issues a task that uses it.
+        let result =
+            self.mailbox.payload[(self.oldest & 1) as usize].with(|p| unsafe { (*p).result });
+        self.pending -= 1;
+        self.oldest = self.last;
         Some(if result == WSP_KERNEL_REJECTED {
             Completion::Rejected
         } else {
@@ -167,37 +250,45 @@ impl Drop for IssuePort<'_> {
 pub struct AlreadyServed;
 
 /// The core's loop: runs each issued task's kernel through the kernel registry
-/// until [`CoreMailbox::request_exit`] is called and no task is pending.
-/// `relax` is called while idle (a spin hint, a yield, or `wfe`).
+/// until [`CoreMailbox::request_exit`] is called. `relax` is called while idle
+/// (a spin hint, a yield, or `wfe`). Returns the number of tasks it ran. A
+/// mailbox serves one run: after the exit its `task` register stays [`EXIT`].
 pub fn serve(mailbox: &CoreMailbox, relax: impl Fn()) -> Result<u32, AlreadyServed> {
     if mailbox.core_claimed.swap(true, Ordering::Acquire) {
         return Err(AlreadyServed);
     }
-    let mut seen = mailbox.done.load(Ordering::Acquire);
+    // The last task this core took, from its own register (none at first).
+    let own = mailbox.cond.load(Ordering::Acquire) & !FIN;
+    let mut seen = if own < EXIT { own } else { 0 };
     let mut served = 0u32;
     loop {
-        let issued = mailbox.issued.load(Ordering::Acquire);
-        if issued != seen {
-            // SAFETY: the scheduler published the payload before `issued`
-            // (Release/Acquire) and does not write it until we publish `done`.
-            let payload = mailbox.payload.with(|p| unsafe { *p });
-            let result = match wsp_ffi::lookup(payload.kernel_id) {
-                // SAFETY: the scheduler's `issue` contract makes the views
-                // valid and unshared for this task.
-                Some(info) => unsafe { info.invoke(&payload.args) }.unwrap_or(WSP_KERNEL_REJECTED),
-                None => WSP_KERNEL_REJECTED,
-            };
-            // SAFETY: the scheduler reads the result only after `done` below.
-            mailbox.result.with_mut(|r| unsafe { *r = result });
-            mailbox.done.store(issued, Ordering::Release);
-            seen = issued;
-            served += 1;
-        } else if mailbox.exit.load(Ordering::Acquire) {
+        let task = mailbox.task.load(Ordering::Acquire);
+        if task == EXIT {
+            mailbox.cond.store(COND_EXITED, Ordering::Release);
             mailbox.core_claimed.store(false, Ordering::Release);
             return Ok(served);
-        } else {
-            relax();
         }
+        if task == seen {
+            relax();
+            continue;
+        }
+        mailbox.cond.store(task, Ordering::Release);
+        let buffer = &mailbox.payload[(task & 1) as usize];
+        // SAFETY: the scheduler published the payload before `task`
+        // (Release/Acquire) and does not write this buffer until it has seen
+        // FIN `task`.
+        let payload = buffer.with(|p| unsafe { *p });
+        let result = match wsp_ffi::lookup(payload.kernel_id) {
+            // SAFETY: the scheduler's `issue` contract makes the views
+            // valid and unshared for this task.
+            Some(info) => unsafe { info.invoke(&payload.args) }.unwrap_or(WSP_KERNEL_REJECTED),
+            None => WSP_KERNEL_REJECTED,
+        };
+        // SAFETY: as above; the scheduler reads the result only after FIN.
+        buffer.with_mut(|p| unsafe { (*p).result = result });
+        mailbox.cond.store(task | FIN, Ordering::Release);
+        seen = task;
+        served += 1;
     }
 }
 
@@ -217,12 +308,29 @@ mod tests {
         }
     }
 
+    fn wait(port: &mut IssuePort<'_>) -> Completion {
+        loop {
+            if let Some(c) = port.poll() {
+                return c;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn ids_skip_the_reserved_values_keeping_parity() {
+        assert_eq!(next_id(0), 1);
+        assert_eq!(next_id(41), 42);
+        assert_eq!(next_id(EXIT - 1), 2, "EXIT - 1 is odd: the next even id");
+        assert_eq!(next_id(EXIT - 2), EXIT - 1);
+        assert_eq!(next_id(next_id(EXIT - 1)) & 1, 1);
+    }
+
     #[test]
     fn issues_runs_and_completes_on_another_thread() {
         let mailbox = CoreMailbox::new();
         let (mut a, mut b, mut c) = (vec![1.5f32; 16], vec![2.0f32; 16], vec![0f32; 16]);
         std::thread::scope(|s| {
-            let core = s.spawn(|| serve(&mailbox, std::thread::yield_now));
             let mut port = mailbox.claim_issue().expect("first claim");
             assert!(
                 mailbox.claim_issue().is_none(),
@@ -239,38 +347,46 @@ mod tests {
                 ],
                 scalars: [0; 4],
             };
+            // Before the core runs: the first task goes into a buffer, the
+            // second waits for the core to acknowledge the first.
+            // SAFETY: a, b, c outlive the tasks and are untouched until poll reports them.
+            assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
+            // SAFETY: as above.
+            assert!(
+                !unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) },
+                "an unacknowledged task is not overwritten"
+            );
+            assert_eq!(port.poll(), None);
+            let core = s.spawn(|| serve(&mailbox, std::thread::yield_now));
             for round in 0..3 {
-                // SAFETY: a, b, c outlive the task and are untouched until poll reports it.
+                // Keep two tasks in flight: issue the next once the core has
+                // taken the previous.
+                while !port.can_issue() {
+                    std::thread::yield_now();
+                }
+                // SAFETY: as above.
                 assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
+                assert_eq!(port.pending(), 2);
                 // SAFETY: as above.
                 assert!(
                     !unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) },
-                    "busy core refuses"
+                    "a third task is refused (round {round})"
                 );
-                let completion = loop {
-                    if let Some(c) = port.poll() {
-                        break c;
-                    }
-                    std::thread::yield_now();
-                };
-                assert_eq!(
-                    completion,
-                    Completion::Done { cycles: 4 * 16 },
-                    "round {round}"
-                );
+                assert_eq!(wait(&mut port), Completion::Done { cycles: 4 * 16 });
             }
+            assert_eq!(wait(&mut port), Completion::Done { cycles: 4 * 16 });
+            assert_eq!(port.pending(), 0);
             // An unknown kernel id is reported, not run.
+            while !port.can_issue() {
+                std::thread::yield_now();
+            }
             // SAFETY: as above.
             assert!(unsafe { port.issue(999, &args) });
-            let completion = loop {
-                if let Some(c) = port.poll() {
-                    break c;
-                }
-                std::thread::yield_now();
-            };
-            assert_eq!(completion, Completion::Rejected);
+            assert_eq!(wait(&mut port), Completion::Rejected);
             mailbox.request_exit();
-            assert_eq!(core.join().unwrap(), Ok(4));
+            assert_eq!(core.join().unwrap(), Ok(5));
+            assert!(mailbox.has_exited());
+            assert!(!port.can_issue(), "an exited core takes nothing");
         });
         assert!(c.iter().all(|&x| x == 3.5));
     }
@@ -282,10 +398,23 @@ mod tests {
         mailbox.core_claimed.store(true, Ordering::Relaxed);
         assert_eq!(serve(&mailbox, || {}), Err(AlreadyServed));
     }
+
+    #[test]
+    fn a_new_scheduler_waits_for_an_unfinished_task() {
+        let mailbox = CoreMailbox::new();
+        // An earlier scheduler issued task 1 and left; the core has only
+        // acknowledged it.
+        mailbox.task.store(1, Ordering::Relaxed);
+        mailbox.cond.store(1, Ordering::Relaxed);
+        let port = mailbox.claim_issue().unwrap();
+        assert!(!port.can_issue());
+        mailbox.cond.store(1 | FIN, Ordering::Relaxed);
+        assert!(port.can_issue());
+    }
 }
 
 /// Model check of the protocol: every interleaving of one scheduler and one
-/// core over two tasks and the exit request.
+/// core over two tasks in flight at once (one per buffer) and the exit.
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
@@ -302,7 +431,7 @@ mod loom_tests {
     }
 
     #[test]
-    fn issue_poll_and_exit_in_every_interleaving() {
+    fn double_buffered_issue_poll_and_exit_in_every_interleaving() {
         loom::model(|| {
             let mailbox = Arc::new(CoreMailbox::new());
             let core_side = mailbox.clone();
@@ -338,12 +467,21 @@ mod loom_tests {
                 scalars: [0; 4],
             };
             let mut port = mailbox.claim_issue().unwrap();
+            // Two tasks in flight: the second goes into the other buffer as
+            // soon as the core has acknowledged the first.
             for _ in 0..2 {
-                // SAFETY: `data` is leaked (lives forever) and untouched by this
-                // thread until the completion is polled.
+                while !port.can_issue() {
+                    loom::thread::yield_now();
+                }
+                // SAFETY: `data` is leaked (lives forever); the kernel (add)
+                // writes only data[2], which this thread does not touch before
+                // the last completion.
                 assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
+            }
+            for _ in 0..2 {
                 assert_eq!(wait(&mut port), Completion::Done { cycles: 4 });
             }
+            assert_eq!(port.pending(), 0);
             mailbox.request_exit();
             assert_eq!(core.join().unwrap(), Ok(2));
             assert_eq!(data[2], 3.0);

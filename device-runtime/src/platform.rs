@@ -20,19 +20,34 @@ pub trait Clock {
     }
 }
 
-/// The machine under the scheduler: a set of cores of two kinds that take one
-/// task at a time, and a clock.
+/// The machine under the scheduler: a set of cores of two kinds, each running
+/// one task at a time with up to [`Platform::depth`] tasks handed to it, and
+/// a clock.
 pub trait Platform: Clock {
     fn num_cores(&self) -> usize;
     fn core_kind(&self, core: usize) -> CoreKind;
-    /// Starts `kernel_id` with `args` on an idle `core`. Returns `false` if the
-    /// core is not idle.
+    /// Tasks one core holds at most: the one it runs and those queued behind
+    /// it, which it starts without waiting for the scheduler (the device's
+    /// double-buffered payloads: 2). The scheduler queues behind a busy core
+    /// only when [`Platform::can_queue`] says so.
+    fn depth(&self) -> usize {
+        1
+    }
+    /// Whether busy `core` takes one more task now (for the mailbox: it has
+    /// acknowledged the task it holds and holds fewer than [`Platform::depth`]).
+    fn can_queue(&self, _core: usize) -> bool {
+        false
+    }
+    /// Hands `kernel_id` with `args` to `core`, which runs it after the
+    /// tasks it already holds. Returns `false` if the core takes no task now
+    /// (it is busy and [`Platform::can_queue`] is false).
     ///
     /// # Safety
     /// As [`IssuePort::issue`]: the views in `args` stay valid and unshared
     /// until [`Platform::poll`] reports this task's completion.
     unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool;
-    /// The completion of `core`'s task, once it has finished.
+    /// The completion of the oldest unreported task of `core`, once it has
+    /// finished. Completions come in launch order.
     fn poll(&mut self, core: usize) -> Option<Completion>;
 }
 
@@ -55,6 +70,12 @@ impl<P: Platform + ?Sized> Platform for &mut P {
     }
     fn core_kind(&self, core: usize) -> CoreKind {
         (**self).core_kind(core)
+    }
+    fn depth(&self) -> usize {
+        (**self).depth()
+    }
+    fn can_queue(&self, core: usize) -> bool {
+        (**self).can_queue(core)
     }
     unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
         // SAFETY: the caller upholds the same contract.
@@ -124,7 +145,8 @@ impl<'m, C: Clock> MailboxPlatform<'m, C> {
         })
     }
 
-    /// Tells every core to leave its serve loop once idle.
+    /// Tells every core to leave its serve loop once it has finished its
+    /// task (call it when every completion has been polled).
     pub fn shutdown(&self) {
         self.mailboxes.iter().for_each(CoreMailbox::request_exit);
     }
@@ -148,6 +170,15 @@ impl<C: Clock> Platform for MailboxPlatform<'_, C> {
     }
     fn core_kind(&self, core: usize) -> CoreKind {
         self.kinds[core]
+    }
+    fn depth(&self) -> usize {
+        crate::mailbox::DEPTH
+    }
+    fn can_queue(&self, core: usize) -> bool {
+        match self.ports.get(core) {
+            Some(Some(port)) => port.pending() > 0 && port.can_issue(),
+            _ => false,
+        }
     }
     unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
         match self.ports.get_mut(core) {

@@ -25,17 +25,22 @@ use crate::shim::{thread_cores, ShimError};
 /// Cycles per semantic second (the clock the timeouts are measured in).
 pub const CYCLES_PER_SECOND: u64 = 1_000_000_000;
 
-/// One core in semantic time: the completion it will report and when.
+/// A task on a core in semantic time: the completion it will report and when.
 #[derive(Clone, Copy)]
 struct Busy {
     until: u64,
     completion: Completion,
 }
 
+/// Tasks one semantic core holds: the one it runs and one queued behind it
+/// (as the mailbox's double buffer); the queued one starts when the running
+/// one ends.
+const DEPTH: usize = 2;
+
 /// The virtual machine every scheduler thread's platform shares: one
-/// clock, every core's state.
+/// clock, every core's tasks in launch order.
 struct Machine {
-    busy: RefCell<Vec<Option<Busy>>>,
+    busy: RefCell<Vec<Vec<Busy>>>,
     now: Cell<u64>,
     makespan: Cell<u64>,
 }
@@ -58,7 +63,7 @@ impl Clock for SemanticCores<'_> {
     /// of the machine: jump there.
     fn relax(&self) {
         let busy = self.machine.busy.borrow();
-        if let Some(next) = busy.iter().flatten().map(|b| b.until).min() {
+        if let Some(next) = busy.iter().filter_map(|q| q.first()).map(|b| b.until).min() {
             let now = &self.machine.now;
             now.set(now.get().max(next));
         }
@@ -72,11 +77,20 @@ impl Platform for SemanticCores<'_> {
     fn core_kind(&self, core: usize) -> CoreKind {
         self.kinds[core]
     }
+    fn depth(&self) -> usize {
+        DEPTH
+    }
+    fn can_queue(&self, core: usize) -> bool {
+        let held = self.machine.busy.borrow()[self.cores[core]].len();
+        held > 0 && held < DEPTH
+    }
     unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
         let core = self.cores[core];
-        if self.machine.busy.borrow()[core].is_some() {
-            return false;
-        }
+        let start = match self.machine.busy.borrow()[core].as_slice() {
+            [] => self.machine.now.get(),
+            [running] => running.until,
+            _ => return false,
+        };
         let completion = match wsp_ffi::lookup(kernel_id) {
             // SAFETY: this fn's contract (views valid and unshared until the
             // completion is polled) covers the kernel, which runs to its end
@@ -91,20 +105,20 @@ impl Platform for SemanticCores<'_> {
             Completion::Done { cycles } => cycles,
             Completion::Rejected => 0,
         };
-        let until = self.machine.now.get() + cycles;
+        let until = start + cycles;
         let makespan = &self.machine.makespan;
         makespan.set(makespan.get().max(until));
-        self.machine.busy.borrow_mut()[core] = Some(Busy { until, completion });
+        self.machine.busy.borrow_mut()[core].push(Busy { until, completion });
         true
     }
     fn poll(&mut self, core: usize) -> Option<Completion> {
         let core = self.cores[core];
         let mut busy = self.machine.busy.borrow_mut();
-        let b = busy[core]?;
+        let b = *busy[core].first()?;
         if b.until > self.machine.now.get() {
             return None;
         }
-        busy[core] = None;
+        busy[core].remove(0);
         Some(b.completion)
     }
 }
@@ -165,7 +179,7 @@ pub fn run_semantic_custom(
     }
     let groups = thread_cores(kinds.len(), threads);
     let machine = Machine {
-        busy: RefCell::new(vec![None; kinds.len()]),
+        busy: RefCell::new(vec![Vec::new(); kinds.len()]),
         now: Cell::new(0),
         makespan: Cell::new(0),
     };
@@ -190,7 +204,8 @@ pub fn run_semantic_custom(
                 t, threads, platform, &ids[t], &table, arena, &queues, options,
             )
         })
-        .collect();
+        .collect::<Result<_, _>>()
+        .map_err(|e| run_error(RunError::Config(e)))?;
     let thread_kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
     let mut dispatcher = Dispatcher::new(
         &table,

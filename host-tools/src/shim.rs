@@ -183,7 +183,8 @@ pub fn run_threads<P: Platform + Send>(
         .map(|(t, (platform, ids))| {
             Scheduler::new(t, threads, platform, ids, table, arena, &queues, options)
         })
-        .collect();
+        .collect::<Result<_, _>>()
+        .map_err(|e| run_error(RunError::Config(e)))?;
     let tps = schedulers[0].platform().ticks_per_second();
     let kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
     let mut dispatcher = Dispatcher::new(

@@ -345,6 +345,7 @@ fn a_kernel_that_never_finishes_times_out() {
     let mut platform = Adversary::new(vec![CoreKind::Cube], 1, Mode::Never);
     let options = RunOptions {
         kernel_timeout_ms: 50,
+        ..RunOptions::default()
     };
     let err = run(&table, &mut arena.bytes, &mut platform, &options).unwrap_err();
     let RunError::KernelTimeout {

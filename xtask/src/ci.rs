@@ -104,6 +104,9 @@ fn stress(root: &Path) -> Result<()> {
 fn bench(root: &Path) -> Result<()> {
     run(cargo(root).args(["bench", "-p", "device-runtime", "--bench", "orchestration"]))?;
     run(cargo(root)
+        .args(["bench", "-p", "device-runtime", "--bench", "issue"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "scheduling"])
         .env("WSP_BENCH_SMOKE", "1"))
 }

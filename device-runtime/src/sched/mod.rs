@@ -174,6 +174,12 @@ pub enum ConfigError {
     },
     /// The queues hold tasks or are claimed by another run.
     QueuesInUse,
+    /// An issue depth (tasks handed to one core at once) the platform does
+    /// not support.
+    IssueDepth {
+        depth: usize,
+        max: usize,
+    },
     /// A policy chose a thread that does not exist.
     BadPlacement {
         policy: &'static str,
@@ -193,6 +199,9 @@ impl core::fmt::Display for ConfigError {
             }
             ConfigError::QueueDepth { depth, max } => {
                 write!(f, "dispatch queue depth {depth}; 1 to {max} are supported")
+            }
+            ConfigError::IssueDepth { depth, max } => {
+                write!(f, "issue depth {depth}; this platform supports 1 to {max} tasks per core")
             }
             ConfigError::QueuesInUse => {
                 f.write_str("the dispatch queues are in use by another run (or were not reset after an aborted one)")

@@ -6,9 +6,10 @@ use core::marker::PhantomData;
 use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
 
 use super::policy::MAX_THREADS;
+use super::ConfigError;
 use super::{Queues, FINISHED, RUNNING};
 use crate::abi::{dtype_size, Region, Table, TileView, MAX_TENSOR_ARGS};
-use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, TASK_WINDOW};
+use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH, TASK_WINDOW};
 use crate::platform::{Completion, Platform, MAX_CORES};
 use crate::steal_deque::{Steal, StealDeque};
 use crate::sync::Ordering;
@@ -100,9 +101,19 @@ pub struct Scheduler<'a, P: Platform> {
     /// Run-wide number of each of its cores.
     global: [u16; MAX_CORES],
     kind_mask: [u64; 2],
+    /// Cores holding no task.
     idle: u64,
-    core_task: [u32; MAX_CORES],
+    /// Per core, the tasks it holds in launch order (a ring of
+    /// [`MAX_ISSUE_DEPTH`]): `core_task[core][(core_head[core] + i) % 2]`.
+    core_task: [[u32; MAX_ISSUE_DEPTH]; MAX_CORES],
+    core_head: [u8; MAX_CORES],
+    core_held: [u8; MAX_CORES],
+    /// When the core's oldest task started (was launched to an idle core,
+    /// or the task before it was seen finished).
     core_started: [u64; MAX_CORES],
+    /// Tasks one core may hold: 1, or 2 to queue the next task behind a
+    /// running one (see [`RunOptions::issue_depth`]).
+    depth: usize,
     next_core: u32,
     timeout_ticks: u64,
     stats: ThreadStats,
@@ -111,7 +122,8 @@ pub struct Scheduler<'a, P: Platform> {
 
 impl<'a, P: Platform> Scheduler<'a, P> {
     /// Scheduler thread `id` of `threads`, driving `platform`'s cores, which
-    /// the run numbers `global[i]` (for stats and errors).
+    /// the run numbers `global[i]` (for stats and errors). Fails if
+    /// `options.issue_depth` is not one the platform supports.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: usize,
@@ -122,7 +134,12 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         arena: Arena<'a>,
         queues: &'a Queues,
         options: &RunOptions,
-    ) -> Self {
+    ) -> Result<Self, ConfigError> {
+        let max = platform.depth().clamp(1, MAX_ISSUE_DEPTH);
+        let depth = options.issue_depth.unwrap_or(max);
+        if depth == 0 || depth > max {
+            return Err(ConfigError::IssueDepth { depth, max });
+        }
         let num_cores = platform.num_cores().min(MAX_CORES).min(global.len());
         let mut kind_mask = [0u64; 2];
         let mut ids = [0u16; MAX_CORES];
@@ -136,7 +153,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             cores[core].thread = id as u8;
         }
         let tps = platform.ticks_per_second();
-        Scheduler {
+        Ok(Scheduler {
             id,
             threads: threads.min(MAX_THREADS),
             queues,
@@ -146,8 +163,11 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             global: ids,
             idle: kind_mask[0] | kind_mask[1],
             kind_mask,
-            core_task: [0; MAX_CORES],
+            core_task: [[0; MAX_ISSUE_DEPTH]; MAX_CORES],
+            core_head: [0; MAX_CORES],
+            core_held: [0; MAX_CORES],
             core_started: [0; MAX_CORES],
+            depth,
             next_core: 0,
             timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
             stats: ThreadStats {
@@ -156,7 +176,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             },
             cores,
             platform,
-        }
+        })
     }
 
     /// `[has cube cores, has vector cores]`, for [`Dispatcher::new`](super::Dispatcher::new).
@@ -234,12 +254,17 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     }
 
     /// The next task for a `kind` core: own queue, shared queue, then (if
-    /// the policy allows) one task stolen from another thread.
-    fn take(&mut self, kind: CoreKind) -> Option<u32> {
+    /// the policy allows) one task stolen from another thread. To queue
+    /// behind a busy core (`behind`), only from its own queue: a task that
+    /// another thread could start now should not wait behind a running one.
+    fn take(&mut self, kind: CoreKind, behind: bool) -> Option<u32> {
         let k = kind as usize;
         let queues = self.queues;
         if let Some(task) = Self::take_from(&queues.ready[self.id][k]) {
             return Some(task);
+        }
+        if behind {
+            return None;
         }
         if let Some(task) = Self::take_from(&queues.shared[k]) {
             self.stats.from_shared += 1;
@@ -267,22 +292,27 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         None
     }
 
-    /// Issues queued tasks to idle cores of their kind.
+    /// Issues queued tasks to idle cores of their kind, then (with an issue
+    /// depth of 2) behind busy cores that can queue one.
     fn issue(&mut self) -> Result<bool, RunError> {
         let mut issued = false;
         for kind in [CoreKind::Cube, CoreKind::Vector] {
             loop {
                 let candidates = self.idle & self.kind_mask[kind as usize];
-                if candidates == 0 {
-                    break;
-                }
-                let Some(index) = self.take(kind) else {
+                let (core, behind) = if candidates != 0 {
+                    // Rotate the starting core so that light loads spread over cores.
+                    let core = (candidates.rotate_right(self.next_core).trailing_zeros()
+                        + self.next_core)
+                        % 64;
+                    (core as usize, false)
+                } else if let Some(core) = self.queueing_core(kind) {
+                    (core, true)
+                } else {
                     break;
                 };
-                // Rotate the starting core so that light loads spread over cores.
-                let core = ((candidates.rotate_right(self.next_core).trailing_zeros()
-                    + self.next_core)
-                    % 64) as usize;
+                let Some(index) = self.take(kind, behind) else {
+                    break;
+                };
                 self.next_core = (core as u32 + 1) % 64;
                 let args = kernel_args(self.table, &self.arena, index);
                 let kernel_id = self.table.tasks()[index as usize].kernel_id.get();
@@ -298,14 +328,51 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                         core: self.global[core] as u32,
                     });
                 }
+                let held = self.core_held[core] as usize;
+                if held == 0 {
+                    self.core_started[core] = self.platform.now();
+                }
+                let at = (self.core_head[core] as usize + held) % MAX_ISSUE_DEPTH;
+                self.core_task[core][at] = index;
+                self.core_held[core] += 1;
                 self.idle &= !(1 << core);
-                self.core_task[core] = index;
-                self.core_started[core] = self.platform.now();
                 self.stats.issued += 1;
+                self.stats.queued += behind as u64;
                 issued = true;
             }
         }
         Ok(issued)
+    }
+
+    /// A busy `kind` core that can take a task behind its running one now.
+    fn queueing_core(&self, kind: CoreKind) -> Option<usize> {
+        if self.depth < 2 {
+            return None;
+        }
+        let mut busy = self.busy() & self.kind_mask[kind as usize];
+        while busy != 0 {
+            let core = busy.trailing_zeros() as usize;
+            busy &= busy - 1;
+            if (self.core_held[core] as usize) < self.depth && self.platform.can_queue(core) {
+                return Some(core);
+            }
+        }
+        None
+    }
+
+    /// Takes the oldest task `core` holds off its ring, after its completion.
+    fn retire_oldest(&mut self, core: usize, now: u64) -> u32 {
+        let index = self.core_task[core][self.core_head[core] as usize];
+        self.core_head[core] = ((self.core_head[core] as usize + 1) % MAX_ISSUE_DEPTH) as u8;
+        self.core_held[core] -= 1;
+        if self.core_held[core] == 0 {
+            self.idle |= 1 << core;
+        } else {
+            // The queued task started when the core finished this one, at
+            // the latest now.
+            self.core_started[core] = now;
+        }
+        index
     }
 
     /// Collects finished tasks and hands them to the dispatcher.
@@ -322,8 +389,9 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             let Some(completion) = self.platform.poll(core) else {
                 continue;
             };
-            self.idle |= 1 << core;
-            let index = self.core_task[core];
+            let now = self.platform.now();
+            let started = self.core_started[core];
+            let index = self.retire_oldest(core, now);
             let cycles = match completion {
                 Completion::Done { cycles } => cycles,
                 Completion::Rejected => {
@@ -334,11 +402,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                     });
                 }
             };
-            let now = self.platform.now();
             let stats = &mut self.cores[core];
             stats.tasks += 1;
             stats.cycles += cycles;
-            let busy_ticks = now.wrapping_sub(self.core_started[core]);
+            let busy_ticks = now.wrapping_sub(started);
             stats.busy_ticks += busy_ticks;
             self.stats.busy_ticks += busy_ticks;
             self.stats.cycles += cycles;
@@ -358,7 +425,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             busy &= busy - 1;
             let waited = now.wrapping_sub(self.core_started[core]);
             if waited > self.timeout_ticks {
-                let task = self.core_task[core];
+                let task = self.core_task[core][self.core_head[core] as usize];
                 let tps = self.platform.ticks_per_second().max(1);
                 return Err(RunError::KernelTimeout {
                     task,
@@ -381,7 +448,8 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 let core = busy.trailing_zeros() as usize;
                 busy &= busy - 1;
                 if self.platform.poll(core).is_some() {
-                    self.idle |= 1 << core;
+                    let now = self.platform.now();
+                    self.retire_oldest(core, now);
                 }
             }
             self.platform.relax();

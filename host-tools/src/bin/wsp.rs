@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use device_runtime::exec::RunOptions;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use host_tools::inspect::inspect;
 use host_tools::semantic::run_semantic_with;
@@ -49,6 +50,11 @@ enum Command {
         /// Tasks one dispatch queue may hold (1 to 256).
         #[arg(long, default_value_t = device_runtime::sched::DISPATCH_QUEUE)]
         queue_depth: usize,
+        /// Tasks handed to one core at once: 1 (idle cores only) or 2 (also
+        /// queue the next task behind a running one, as the device's double
+        /// buffered handshake does). Default: 2.
+        #[arg(long)]
+        issue_depth: Option<usize>,
     },
     /// Write a workload's table.bin and initial arena.bin (e.g. for `cargo xtask qemu`).
     Build {
@@ -153,6 +159,7 @@ fn run(cli: Cli) -> Result<bool> {
             policy,
             key,
             queue_depth,
+            issue_depth,
         } => {
             let policy = PolicyKind::parse(&policy)
                 .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
@@ -167,7 +174,10 @@ fn run(cli: Cli) -> Result<bool> {
                 cube_cores: cube,
                 vector_cores: vector,
                 sched,
-                ..Shim::default()
+                options: RunOptions {
+                    issue_depth,
+                    ..RunOptions::default()
+                },
             };
             println!("workload  {}: {}", w.name, w.summary);
             println!(
@@ -211,8 +221,8 @@ fn run(cli: Cli) -> Result<bool> {
             let ticks = if semantic { "cycles" } else { "ns" };
             for t in stats.threads() {
                 println!(
-                    "  thread {}: placed {:>5} issued {:>5} (shared {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
-                    t.thread, t.placed, t.issued, t.from_shared, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
+                    "  thread {}: placed {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
+                    t.thread, t.placed, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
                 );
             }
             for c in stats.cores() {

@@ -412,6 +412,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             let pushed = done.push(index as u64);
             debug_assert!(pushed, "room was checked before polling");
             finished = true;
+            // The task queued behind it may have finished too: poll again.
+            if self.core_held[core] > 0 {
+                busy |= 1 << core;
+            }
         }
         Ok(finished)
     }

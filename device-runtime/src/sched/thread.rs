@@ -344,9 +344,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         Ok(issued)
     }
 
-    /// A busy `kind` core that can take a task behind its running one now.
+    /// A busy `kind` core that can take a task behind its running one now
+    /// (only worth asking when the thread's own queue has a task for it).
     fn queueing_core(&self, kind: CoreKind) -> Option<usize> {
-        if self.depth < 2 {
+        if self.depth < 2 || self.queues.ready[self.id][kind as usize].is_empty() {
             return None;
         }
         let mut busy = self.busy() & self.kind_mask[kind as usize];

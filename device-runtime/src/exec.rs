@@ -22,7 +22,7 @@ use core::fmt;
 use wsp_ffi::CoreKind;
 
 use crate::abi::{Table, MAX_TENSOR_ARGS};
-use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError};
+use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError, UsageError};
 use crate::platform::{Platform, MAX_CORES};
 use crate::sched::policy::RoundRobin;
 use crate::sched::{
@@ -268,6 +268,8 @@ pub enum RunError {
     LaunchRefused { task: u32, core: u32 },
     /// The orchestrator refused a task that table validation accepted.
     Refused { task: u32, why: Invalid },
+    /// The orchestrator refused a stream op that table validation accepted.
+    StreamOpRefused { op: u32, why: UsageError },
     /// The orchestrator handed to `run` still holds tasks of an earlier run.
     OrchestratorBusy { in_flight: u64 },
     /// No progress is possible; the report says why.
@@ -297,6 +299,9 @@ impl fmt::Display for RunError {
             RunError::LaunchRefused { task, core } => write!(f, "core {core} refused task {task} while idle"),
             RunError::Refused { task, why } => {
                 write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
+            }
+            RunError::StreamOpRefused { op, why } => {
+                write!(f, "stream op {op} passed validation but the orchestrator refused it: {why}")
             }
             RunError::OrchestratorBusy { in_flight } => {
                 write!(f, "the orchestrator still holds {in_flight} tasks of an earlier run")

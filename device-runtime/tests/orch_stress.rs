@@ -4,7 +4,9 @@
 //! handful of cores. After each run an independent brute-force oracle checks
 //! that every task ran exactly once and after every earlier task it truly
 //! depends on (read-after-write, write-after-write, write-after-read, and
-//! explicit dependencies).
+//! explicit dependencies), that each stream's tasks were issued in order,
+//! and that a task waiting on an event started after every task the event
+//! stands for ended.
 //!
 //! Release builds run 4000 seeds x 500 tasks (2 million tasks); debug
 //! builds (plain `cargo test`) run 25 seeds so the suite stays quick.
@@ -36,6 +38,10 @@ struct Task {
     args: Vec<TaskArg>,
     deps: Vec<TaskId>,
     kind: CoreKind,
+    /// 0 (none) or 1 ..= 3.
+    stream: u32,
+    /// Event waits it carries: tasks of stream `.0` below id `.1`.
+    waits: Vec<(u32, u64)>,
 }
 
 fn random_task(rng: &mut Rng, submitted: u64) -> Task {
@@ -86,7 +92,14 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
         } else {
             CoreKind::Vector
         };
-        return Task { args, deps, kind };
+        let stream = rng.below(4) as u32;
+        return Task {
+            args,
+            deps,
+            kind,
+            stream,
+            waits: Vec::new(),
+        };
     }
 }
 
@@ -110,6 +123,12 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
     let mut clock = 0u64;
     let mut pending: Option<Task> = None;
     let mut scope_left = 0;
+    // The streams' model: what each event stands for, the waits pending on
+    // each stream, and the order in which tasks were issued.
+    let mut events: [Option<(u32, u64)>; 4] = [None; 4];
+    let mut waits: [Vec<(u32, u64)>; 4] = Default::default();
+    let mut issue_seq = vec![u64::MAX; count];
+    let mut issues = 0u64;
     while tasks.len() < count || !o.is_drained() {
         clock += 1;
         // Submit while we can.
@@ -118,16 +137,39 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
                 o.scope_begin("stress").unwrap();
                 scope_left = 1 + rng.below(8); // fewer than the 16-slot window
             }
-            let task = pending
-                .take()
-                .unwrap_or_else(|| random_task(&mut rng, tasks.len() as u64));
+            let mut task = match pending.take() {
+                Some(task) => task,
+                None => {
+                    // Before a new task: perhaps an event record or wait.
+                    let (stream, event) = (1 + rng.below(3) as u32, rng.below(4) as u32);
+                    match rng.below(10) {
+                        0 => {
+                            o.record_event(stream, event).unwrap();
+                            events[event as usize] = Some((stream, tasks.len() as u64));
+                        }
+                        1 => match events[event as usize] {
+                            Some(record) => {
+                                o.wait_event(stream, event).unwrap();
+                                waits[stream as usize].push(record);
+                            }
+                            None => assert!(o.wait_event(stream, event).is_err()),
+                        },
+                        _ => {}
+                    }
+                    random_task(&mut rng, tasks.len() as u64)
+                }
+            };
+            if task.stream != 0 {
+                task.waits = waits[task.stream as usize].clone();
+            }
             let heap = if rng.below(4) == 0 {
                 1 + rng.below(700)
             } else {
                 0
             };
-            match o.submit(
+            match o.submit_on(
                 clock,
+                task.stream,
                 KernelRef {
                     id: 1,
                     kind: task.kind,
@@ -139,6 +181,9 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
             ) {
                 Ok(id) => {
                     assert_eq!(id as usize, tasks.len());
+                    if task.stream != 0 {
+                        waits[task.stream as usize].clear();
+                    }
                     tasks.push(task);
                     if scope_left > 0 {
                         scope_left -= 1;
@@ -190,6 +235,13 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
                 t.id
             );
             start[t.id as usize] = clock;
+            // Issued as soon as it is handed out, mostly; sometimes only
+            // when it completes (which counts as issued too).
+            if rng.below(4) != 0 {
+                o.issued(t.id).unwrap();
+            }
+            issue_seq[t.id as usize] = issues;
+            issues += 1;
             running.push(t.id);
         }
         if running.is_empty() {
@@ -212,6 +264,26 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
     // The oracle: brute force over all pairs.
     for t in 0..count {
         assert!(end[t] != u64::MAX, "seed {seed}: task {t} never ran");
+        let stream = tasks[t].stream;
+        if let Some(u) = (0..t)
+            .rev()
+            .find(|&u| stream != 0 && tasks[u].stream == stream)
+        {
+            assert!(
+                issue_seq[u] < issue_seq[t],
+                "seed {seed}: task {t} issued before {u}, the one before it on stream {stream}"
+            );
+        }
+        for &(src, bound) in &tasks[t].waits {
+            for u in 0..bound as usize {
+                if tasks[u].stream == src {
+                    assert!(
+                        end[u] < start[t],
+                        "seed {seed}: task {t} started before {u}, which an event it waits on stands for, ended"
+                    );
+                }
+            }
+        }
         for u in 0..t {
             if depends(&tasks[u], &tasks[t]) || tasks[t].deps.contains(&(u as u64)) {
                 assert!(

@@ -5,8 +5,8 @@
 use std::fmt::Write;
 
 use device_runtime::abi::{
-    table_checksum, KernelDesc, SectionRef, Table, TableHeader, TaskDesc, TensorArg, TensorDesc,
-    MAGIC,
+    table_checksum, KernelDesc, SectionRef, StreamOp, Table, TableHeader, TaskDesc, TensorArg,
+    TensorDesc, MAGIC, STREAM_OP_RECORD, STREAM_OP_WAIT,
 };
 use zerocopy::{FromBytes, Immutable, KnownLayout};
 
@@ -103,12 +103,20 @@ fn dump(out: &mut String, bytes: &[u8], all_tasks: bool) {
     }
     let tasks: &[TaskDesc] = section(out, bytes, "tasks", &h.tasks);
     let args: &[TensorArg] = section(out, bytes, "args", &h.args);
+    let ops: &[StreamOp] = section(out, bytes, "stream_ops", &h.stream_ops);
     let shown = if all_tasks {
         tasks.len()
     } else {
         tasks.len().min(TASKS_SHOWN)
     };
+    let mut ops = ops.iter().peekable();
+    let mut ops_before = |out: &mut String, task: usize| {
+        while let Some(op) = ops.next_if(|op| op.before_task.get() as usize <= task) {
+            let _ = writeln!(out, "  {}", op_text(op));
+        }
+    };
     for (i, task) in tasks[..shown].iter().enumerate() {
+        ops_before(out, i);
         let first = task.first_arg.get() as usize;
         let n = task.num_args.get() as usize;
         let list = match first.checked_add(n).and_then(|end| args.get(first..end)) {
@@ -119,11 +127,18 @@ fn dump(out: &mut String, bytes: &[u8], all_tasks: bool) {
                 .join(", "),
             None => format!("args {first}..+{n} out of range"),
         };
+        let stream = match task.stream.get() {
+            0 => String::new(),
+            s => format!(" on stream {s}"),
+        };
         let _ = writeln!(
             out,
-            "  task {i}: {}({list})",
+            "  task {i}: {}({list}){stream}",
             kernel_name(task.kernel_id.get())
         );
+    }
+    if shown == tasks.len() {
+        ops_before(out, usize::MAX);
     }
     if shown < tasks.len() {
         let _ = writeln!(
@@ -153,6 +168,15 @@ fn section<'a, T: FromBytes + KnownLayout + Immutable>(
             );
             &[]
         }
+    }
+}
+
+fn op_text(op: &StreamOp) -> String {
+    let (stream, event) = (op.stream.get(), op.event.get());
+    match op.op.get() {
+        STREAM_OP_RECORD => format!("record event {event} on stream {stream}"),
+        STREAM_OP_WAIT => format!("stream {stream} waits for event {event}"),
+        other => format!("stream op {other}? (stream {stream}, event {event})"),
     }
 }
 

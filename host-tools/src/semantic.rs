@@ -37,10 +37,27 @@ struct Busy {
 /// one ends.
 const DEPTH: usize = 2;
 
+/// One kernel launch in semantic time, in issue order.
+#[derive(Clone, Copy, Debug)]
+pub struct Launch {
+    /// The run-wide core number.
+    pub core: usize,
+    pub kernel_id: u32,
+    /// When it was issued, started (at once on an idle core, or when the
+    /// task before it ends) and ended, in cycles.
+    pub issued: u64,
+    pub start: u64,
+    pub end: u64,
+    /// Its arguments: the tensor views tell which table task it was (see
+    /// `device_runtime::sched::kernel_args`).
+    pub args: WspKernelArgs,
+}
+
 /// The virtual machine every scheduler thread's platform shares: one
 /// clock, every core's tasks in launch order.
 struct Machine {
     busy: RefCell<Vec<Vec<Busy>>>,
+    launches: RefCell<Vec<Launch>>,
     now: Cell<u64>,
     makespan: Cell<u64>,
 }
@@ -106,6 +123,14 @@ impl Platform for SemanticCores<'_> {
             Completion::Rejected => 0,
         };
         let until = start + cycles;
+        self.machine.launches.borrow_mut().push(Launch {
+            core,
+            kernel_id,
+            issued: self.machine.now.get(),
+            start,
+            end: until,
+            args: *args,
+        });
         let makespan = &self.machine.makespan;
         makespan.set(makespan.get().max(until));
         self.machine.busy.borrow_mut()[core].push(Busy { until, completion });
@@ -124,11 +149,13 @@ impl Platform for SemanticCores<'_> {
 }
 
 /// A run in semantic time.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SemanticRun {
     pub stats: RunStats,
     /// Cycles from the first issue to the last completion.
     pub makespan: u64,
+    /// Every kernel launch, in issue order.
+    pub launches: Vec<Launch>,
 }
 
 /// Runs `table` on `kinds` cores in semantic time, on the calling thread,
@@ -180,6 +207,7 @@ pub fn run_semantic_custom(
     let groups = thread_cores(kinds.len(), threads);
     let machine = Machine {
         busy: RefCell::new(vec![Vec::new(); kinds.len()]),
+        launches: RefCell::new(Vec::new()),
         now: Cell::new(0),
         makespan: Cell::new(0),
     };
@@ -220,7 +248,12 @@ pub fn run_semantic_custom(
     drive_stepped(&mut dispatcher, &mut schedulers).map_err(run_error)?;
     let makespan = machine.makespan.get();
     let stats = RunStats::collect(&dispatcher, &schedulers, CYCLES_PER_SECOND, makespan);
-    Ok(SemanticRun { stats, makespan })
+    let launches = machine.launches.take();
+    Ok(SemanticRun {
+        stats,
+        makespan,
+        launches,
+    })
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
-//! `TableBuilder`: writes descriptor tables (ABI v1) from tensors and tasks.
+//! `TableBuilder`: writes descriptor tables (ABI v2) from tensors, tasks,
+//! and the streams and events that order them.
 
 use device_runtime::abi::{
-    table_checksum, KernelDesc, SectionRef, TableHeader, TaskDesc, TensorArg, TensorDesc,
-    ABI_VERSION, HEADER_SIZE, MAGIC, MAX_RANK, MAX_SCALARS,
+    table_checksum, KernelDesc, SectionRef, StreamOp, TableHeader, TaskDesc, TensorArg, TensorDesc,
+    ABI_VERSION, HEADER_SIZE, MAGIC, MAX_EVENTS, MAX_RANK, MAX_SCALARS, MAX_STREAMS,
+    STREAM_OP_RECORD, STREAM_OP_WAIT,
 };
 use wsp_ffi::{ArgAccess, DTYPE_F32};
 use zerocopy::little_endian::{U32, U64};
@@ -79,6 +81,12 @@ pub enum BuildError {
     },
     BadShape(String),
     TooLarge(&'static str),
+    /// A stream number outside 1 ..= `MAX_STREAMS`.
+    NoSuchStream(u32),
+    /// An event number outside 0 .. `MAX_EVENTS`.
+    NoSuchEvent(u32),
+    /// A wait on an event not recorded before it.
+    EventNotRecorded(u32),
 }
 
 impl std::fmt::Display for BuildError {
@@ -109,6 +117,15 @@ impl std::fmt::Display for BuildError {
             BuildError::TooLarge(what) => {
                 write!(f, "the table's {what} exceed the ABI's 32-bit limits")
             }
+            BuildError::NoSuchStream(s) => {
+                write!(f, "stream {s}; streams are 1 to {MAX_STREAMS}")
+            }
+            BuildError::NoSuchEvent(e) => {
+                write!(f, "event {e}; events are 0 to {}", MAX_EVENTS - 1)
+            }
+            BuildError::EventNotRecorded(e) => {
+                write!(f, "wait on event {e}, which is not recorded before it")
+            }
         }
     }
 }
@@ -123,6 +140,7 @@ pub struct TableBuilder {
     kernels: Vec<KernelDesc>,
     tasks: Vec<TaskDesc>,
     args: Vec<TensorArg>,
+    stream_ops: Vec<StreamOp>,
 }
 
 impl TableBuilder {
@@ -164,13 +182,29 @@ impl TableBuilder {
         self.tasks.len()
     }
 
-    /// Appends a call of `kernel_id`; the kernel is declared on first use.
+    /// Appends a call of `kernel_id` on no stream; the kernel is declared
+    /// on first use.
     pub fn task(
         &mut self,
         kernel_id: u32,
         args: &[Arg],
         scalars: &[u64],
     ) -> Result<(), BuildError> {
+        self.task_on(0, kernel_id, args, scalars)
+    }
+
+    /// Appends a call of `kernel_id` on `stream` (1 ..= `MAX_STREAMS`, or 0
+    /// for none): it is issued after the stream's previous task.
+    pub fn task_on(
+        &mut self,
+        stream: u32,
+        kernel_id: u32,
+        args: &[Arg],
+        scalars: &[u64],
+    ) -> Result<(), BuildError> {
+        if stream as usize > MAX_STREAMS {
+            return Err(BuildError::NoSuchStream(stream));
+        }
         let info = wsp_ffi::lookup(kernel_id).ok_or(BuildError::UnknownKernel(kernel_id))?;
         if args.len() != info.num_tensors as usize {
             return Err(BuildError::ArgCount {
@@ -210,6 +244,8 @@ impl TableBuilder {
             num_args: U32::new(args.len() as u32),
             num_scalars: U32::new(scalars.len() as u32),
             scalars: s,
+            stream: U32::new(stream),
+            reserved: U32::new(0),
         });
         self.args.extend(args.iter().map(|a| TensorArg {
             tensor: U32::new(a.tensor.0),
@@ -220,7 +256,43 @@ impl TableBuilder {
         Ok(())
     }
 
-    /// Writes the table: header, then tensors, kernels, tasks and args.
+    /// Records `event` on `stream` here: it stands for the stream's tasks
+    /// added so far and happens when all of them have completed.
+    pub fn record_event(&mut self, stream: u32, event: u32) -> Result<(), BuildError> {
+        self.stream_op(STREAM_OP_RECORD, stream, event)
+    }
+
+    /// Makes the next task added on `stream`, and so every later one, wait
+    /// for `event` as last recorded.
+    pub fn wait_event(&mut self, stream: u32, event: u32) -> Result<(), BuildError> {
+        let recorded = self
+            .stream_ops
+            .iter()
+            .any(|op| op.op.get() == STREAM_OP_RECORD && op.event.get() == event);
+        if event as usize >= MAX_EVENTS || recorded {
+            self.stream_op(STREAM_OP_WAIT, stream, event)
+        } else {
+            Err(BuildError::EventNotRecorded(event))
+        }
+    }
+
+    fn stream_op(&mut self, op: u32, stream: u32, event: u32) -> Result<(), BuildError> {
+        if stream == 0 || stream as usize > MAX_STREAMS {
+            return Err(BuildError::NoSuchStream(stream));
+        }
+        if event as usize >= MAX_EVENTS {
+            return Err(BuildError::NoSuchEvent(event));
+        }
+        self.stream_ops.push(StreamOp {
+            op: U32::new(op),
+            stream: U32::new(stream),
+            event: U32::new(event),
+            before_task: U32::new(self.tasks.len() as u32),
+        });
+        Ok(())
+    }
+
+    /// Writes the table: header, then tensors, kernels, tasks, args and stream ops.
     pub fn finish(&self) -> Result<Vec<u8>, BuildError> {
         let tensors: Vec<TensorDesc> = self.tensors.iter().map(tensor_desc).collect();
         let mut out = vec![0u8; HEADER_SIZE];
@@ -237,6 +309,7 @@ impl TableBuilder {
         let kernels_ref = section(self.kernels.as_bytes(), self.kernels.len())?;
         let tasks_ref = section(self.tasks.as_bytes(), self.tasks.len())?;
         let args_ref = section(self.args.as_bytes(), self.args.len())?;
+        let stream_ops_ref = section(self.stream_ops.as_bytes(), self.stream_ops.len())?;
         let total_len = u32::try_from(out.len()).map_err(|_| BuildError::TooLarge("sections"))?;
         let header = TableHeader {
             magic: MAGIC,
@@ -249,6 +322,7 @@ impl TableBuilder {
             kernels: kernels_ref,
             tasks: tasks_ref,
             args: args_ref,
+            stream_ops: stream_ops_ref,
         };
         out[..HEADER_SIZE].copy_from_slice(header.as_bytes());
         seal(&mut out);

@@ -39,7 +39,7 @@ impl Default for Params {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 2] = ["gemm", "mlp"];
+pub const NAMES: [&str; 3] = ["gemm", "mlp", "streams"];
 
 /// A built workload.
 pub struct Workload {
@@ -128,6 +128,7 @@ impl Workload {
         match name {
             "gemm" => gemm(p),
             "mlp" => mlp(p),
+            "streams" => streams(p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }
@@ -205,6 +206,16 @@ fn gemm_tasks(
     ids: [crate::table::TensorId; 3],
     p: &Params,
 ) -> Result<(), BuildError> {
+    gemm_tasks_on(b, 0, ids, p)
+}
+
+/// As [`gemm_tasks`], on `stream` (0: none).
+fn gemm_tasks_on(
+    b: &mut TableBuilder,
+    stream: u32,
+    ids: [crate::table::TensorId; 3],
+    p: &Params,
+) -> Result<(), BuildError> {
     let [a, bm, c] = ids;
     let t = p.tile;
     for i in (0..p.m).step_by(t as usize) {
@@ -215,7 +226,7 @@ fn gemm_tasks(
                     Arg::tile(bm, In, k, j, t, t),
                     Arg::tile(c, InOut, i, j, t, t),
                 ];
-                b.task(GEMM, &args, &[])?;
+                b.task_on(stream, GEMM, &args, &[])?;
             }
         }
     }
@@ -377,6 +388,87 @@ fn mlp(p: Params) -> Result<Workload, WorkloadError> {
             n = p.n,
             k = p.k,
             t = p.tile
+        ),
+        table: b.finish()?,
+        arena,
+        tensors: b.layouts().to_vec(),
+        tasks: b.num_tasks(),
+        check: Box::new(check),
+    })
+}
+
+/// Two GEMMs on two streams, joined by events: Y1 = A1 x B1 on stream 1,
+/// Y2 = A2 x B2 on stream 2, then Z = Y1 + Y2 in tiles on stream 3, which
+/// first waits for an event recorded at the end of each GEMM stream. (The
+/// adds also read Y1 and Y2, so their data dependencies order them too; the
+/// events show the table form a program uses when they do not.)
+fn streams(p: Params) -> Result<Workload, WorkloadError> {
+    let p = if p == Params::default() {
+        Params {
+            m: 128,
+            n: 128,
+            k: 128,
+            tile: 32,
+            seed: p.seed,
+        }
+    } else {
+        p
+    };
+    check_tiling(&p, 64)?;
+    let mut b = TableBuilder::new();
+    let (a1, b1) = (b.tensor("A1", &[p.m, p.k])?, b.tensor("B1", &[p.k, p.n])?);
+    let (a2, b2) = (b.tensor("A2", &[p.m, p.k])?, b.tensor("B2", &[p.k, p.n])?);
+    let (y1, y2) = (b.tensor("Y1", &[p.m, p.n])?, b.tensor("Y2", &[p.m, p.n])?);
+    let z = b.tensor("Z", &[p.m, p.n])?;
+    gemm_tasks_on(&mut b, 1, [a1, b1, y1], &p)?;
+    b.record_event(1, 0)?;
+    gemm_tasks_on(&mut b, 2, [a2, b2, y2], &p)?;
+    b.record_event(2, 1)?;
+    b.wait_event(3, 0)?;
+    b.wait_event(3, 1)?;
+    let t = p.tile;
+    for i in (0..p.m).step_by(t as usize) {
+        for j in (0..p.n).step_by(t as usize) {
+            let args = [
+                Arg::tile(y1, In, i, j, t, t),
+                Arg::tile(y2, In, i, j, t, t),
+                Arg::tile(z, Out, i, j, t, t),
+            ];
+            b.task_on(3, ADD, &args, &[])?;
+        }
+    }
+    let mut rng = SplitMix64::new(p.seed);
+    let (mk, kn) = ((p.m * p.k) as usize, (p.k * p.n) as usize);
+    let inputs = [
+        (a1, rng.fill(mk)),
+        (b1, rng.fill(kn)),
+        (a2, rng.fill(mk)),
+        (b2, rng.fill(kn)),
+    ];
+    let mut arena = Arena::zeroed(b.arena_size());
+    for (id, values) in &inputs {
+        arena.write_f32(b.layout(*id), values);
+    }
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let (y1v, abs1) = reference::gemm(&inputs[0].1, &inputs[1].1, m, n, k);
+    let (y2v, abs2) = reference::gemm(&inputs[2].1, &inputs[3].1, m, n, k);
+    let want = reference::add(&y1v, &y2v);
+    let (bound1, bound2) = (gemm_bound(abs1, p.k), gemm_bound(abs2, p.k));
+    let bound = {
+        let want = want.clone();
+        // Each GEMM's bound, plus the rounding of the add.
+        move |i: usize| bound1(i) + bound2(i) + U * want[i].abs()
+    };
+    const TOL: &str = "|z - ref| <= both GEMMs' f32 summation bounds + u * |ref| for the add";
+    let out = b.layout(z).clone();
+    let check =
+        move |arena: &Arena| Verification::compare("Z", &arena.read_f32(&out), &want, &bound, TOL);
+    Ok(Workload {
+        name: "streams",
+        summary: format!(
+            "Z[{m}x{n}] = A1 x B1 (stream 1) + A2 x B2 (stream 2), joined on stream 3 by events, f32, {t}x{t} tiles",
+            m = p.m,
+            n = p.n,
         ),
         table: b.finish()?,
         arena,

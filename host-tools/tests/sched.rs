@@ -65,7 +65,7 @@ fn issued(stats: &RunStats) -> Vec<u64> {
 
 #[test]
 fn every_policy_runs_every_workload_on_several_threads_in_the_shim() {
-    for name in ["gemm", "mlp"] {
+    for name in ["gemm", "mlp", "streams"] {
         let w = Workload::build(
             name,
             Params {

@@ -2,11 +2,12 @@
 //! names the section, entry and field; nothing panics on any bytes.
 
 use device_runtime::abi::{
-    Problem, Section, Table, TableError, TableHeader, TaskDesc, TensorArg, TensorDesc,
+    Problem, Section, StreamOp, Table, TableError, TableHeader, TaskDesc, TensorArg, TensorDesc,
+    HEADER_SIZE, MAX_EVENTS, MAX_STREAMS,
 };
 use host_tools::inspect::inspect;
 use host_tools::rng::SplitMix64;
-use host_tools::table::seal;
+use host_tools::table::{seal, Arg, BuildError, TableBuilder};
 use host_tools::workloads::{Params, Workload};
 use zerocopy::FromBytes;
 
@@ -23,6 +24,45 @@ fn valid() -> Vec<u8> {
     )
     .unwrap()
     .table
+}
+
+/// Eight add tasks on streams 1 and 2, with ops: 0 record(1, e0) before
+/// task 2, 1 wait(2, e0) before task 2, 2 record(2, e3) before task 6,
+/// 3 wait(1, e3) before task 6.
+fn with_streams() -> Vec<u8> {
+    let mut b = TableBuilder::new();
+    let x = b.tensor("X", &[8, 16]).unwrap();
+    let y = b.tensor("Y", &[8, 16]).unwrap();
+    for i in 0..8u32 {
+        if i == 2 {
+            b.record_event(1, 0).unwrap();
+            b.wait_event(2, 0).unwrap();
+        }
+        if i == 6 {
+            b.record_event(2, 3).unwrap();
+            b.wait_event(1, 3).unwrap();
+        }
+        let args = [
+            Arg::tile(x, wsp_ffi::ArgAccess::In, i, 0, 1, 16),
+            Arg::tile(x, wsp_ffi::ArgAccess::In, i, 0, 1, 16),
+            Arg::tile(y, wsp_ffi::ArgAccess::Out, i, 0, 1, 16),
+        ];
+        b.task_on(1 + i % 2, wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args, &[])
+            .unwrap();
+    }
+    b.finish().unwrap()
+}
+
+/// As [`refused`], on the table with streams.
+fn refused_streams(edit: impl FnOnce(&mut Vec<u8>)) -> TableError {
+    let mut bytes = with_streams();
+    edit(&mut bytes);
+    seal(&mut bytes);
+    Table::parse(&bytes).expect_err("the edited table must be refused")
+}
+
+fn op(bytes: &mut [u8], i: usize) -> &mut StreamOp {
+    entry::<StreamOp>(bytes, |h| h.stream_ops.offset.get(), i)
 }
 
 fn header(bytes: &mut [u8]) -> &mut TableHeader {
@@ -83,15 +123,30 @@ fn wrong_magic() {
 
 #[test]
 fn wrong_version() {
-    let e = refused(|b| header(b).abi_version.set(2));
-    expect(e, Section::Header, 0, "abi_version");
-    assert_eq!(e.problem, Problem::UnsupportedVersion { found: 2 });
+    for version in [1, 3] {
+        let e = refused(|b| header(b).abi_version.set(version));
+        expect(e, Section::Header, 0, "abi_version");
+        assert_eq!(e.problem, Problem::UnsupportedVersion { found: version });
+    }
+    // A version 1 table has a 64-byte header: it is named as version 1, not
+    // as truncated.
+    let mut v1 = valid()[..64].to_vec();
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let e = Table::parse(&v1).unwrap_err();
+    assert_eq!(e.problem, Problem::UnsupportedVersion { found: 1 });
 }
 
 #[test]
 fn truncated() {
     let bytes = valid();
-    for len in [0, 10, 63, 64, bytes.len() / 2, bytes.len() - 1] {
+    for len in [
+        0,
+        10,
+        HEADER_SIZE - 1,
+        HEADER_SIZE,
+        bytes.len() / 2,
+        bytes.len() - 1,
+    ] {
         let e = Table::parse(&bytes[..len]).unwrap_err();
         assert!(
             matches!(e.problem, Problem::Truncated { .. }),
@@ -283,4 +338,91 @@ fn a_task_writing_over_its_own_input() {
     });
     expect(e, Section::Args, 14, "offset");
     assert_eq!(e.problem, Problem::ArgsOverlap { other: 12 });
+}
+
+#[test]
+fn the_table_with_streams_parses() {
+    let bytes = with_streams();
+    let t = Table::parse(&bytes).unwrap();
+    assert_eq!(t.stream_ops().len(), 4);
+    assert_eq!(t.tasks()[3].stream.get(), 2);
+}
+
+#[test]
+fn bad_streams_of_tasks() {
+    fn task(b: &mut [u8]) -> &mut TaskDesc {
+        entry(b, |h| h.tasks.offset.get(), 5)
+    }
+    let e = refused_streams(|b| task(b).stream.set(MAX_STREAMS as u32 + 1));
+    expect(e, Section::Tasks, 5, "stream");
+    assert!(matches!(e.problem, Problem::OutOfRange { max, .. } if max == MAX_STREAMS as u64));
+    let e = refused_streams(|b| task(b).reserved.set(1));
+    expect(e, Section::Tasks, 5, "reserved");
+}
+
+#[test]
+fn bad_stream_ops() {
+    let e = refused_streams(|b| op(b, 2).op.set(7));
+    expect(e, Section::StreamOps, 2, "op");
+    let e = refused_streams(|b| op(b, 1).stream.set(0));
+    expect(e, Section::StreamOps, 1, "stream");
+    let e = refused_streams(|b| op(b, 0).event.set(MAX_EVENTS as u32));
+    expect(e, Section::StreamOps, 0, "event");
+    let e = refused_streams(|b| op(b, 3).before_task.set(9));
+    expect(e, Section::StreamOps, 3, "before_task");
+    assert!(
+        matches!(e.problem, Problem::OutOfRange { max: 8, .. }),
+        "{e}"
+    );
+    // Op 1 moved before op 0's task: out of order.
+    let e = refused_streams(|b| op(b, 1).before_task.set(1));
+    expect(e, Section::StreamOps, 1, "before_task");
+    assert_eq!(e.problem, Problem::Unsorted { previous: 0 });
+    // Op 1 waits on event 5, which nothing records.
+    let e = refused_streams(|b| op(b, 1).event.set(5));
+    expect(e, Section::StreamOps, 1, "event");
+    assert_eq!(e.problem, Problem::EventNotRecorded { event: 5 });
+    assert!(
+        e.to_string().contains("no earlier stream op records"),
+        "{e}"
+    );
+    // Op 1 made a wait for event 3, which op 2 records only after it.
+    let e = refused_streams(|b| op(b, 1).event.set(3));
+    assert_eq!(e.problem, Problem::EventNotRecorded { event: 3 });
+    let e = refused_streams(|b| {
+        let args = header(b).args.offset.get();
+        header(b).stream_ops.offset.set(args);
+    });
+    expect(e, Section::Header, 0, "stream_ops");
+    assert_eq!(
+        e.problem,
+        Problem::SectionOverlap {
+            other: Section::Args
+        }
+    );
+}
+
+#[test]
+fn the_builder_refuses_bad_streams_and_events() {
+    let mut b = TableBuilder::new();
+    let x = b.tensor("X", &[1, 16]).unwrap();
+    let args = [
+        Arg::tile(x, wsp_ffi::ArgAccess::In, 0, 0, 1, 16),
+        Arg::tile(x, wsp_ffi::ArgAccess::In, 0, 0, 1, 16),
+        Arg::tile(x, wsp_ffi::ArgAccess::Out, 0, 0, 1, 16),
+    ];
+    let add = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+    let over = MAX_STREAMS as u32 + 1;
+    assert_eq!(
+        b.task_on(over, add, &args, &[]),
+        Err(BuildError::NoSuchStream(over))
+    );
+    assert_eq!(b.record_event(0, 0), Err(BuildError::NoSuchStream(0)));
+    let events = MAX_EVENTS as u32;
+    assert_eq!(
+        b.record_event(1, events),
+        Err(BuildError::NoSuchEvent(events))
+    );
+    assert_eq!(b.wait_event(1, 2), Err(BuildError::EventNotRecorded(2)));
+    assert_eq!(b.num_tasks(), 0);
 }

@@ -70,6 +70,20 @@ fn every_kernel_is_bit_identical_in_shim_and_qemu() {
 }
 
 #[test]
+fn streams_and_events_are_bit_identical_in_shim_and_qemu() {
+    shim_and_qemu_agree(
+        "streams",
+        Params {
+            m: 64,
+            n: 64,
+            k: 64,
+            tile: 32,
+            seed: 4,
+        },
+    );
+}
+
+#[test]
 fn a_bad_table_in_qemu_names_the_field_and_exits_2() {
     let w = Workload::build(
         "gemm",
@@ -83,9 +97,8 @@ fn a_bad_table_in_qemu_names_the_field_and_exits_2() {
     )
     .unwrap();
     let mut table = w.table.clone();
-    // Tensor 0's dtype, 8 bytes into its descriptor (after the 64-byte header
-    // and the 16-byte name).
-    table[64 + 16] = 9;
+    // Tensor 0's dtype, right after the header and its 16-byte name.
+    table[device_runtime::abi::HEADER_SIZE + 16] = 9;
     seal(&mut table);
     let outcome = run_in_qemu(&table, &w.arena.bytes);
     assert_eq!(outcome.status, 2, "{}", outcome.stdout);

@@ -10,6 +10,7 @@ pub enum Section {
     Kernels,
     Tasks,
     Args,
+    StreamOps,
 }
 
 impl Section {
@@ -20,6 +21,7 @@ impl Section {
             Section::Kernels => "kernels",
             Section::Tasks => "tasks",
             Section::Args => "args",
+            Section::StreamOps => "stream_ops",
         }
     }
 }
@@ -58,6 +60,10 @@ pub enum Problem {
     Duplicate { first: u32 },
     /// A section overlaps the header or another section.
     SectionOverlap { other: Section },
+    /// Entries out of order: this one comes before entry `previous`'s place.
+    Unsorted { previous: u32 },
+    /// A wait on an event that no earlier stream op records.
+    EventNotRecorded { event: u32 },
 }
 
 /// A descriptor table the runtime refuses, with the place and the reason.
@@ -133,7 +139,7 @@ impl fmt::Display for Problem {
                 write!(f, "region is not a 2-D tile: outer dimension {dim} has extent {extent} (must be 1)")
             }
             Problem::UnsupportedDtype { dtype } => {
-                write!(f, "unsupported dtype {dtype} (ABI v1 computes on f32 = 1)")
+                write!(f, "unsupported dtype {dtype} (the ABI computes on f32 = 1)")
             }
             Problem::Aliases { other } => write!(f, "shares arena bytes with tensor {other}"),
             Problem::KernelContract(e) => write!(f, "kernel contract: {e}"),
@@ -146,6 +152,15 @@ impl fmt::Display for Problem {
             Problem::Duplicate { first } => write!(f, "duplicate of entry {first}"),
             Problem::SectionOverlap { other } => {
                 write!(f, "section overlaps the {} section", other.name())
+            }
+            Problem::Unsorted { previous } => {
+                write!(f, "out of order: sorts before entry {previous}, which comes earlier in the section")
+            }
+            Problem::EventNotRecorded { event } => {
+                write!(
+                    f,
+                    "waits on event {event}, which no earlier stream op records"
+                )
             }
         }
     }

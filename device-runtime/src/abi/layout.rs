@@ -1,17 +1,21 @@
-//! The byte layout of descriptor table ABI v1.
+//! The byte layout of descriptor table ABI v2.
 //!
 //! A table is one little-endian byte string:
 //!
 //! ```text
 //! +--------------------+  offset 0
-//! | TableHeader (64 B) |  magic, version, lengths, checksum, section refs
+//! | TableHeader (72 B) |  magic, version, lengths, checksum, section refs
 //! +--------------------+
 //! | TensorDesc  x n    |  64 B each
 //! | KernelDesc  x n    |  16 B each
-//! | TaskDesc    x n    |  48 B each
+//! | TaskDesc    x n    |  56 B each
 //! | TensorArg   x n    |  40 B each (tasks point into this pool)
+//! | StreamOp    x n    |  16 B each (event records and waits, in program order)
 //! +--------------------+  total_len
 //! ```
+//!
+//! v2 added streams and events: [`TaskDesc::stream`] and the stream-ops
+//! section. A v1 table is refused with `UnsupportedVersion`.
 //!
 //! Sections may appear in any order at any offset after the header, but never
 //! overlap the header or run past `total_len`. Every field is an unaligned
@@ -26,15 +30,24 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 /// `b"PTOWSP"` followed by `\r\n`: a text-mode transfer corrupts it visibly.
 pub const MAGIC: [u8; 8] = *b"PTOWSP\r\n";
 /// The ABI version this runtime reads and the host builder writes.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 /// Size of [`TableHeader`] in bytes.
-pub const HEADER_SIZE: usize = 64;
+pub const HEADER_SIZE: usize = 72;
 /// Largest tensor rank.
 pub const MAX_RANK: usize = 4;
 /// Largest number of scalars a task carries (the kernel ABI's capacity).
 pub const MAX_SCALARS: usize = wsp_ffi::WSP_MAX_SCALARS as usize;
 /// Largest number of tensor arguments a task carries (the kernel ABI's capacity).
 pub const MAX_TENSOR_ARGS: usize = wsp_ffi::WSP_MAX_TENSOR_ARGS as usize;
+/// Streams a table may use, numbered 1 ..= `MAX_STREAMS` (0 = no stream).
+/// The orchestrator keeps a few words per stream pair for event waits.
+pub const MAX_STREAMS: usize = 8;
+/// Events a table may use, numbered 0 .. `MAX_EVENTS`.
+pub const MAX_EVENTS: usize = 16;
+/// [`StreamOp::op`]: record the event on the stream.
+pub const STREAM_OP_RECORD: u32 = 1;
+/// [`StreamOp::op`]: make the stream wait for the event.
+pub const STREAM_OP_WAIT: u32 = 2;
 
 /// Where a section lives: byte offset from the start of the table and entry count.
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -44,7 +57,7 @@ pub struct SectionRef {
     pub count: U32,
 }
 
-/// The table header (64 bytes).
+/// The table header (72 bytes).
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct TableHeader {
@@ -64,6 +77,7 @@ pub struct TableHeader {
     pub kernels: SectionRef,
     pub tasks: SectionRef,
     pub args: SectionRef,
+    pub stream_ops: SectionRef,
 }
 
 /// One tensor: a strided array in the data arena.
@@ -112,6 +126,37 @@ pub struct TaskDesc {
     pub num_scalars: U32,
     /// Raw 64-bit scalars; unused entries are 0.
     pub scalars: [U64; MAX_SCALARS],
+    /// The stream the task belongs to, 1 ..= [`MAX_STREAMS`], or 0 for none.
+    /// A stream's tasks are issued to cores in table order (each after the
+    /// one before it was issued) but may run at the same time.
+    pub stream: U32,
+    /// Must be 0.
+    pub reserved: U32,
+}
+
+/// An event operation on a stream, applied in program order just before
+/// task `before_task` is submitted (`before_task` = the number of tasks:
+/// after the last one). The section is sorted by `before_task`; entries with
+/// the same `before_task` apply in section order.
+///
+/// - Record ([`STREAM_OP_RECORD`]): the event stands for every task of
+///   `stream` submitted so far; it has happened when all of them completed.
+///   Recording an event again replaces what it stands for.
+/// - Wait ([`STREAM_OP_WAIT`]): the next task of `stream` (and so, by issue
+///   order, every later one) starts only after the event's latest record
+///   before this point has happened. Waiting on an event never recorded
+///   before is an error.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct StreamOp {
+    /// [`STREAM_OP_RECORD`] or [`STREAM_OP_WAIT`].
+    pub op: U32,
+    /// 1 ..= [`MAX_STREAMS`].
+    pub stream: U32,
+    /// 0 .. [`MAX_EVENTS`].
+    pub event: U32,
+    /// 0 ..= number of tasks.
+    pub before_task: U32,
 }
 
 bitflags! {
@@ -146,6 +191,7 @@ const _: () = {
     assert!(core::mem::size_of::<TableHeader>() == HEADER_SIZE);
     assert!(core::mem::size_of::<TensorDesc>() == 64);
     assert!(core::mem::size_of::<KernelDesc>() == 16);
-    assert!(core::mem::size_of::<TaskDesc>() == 48);
+    assert!(core::mem::size_of::<TaskDesc>() == 56);
     assert!(core::mem::size_of::<TensorArg>() == 40);
+    assert!(core::mem::size_of::<StreamOp>() == 16);
 };

@@ -1,4 +1,4 @@
-//! Descriptor table ABI v1: the host -> device contract.
+//! Descriptor table ABI v2: the host -> device contract.
 //!
 //! The host builds a table (see `host-tools`), the device parses it in place
 //! with [`Table::parse`], which validates every byte it will later rely on. A

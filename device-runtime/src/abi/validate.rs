@@ -17,9 +17,10 @@ pub struct Table<'a> {
     kernels: &'a [KernelDesc],
     tasks: &'a [TaskDesc],
     args: &'a [TensorArg],
+    stream_ops: &'a [StreamOp],
 }
 
-/// Bytes per element of a dtype, or `None` for a dtype ABI v1 does not compute on.
+/// Bytes per element of a dtype, or `None` for a dtype the ABI does not compute on.
 pub fn dtype_size(dtype: u32) -> Option<u64> {
     match dtype {
         wsp_ffi::WspDtype_WSP_DTYPE_F32 => Some(4),
@@ -38,34 +39,43 @@ fn header_err(field: &'static str, problem: Problem) -> TableError {
 /// Reads just enough of a header to tell the table's total length: for a loader
 /// that finds a table at an address and must size the slice before parsing.
 pub fn table_len(header_bytes: &[u8]) -> Result<usize, TableError> {
-    let (header, _) = TableHeader::ref_from_prefix(header_bytes).map_err(|_| {
+    let truncated = |field| {
         header_err(
-            "magic",
+            field,
             Problem::Truncated {
                 needed: HEADER_SIZE as u64,
                 available: header_bytes.len() as u64,
             },
         )
-    })?;
-    if header.magic != MAGIC {
+    };
+    // Magic and version first: a table of another version may have a
+    // shorter header, and should be named as such rather than as truncated.
+    let Some(magic) = header_bytes.get(..8) else {
+        return Err(truncated("magic"));
+    };
+    if magic != MAGIC {
         return Err(header_err("magic", Problem::BadMagic));
     }
-    if header.abi_version.get() != ABI_VERSION {
+    let Some(version) = header_bytes.get(8..12) else {
+        return Err(truncated("abi_version"));
+    };
+    let version = u32::from_le_bytes([version[0], version[1], version[2], version[3]]);
+    if version != ABI_VERSION {
         return Err(header_err(
             "abi_version",
-            Problem::UnsupportedVersion {
-                found: header.abi_version.get(),
-            },
+            Problem::UnsupportedVersion { found: version },
         ));
     }
+    let (header, _) =
+        TableHeader::ref_from_prefix(header_bytes).map_err(|_| truncated("header_size"))?;
     if header.header_size.get() as usize != HEADER_SIZE {
         let value = header.header_size.get() as u64;
         return Err(header_err(
             "header_size",
             Problem::OutOfRange {
                 value,
-                min: 64,
-                max: 64,
+                min: HEADER_SIZE as u64,
+                max: HEADER_SIZE as u64,
             },
         ));
     }
@@ -76,7 +86,7 @@ pub fn table_len(header_bytes: &[u8]) -> Result<usize, TableError> {
             "total_len",
             Problem::OutOfRange {
                 value,
-                min: 64,
+                min: HEADER_SIZE as u64,
                 max: u32::MAX as u64,
             },
         ));
@@ -141,11 +151,13 @@ impl<'a> Table<'a> {
         let (kernels, r1) = section::<KernelDesc>(bytes, "kernels", &header.kernels)?;
         let (tasks, r2) = section::<TaskDesc>(bytes, "tasks", &header.tasks)?;
         let (args, r3) = section::<TensorArg>(bytes, "args", &header.args)?;
+        let (stream_ops, r4) = section::<StreamOp>(bytes, "stream_ops", &header.stream_ops)?;
         let ranges = [
             (Section::Tensors, r0),
             (Section::Kernels, r1),
             (Section::Tasks, r2),
             (Section::Args, r3),
+            (Section::StreamOps, r4),
         ];
         for (i, (a, ra)) in ranges.iter().enumerate() {
             for (b, rb) in &ranges[i + 1..] {
@@ -160,10 +172,12 @@ impl<'a> Table<'a> {
             kernels,
             tasks,
             args,
+            stream_ops,
         };
         table.validate_tensors()?;
         table.validate_kernels()?;
         table.validate_tasks()?;
+        table.validate_stream_ops()?;
         Ok(table)
     }
 
@@ -184,6 +198,10 @@ impl<'a> Table<'a> {
     }
     pub fn tasks(&self) -> &'a [TaskDesc] {
         self.tasks
+    }
+    /// Event records and waits, sorted by the task they precede.
+    pub fn stream_ops(&self) -> &'a [StreamOp] {
+        self.stream_ops
     }
     /// The tensor arguments of `task` (validated to lie inside the args section).
     pub fn task_args(&self, task: &TaskDesc) -> &'a [TensorArg] {
@@ -389,6 +407,23 @@ impl<'a> Table<'a> {
                 };
                 return Err(e("first_arg", problem));
             }
+            let stream = task.stream.get() as u64;
+            if stream > MAX_STREAMS as u64 {
+                let problem = Problem::OutOfRange {
+                    value: stream,
+                    min: 0,
+                    max: MAX_STREAMS as u64,
+                };
+                return Err(e("stream", problem));
+            }
+            if task.reserved.get() != 0 {
+                let problem = Problem::OutOfRange {
+                    value: task.reserved.get() as u64,
+                    min: 0,
+                    max: 0,
+                };
+                return Err(e("reserved", problem));
+            }
             let nscalars = task.num_scalars.get() as u64;
             if nscalars != info.num_scalars as u64 {
                 let n = info.num_scalars as u64;
@@ -417,6 +452,48 @@ impl<'a> Table<'a> {
             }
             info.check(&shapes[..count as usize], &scalars[..nscalars as usize])
                 .map_err(|c| e("first_arg", Problem::KernelContract(c)))?;
+        }
+        Ok(())
+    }
+
+    /// Stream ops name existing streams and events, are sorted by the task
+    /// they precede, and wait only on events recorded before them.
+    fn validate_stream_ops(&self) -> Result<(), TableError> {
+        let mut recorded = 0u64;
+        let mut previous = 0;
+        let range = |value: u32, min: u64, max: u64| Problem::OutOfRange {
+            value: value as u64,
+            min,
+            max,
+        };
+        for (i, op) in self.stream_ops.iter().enumerate() {
+            let e = |field, problem| err(Section::StreamOps, i, field, problem);
+            let (kind, stream, event) = (op.op.get(), op.stream.get(), op.event.get());
+            let before = op.before_task.get();
+            if kind != STREAM_OP_RECORD && kind != STREAM_OP_WAIT {
+                return Err(e("op", range(kind, 1, 2)));
+            }
+            if stream == 0 || stream as usize > MAX_STREAMS {
+                return Err(e("stream", range(stream, 1, MAX_STREAMS as u64)));
+            }
+            if event as usize >= MAX_EVENTS {
+                return Err(e("event", range(event, 0, MAX_EVENTS as u64 - 1)));
+            }
+            if before as usize > self.tasks.len() {
+                return Err(e("before_task", range(before, 0, self.tasks.len() as u64)));
+            }
+            if i > 0 && before < previous {
+                let problem = Problem::Unsorted {
+                    previous: i as u32 - 1,
+                };
+                return Err(e("before_task", problem));
+            }
+            previous = before;
+            if kind == STREAM_OP_RECORD {
+                recorded |= 1 << event;
+            } else if recorded & (1 << event) == 0 {
+                return Err(e("event", Problem::EventNotRecorded { event }));
+            }
         }
         Ok(())
     }

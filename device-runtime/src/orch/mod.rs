@@ -22,6 +22,15 @@
 //! its DepList nodes go back to the pool as soon as it completes, since its
 //! consumers are released then.
 //!
+//! Streams and events ([`stream`]): a task submitted on a stream
+//! ([`Orchestrator::submit_on`]) becomes ready only after the stream's
+//! previous task was issued to a core ([`Orchestrator::issued`]), so a
+//! stream issues in order but its tasks may overlap; an event recorded on a
+//! stream ([`Orchestrator::record_event`]) stands for the stream's tasks so
+//! far, and a stream that waits for it ([`Orchestrator::wait_event`]) holds
+//! its next task until they have all completed. Both combine with the
+//! inferred tensor dependencies.
+//!
 //! When a resource is full, [`Orchestrator::submit`] returns
 //! [`SubmitError::Stall`] and changes nothing: the caller processes
 //! completions and submits again. When the caller finds it cannot progress,
@@ -32,6 +41,7 @@ pub mod deadlock;
 pub mod dep_pool;
 pub mod heap_ring;
 pub mod stall;
+pub mod stream;
 pub mod tensor_map;
 
 use core::fmt;
@@ -44,6 +54,8 @@ use deadlock::{REPORTED_PRODUCERS, REPORTED_TASKS};
 use dep_pool::{DepPool, NIL};
 pub use heap_ring::{HeapBlock, HeapError, HeapRing};
 pub use stall::{ResourceStats, StallReason, StallStats};
+use stream::{is_stream, Streams};
+pub use stream::{EventId, StreamId};
 use tensor_map::{Place, TensorMap, Visitor};
 
 #[cfg(test)]
@@ -76,6 +88,9 @@ pub enum TaskState {
     Ready,
     /// Handed out by [`Orchestrator::pop_ready`].
     Running,
+    /// Reported issued to a core ([`Orchestrator::issued`]): the next task
+    /// of its stream may become ready.
+    Issued,
     /// Finished; retires when everything older has and no scope holds it.
     Completed,
 }
@@ -108,6 +123,10 @@ pub enum Invalid {
         index: usize,
         other: usize,
     },
+    /// A stream number outside 1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS).
+    NoSuchStream {
+        stream: StreamId,
+    },
 }
 
 /// Why [`Orchestrator::submit`] did not submit.
@@ -129,10 +148,45 @@ pub enum UsageError {
         max: usize,
     },
     NoOpenScope,
-    /// `complete` for a task that is not running.
+    /// `issued` or `complete` for a task that is not running.
     NotRunning {
         id: TaskId,
     },
+    /// A stream number outside 1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS).
+    NoSuchStream {
+        stream: StreamId,
+    },
+    /// An event number outside 0 .. [`MAX_EVENTS`](crate::abi::MAX_EVENTS).
+    NoSuchEvent {
+        event: EventId,
+    },
+    /// A wait on an event that was never recorded.
+    EventNotRecorded {
+        event: EventId,
+    },
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            UsageError::ScopeTooDeep { max } => write!(f, "more than {max} nested scopes"),
+            UsageError::NoOpenScope => f.write_str("scope_end without an open scope"),
+            UsageError::NotRunning { id } => write!(f, "task {id} is not running"),
+            UsageError::NoSuchStream { stream } => write!(
+                f,
+                "stream {stream}; streams are 1 to {}",
+                crate::abi::MAX_STREAMS
+            ),
+            UsageError::NoSuchEvent { event } => write!(
+                f,
+                "event {event}; events are 0 to {}",
+                crate::abi::MAX_EVENTS - 1
+            ),
+            UsageError::EventNotRecorded { event } => {
+                write!(f, "wait on event {event}, which was never recorded")
+            }
+        }
+    }
 }
 
 impl fmt::Display for SubmitError {
@@ -155,6 +209,11 @@ impl fmt::Display for SubmitError {
                     "argument {index} writes a region overlapping argument {other}"
                 )
             }
+            SubmitError::Invalid(Invalid::NoSuchStream { stream }) => write!(
+                f,
+                "stream {stream}; streams are 1 to {}",
+                crate::abi::MAX_STREAMS
+            ),
         }
     }
 }
@@ -179,6 +238,10 @@ struct Slot {
     /// TensorMap position after this task's entries: reclaimed up to it
     /// when the task retires.
     tmap_end: u64,
+    /// Its stream (0: none).
+    stream: StreamId,
+    /// The next task of its stream, held back until this one is issued.
+    stream_next: TaskId,
 }
 
 const NONE: TaskId = u64::MAX;
@@ -198,6 +261,8 @@ const FREE_SLOT: Slot = Slot {
     marked_by: 0,
     ready_next: NONE,
     tmap_end: 0,
+    stream: 0,
+    stream_next: NONE,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -233,6 +298,7 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     /// The first producers the last dependency pass found (all of them when
     /// it found no more than this holds), so that committing needs no second walk.
     found: [TaskId; 16],
+    streams: Streams,
 }
 
 impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASKS, TMAP, DEPS> {
@@ -263,6 +329,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0]),
             pass: 0,
             found: [0; 16],
+            streams: Streams::new(),
         }
     }
 
@@ -302,8 +369,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         id >= self.head && id < self.next && self.slot(id).state != TaskState::Completed
     }
 
-    /// Submits a task at time `now` (the caller's clock, for stall times).
-    /// Nothing changes unless it returns `Ok`.
+    /// Submits a task at time `now` (the caller's clock, for stall times),
+    /// on no stream. Nothing changes unless it returns `Ok`.
     pub fn submit(
         &mut self,
         now: u64,
@@ -313,6 +380,45 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         extra_deps: &[TaskId],
         tag: u64,
     ) -> Result<TaskId, SubmitError> {
+        self.submit_in(now, 0, kernel, args, heap_bytes, extra_deps, tag)
+    }
+
+    /// Submits a task on `stream` (1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS),
+    /// or 0 for none): besides its inferred and explicit dependencies, it
+    /// becomes ready only after the stream's previous task was issued (see
+    /// [`Orchestrator::issued`]), and after every event its stream waits for.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_on(
+        &mut self,
+        now: u64,
+        stream: StreamId,
+        kernel: KernelRef,
+        args: &[TaskArg],
+        heap_bytes: u64,
+        extra_deps: &[TaskId],
+        tag: u64,
+    ) -> Result<TaskId, SubmitError> {
+        self.submit_in(now, stream, kernel, args, heap_bytes, extra_deps, tag)
+    }
+
+    /// The body of [`Orchestrator::submit`] and [`Orchestrator::submit_on`],
+    /// inlined into each: `submit` then pays nothing for streams (its
+    /// constant stream 0 folds the stream code away) and no extra call.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn submit_in(
+        &mut self,
+        now: u64,
+        stream: StreamId,
+        kernel: KernelRef,
+        args: &[TaskArg],
+        heap_bytes: u64,
+        extra_deps: &[TaskId],
+        tag: u64,
+    ) -> Result<TaskId, SubmitError> {
+        if stream != 0 && !is_stream(stream) {
+            return Err(SubmitError::Invalid(Invalid::NoSuchStream { stream }));
+        }
         if args.len() > MAX_TENSOR_ARGS {
             return Err(SubmitError::Invalid(Invalid::TooManyArgs {
                 count: args.len(),
@@ -375,7 +481,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // More edges than the whole pool is no deadlock: the count is of
             // producers still running, and each one that completes frees its
             // edges and drops out of the count.
-            edges = self.wire(id, args, places, extra_deps, false);
+            edges = self.wire(id, stream, args, places, extra_deps, false);
             if (self.deps.available() as u64) < edges {
                 return self.stall(StallReason::DepListPoolFull, now);
             }
@@ -400,6 +506,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             fanin: 1,
             heap,
             held,
+            stream,
             ..FREE_SLOT
         };
         if !one_pass && edges as usize <= self.found.len() && self.tmap.cover_pending() {
@@ -413,7 +520,18 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             self.slot_mut(id).fanin += edges as u32;
         } else {
-            self.wire(id, args, places, extra_deps, true);
+            self.wire(id, stream, args, places, extra_deps, true);
+        }
+        if stream != 0 {
+            // Held back until the stream's previous task is issued. A task
+            // at or past `head` has not retired; one that completed was issued.
+            let before = self.streams.last(stream);
+            let waiting = |s: TaskState| s != TaskState::Issued && s != TaskState::Completed;
+            if before != NONE && before >= self.head && waiting(self.slot(before).state) {
+                self.slot_mut(before).stream_next = id;
+                self.slot_mut(id).fanin += 1;
+            }
+            self.streams.submitted(stream, id);
         }
         self.next += 1;
         for (a, place) in args.iter().zip(places) {
@@ -455,6 +573,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     fn wire(
         &mut self,
         id: TaskId,
+        stream: StreamId,
         args: &[TaskArg],
         places: &[Place],
         extra_deps: &[TaskId],
@@ -482,6 +601,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         for &p in extra_deps {
             if wiring.live(p) {
                 wiring.conflict(p);
+            }
+        }
+        if stream != 0 {
+            for (source, bound) in self.streams.waits(stream) {
+                wiring.stream_tasks(source, bound);
             }
         }
         let count = wiring.count;
@@ -534,11 +658,78 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         })
     }
 
-    /// Task `id` finished: releases its consumers and retires what it can.
-    pub fn complete(&mut self, id: TaskId) -> Result<(), UsageError> {
-        if !(id >= self.head && id < self.next && self.slot(id).state == TaskState::Running) {
+    /// Task `id`, handed out by [`Orchestrator::pop_ready`], was issued to
+    /// a core: the next task of its stream may become ready. A caller that
+    /// never calls this serializes streams: [`Orchestrator::complete`]
+    /// counts as the issue too. Calling it twice is harmless.
+    pub fn issued(&mut self, id: TaskId) -> Result<(), UsageError> {
+        if !self.is_running(id) {
             return Err(UsageError::NotRunning { id });
         }
+        self.slot_mut(id).state = TaskState::Issued;
+        self.release_stream_next(id);
+        Ok(())
+    }
+
+    /// Handed out and not completed (issued or not).
+    fn is_running(&self, id: TaskId) -> bool {
+        let state = self.slot(id).state;
+        id >= self.head
+            && id < self.next
+            && (state == TaskState::Running || state == TaskState::Issued)
+    }
+
+    /// Lets the task held back behind `id` on its stream go.
+    #[inline(always)]
+    fn release_stream_next(&mut self, id: TaskId) {
+        let next = core::mem::replace(&mut self.slot_mut(id).stream_next, NONE);
+        if next != NONE {
+            self.release(next);
+        }
+    }
+
+    /// Records `event` on `stream` at this point of the program: it stands
+    /// for the stream's tasks submitted so far, and has happened when all
+    /// of them have completed. Recording it again replaces that set.
+    pub fn record_event(&mut self, stream: StreamId, event: EventId) -> Result<(), UsageError> {
+        Self::check_stream_event(stream, event)?;
+        self.streams.record(stream, event, self.next);
+        Ok(())
+    }
+
+    /// Makes the next task submitted on `stream` (and, since a stream
+    /// issues in order, every later one) wait until `event`, as last
+    /// recorded, has happened.
+    pub fn wait_event(&mut self, stream: StreamId, event: EventId) -> Result<(), UsageError> {
+        Self::check_stream_event(stream, event)?;
+        if !self.streams.wait(stream, event) {
+            return Err(UsageError::EventNotRecorded { event });
+        }
+        Ok(())
+    }
+
+    fn check_stream_event(stream: StreamId, event: EventId) -> Result<(), UsageError> {
+        if !is_stream(stream) {
+            return Err(UsageError::NoSuchStream { stream });
+        }
+        if event as usize >= crate::abi::MAX_EVENTS {
+            return Err(UsageError::NoSuchEvent { event });
+        }
+        Ok(())
+    }
+
+    /// Forgets streams' last tasks, pending waits and events: for a new
+    /// program (a table run) on a drained orchestrator.
+    pub fn clear_streams(&mut self) {
+        self.streams.clear();
+    }
+
+    /// Task `id` finished: releases its consumers and retires what it can.
+    pub fn complete(&mut self, id: TaskId) -> Result<(), UsageError> {
+        if !self.is_running(id) {
+            return Err(UsageError::NotRunning { id });
+        }
+        self.release_stream_next(id);
         self.slot_mut(id).state = TaskState::Completed;
         let mut fanout = self.slot(id).fanout;
         while let Some(consumer) = self.deps.pop(&mut fanout) {
@@ -553,12 +744,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// or held by a scope; reclaims their slots, heap and TensorMap entries.
     fn retire(&mut self) {
         while self.head < self.next {
-            let slot = *self.slot(self.head);
+            let slot = self.slot(self.head);
             if slot.state != TaskState::Completed || slot.held {
                 break;
             }
-            self.tmap.release_until(slot.tmap_end);
-            self.heap.free(slot.heap);
+            let (tmap_end, heap) = (slot.tmap_end, slot.heap);
+            self.tmap.release_until(tmap_end);
+            self.heap.free(heap);
             self.head += 1;
         }
     }
@@ -699,9 +891,14 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 waits_on: [None; REPORTED_PRODUCERS],
                 producers: 0,
             };
-            // Producers are the older live tasks whose fan-out lists name it.
+            // Producers are the older live tasks whose fan-out lists name
+            // it, and its stream's previous task until that is issued.
             for p in self.head..id {
-                if self.is_live(p) && self.deps.iter(self.slot(p).fanout).any(|c| c == id) {
+                let named = |p: TaskId| {
+                    self.slot(p).stream_next == id
+                        || self.deps.iter(self.slot(p).fanout).any(|c| c == id)
+                };
+                if self.is_live(p) && named(p) {
                     if let Some(w) = task.waits_on.get_mut(task.producers as usize) {
                         *w = Some(p);
                     }
@@ -729,6 +926,17 @@ struct Wiring<'a, const TASKS: usize, const DEPS: usize> {
     mark: u64,
     commit: bool,
     count: u64,
+}
+
+impl<const TASKS: usize, const DEPS: usize> Wiring<'_, TASKS, DEPS> {
+    /// An event wait: a dependency on every live task of `stream` below `bound`.
+    fn stream_tasks(&mut self, stream: StreamId, bound: TaskId) {
+        for p in self.head..bound.min(self.next) {
+            if self.slots[(p % TASKS as u64) as usize].stream == stream && self.live(p) {
+                self.conflict(p);
+            }
+        }
+    }
 }
 
 impl<const TASKS: usize, const DEPS: usize> Visitor for Wiring<'_, TASKS, DEPS> {

@@ -486,3 +486,166 @@ fn independent_tiles_of_one_tensor_are_found_by_place() {
         "ready once every tile is written"
     );
 }
+
+fn on(o: &mut Orchestrator<16, 64, 64>, stream: StreamId, args: &[TaskArg]) -> TaskId {
+    o.submit_on(0, stream, VEC, args, 0, &[], 0).unwrap()
+}
+
+fn ready_ids(o: &mut Orchestrator<16, 64, 64>) -> Vec<TaskId> {
+    let mut ids = Vec::new();
+    while let Some(t) = o.pop_ready(CoreKind::Vector) {
+        ids.push(t.id);
+    }
+    ids
+}
+
+#[test]
+fn a_stream_releases_each_task_when_the_one_before_is_issued() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    // Three independent tasks on stream 1, one on stream 2, one on none.
+    let s = [
+        on(&mut o, 1, &[write(1, 0, 1)]),
+        on(&mut o, 1, &[write(2, 0, 1)]),
+        on(&mut o, 1, &[write(3, 0, 1)]),
+    ];
+    let other = on(&mut o, 2, &[write(4, 0, 1)]);
+    let free = on(&mut o, 0, &[write(5, 0, 1)]);
+    assert_eq!(ready_ids(&mut o), vec![s[0], other, free]);
+    // Handing a task out is not issuing it.
+    assert_eq!(ready_ids(&mut o), vec![]);
+    o.issued(s[0]).unwrap();
+    assert_eq!(
+        ready_ids(&mut o),
+        vec![s[1]],
+        "overlaps with the running s0"
+    );
+    o.issued(s[0]).unwrap(); // harmless twice
+                             // Completing counts as issuing, for callers that do not report issues.
+    o.complete(s[1]).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![s[2]]);
+    for id in [s[0], s[2], other, free] {
+        o.complete(id).unwrap();
+    }
+    assert!(o.is_drained());
+    // A task whose predecessor already issued (or retired) is ready at once.
+    let a = on(&mut o, 1, &[write(1, 0, 1)]);
+    assert_eq!(ready_ids(&mut o), vec![a]);
+    o.issued(a).unwrap();
+    let b = on(&mut o, 1, &[write(2, 0, 1)]);
+    assert_eq!(ready_ids(&mut o), vec![b]);
+}
+
+#[test]
+fn stream_order_combines_with_data_dependencies() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let w = on(&mut o, 2, &[write(1, 0, 4)]);
+    let first = on(&mut o, 1, &[write(9, 0, 1)]);
+    // Second on stream 1 also reads w's output: needs both w done and first issued.
+    let second = on(&mut o, 1, &[read(1, 0, 4), write(9, 1, 1)]);
+    assert_eq!(ready_ids(&mut o), vec![w, first]);
+    o.issued(first).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![], "still waits for w");
+    o.complete(w).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![second]);
+    // The deadlock report names the stream predecessor as what a task waits on.
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let a = on(&mut o, 3, &[write(1, 0, 1)]);
+    let b = on(&mut o, 3, &[write(2, 0, 1)]);
+    let report = o.report(DeadlockCause::Stuck);
+    let blocked = report.blocked[1].unwrap();
+    assert_eq!((blocked.id, blocked.producers), (b, 1));
+    assert_eq!(blocked.waits_on[0], Some(a));
+}
+
+#[test]
+fn an_event_wait_orders_streams_without_data_dependencies() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let a0 = on(&mut o, 1, &[write(1, 0, 1)]);
+    let a1 = on(&mut o, 1, &[write(2, 0, 1)]);
+    o.record_event(1, 5).unwrap();
+    let a2 = on(&mut o, 1, &[write(3, 0, 1)]); // after the record: not waited on
+    o.wait_event(2, 5).unwrap();
+    let b0 = on(&mut o, 2, &[write(4, 0, 1)]);
+    let b1 = on(&mut o, 2, &[write(5, 0, 1)]);
+    let c = on(&mut o, 3, &[write(6, 0, 1)]); // another stream: no wait
+    assert_eq!(ready_ids(&mut o), vec![a0, c]);
+    o.issued(a0).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![a1]);
+    o.issued(a1).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![a2]);
+    o.complete(a0).unwrap();
+    o.complete(a2).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![], "b0 waits for a1 too");
+    o.complete(a1).unwrap();
+    assert_eq!(
+        ready_ids(&mut o),
+        vec![b0],
+        "every task before the record completed"
+    );
+    assert_eq!(ready_ids(&mut o), vec![]);
+    o.issued(b0).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![b1], "only b0 carried the wait");
+    for id in [b0, b1, c] {
+        o.complete(id).unwrap();
+    }
+    assert!(o.is_drained());
+}
+
+#[test]
+fn a_wait_for_completed_tasks_and_a_rerecorded_event() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let a0 = on(&mut o, 1, &[write(1, 0, 1)]);
+    o.record_event(1, 0).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![a0]);
+    o.complete(a0).unwrap();
+    // The event has happened: the waiting task is ready at once.
+    o.wait_event(2, 0).unwrap();
+    let b0 = on(&mut o, 2, &[write(2, 0, 1)]);
+    assert_eq!(ready_ids(&mut o), vec![b0]);
+    // Recorded again after a1: a wait now covers a1.
+    let a1 = on(&mut o, 1, &[write(3, 0, 1)]);
+    o.record_event(1, 0).unwrap();
+    o.wait_event(3, 0).unwrap();
+    // Two waits on one stream before its task: both hold.
+    let a2 = on(&mut o, 2, &[write(4, 0, 1)]);
+    o.record_event(2, 1).unwrap();
+    o.wait_event(3, 1).unwrap();
+    let c = on(&mut o, 3, &[write(5, 0, 1)]);
+    assert_eq!(ready_ids(&mut o), vec![a1]);
+    o.issued(b0).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![a2]);
+    o.complete(a1).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![], "c also waits for b0 and a2");
+    o.complete(b0).unwrap();
+    o.complete(a2).unwrap();
+    assert_eq!(ready_ids(&mut o), vec![c]);
+}
+
+#[test]
+fn bad_streams_and_events_are_refused() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let max = crate::abi::MAX_STREAMS as u32;
+    assert_eq!(
+        o.submit_on(0, max + 1, VEC, &[write(1, 0, 1)], 0, &[], 0),
+        Err(SubmitError::Invalid(Invalid::NoSuchStream {
+            stream: max + 1
+        }))
+    );
+    assert_eq!(o.submitted(), 0, "nothing changed");
+    assert_eq!(
+        o.record_event(0, 0),
+        Err(UsageError::NoSuchStream { stream: 0 })
+    );
+    let events = crate::abi::MAX_EVENTS as u32;
+    assert_eq!(
+        o.record_event(1, events),
+        Err(UsageError::NoSuchEvent { event: events })
+    );
+    assert_eq!(
+        o.wait_event(1, 3),
+        Err(UsageError::EventNotRecorded { event: 3 })
+    );
+    assert_eq!(o.issued(0), Err(UsageError::NotRunning { id: 0 }));
+    let e = UsageError::EventNotRecorded { event: 3 }.to_string();
+    assert!(e.contains("event 3") && e.contains("never recorded"), "{e}");
+}

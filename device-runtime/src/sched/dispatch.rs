@@ -5,8 +5,8 @@
 use wsp_ffi::CoreKind;
 
 use super::policy::{DispatchKey, DispatchPolicy, Load, Placement, TaskInfo, MAX_THREADS};
-use super::{ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, RUNNING};
-use crate::abi::{Access, Region, Table, MAX_TENSOR_ARGS};
+use super::{ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING};
+use crate::abi::{Access, Region, Table, MAX_TENSOR_ARGS, STREAM_OP_RECORD};
 use crate::exec::{RunError, RunStats, TableOrchestrator};
 use crate::orch::{KernelRef, ReadyTask, ResourceStats, StallReason, SubmitError, TaskArg, TaskId};
 use crate::steal_deque::Owner;
@@ -46,6 +46,8 @@ pub struct Dispatcher<'a> {
     base: TaskId,
     /// Next table task to submit.
     next: usize,
+    /// Next stream op to apply (before table task `next`).
+    next_op: usize,
     /// Tasks placed and not yet collected as finished.
     outstanding: u64,
     /// Per kind, a ready task whose queue was full, and where it goes.
@@ -128,6 +130,7 @@ impl<'a> Dispatcher<'a> {
         if queues.done.iter().any(|r| !r.is_empty()) {
             return Err(in_use);
         }
+        orch.clear_streams();
         queues.stealing.store(policy.steals(), Ordering::Release);
         queues.starved.store(0, Ordering::Relaxed);
         queues.state.store(RUNNING, Ordering::Release);
@@ -145,6 +148,7 @@ impl<'a> Dispatcher<'a> {
             eligible,
             eligible_count,
             next: 0,
+            next_op: 0,
             outstanding: 0,
             held: [None; 2],
             ready_queue: ResourceStats {
@@ -191,12 +195,18 @@ impl<'a> Dispatcher<'a> {
     fn collect(&mut self) -> bool {
         let mut any = false;
         for ring in &self.queues.done[..self.threads] {
-            while let Some(index) = ring.pop() {
-                // The task was handed out by `pop_ready` and is not complete.
-                let completed = self.orch.complete(self.base + index);
-                debug_assert!(completed.is_ok(), "completion of task {index}");
-                self.outstanding -= 1;
+            while let Some(entry) = ring.pop() {
                 any = true;
+                // The task was handed out by `pop_ready` and is not complete
+                // (a thread reports a task's issue before its completion).
+                if entry & ISSUED != 0 {
+                    let issued = self.orch.issued(self.base + (entry & !ISSUED));
+                    debug_assert!(issued.is_ok(), "issue of task {entry:#x}");
+                    continue;
+                }
+                let completed = self.orch.complete(self.base + entry);
+                debug_assert!(completed.is_ok(), "completion of task {entry}");
+                self.outstanding -= 1;
             }
         }
         any
@@ -211,7 +221,30 @@ impl<'a> Dispatcher<'a> {
     /// Submits table tasks in order until one stalls.
     fn submit(&mut self, now: u64) -> Result<bool, RunError> {
         let mut submitted = false;
-        while self.next < self.table.tasks().len() {
+        let ops = self.table.stream_ops();
+        loop {
+            // Event records and waits come before the task they precede.
+            while let Some(op) = ops.get(self.next_op) {
+                if op.before_task.get() as usize > self.next {
+                    break;
+                }
+                let (stream, event) = (op.stream.get(), op.event.get());
+                let applied = if op.op.get() == STREAM_OP_RECORD {
+                    self.orch.record_event(stream, event)
+                } else {
+                    self.orch.wait_event(stream, event)
+                };
+                if let Err(why) = applied {
+                    return Err(RunError::StreamOpRefused {
+                        op: self.next_op as u32,
+                        why,
+                    });
+                }
+                self.next_op += 1;
+            }
+            if self.next == self.table.tasks().len() {
+                break;
+            }
             let index = self.next as u32;
             let (kernel_id, kind) = self.kind_of(index);
             if self.eligible_count[kind as usize] == 0 {
@@ -243,7 +276,11 @@ impl<'a> Dispatcher<'a> {
                 kind,
             };
             let args = &args[..table_args.len()];
-            match self.orch.submit(now, kernel, args, 0, &[], index as u64) {
+            let stream = desc.stream.get();
+            match self
+                .orch
+                .submit_on(now, stream, kernel, args, 0, &[], index as u64)
+            {
                 Ok(id) => {
                     debug_assert_eq!(id, self.base + index as u64);
                     self.next += 1;

@@ -10,7 +10,10 @@
 //! from the shared queue, and, when the policy allows stealing and it still
 //! has idle cores, single tasks from other threads' queues; it issues them to
 //! its idle cores, polls its cores, and hands completions back to the
-//! dispatcher through its completion ring.
+//! dispatcher through its completion ring. For a task on a stream it also
+//! reports the issue itself through that ring: the orchestrator holds a
+//! stream's next task back until then, so that a stream's tasks are issued
+//! in order across threads, core kinds and steals, yet may overlap.
 //!
 //! ```text
 //!  dispatcher (thread 0)                         scheduler thread t
@@ -62,6 +65,14 @@ use crate::exec::RunError;
 /// shared queue per kind). [`SchedConfig::queue_depth`] may set a lower limit.
 pub const DISPATCH_QUEUE: usize = 256;
 
+/// Capacity of a thread's completion ring: two entries (issued, finished)
+/// per task of the window.
+const DONE_RING: usize = 2 * TASK_WINDOW;
+
+/// Marks a completion-ring entry as "this stream task was issued" rather
+/// than "finished": the dispatcher then lets the stream's next task go.
+const ISSUED: u64 = 1 << 63;
+
 const RUNNING: u32 = 0;
 const FINISHED: u32 = 1;
 const ABORTED: u32 = 2;
@@ -71,9 +82,10 @@ const ABORTED: u32 = 2;
 pub struct Queues {
     ready: [[StealDeque<DISPATCH_QUEUE>; 2]; MAX_THREADS],
     shared: [StealDeque<DISPATCH_QUEUE>; 2],
-    /// Table indices of finished tasks, per thread. Never full: every entry
-    /// is a distinct task of the window that has not been collected.
-    done: [Ring<TASK_WINDOW>; MAX_THREADS],
+    /// Per thread, table indices of finished tasks, and of stream tasks
+    /// just issued (marked [`ISSUED`]). Never full: every entry is one of at
+    /// most two per task of the window that has not been collected.
+    done: [Ring<DONE_RING>; MAX_THREADS],
     state: AtomicU32,
     /// Whether the policy lets idle threads steal (it may change its mind).
     stealing: AtomicBool,

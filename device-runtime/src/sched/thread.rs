@@ -7,9 +7,9 @@ use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
 
 use super::policy::MAX_THREADS;
 use super::ConfigError;
-use super::{Queues, FINISHED, RUNNING};
+use super::{Queues, DONE_RING, FINISHED, ISSUED, RUNNING};
 use crate::abi::{dtype_size, Region, Table, TileView, MAX_TENSOR_ARGS};
-use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH, TASK_WINDOW};
+use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use crate::platform::{Completion, Platform, MAX_CORES};
 use crate::steal_deque::{Steal, StealDeque};
 use crate::sync::Ordering;
@@ -328,6 +328,11 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                         core: self.global[core] as u32,
                     });
                 }
+                if self.table.tasks()[index as usize].stream.get() != 0 {
+                    // The stream's next task waits for this report.
+                    let pushed = self.queues.done[self.id].push(index as u64 | ISSUED);
+                    debug_assert!(pushed, "the completion ring has room for every report");
+                }
                 let held = self.core_held[core] as usize;
                 if held == 0 {
                     self.core_started[core] = self.platform.now();
@@ -381,10 +386,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         let mut finished = false;
         let mut busy = self.busy();
         let done = &self.queues.done[self.id];
-        // Never full (it holds distinct uncollected tasks of the window and
-        // is as large as the window); checked anyway, so that no completion
-        // is taken from a core without room to hand it on.
-        while busy != 0 && done.len() < TASK_WINDOW {
+        // Never full (it holds at most two reports per uncollected task of
+        // the window, and has room for that); checked anyway, so that no
+        // completion is taken from a core without room to hand it on.
+        while busy != 0 && done.len() < DONE_RING {
             let core = busy.trailing_zeros() as usize;
             busy &= busy - 1;
             let Some(completion) = self.platform.poll(core) else {

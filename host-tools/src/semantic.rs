@@ -180,7 +180,10 @@ pub fn run_semantic_with(
     sched: &SchedConfig,
     options: &RunOptions,
 ) -> Result<SemanticRun, ShimError> {
-    let mut policy = sched.policy.build();
+    let mut policy = sched
+        .policy
+        .build()
+        .map_err(|e| ShimError::Run(Box::new(RunError::Config(ConfigError::Policy(e)))))?;
     run_semantic_custom(table, arena, kinds, sched, &mut policy, options)
 }
 

@@ -172,10 +172,13 @@ pub fn run_threads<P: Platform + Send>(
         .collect();
     let queues = Box::new(Queues::new());
     let mut orch = Box::new(TableOrchestrator::for_tables());
-    let mut policy = sched.policy.build();
     let arena_len = arena.len() as u64;
     let arena = Arena::new(arena);
     let run_error = |e: RunError| ShimError::Run(Box::new(e));
+    let mut policy = sched
+        .policy
+        .build()
+        .map_err(|e| run_error(RunError::Config(ConfigError::Policy(e))))?;
     let mut schedulers: Vec<_> = platforms
         .into_iter()
         .zip(&ids)

@@ -9,7 +9,7 @@ use crate::{bindgen, cargo, fw, run, setup};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
-const STEPS: [(&str, Step); 10] = [
+const STEPS: [(&str, Step); 11] = [
     ("setup", |_| setup::setup()),
     ("fmt", |root| {
         run(cargo(root).args(["fmt", "--all", "--", "--check"]))
@@ -30,6 +30,7 @@ const STEPS: [(&str, Step); 10] = [
             .args(["clippy", "-p", "firmware", "--target", fw::TARGET])
             .args(DENY))
     }),
+    ("policy features", policy_features),
     ("bindgen --check", |root| bindgen::bindgen(root, true)),
     ("fw", |root| fw::fw(root).map(drop)),
     ("bench (smoke)", bench),
@@ -66,6 +67,25 @@ fn test(root: &Path) -> Result<()> {
     test.args(["test", "--workspace", "--exclude", "firmware"])
         .env("WSP_FIRMWARE", fw::elf_path(root));
     run(&mut test)
+}
+
+/// The runtime built with fewer dispatch policies (cargo features): it
+/// must build without warnings, and selecting a policy it left out must be
+/// an error (the policy tests check both sides against the features).
+fn policy_features(root: &Path) -> Result<()> {
+    let runtime = ["-p", "device-runtime", "--no-default-features"];
+    run(cargo(root)
+        .arg("clippy")
+        .args(runtime)
+        .arg("--all-targets")
+        .args(DENY))?;
+    run(cargo(root).arg("test").args(runtime).arg("--lib"))?;
+    run(cargo(root).arg("test").args(runtime).args([
+        "--features",
+        "policy-hash,policy-adaptive",
+        "--lib",
+        "policy",
+    ]))
 }
 
 /// Model checks of the concurrent structures, in their own target directory

@@ -53,8 +53,8 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub use dispatch::DispatchStats;
 pub use dispatch::Dispatcher;
 pub use policy::{
-    DispatchKey, DispatchPolicy, Load, Placement, Policy, PolicyKind, TaskInfo, UnknownPolicy,
-    MAX_THREADS,
+    DispatchKey, DispatchPolicy, Load, Placement, Policy, PolicyError, PolicyKind, TaskInfo,
+    UnknownPolicy, MAX_THREADS,
 };
 use ring::Ring;
 pub use thread::{kernel_args, Arena, Scheduler};
@@ -192,6 +192,8 @@ pub enum ConfigError {
         depth: usize,
         max: usize,
     },
+    /// The build does not have the policy (or no policy has the name).
+    Policy(PolicyError),
     /// A policy chose a thread that does not exist.
     BadPlacement {
         policy: &'static str,
@@ -218,6 +220,7 @@ impl core::fmt::Display for ConfigError {
             ConfigError::QueuesInUse => {
                 f.write_str("the dispatch queues are in use by another run (or were not reset after an aborted one)")
             }
+            ConfigError::Policy(e) => write!(f, "{e}"),
             ConfigError::BadPlacement { policy, thread, threads } => write!(
                 f,
                 "policy {policy} placed a task on thread {thread} of {threads}"

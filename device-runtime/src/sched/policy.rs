@@ -117,22 +117,39 @@ impl DispatchPolicy for RoundRobin {
     }
 }
 
+/// Key modulo threads: placement by key for [`Affinity`] and the policies
+/// that start from it.
+#[cfg_attr(
+    not(any(
+        feature = "policy-affinity",
+        feature = "policy-work-stealing",
+        feature = "policy-adaptive"
+    )),
+    allow(dead_code)
+)]
+fn by_key(task: &TaskInfo, threads: usize) -> Placement {
+    Placement::Thread((task.key % threads as u64) as usize)
+}
+
 /// Tasks with the same key go to the same thread: key modulo threads, so
 /// consecutive keys (batches, row blocks) spread evenly.
+#[cfg(feature = "policy-affinity")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Affinity;
 
+#[cfg(feature = "policy-affinity")]
 impl DispatchPolicy for Affinity {
     fn name(&self) -> &'static str {
         "affinity"
     }
     fn place(&mut self, task: &TaskInfo, threads: usize, _: &Load) -> Placement {
-        Placement::Thread((task.key % threads as u64) as usize)
+        by_key(task, threads)
     }
 }
 
 /// Tasks with the same key go to the same thread, chosen by a hash of the
 /// key, so that keys with a common stride do not pile onto one thread.
+#[cfg(feature = "policy-hash")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Hash;
 
@@ -144,6 +161,7 @@ pub fn mix(key: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+#[cfg(feature = "policy-hash")]
 impl DispatchPolicy for Hash {
     fn name(&self) -> &'static str {
         "hash"
@@ -156,15 +174,17 @@ impl DispatchPolicy for Hash {
 /// Tasks are placed by key, like [`Affinity`] (locality first); a thread
 /// whose cores are idle and whose queue is empty steals single tasks from
 /// the others.
+#[cfg(feature = "policy-work-stealing")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WorkStealing;
 
+#[cfg(feature = "policy-work-stealing")]
 impl DispatchPolicy for WorkStealing {
     fn name(&self) -> &'static str {
         "work-stealing"
     }
-    fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement {
-        Affinity.place(task, threads, load)
+    fn place(&mut self, task: &TaskInfo, threads: usize, _: &Load) -> Placement {
+        by_key(task, threads)
     }
     fn steals(&self) -> bool {
         true
@@ -172,9 +192,11 @@ impl DispatchPolicy for WorkStealing {
 }
 
 /// Every task goes to one queue that all threads take from.
+#[cfg(feature = "policy-shared")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SharedQueue;
 
+#[cfg(feature = "policy-shared")]
 impl DispatchPolicy for SharedQueue {
     fn name(&self) -> &'static str {
         "shared"
@@ -191,6 +213,7 @@ impl DispatchPolicy for SharedQueue {
 /// in queue lengths (a burst placed on one thread just before the next) is
 /// not imbalance; a thread that finds nothing to do is.
 /// [`DispatchPolicy::decision`] says which it runs.
+#[cfg(feature = "policy-adaptive")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Adaptive {
     stealing: bool,
@@ -199,6 +222,7 @@ pub struct Adaptive {
     placed: u64,
 }
 
+#[cfg(feature = "policy-adaptive")]
 impl Adaptive {
     /// Starved observations that count as imbalance.
     pub const IMBALANCE: u64 = 4;
@@ -209,6 +233,7 @@ impl Adaptive {
     }
 }
 
+#[cfg(feature = "policy-adaptive")]
 impl DispatchPolicy for Adaptive {
     fn name(&self) -> &'static str {
         "adaptive"
@@ -218,7 +243,7 @@ impl DispatchPolicy for Adaptive {
             self.observe(load);
         }
         self.placed += 1;
-        Affinity.place(task, threads, load)
+        by_key(task, threads)
     }
     fn observe(&mut self, load: &Load) {
         if !self.stealing && load.starved >= Self::IMBALANCE {
@@ -250,14 +275,30 @@ pub enum PolicyKind {
     Adaptive,
 }
 
-/// A policy name no built-in policy has.
+/// A policy that cannot be used: no built-in policy has the name, or the
+/// build left it out (see the `policy-*` cargo features of this crate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnknownPolicy;
+pub enum PolicyError {
+    Unknown,
+    NotBuilt(PolicyKind),
+}
 
-impl fmt::Display for UnknownPolicy {
+/// The old name of [`PolicyError`].
+pub type UnknownPolicy = PolicyError;
+
+impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("unknown dispatch policy; this build supports: ")?;
-        for (i, kind) in PolicyKind::ALL.iter().enumerate() {
+        match self {
+            PolicyError::Unknown => f.write_str("unknown dispatch policy")?,
+            PolicyError::NotBuilt(kind) => write!(
+                f,
+                "dispatch policy {name} is not in this build (cargo feature `policy-{name}` of device-runtime)",
+                name = kind.name()
+            )?,
+        }
+        f.write_str("; this build supports: ")?;
+        let built = PolicyKind::ALL.into_iter().filter(|k| k.is_built());
+        for (i, kind) in built.enumerate() {
             let sep = if i == 0 { "" } else { ", " };
             write!(f, "{sep}{}", kind.name())?;
         }
@@ -286,23 +327,48 @@ impl PolicyKind {
         }
     }
 
-    pub fn parse(name: &str) -> Result<PolicyKind, UnknownPolicy> {
-        PolicyKind::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or(UnknownPolicy)
+    /// Whether this build has the policy (its cargo feature is enabled;
+    /// round-robin is always built).
+    pub const fn is_built(self) -> bool {
+        match self {
+            PolicyKind::RoundRobin => true,
+            PolicyKind::Affinity => cfg!(feature = "policy-affinity"),
+            PolicyKind::Hash => cfg!(feature = "policy-hash"),
+            PolicyKind::WorkStealing => cfg!(feature = "policy-work-stealing"),
+            PolicyKind::Shared => cfg!(feature = "policy-shared"),
+            PolicyKind::Adaptive => cfg!(feature = "policy-adaptive"),
+        }
     }
 
-    /// A fresh policy of this kind.
-    pub fn build(self) -> Policy {
-        match self {
-            PolicyKind::RoundRobin => Policy::RoundRobin(RoundRobin::default()),
-            PolicyKind::Affinity => Policy::Affinity(Affinity),
-            PolicyKind::Hash => Policy::Hash(Hash),
-            PolicyKind::WorkStealing => Policy::WorkStealing(WorkStealing),
-            PolicyKind::Shared => Policy::Shared(SharedQueue),
-            PolicyKind::Adaptive => Policy::Adaptive(Adaptive::default()),
+    /// The policy called `name`, if this build has it.
+    pub fn parse(name: &str) -> Result<PolicyKind, PolicyError> {
+        let kind = PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or(PolicyError::Unknown)?;
+        if !kind.is_built() {
+            return Err(PolicyError::NotBuilt(kind));
         }
+        Ok(kind)
+    }
+
+    /// A fresh policy of this kind, if this build has it.
+    pub fn build(self) -> Result<Policy, PolicyError> {
+        Ok(match self {
+            PolicyKind::RoundRobin => Policy::RoundRobin(RoundRobin::default()),
+            #[cfg(feature = "policy-affinity")]
+            PolicyKind::Affinity => Policy::Affinity(Affinity),
+            #[cfg(feature = "policy-hash")]
+            PolicyKind::Hash => Policy::Hash(Hash),
+            #[cfg(feature = "policy-work-stealing")]
+            PolicyKind::WorkStealing => Policy::WorkStealing(WorkStealing),
+            #[cfg(feature = "policy-shared")]
+            PolicyKind::Shared => Policy::Shared(SharedQueue),
+            #[cfg(feature = "policy-adaptive")]
+            PolicyKind::Adaptive => Policy::Adaptive(Adaptive::default()),
+            #[allow(unreachable_patterns)]
+            other => return Err(PolicyError::NotBuilt(other)),
+        })
     }
 }
 
@@ -310,10 +376,15 @@ impl PolicyKind {
 #[derive(Clone, Copy, Debug)]
 pub enum Policy {
     RoundRobin(RoundRobin),
+    #[cfg(feature = "policy-affinity")]
     Affinity(Affinity),
+    #[cfg(feature = "policy-hash")]
     Hash(Hash),
+    #[cfg(feature = "policy-work-stealing")]
     WorkStealing(WorkStealing),
+    #[cfg(feature = "policy-shared")]
     Shared(SharedQueue),
+    #[cfg(feature = "policy-adaptive")]
     Adaptive(Adaptive),
 }
 
@@ -321,20 +392,30 @@ impl Policy {
     fn inner(&mut self) -> &mut dyn DispatchPolicy {
         match self {
             Policy::RoundRobin(p) => p,
+            #[cfg(feature = "policy-affinity")]
             Policy::Affinity(p) => p,
+            #[cfg(feature = "policy-hash")]
             Policy::Hash(p) => p,
+            #[cfg(feature = "policy-work-stealing")]
             Policy::WorkStealing(p) => p,
+            #[cfg(feature = "policy-shared")]
             Policy::Shared(p) => p,
+            #[cfg(feature = "policy-adaptive")]
             Policy::Adaptive(p) => p,
         }
     }
     fn inner_ref(&self) -> &dyn DispatchPolicy {
         match self {
             Policy::RoundRobin(p) => p,
+            #[cfg(feature = "policy-affinity")]
             Policy::Affinity(p) => p,
+            #[cfg(feature = "policy-hash")]
             Policy::Hash(p) => p,
+            #[cfg(feature = "policy-work-stealing")]
             Policy::WorkStealing(p) => p,
+            #[cfg(feature = "policy-shared")]
             Policy::Shared(p) => p,
+            #[cfg(feature = "policy-adaptive")]
             Policy::Adaptive(p) => p,
         }
     }
@@ -378,25 +459,59 @@ mod tests {
         }
     }
 
-    #[test]
-    fn names_round_trip_and_unknown_names_are_errors() {
-        for kind in PolicyKind::ALL {
-            assert_eq!(PolicyKind::parse(kind.name()), Ok(kind));
-            assert_eq!(kind.build().name(), kind.name());
+    /// Which policies this build should have, from the features directly.
+    fn expected_built(kind: PolicyKind) -> bool {
+        match kind {
+            PolicyKind::RoundRobin => true,
+            PolicyKind::Affinity => cfg!(feature = "policy-affinity"),
+            PolicyKind::Hash => cfg!(feature = "policy-hash"),
+            PolicyKind::WorkStealing => cfg!(feature = "policy-work-stealing"),
+            PolicyKind::Shared => cfg!(feature = "policy-shared"),
+            PolicyKind::Adaptive => cfg!(feature = "policy-adaptive"),
         }
-        let err = PolicyKind::parse("gang").unwrap_err();
-        let text = std::format!("{err}");
-        assert!(
-            text.contains("work-stealing") && text.contains("adaptive"),
-            "{text}"
-        );
     }
 
     #[test]
-    fn round_robin_cycles_and_key_policies_are_stable() {
+    fn names_round_trip_and_unknown_or_unbuilt_policies_are_errors() {
+        for kind in PolicyKind::ALL {
+            if expected_built(kind) {
+                assert_eq!(PolicyKind::parse(kind.name()), Ok(kind));
+                assert_eq!(kind.build().unwrap().name(), kind.name());
+            } else {
+                // `cargo test -p device-runtime --no-default-features` (in CI).
+                let err = PolicyError::NotBuilt(kind);
+                assert_eq!(PolicyKind::parse(kind.name()), Err(err));
+                assert_eq!(kind.build().err(), Some(err));
+                let text = std::format!("{err}");
+                assert!(
+                    text.contains(kind.name()) && text.contains("not in this build"),
+                    "{text}"
+                );
+                assert!(text.contains("this build supports: round-robin"), "{text}");
+            }
+        }
+        let err = PolicyKind::parse("gang").unwrap_err();
+        assert_eq!(err, PolicyError::Unknown);
+        let text = std::format!("{err}");
+        assert!(text.contains("round-robin"), "{text}");
+        if cfg!(feature = "all-policies") {
+            assert!(
+                text.contains("work-stealing") && text.contains("adaptive"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn round_robin_cycles() {
         let mut rr = RoundRobin::default();
         let seq: std::vec::Vec<_> = (0..6).map(|_| thread_of(&mut rr, 7, 3)).collect();
         assert_eq!(seq, [1, 2, 0, 1, 2, 0]);
+    }
+
+    #[cfg(feature = "all-policies")]
+    #[test]
+    fn key_policies_are_stable() {
         for key in 0..100 {
             assert_eq!(thread_of(&mut Affinity, key, 3), (key % 3) as usize);
             let h = thread_of(&mut Hash, key, 3);
@@ -413,6 +528,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "policy-adaptive")]
     #[test]
     fn adaptive_switches_to_stealing_on_imbalance_only() {
         let mut a = Adaptive::default();

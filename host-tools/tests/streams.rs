@@ -202,3 +202,46 @@ fn streams_run_correctly_on_threads_in_the_shim() {
         assert_eq!(output(&bytes, &data), want, "{sched:?}");
     }
 }
+
+#[test]
+fn the_stream_key_keeps_each_stream_on_one_thread() {
+    let (bytes, _, _) = table(true);
+    let sched = SchedConfig {
+        threads: 3,
+        policy: PolicyKind::Affinity,
+        key: DispatchKey::Stream,
+        ..SchedConfig::default()
+    };
+    let kinds = vec![CoreKind::Vector; 6];
+    let (_, mut data, want) = table(true);
+    let run = run_semantic_with(
+        &bytes,
+        &mut data.bytes,
+        &kinds,
+        &sched,
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(output(&bytes, &data), want);
+    // Streams 1, 2, 3 have keys 1, 2, 3: threads 1, 2, 0 (key modulo 3);
+    // each thread owns cores t and t + 3.
+    for l in &run.launches {
+        let row = (0..ROWS as usize)
+            .find(|&r| {
+                let t = Table::parse(&bytes).unwrap();
+                let mut probe = vec![0u8; data.bytes.len()];
+                let base = probe.as_ptr() as u64;
+                let out = kernel_args(&t, &Arena::new(&mut probe), r as u32).tensors[2].addr;
+                out - base == l.args.tensors[2].addr - data.bytes.as_ptr() as u64
+            })
+            .unwrap();
+        assert_eq!(
+            l.core % 3,
+            stream_of(row) % 3,
+            "row {row} on core {}",
+            l.core
+        );
+    }
+    let per_thread: Vec<u64> = run.stats.threads().iter().map(|t| t.issued).collect();
+    assert_eq!(per_thread, [12, 12, 12]);
+}

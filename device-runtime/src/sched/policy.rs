@@ -80,6 +80,10 @@ pub enum DispatchKey {
     /// (region offset / region extent): a loop index, e.g. the batch or the
     /// output row block of a tiled GEMM.
     Tile { arg: u8, dim: u8 },
+    /// The task's stream (0 for none): with affinity, hash or stealing, a
+    /// stream's tasks go to one thread, which then issues them in order
+    /// without waiting for another thread's issue report.
+    Stream,
 }
 
 impl DispatchKey {
@@ -97,6 +101,7 @@ impl DispatchKey {
                 let extent = a.extent[d].get().max(1);
                 (a.offset[d].get() / extent) as u64
             }
+            DispatchKey::Stream => task.stream.get() as u64,
         }
     }
 }

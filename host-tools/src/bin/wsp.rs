@@ -43,8 +43,9 @@ enum Command {
         #[arg(long, default_value = "work-stealing")]
         policy: String,
         /// Dispatch key of the key-based policies: `task` (task index),
-        /// `scalar:N` (scalar N) or `tile:ARG:DIM` (tile index of argument
-        /// ARG along dimension DIM, e.g. tile:2:0 = output row block of a GEMM).
+        /// `scalar:N` (scalar N), `tile:ARG:DIM` (tile index of argument
+        /// ARG along dimension DIM, e.g. tile:2:0 = output row block of a
+        /// GEMM) or `stream` (the task's stream).
         #[arg(long, default_value = "tile:2:0")]
         key: String,
         /// Tasks one dispatch queue may hold (1 to 256).
@@ -130,7 +131,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// `task`, `scalar:N` or `tile:ARG:DIM`.
+/// `task`, `scalar:N`, `tile:ARG:DIM` or `stream`.
 fn parse_key(text: &str) -> Result<DispatchKey> {
     let parts: Vec<&str> = text.split(':').collect();
     let num = |s: &str| -> Result<u8> {
@@ -139,12 +140,13 @@ fn parse_key(text: &str) -> Result<DispatchKey> {
     };
     match parts.as_slice() {
         ["task"] => Ok(DispatchKey::TaskIndex),
+        ["stream"] => Ok(DispatchKey::Stream),
         ["scalar", n] => Ok(DispatchKey::Scalar(num(n)?)),
         ["tile", arg, dim] => Ok(DispatchKey::Tile {
             arg: num(arg)?,
             dim: num(dim)?,
         }),
-        _ => bail!("--key {text}: expected task, scalar:N or tile:ARG:DIM"),
+        _ => bail!("--key {text}: expected task, scalar:N, tile:ARG:DIM or stream"),
     }
 }
 

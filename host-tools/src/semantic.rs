@@ -12,15 +12,14 @@
 use std::cell::{Cell, RefCell};
 
 use device_runtime::abi::Table;
-use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
+use device_runtime::exec::{RunOptions, RunStats, TableOrchestrator};
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::{
     drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, Queues, SchedConfig, Scheduler,
-    MAX_THREADS,
 };
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
-use crate::shim::{thread_cores, ShimError};
+use crate::shim::{check_threads, thread_cores, ShimError};
 
 /// Cycles per semantic second (the clock the timeouts are measured in).
 pub const CYCLES_PER_SECOND: u64 = 1_000_000_000;
@@ -180,10 +179,7 @@ pub fn run_semantic_with(
     sched: &SchedConfig,
     options: &RunOptions,
 ) -> Result<SemanticRun, ShimError> {
-    let mut policy = sched
-        .policy
-        .build()
-        .map_err(|e| ShimError::Run(Box::new(RunError::Config(ConfigError::Policy(e)))))?;
+    let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
     run_semantic_custom(table, arena, kinds, sched, &mut policy, options)
 }
 
@@ -198,15 +194,8 @@ pub fn run_semantic_custom(
     options: &RunOptions,
 ) -> Result<SemanticRun, ShimError> {
     let table = Table::parse(table).map_err(ShimError::Table)?;
-    let run_error = |e: RunError| ShimError::Run(Box::new(e));
     let threads = sched.threads;
-    if threads == 0 || threads > MAX_THREADS {
-        let e = ConfigError::Threads {
-            threads,
-            max: MAX_THREADS,
-        };
-        return Err(run_error(RunError::Config(e)));
-    }
+    check_threads(threads)?;
     let groups = thread_cores(kinds.len(), threads);
     let machine = Machine {
         busy: RefCell::new(vec![Vec::new(); kinds.len()]),
@@ -235,8 +224,7 @@ pub fn run_semantic_custom(
                 t, threads, platform, &ids[t], &table, arena, &queues, options,
             )
         })
-        .collect::<Result<_, _>>()
-        .map_err(|e| run_error(RunError::Config(e)))?;
+        .collect::<Result<_, ConfigError>>()?;
     let thread_kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
     let mut dispatcher = Dispatcher::new(
         &table,
@@ -246,9 +234,8 @@ pub fn run_semantic_custom(
         policy,
         sched,
         &thread_kinds,
-    )
-    .map_err(run_error)?;
-    drive_stepped(&mut dispatcher, &mut schedulers).map_err(run_error)?;
+    )?;
+    drive_stepped(&mut dispatcher, &mut schedulers)?;
     let makespan = machine.makespan.get();
     let stats = RunStats::collect(&dispatcher, &schedulers, CYCLES_PER_SECOND, makespan);
     let launches = machine.launches.take();

@@ -67,6 +67,18 @@ impl fmt::Display for ShimError {
 
 impl std::error::Error for ShimError {}
 
+impl From<RunError> for ShimError {
+    fn from(e: RunError) -> Self {
+        ShimError::Run(Box::new(e))
+    }
+}
+
+impl From<ConfigError> for ShimError {
+    fn from(e: ConfigError) -> Self {
+        RunError::Config(e).into()
+    }
+}
+
 /// Nanoseconds since the shim started; idles by yielding the host thread.
 #[derive(Clone, Copy)]
 struct HostClock(Instant);
@@ -142,13 +154,11 @@ impl Shim {
     }
 }
 
-fn check_threads(threads: usize) -> Result<(), ShimError> {
+/// 1 ..= `MAX_THREADS` scheduler threads, or the error saying so.
+pub(crate) fn check_threads(threads: usize) -> Result<(), ShimError> {
     if threads == 0 || threads > MAX_THREADS {
-        let e = ConfigError::Threads {
-            threads,
-            max: MAX_THREADS,
-        };
-        return Err(ShimError::Run(Box::new(RunError::Config(e))));
+        let max = MAX_THREADS;
+        return Err(ConfigError::Threads { threads, max }.into());
     }
     Ok(())
 }
@@ -174,11 +184,7 @@ pub fn run_threads<P: Platform + Send>(
     let mut orch = Box::new(TableOrchestrator::for_tables());
     let arena_len = arena.len() as u64;
     let arena = Arena::new(arena);
-    let run_error = |e: RunError| ShimError::Run(Box::new(e));
-    let mut policy = sched
-        .policy
-        .build()
-        .map_err(|e| run_error(RunError::Config(ConfigError::Policy(e))))?;
+    let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
     let mut schedulers: Vec<_> = platforms
         .into_iter()
         .zip(&ids)
@@ -186,8 +192,7 @@ pub fn run_threads<P: Platform + Send>(
         .map(|(t, (platform, ids))| {
             Scheduler::new(t, threads, platform, ids, table, arena, &queues, options)
         })
-        .collect::<Result<_, _>>()
-        .map_err(|e| run_error(RunError::Config(e)))?;
+        .collect::<Result<_, ConfigError>>()?;
     let tps = schedulers[0].platform().ticks_per_second();
     let kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
     let mut dispatcher = Dispatcher::new(
@@ -198,8 +203,7 @@ pub fn run_threads<P: Platform + Send>(
         &mut policy,
         sched,
         &kinds,
-    )
-    .map_err(run_error)?;
+    )?;
     let others = schedulers.split_off(1);
     let mut leader = schedulers.pop().expect("one scheduler per thread");
     std::thread::scope(|s| {
@@ -229,7 +233,7 @@ pub fn run_threads<P: Platform + Send>(
         all.insert(0, leader);
         match (led, failure) {
             (Err(RunError::ThreadFailed), Some(e)) | (Ok(()), Some(e)) | (Err(e), _) => {
-                Err(run_error(e))
+                Err(e.into())
             }
             (Ok(()), None) => Ok(RunStats::collect(&dispatcher, &all, tps, wall)),
         }

@@ -259,37 +259,33 @@ impl TableBuilder {
     /// Records `event` on `stream` here: it stands for the stream's tasks
     /// added so far and happens when all of them have completed.
     pub fn record_event(&mut self, stream: u32, event: u32) -> Result<(), BuildError> {
-        self.stream_op(STREAM_OP_RECORD, stream, event)
+        check_stream_event(stream, event)?;
+        self.push_stream_op(STREAM_OP_RECORD, stream, event);
+        Ok(())
     }
 
     /// Makes the next task added on `stream`, and so every later one, wait
     /// for `event` as last recorded.
     pub fn wait_event(&mut self, stream: u32, event: u32) -> Result<(), BuildError> {
+        check_stream_event(stream, event)?;
         let recorded = self
             .stream_ops
             .iter()
             .any(|op| op.op.get() == STREAM_OP_RECORD && op.event.get() == event);
-        if event as usize >= MAX_EVENTS || recorded {
-            self.stream_op(STREAM_OP_WAIT, stream, event)
-        } else {
-            Err(BuildError::EventNotRecorded(event))
+        if !recorded {
+            return Err(BuildError::EventNotRecorded(event));
         }
+        self.push_stream_op(STREAM_OP_WAIT, stream, event);
+        Ok(())
     }
 
-    fn stream_op(&mut self, op: u32, stream: u32, event: u32) -> Result<(), BuildError> {
-        if stream == 0 || stream as usize > MAX_STREAMS {
-            return Err(BuildError::NoSuchStream(stream));
-        }
-        if event as usize >= MAX_EVENTS {
-            return Err(BuildError::NoSuchEvent(event));
-        }
+    fn push_stream_op(&mut self, op: u32, stream: u32, event: u32) {
         self.stream_ops.push(StreamOp {
             op: U32::new(op),
             stream: U32::new(stream),
             event: U32::new(event),
             before_task: U32::new(self.tasks.len() as u32),
         });
-        Ok(())
     }
 
     /// Writes the table: header, then tensors, kernels, tasks, args and stream ops.
@@ -328,6 +324,16 @@ impl TableBuilder {
         seal(&mut out);
         Ok(out)
     }
+}
+
+fn check_stream_event(stream: u32, event: u32) -> Result<(), BuildError> {
+    if stream == 0 || stream as usize > MAX_STREAMS {
+        return Err(BuildError::NoSuchStream(stream));
+    }
+    if event as usize >= MAX_EVENTS {
+        return Err(BuildError::NoSuchEvent(event));
+    }
+    Ok(())
 }
 
 /// Recomputes and stores the checksum of a table (after editing its bytes).

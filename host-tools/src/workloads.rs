@@ -26,6 +26,24 @@ pub struct Params {
     pub seed: u64,
 }
 
+impl Params {
+    /// These params, or for a workload whose own default sizes differ from
+    /// [`Params::default`], those sizes when none were given (same seed).
+    fn or_sizes(self, m: u32, n: u32, k: u32, tile: u32) -> Params {
+        if self == Params::default() {
+            Params {
+                m,
+                n,
+                k,
+                tile,
+                seed: self.seed,
+            }
+        } else {
+            self
+        }
+    }
+}
+
 impl Default for Params {
     fn default() -> Self {
         Params {
@@ -288,17 +306,7 @@ fn gemm(p: Params) -> Result<Workload, WorkloadError> {
 /// A block that uses every kernel: Y = X x W (GEMM tiles), Z = Y + R (add),
 /// N = rmsnorm(Z) * G, P = softmax(N) per row. X is m x k, W is k x n.
 fn mlp(p: Params) -> Result<Workload, WorkloadError> {
-    let p = if p == Params::default() {
-        Params {
-            m: 64,
-            n: 128,
-            k: 128,
-            tile: 32,
-            seed: p.seed,
-        }
-    } else {
-        p
-    };
+    let p = p.or_sizes(64, 128, 128, 32);
     check_tiling(&p, 64)?;
     if p.n > 1024 {
         return Err(WorkloadError::Params(format!(
@@ -403,17 +411,7 @@ fn mlp(p: Params) -> Result<Workload, WorkloadError> {
 /// adds also read Y1 and Y2, so their data dependencies order them too; the
 /// events show the table form a program uses when they do not.)
 fn streams(p: Params) -> Result<Workload, WorkloadError> {
-    let p = if p == Params::default() {
-        Params {
-            m: 128,
-            n: 128,
-            k: 128,
-            tile: 32,
-            seed: p.seed,
-        }
-    } else {
-        p
-    };
+    let p = p.or_sizes(128, 128, 128, 32);
     check_tiling(&p, 64)?;
     let mut b = TableBuilder::new();
     let (a1, b1) = (b.tensor("A1", &[p.m, p.k])?, b.tensor("B1", &[p.k, p.n])?);

@@ -75,6 +75,29 @@ fn output(table: &[u8], data: &Data) -> Vec<f32> {
         .collect()
 }
 
+/// For each launch of `run` over `data`, the table task (row) it ran: by
+/// the address of its output view relative to the arena's start.
+fn launch_rows(table: &[u8], data: &Data, run: &SemanticRun) -> Vec<usize> {
+    let t = Table::parse(table).unwrap();
+    let mut probe = vec![0u8; data.bytes.len()];
+    let probe_base = probe.as_ptr() as u64;
+    let probe = Arena::new(&mut probe);
+    let outputs: Vec<u64> = (0..ROWS)
+        .map(|i| kernel_args(&t, &probe, i).tensors[2].addr - probe_base)
+        .collect();
+    let base = data.bytes.as_ptr() as u64;
+    run.launches
+        .iter()
+        .map(|l| {
+            let out = l.args.tensors[2].addr - base;
+            outputs
+                .iter()
+                .position(|&o| o == out)
+                .expect("a task's output")
+        })
+        .collect()
+}
+
 /// The run in semantic time, and for each table task its launch.
 fn semantic(table: &[u8], sched: &SchedConfig) -> (SemanticRun, Vec<usize>) {
     let (_, mut data, want) = self::table(true);
@@ -88,19 +111,11 @@ fn semantic(table: &[u8], sched: &SchedConfig) -> (SemanticRun, Vec<usize>) {
     )
     .unwrap();
     assert_eq!(output(table, &data), want, "{sched:?}");
-    // Which launch ran which task: by the address of its output view,
-    // relative to the arena's start.
-    let base = data.bytes.as_ptr() as u64;
-    let t = Table::parse(table).unwrap();
-    let mut probe = vec![0u8; data.bytes.len()];
-    let probe_base = probe.as_ptr() as u64;
-    let probe = Arena::new(&mut probe);
-    let launch_of = (0..ROWS)
-        .map(|i| {
-            let out = kernel_args(&t, &probe, i).tensors[2].addr - probe_base;
-            run.launches
-                .iter()
-                .position(|l| l.args.tensors[2].addr - base == out)
+    let rows = launch_rows(table, &data, &run);
+    let launch_of = (0..ROWS as usize)
+        .map(|r| {
+            rows.iter()
+                .position(|&row| row == r)
                 .expect("every task was launched")
         })
         .collect();
@@ -225,16 +240,8 @@ fn the_stream_key_keeps_each_stream_on_one_thread() {
     assert_eq!(output(&bytes, &data), want);
     // Streams 1, 2, 3 have keys 1, 2, 3: threads 1, 2, 0 (key modulo 3);
     // each thread owns cores t and t + 3.
-    for l in &run.launches {
-        let row = (0..ROWS as usize)
-            .find(|&r| {
-                let t = Table::parse(&bytes).unwrap();
-                let mut probe = vec![0u8; data.bytes.len()];
-                let base = probe.as_ptr() as u64;
-                let out = kernel_args(&t, &Arena::new(&mut probe), r as u32).tensors[2].addr;
-                out - base == l.args.tensors[2].addr - data.bytes.as_ptr() as u64
-            })
-            .unwrap();
+    let rows = launch_rows(&bytes, &data, &run);
+    for (l, &row) in run.launches.iter().zip(&rows) {
         assert_eq!(
             l.core % 3,
             stream_of(row) % 3,

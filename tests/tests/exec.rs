@@ -5,9 +5,10 @@
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 
-use device_runtime::abi::{Access, Region, Table, TileView};
+use device_runtime::abi::{Access, Region, Table};
 use device_runtime::exec::{self, RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::platform::{Clock, Completion, Platform};
+use device_runtime::sched::{self, kernel_args};
 use host_tools::rng::SplitMix64;
 use host_tools::table::{Arena, Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, InOut, Out};
@@ -158,19 +159,14 @@ fn random_program(rng: &mut SplitMix64, tasks: usize) -> (Vec<u8>, Arena) {
     (b.finish().unwrap(), arena)
 }
 
-/// The args key each task will be launched with, for a given arena base.
-fn task_keys(table: &Table<'_>, base: u64) -> Vec<[u64; 3]> {
-    table
-        .tasks()
-        .iter()
-        .map(|task| {
-            let mut k = [0u64; 3];
-            for (slot, arg) in k.iter_mut().zip(table.task_args(task)) {
-                let tensor = &table.tensors()[arg.tensor.get() as usize];
-                let view = TileView::of(tensor, &Region::of(arg));
-                *slot = base + tensor.arena_offset.get() + 4 * view.first_element;
-            }
-            k
+/// The args key each task will be launched with: the addresses of its
+/// three tensor views in `bytes`.
+fn task_keys(table: &Table<'_>, bytes: &mut [u8]) -> Vec<[u64; 3]> {
+    let views = sched::Arena::new(bytes);
+    (0..table.tasks().len() as u32)
+        .map(|i| {
+            let t = kernel_args(table, &views, i).tensors;
+            [t[0].addr, t[1].addr, t[2].addr]
         })
         .collect()
 }
@@ -194,34 +190,10 @@ fn conflict(table: &Table<'_>, u: usize, t: usize) -> bool {
 
 /// Runs the table's tasks one by one in table order on this thread.
 fn in_order(table: &Table<'_>, arena: &mut Arena) {
-    let base = arena.bytes.as_mut_ptr() as u64;
-    let keys = task_keys(table, base);
-    for (task, key) in table.tasks().iter().zip(keys) {
+    let views = sched::Arena::new(&mut arena.bytes);
+    for (i, task) in table.tasks().iter().enumerate() {
         let info = wsp_ffi::lookup(task.kernel_id.get()).unwrap();
-        let zero = wsp_ffi::WspTensorView {
-            addr: 0,
-            rows: 0,
-            cols: 0,
-            row_stride: 0,
-            dtype: 0,
-        };
-        let mut args = WspKernelArgs {
-            num_tensors: 3,
-            num_scalars: 0,
-            tensors: [zero; 4],
-            scalars: [0; 4],
-        };
-        for (i, arg) in table.task_args(task).iter().enumerate() {
-            let tensor = &table.tensors()[arg.tensor.get() as usize];
-            let view = TileView::of(tensor, &Region::of(arg));
-            args.tensors[i] = wsp_ffi::WspTensorView {
-                addr: key[i],
-                rows: view.rows,
-                cols: view.cols,
-                row_stride: view.row_stride,
-                dtype: 1,
-            };
-        }
+        let args = kernel_args(table, &views, i as u32);
         // SAFETY: the views lie inside `arena`, validated by Table::parse, and
         // nothing else touches it while the kernel runs on this thread.
         unsafe { info.invoke(&args) }.unwrap();
@@ -255,7 +227,7 @@ fn random_dags_respect_every_dependency() {
 
         // Map events back to tasks: tasks with equal keys conflict (each has
         // a written argument), so they start in table order.
-        let keys = task_keys(&table, ran.bytes.as_mut_ptr() as u64);
+        let keys = task_keys(&table, &mut ran.bytes);
         let mut by_key: HashMap<[u64; 3], VecDeque<usize>> = HashMap::new();
         for (i, k) in keys.iter().enumerate() {
             by_key.entry(*k).or_default().push_back(i);

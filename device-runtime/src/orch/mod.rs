@@ -673,10 +673,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
     /// Handed out and not completed (issued or not).
     fn is_running(&self, id: TaskId) -> bool {
-        let state = self.slot(id).state;
         id >= self.head
             && id < self.next
-            && (state == TaskState::Running || state == TaskState::Issued)
+            && matches!(self.slot(id).state, TaskState::Running | TaskState::Issued)
     }
 
     /// Lets the task held back behind `id` on its stream go.

@@ -393,36 +393,31 @@ pub enum Policy {
     Adaptive(Adaptive),
 }
 
+/// `match` over every built variant of [`Policy`], binding the policy to `$p`.
+macro_rules! each_policy {
+    ($policy:expr, $p:ident => $body:expr) => {
+        match $policy {
+            Policy::RoundRobin($p) => $body,
+            #[cfg(feature = "policy-affinity")]
+            Policy::Affinity($p) => $body,
+            #[cfg(feature = "policy-hash")]
+            Policy::Hash($p) => $body,
+            #[cfg(feature = "policy-work-stealing")]
+            Policy::WorkStealing($p) => $body,
+            #[cfg(feature = "policy-shared")]
+            Policy::Shared($p) => $body,
+            #[cfg(feature = "policy-adaptive")]
+            Policy::Adaptive($p) => $body,
+        }
+    };
+}
+
 impl Policy {
     fn inner(&mut self) -> &mut dyn DispatchPolicy {
-        match self {
-            Policy::RoundRobin(p) => p,
-            #[cfg(feature = "policy-affinity")]
-            Policy::Affinity(p) => p,
-            #[cfg(feature = "policy-hash")]
-            Policy::Hash(p) => p,
-            #[cfg(feature = "policy-work-stealing")]
-            Policy::WorkStealing(p) => p,
-            #[cfg(feature = "policy-shared")]
-            Policy::Shared(p) => p,
-            #[cfg(feature = "policy-adaptive")]
-            Policy::Adaptive(p) => p,
-        }
+        each_policy!(self, p => p)
     }
     fn inner_ref(&self) -> &dyn DispatchPolicy {
-        match self {
-            Policy::RoundRobin(p) => p,
-            #[cfg(feature = "policy-affinity")]
-            Policy::Affinity(p) => p,
-            #[cfg(feature = "policy-hash")]
-            Policy::Hash(p) => p,
-            #[cfg(feature = "policy-work-stealing")]
-            Policy::WorkStealing(p) => p,
-            #[cfg(feature = "policy-shared")]
-            Policy::Shared(p) => p,
-            #[cfg(feature = "policy-adaptive")]
-            Policy::Adaptive(p) => p,
-        }
+        each_policy!(self, p => p)
     }
 }
 

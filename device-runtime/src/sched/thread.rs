@@ -315,7 +315,8 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 };
                 self.next_core = (core as u32 + 1) % 64;
                 let args = kernel_args(self.table, &self.arena, index);
-                let kernel_id = self.table.tasks()[index as usize].kernel_id.get();
+                let desc = &self.table.tasks()[index as usize];
+                let kernel_id = desc.kernel_id.get();
                 // SAFETY: the table is validated, so every view lies inside the
                 // arena, which `Arena` borrows mutably for the whole run; every
                 // run drains its cores before it ends. The orchestrator hands out
@@ -328,7 +329,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                         core: self.global[core] as u32,
                     });
                 }
-                if self.table.tasks()[index as usize].stream.get() != 0 {
+                if desc.stream.get() != 0 {
                     // The stream's next task waits for this report.
                     let pushed = self.queues.done[self.id].push(index as u64 | ISSUED);
                     debug_assert!(pushed, "the completion ring has room for every report");

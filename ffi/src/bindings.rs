@@ -6,11 +6,14 @@
 pub const WSP_MAX_TENSOR_ARGS: u32 = 4;
 pub const WSP_MAX_SCALARS: u32 = 4;
 pub const WspDtype_WSP_DTYPE_F32: WspDtype = 1;
+pub const WspDtype_WSP_DTYPE_I32: WspDtype = 2;
 pub type WspDtype = core::ffi::c_uint;
 pub const WspKernelId_WSP_KERNEL_ADD: WspKernelId = 1;
 pub const WspKernelId_WSP_KERNEL_GEMM_TILE: WspKernelId = 2;
 pub const WspKernelId_WSP_KERNEL_RMSNORM: WspKernelId = 3;
 pub const WspKernelId_WSP_KERNEL_SOFTMAX: WspKernelId = 4;
+pub const WspKernelId_WSP_KERNEL_ROUTE_TOPK: WspKernelId = 5;
+pub const WspKernelId_WSP_KERNEL_EXPERT_ROWS: WspKernelId = 6;
 pub type WspKernelId = core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -68,4 +71,10 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn wsp_kernel_softmax(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_route_topk(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_expert_rows(args: *const WspKernelArgs) -> u64;
 }

@@ -7,7 +7,7 @@ use core::fmt;
 
 use crate::bindings::{WspKernelArgs, WspTensorView, WSP_MAX_TENSOR_ARGS};
 use crate::registry::KernelInfo;
-use crate::DTYPE_F32;
+use crate::{DTYPE_F32, DTYPE_I32};
 
 /// The shape and element type of one tensor argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,8 +60,8 @@ pub enum ShapeError {
     TensorCount { expected: u32, got: u32 },
     /// Wrong number of scalars.
     ScalarCount { expected: u32, got: u32 },
-    /// The argument's element type is not f32.
-    Dtype { arg: u32, dtype: u32 },
+    /// The argument's element type `dtype` is not the `expected` one.
+    Dtype { arg: u32, dtype: u32, expected: u32 },
     /// The argument has zero rows or zero columns.
     Empty { arg: u32 },
     /// The argument is larger than the kernel's tile.
@@ -71,7 +71,7 @@ pub enum ShapeError {
         value: u32,
         max: u32,
     },
-    /// `arg`'s `dim` must equal `other`'s `other_dim`.
+    /// `arg`'s `dim` must equal `other`'s `other_dim` plus `plus`.
     Mismatch {
         arg: u32,
         dim: Dim,
@@ -79,10 +79,52 @@ pub enum ShapeError {
         other: u32,
         other_dim: Dim,
         other_value: u32,
+        plus: u32,
     },
     /// Scalar `index` is not a finite, non-negative f32 held in the low 32
     /// bits with the high 32 bits zero.
     Scalar { index: u32, value: u64 },
+    /// Scalar `index`, a top-k count `k`, is not in `1..=max`, `max` being
+    /// the cols of tensor argument `arg`.
+    TopK {
+        index: u32,
+        k: u64,
+        arg: u32,
+        max: u32,
+    },
+    /// Scalar `index` is not a threshold: an f32 in [0, 1) held in the low
+    /// 32 bits with the high 32 bits zero.
+    Threshold { index: u32, value: u64 },
+    /// `arg`'s cols `value` are fewer than `min`: the rows of tensor argument
+    /// `rows_of` times scalar `scalar`.
+    TooFewCols {
+        arg: u32,
+        value: u32,
+        min: u64,
+        rows_of: u32,
+        scalar: u32,
+    },
+}
+
+/// The name of a `WSP_DTYPE_*` value, if it is one.
+fn dtype_name(dtype: u32) -> Option<&'static str> {
+    match dtype {
+        DTYPE_F32 => Some("f32"),
+        DTYPE_I32 => Some("i32"),
+        _ => None,
+    }
+}
+
+/// `dtype` as "7" or, for a known dtype, "2 (i32)".
+struct DtypeText(u32);
+
+impl fmt::Display for DtypeText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match dtype_name(self.0) {
+            Some(name) => write!(f, "{} ({name})", self.0),
+            None => write!(f, "{}", self.0),
+        }
+    }
 }
 
 impl fmt::Display for ShapeError {
@@ -94,12 +136,16 @@ impl fmt::Display for ShapeError {
             Self::ScalarCount { expected, got } => {
                 write!(f, "expected {expected} scalars, got {got}")
             }
-            Self::Dtype { arg, dtype } => {
-                write!(
-                    f,
-                    "tensor argument {arg}: dtype {dtype} is not f32 ({DTYPE_F32})"
-                )
-            }
+            Self::Dtype {
+                arg,
+                dtype,
+                expected,
+            } => write!(
+                f,
+                "tensor argument {arg}: dtype {} where the kernel takes dtype {}",
+                DtypeText(dtype),
+                DtypeText(expected)
+            ),
             Self::Empty { arg } => write!(f, "tensor argument {arg}: rows and cols must be > 0"),
             Self::Capacity {
                 arg,
@@ -119,36 +165,69 @@ impl fmt::Display for ShapeError {
                 other,
                 other_dim,
                 other_value,
-            } => write!(
-                f,
-                "tensor argument {arg}: {dim} {value} must equal {other_dim} {other_value} \
-                 of tensor argument {other}"
-            ),
+                plus,
+            } => {
+                write!(
+                    f,
+                    "tensor argument {arg}: {dim} {value} must equal {other_dim} {other_value} "
+                )?;
+                if plus != 0 {
+                    write!(f, "+ {plus} ")?;
+                }
+                write!(f, "of tensor argument {other}")
+            }
             Self::Scalar { index, value } => write!(
                 f,
                 "scalar {index}: {value:#x} is not a finite non-negative f32 in the low 32 bits"
+            ),
+            Self::TopK { index, k, arg, max } => write!(
+                f,
+                "scalar {index}: k {k} is not in 1..={max} (the cols of tensor argument {arg})"
+            ),
+            Self::Threshold { index, value } => write!(
+                f,
+                "scalar {index}: {value:#x} is not an f32 threshold in [0, 1) in the low 32 bits"
+            ),
+            Self::TooFewCols {
+                arg,
+                value,
+                min,
+                rows_of,
+                scalar,
+            } => write!(
+                f,
+                "tensor argument {arg}: cols {value} are fewer than {min}, \
+                 the rows of tensor argument {rows_of} times scalar {scalar}"
             ),
         }
     }
 }
 
-/// A rule "`arg`'s `dim` equals `other`'s `other_dim`".
+/// A rule "`arg`'s `dim` equals `other`'s `other_dim` plus `plus`".
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Equal {
     arg: u32,
     dim: Dim,
     other: u32,
     other_dim: Dim,
+    plus: u32,
 }
 
 impl Equal {
+    /// `arg`'s `dim` equals `other`'s `other_dim`.
     pub(crate) const fn new(arg: u32, dim: Dim, other: u32, other_dim: Dim) -> Self {
         Self {
             arg,
             dim,
             other,
             other_dim,
+            plus: 0,
         }
+    }
+
+    /// The same rule with `plus` added to the other side.
+    pub(crate) const fn plus(self, plus: u32) -> Self {
+        Self { plus, ..self }
     }
 }
 
@@ -157,14 +236,59 @@ impl Equal {
 pub(crate) enum ScalarRule {
     /// An epsilon: f32 bits in the low 32 bits, high bits zero, finite, >= 0.
     Eps,
+    /// A top-k count k: 1 <= k <= the cols of tensor argument `logits`, and
+    /// the cols of tensor argument `slots` are at least the rows of `logits`
+    /// times k.
+    TopK { logits: u32, slots: u32 },
+    /// A threshold: f32 bits in the low 32 bits, high bits zero, 0 <= t < 1
+    /// (so finite; -0 counts as 0).
+    Threshold,
 }
 
 impl ScalarRule {
-    fn accepts(self, value: u64) -> bool {
+    /// Checks scalar `index`, holding `value`, against the tensor `views`
+    /// (whose shapes have passed every other check).
+    fn check(self, index: u32, value: u64, views: &[TileShape]) -> Result<(), ShapeError> {
         match self {
             Self::Eps => {
                 let eps = f32::from_bits(value as u32);
-                value >> 32 == 0 && eps.is_finite() && eps >= 0.0
+                if value >> 32 == 0 && eps.is_finite() && eps >= 0.0 {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Scalar { index, value })
+                }
+            }
+            Self::TopK { logits, slots } => {
+                let (logits_shape, slots_shape) = (&views[logits as usize], &views[slots as usize]);
+                let max = logits_shape.cols;
+                if !(1..=u64::from(max)).contains(&value) {
+                    return Err(ShapeError::TopK {
+                        index,
+                        k: value,
+                        arg: logits,
+                        max,
+                    });
+                }
+                // k <= u32::MAX here, so the product cannot overflow.
+                let min = u64::from(logits_shape.rows) * value;
+                if u64::from(slots_shape.cols) < min {
+                    return Err(ShapeError::TooFewCols {
+                        arg: slots,
+                        value: slots_shape.cols,
+                        min,
+                        rows_of: logits,
+                        scalar: index,
+                    });
+                }
+                Ok(())
+            }
+            Self::Threshold => {
+                let t = f32::from_bits(value as u32);
+                if value >> 32 == 0 && (0.0..1.0).contains(&t) {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Threshold { index, value })
+                }
             }
         }
     }
@@ -172,8 +296,9 @@ impl ScalarRule {
 
 impl KernelInfo {
     /// Checks argument shapes and scalars against the kernel's contract:
-    /// counts, f32 dtype, non-empty, within capacity, the shape equalities
-    /// between arguments, and the scalars' values.
+    /// counts, each argument's dtype, non-empty, within capacity, the shape
+    /// equalities between arguments, and the scalars' values (some of which
+    /// bound shapes, as a top-k count does).
     pub fn check(&self, views: &[TileShape], scalars: &[u64]) -> Result<(), ShapeError> {
         let got = u32::try_from(views.len()).unwrap_or(u32::MAX);
         if got != self.num_tensors {
@@ -190,10 +315,11 @@ impl KernelInfo {
             });
         }
         for (arg, (shape, spec)) in (0u32..).zip(views.iter().zip(self.tensor_args)) {
-            if shape.dtype != DTYPE_F32 {
+            if shape.dtype != spec.dtype {
                 return Err(ShapeError::Dtype {
                     arg,
                     dtype: shape.dtype,
+                    expected: spec.dtype,
                 });
             }
             if shape.rows == 0 || shape.cols == 0 {
@@ -214,7 +340,7 @@ impl KernelInfo {
         for rule in self.equal {
             let value = rule.dim.of(&views[rule.arg as usize]);
             let other_value = rule.other_dim.of(&views[rule.other as usize]);
-            if value != other_value {
+            if u64::from(value) != u64::from(other_value) + u64::from(rule.plus) {
                 return Err(ShapeError::Mismatch {
                     arg: rule.arg,
                     dim: rule.dim,
@@ -222,13 +348,12 @@ impl KernelInfo {
                     other: rule.other,
                     other_dim: rule.other_dim,
                     other_value,
+                    plus: rule.plus,
                 });
             }
         }
         for (index, (&value, rule)) in (0u32..).zip(scalars.iter().zip(self.scalars)) {
-            if !rule.accepts(value) {
-                return Err(ShapeError::Scalar { index, value });
-            }
+            rule.check(index, value, views)?;
         }
         Ok(())
     }

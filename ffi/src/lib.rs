@@ -5,9 +5,9 @@
 //! and for `aarch64-unknown-none`; [`bindings`] is generated from
 //! `kernels/include/wsp_kernel_abi.h` by `cargo xtask bindgen` and checked in.
 //! The registry ([`lookup`], [`all`]) describes each kernel: its core kind,
-//! its tensor arguments with their access modes and capacities, a shape check
-//! ([`KernelInfo::check`]) that accepts exactly what the kernel accepts, and
-//! [`KernelInfo::invoke`] to run it.
+//! its tensor arguments with their access modes, dtypes and capacities, a
+//! shape check ([`KernelInfo::check`]) that accepts exactly what the kernel
+//! accepts, and [`KernelInfo::invoke`] to run it.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -33,3 +33,6 @@ pub const WSP_KERNEL_REJECTED: u64 = u64::MAX;
 
 /// The f32 element type (`WSP_DTYPE_F32`).
 pub const DTYPE_F32: u32 = WspDtype_WSP_DTYPE_F32;
+
+/// The 4-byte signed integer element type (`WSP_DTYPE_I32`).
+pub const DTYPE_I32: u32 = WspDtype_WSP_DTYPE_I32;

@@ -3,12 +3,14 @@
 use core::fmt;
 
 use crate::bindings::{
-    wsp_kernel_add, wsp_kernel_gemm_tile, wsp_kernel_rmsnorm, wsp_kernel_softmax, WspKernelArgs,
-    WspKernelEntry, WspKernelId_WSP_KERNEL_ADD, WspKernelId_WSP_KERNEL_GEMM_TILE,
-    WspKernelId_WSP_KERNEL_RMSNORM, WspKernelId_WSP_KERNEL_SOFTMAX,
+    wsp_kernel_add, wsp_kernel_expert_rows, wsp_kernel_gemm_tile, wsp_kernel_rmsnorm,
+    wsp_kernel_route_topk, wsp_kernel_softmax, WspKernelArgs, WspKernelEntry,
+    WspKernelId_WSP_KERNEL_ADD, WspKernelId_WSP_KERNEL_EXPERT_ROWS,
+    WspKernelId_WSP_KERNEL_GEMM_TILE, WspKernelId_WSP_KERNEL_RMSNORM,
+    WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SOFTMAX,
 };
 use crate::contract::{Equal, ScalarRule};
-use crate::WSP_KERNEL_REJECTED;
+use crate::{DTYPE_F32, DTYPE_I32, WSP_KERNEL_REJECTED};
 
 /// The kind of AICore a kernel runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,6 +72,8 @@ impl ArgAccess {
 pub struct ArgSpec {
     pub name: &'static str,
     pub access: ArgAccess,
+    /// The element type the kernel takes (`DTYPE_F32`, `DTYPE_I32`).
+    pub dtype: u32,
     /// Largest number of rows the kernel accepts.
     pub max_rows: u32,
     /// Largest number of columns the kernel accepts.
@@ -133,10 +137,17 @@ impl KernelInfo {
     }
 }
 
-const fn arg(name: &'static str, access: ArgAccess, max_rows: u32, max_cols: u32) -> ArgSpec {
+const fn arg(
+    name: &'static str,
+    access: ArgAccess,
+    dtype: u32,
+    max_rows: u32,
+    max_cols: u32,
+) -> ArgSpec {
     ArgSpec {
         name,
         access,
+        dtype,
         max_rows,
         max_cols,
     }
@@ -144,8 +155,16 @@ const fn arg(name: &'static str, access: ArgAccess, max_rows: u32, max_cols: u32
 
 use crate::contract::Dim::{Cols, Rows};
 use ArgAccess::{In, InOut, Out};
+const F32: u32 = DTYPE_F32;
+const I32: u32 = DTYPE_I32;
 
-static KERNELS: [KernelInfo; 4] = [
+/// route_topk: at most 64 tokens x 64 experts, so at most 64 x 64 routed
+/// (token, expert) entries.
+const MAX_TOKENS: u32 = 64;
+const MAX_EXPERTS: u32 = 64;
+const MAX_SLOTS: u32 = MAX_TOKENS * MAX_EXPERTS;
+
+static KERNELS: [KernelInfo; 6] = [
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_ADD,
         name: "add",
@@ -153,9 +172,9 @@ static KERNELS: [KernelInfo; 4] = [
         num_tensors: 3,
         num_scalars: 0,
         tensor_args: &[
-            arg("a", In, 64, 64),
-            arg("b", In, 64, 64),
-            arg("c", Out, 64, 64),
+            arg("a", In, F32, 64, 64),
+            arg("b", In, F32, 64, 64),
+            arg("c", Out, F32, 64, 64),
         ],
         equal: &[
             Equal::new(1, Rows, 0, Rows),
@@ -173,9 +192,9 @@ static KERNELS: [KernelInfo; 4] = [
         num_tensors: 3,
         num_scalars: 0,
         tensor_args: &[
-            arg("a", In, 64, 64),
-            arg("b", In, 64, 64),
-            arg("c", InOut, 64, 64),
+            arg("a", In, F32, 64, 64),
+            arg("b", In, F32, 64, 64),
+            arg("c", InOut, F32, 64, 64),
         ],
         equal: &[
             Equal::new(1, Rows, 0, Cols),
@@ -192,9 +211,9 @@ static KERNELS: [KernelInfo; 4] = [
         num_tensors: 3,
         num_scalars: 1,
         tensor_args: &[
-            arg("x", In, 16, 1024),
-            arg("g", In, 1, 1024),
-            arg("y", Out, 16, 1024),
+            arg("x", In, F32, 16, 1024),
+            arg("g", In, F32, 1, 1024),
+            arg("y", Out, F32, 16, 1024),
         ],
         equal: &[
             Equal::new(1, Cols, 0, Cols),
@@ -210,10 +229,59 @@ static KERNELS: [KernelInfo; 4] = [
         kind: CoreKind::Vector,
         num_tensors: 2,
         num_scalars: 0,
-        tensor_args: &[arg("x", In, 16, 1024), arg("y", Out, 16, 1024)],
+        tensor_args: &[arg("x", In, F32, 16, 1024), arg("y", Out, F32, 16, 1024)],
         equal: &[Equal::new(1, Rows, 0, Rows), Equal::new(1, Cols, 0, Cols)],
         scalars: &[],
         entry: wsp_kernel_softmax,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_ROUTE_TOPK,
+        name: "route_topk",
+        kind: CoreKind::Vector,
+        num_tensors: 4,
+        num_scalars: 2,
+        // indptr, tokens and weights are single rows (max_rows 1).
+        tensor_args: &[
+            arg("logits", In, F32, MAX_TOKENS, MAX_EXPERTS),
+            arg("indptr", Out, I32, 1, MAX_EXPERTS + 1),
+            arg("tokens", Out, I32, 1, MAX_SLOTS),
+            arg("weights", Out, F32, 1, MAX_SLOTS),
+        ],
+        equal: &[
+            Equal::new(1, Cols, 0, Cols).plus(1),
+            Equal::new(3, Cols, 2, Cols),
+        ],
+        // k (1..=experts, tokens x k <= slots), then the threshold.
+        scalars: &[
+            ScalarRule::TopK {
+                logits: 0,
+                slots: 2,
+            },
+            ScalarRule::Threshold,
+        ],
+        entry: wsp_kernel_route_topk,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_EXPERT_ROWS,
+        name: "expert_rows",
+        kind: CoreKind::Cube,
+        num_tensors: 4,
+        num_scalars: 0,
+        // gate is one column (max_cols 1).
+        tensor_args: &[
+            arg("x", In, F32, 16, 64),
+            arg("w", In, F32, 64, 64),
+            arg("gate", In, F32, 16, 1),
+            arg("out", InOut, F32, 16, 64),
+        ],
+        equal: &[
+            Equal::new(1, Rows, 0, Cols),
+            Equal::new(2, Rows, 0, Rows),
+            Equal::new(3, Rows, 0, Rows),
+            Equal::new(3, Cols, 1, Cols),
+        ],
+        scalars: &[],
+        entry: wsp_kernel_expert_rows,
     },
 ];
 

@@ -1,5 +1,6 @@
 //! Host tests: each kernel through the registry against an f64 reference,
 //! strided views, the cost model, and rejections agreeing with `check`.
+//! route_topk is checked against a straightforward f64 routing written here.
 
 use crate::*;
 
@@ -21,9 +22,12 @@ impl Lcg {
     }
 }
 
-/// A strided f32 matrix in host memory.
+/// A strided matrix of 4-byte elements in host memory: f32, or i32 held as
+/// f32 bit patterns (`dtype` says which the kernel sees). The view starts
+/// `skip` elements into `data`.
 struct Mat {
     data: Vec<f32>,
+    skip: usize,
     rows: u32,
     cols: u32,
     stride: u32,
@@ -41,11 +45,23 @@ impl Mat {
         }
         Self {
             data,
+            skip: 0,
             rows,
             cols,
             stride,
             dtype: DTYPE_F32,
         }
+    }
+
+    /// The same matrix, seen by the kernel as `dtype`.
+    fn with_dtype(mut self, dtype: u32) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// An all-zero i32 matrix.
+    fn zeros_i32(rows: u32, cols: u32, stride: u32) -> Self {
+        Self::zeros(rows, cols, stride).with_dtype(DTYPE_I32)
     }
 
     fn random(rows: u32, cols: u32, stride: u32, rng: &mut Lcg, lo: f32, hi: f32) -> Self {
@@ -57,12 +73,17 @@ impl Mat {
     }
 
     fn get(&self, r: usize, c: usize) -> f32 {
-        self.data[r * self.stride as usize + c]
+        self.data[self.skip + r * self.stride as usize + c]
+    }
+
+    /// Element (r, c) of an i32 matrix.
+    fn get_i32(&self, r: usize, c: usize) -> i32 {
+        self.get(r, c).to_bits() as i32
     }
 
     fn view(&mut self) -> WspTensorView {
         WspTensorView {
-            addr: self.data.as_mut_ptr() as u64,
+            addr: self.data[self.skip..].as_mut_ptr() as u64,
             rows: self.rows,
             cols: self.cols,
             row_stride: self.stride,
@@ -80,6 +101,10 @@ impl Mat {
 
     /// Every element outside the valid region still holds the gap pattern.
     fn gaps_untouched(&self) -> bool {
+        assert_eq!(
+            self.skip, 0,
+            "a view into a larger matrix has no gap pattern"
+        );
         self.data.iter().enumerate().all(|(i, v)| {
             let (r, c) = (i / self.stride as usize, i % self.stride as usize);
             (r < self.rows as usize && c < self.cols as usize) || v.to_bits() == GAP
@@ -110,8 +135,9 @@ fn run(id: u32, mats: &mut [Mat], scalars: &[u64]) -> Result<u64, KernelRejected
     let shapes: Vec<TileShape> = mats.iter().map(Mat::shape).collect();
     let checked = kernel.check(&shapes, scalars);
     assert_eq!(checked, kernel.check_args(&args));
-    // SAFETY: each view covers `rows * stride` f32s of its own Vec (aligned,
-    // live for the call, distinct allocations), and nothing else runs.
+    // SAFETY: each view covers `rows * stride` 4-byte elements of its own Vec
+    // from `skip` on (aligned for f32 and i32, live for the call, distinct
+    // allocations), and nothing else runs.
     let result = unsafe { kernel.invoke(&args) };
     assert_eq!(
         checked.is_ok(),
@@ -129,11 +155,13 @@ const ADD: u32 = WspKernelId_WSP_KERNEL_ADD;
 const GEMM: u32 = WspKernelId_WSP_KERNEL_GEMM_TILE;
 const RMSNORM: u32 = WspKernelId_WSP_KERNEL_RMSNORM;
 const SOFTMAX: u32 = WspKernelId_WSP_KERNEL_SOFTMAX;
+const ROUTE: u32 = WspKernelId_WSP_KERNEL_ROUTE_TOPK;
+const EXPERT: u32 = WspKernelId_WSP_KERNEL_EXPERT_ROWS;
 
 #[test]
 fn registry_is_consistent() {
     let ids: Vec<u32> = all().iter().map(|k| k.id).collect();
-    assert_eq!(ids, [ADD, GEMM, RMSNORM, SOFTMAX]);
+    assert_eq!(ids, [ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT]);
     for kernel in all() {
         assert_eq!(
             kernel.num_tensors as usize,
@@ -149,10 +177,27 @@ fn registry_is_consistent() {
         );
         assert!(kernel.entry().is_some());
         assert!(core::ptr::eq(lookup(kernel.id).unwrap(), kernel));
+        for spec in kernel.tensor_args {
+            assert!(
+                spec.dtype == DTYPE_F32 || spec.dtype == DTYPE_I32,
+                "{}",
+                kernel.name
+            );
+        }
     }
-    assert!(lookup(0).is_none() && lookup(5).is_none());
+    assert!(lookup(0).is_none() && lookup(EXPERT + 1).is_none());
     assert_eq!(lookup(GEMM).unwrap().kind, CoreKind::Cube);
+    assert_eq!(lookup(EXPERT).unwrap().kind, CoreKind::Cube);
     assert_eq!(lookup(ADD).unwrap().kind, CoreKind::Vector);
+    assert_eq!(lookup(ROUTE).unwrap().kind, CoreKind::Vector);
+    let route_dtypes: Vec<u32> = lookup(ROUTE)
+        .unwrap()
+        .tensor_args
+        .iter()
+        .map(|a| a.dtype)
+        .collect();
+    assert_eq!(route_dtypes, [DTYPE_F32, DTYPE_I32, DTYPE_I32, DTYPE_F32]);
+    assert_ne!(DTYPE_F32, DTYPE_I32);
     assert_eq!(CoreKind::from_u32(1), Some(CoreKind::Vector));
     assert_eq!(CoreKind::from_u32(2), None);
     assert_eq!(ArgAccess::from_u32(3), Some(ArgAccess::InOut));
@@ -354,7 +399,9 @@ fn rejections_agree_with_check() {
     // Empty tiles and other dtypes.
     assert!(run(SOFTMAX, &mut [f(0, 8), f(0, 8)], &[]).is_err());
     let mut other = [f(2, 2), f(2, 2), f(2, 2)];
-    other[1].dtype = 2;
+    other[1].dtype = DTYPE_I32;
+    assert!(run(ADD, &mut other, &[]).is_err());
+    other[1].dtype = 7;
     assert!(run(ADD, &mut other, &[]).is_err());
     // Bad eps: negative, NaN, infinite, high bits set.
     for bad in [
@@ -369,6 +416,229 @@ fn rejections_agree_with_check() {
     assert!(run(GEMM, &mut [f(4, 5), f(5, 3), f(4, 3)], &[]).is_ok());
     assert!(run(RMSNORM, &mut [f(16, 1024), f(1, 1024), f(16, 1024)], &[eps]).is_ok());
     assert!(run(RMSNORM, &mut [f(1, 8), f(1, 8), f(1, 8)], &[eps_bits(-0.0)]).is_ok());
+}
+
+/// route_topk's tensors: logits T x E, indptr, tokens and weights of C slots.
+fn route_mats(t: u32, e: u32, c: u32) -> [Mat; 4] {
+    [
+        Mat::zeros(t, e, e),
+        Mat::zeros_i32(1, e + 1, e + 1),
+        Mat::zeros_i32(1, c, c),
+        Mat::zeros(1, c, c),
+    ]
+}
+
+#[test]
+fn route_topk_rejections_agree_with_check() {
+    let thr = eps_bits(0.1);
+    let ok = |mut m: [Mat; 4], s: &[u64]| run(ROUTE, &mut m, s).is_ok();
+    // Valid, at the limits: k = E, C = T x k exactly, the largest tiles.
+    assert!(ok(route_mats(5, 6, 10), &[2, thr]));
+    assert!(ok(route_mats(5, 6, 30), &[6, thr]));
+    assert!(ok(route_mats(1, 1, 1), &[1, 0]));
+    assert!(ok(route_mats(64, 64, 4096), &[64, eps_bits(0.999_999_94)]));
+    assert!(ok(route_mats(64, 64, 4096), &[1, eps_bits(-0.0)]));
+    // Bad k: 0, more than E, too many slots needed, high bits set.
+    for k in [0, 7, 3, 1 << 32 | 2, u64::MAX] {
+        assert!(!ok(route_mats(5, 6, 10), &[k, thr]), "k = {k:#x}");
+    }
+    // Bad threshold: negative, 1, above 1, NaN, infinite, high bits set.
+    for bad in [
+        eps_bits(-0.5),
+        eps_bits(1.0),
+        eps_bits(2.0),
+        eps_bits(f32::NAN),
+        eps_bits(f32::INFINITY),
+        thr | 1 << 32,
+    ] {
+        assert!(!ok(route_mats(5, 6, 10), &[2, bad]), "threshold {bad:#x}");
+    }
+    // Shapes: indptr cols != E + 1, indptr or slots with 2 rows, tokens and
+    // weights of different lengths, too many tokens / experts / slots.
+    let mut m = route_mats(5, 6, 10);
+    m[1] = Mat::zeros_i32(1, 6, 6);
+    assert!(!ok(m, &[2, thr]));
+    let mut m = route_mats(5, 6, 10);
+    m[1] = Mat::zeros_i32(1, 8, 8);
+    assert!(!ok(m, &[2, thr]));
+    let mut m = route_mats(5, 6, 10);
+    m[1] = Mat::zeros_i32(2, 7, 7);
+    assert!(!ok(m, &[2, thr]));
+    let mut m = route_mats(5, 6, 10);
+    m[2] = Mat::zeros_i32(2, 10, 10);
+    m[3] = Mat::zeros(2, 10, 10);
+    assert!(!ok(m, &[2, thr]));
+    let mut m = route_mats(5, 6, 10);
+    m[3] = Mat::zeros(1, 11, 11);
+    assert!(!ok(m, &[2, thr]));
+    assert!(!ok(route_mats(65, 6, 4096), &[1, thr]));
+    assert!(!ok(route_mats(5, 65, 4096), &[1, thr]));
+    assert!(!ok(route_mats(5, 6, 4097), &[1, thr]));
+    assert!(!ok(route_mats(0, 6, 10), &[1, thr]));
+    // Dtypes: each argument with the other dtype, and an unknown one.
+    for arg in 0..4 {
+        for dtype in [DTYPE_F32, DTYPE_I32, 0, 7] {
+            let mut m = route_mats(5, 6, 10);
+            let expected = m[arg].dtype;
+            m[arg].dtype = dtype;
+            assert_eq!(
+                ok(m, &[2, thr]),
+                dtype == expected,
+                "arg {arg} dtype {dtype}"
+            );
+        }
+    }
+    // Counts.
+    let mut m = route_mats(5, 6, 10);
+    assert!(run(ROUTE, &mut m, &[2]).is_err());
+    assert!(run(ROUTE, &mut m[..3], &[2, thr]).is_err());
+}
+
+/// expert_rows's tensors: x R x H, w H x F, gate R x 1, out R x F.
+fn expert_mats(r: u32, h: u32, f: u32) -> [Mat; 4] {
+    [
+        Mat::zeros(r, h, h),
+        Mat::zeros(h, f, f),
+        Mat::zeros(r, 1, 1),
+        Mat::zeros(r, f, f),
+    ]
+}
+
+#[test]
+fn expert_rows_rejections_agree_with_check() {
+    let ok = |mut m: [Mat; 4]| run(EXPERT, &mut m, &[]).is_ok();
+    assert!(ok(expert_mats(3, 4, 5)));
+    assert!(ok(expert_mats(1, 1, 1)));
+    assert!(ok(expert_mats(16, 64, 64)));
+    // Too large.
+    assert!(!ok(expert_mats(17, 4, 5)));
+    assert!(!ok(expert_mats(3, 65, 5)));
+    assert!(!ok(expert_mats(3, 4, 65)));
+    // Mismatches: w rows, gate rows, gate cols, out rows, out cols.
+    let bad: [(usize, Mat); 5] = [
+        (1, Mat::zeros(5, 5, 5)),
+        (2, Mat::zeros(2, 1, 1)),
+        (2, Mat::zeros(3, 2, 2)),
+        (3, Mat::zeros(4, 5, 5)),
+        (3, Mat::zeros(3, 6, 6)),
+    ];
+    for (arg, mat) in bad {
+        let mut m = expert_mats(3, 4, 5);
+        m[arg] = mat;
+        assert!(!ok(m), "arg {arg}");
+    }
+    // An i32 view where each f32 argument goes.
+    for arg in 0..4 {
+        let mut m = expert_mats(3, 4, 5);
+        m[arg].dtype = DTYPE_I32;
+        assert!(!ok(m), "arg {arg}");
+    }
+    let mut m = expert_mats(3, 4, 5);
+    assert!(run(EXPERT, &mut m, &[0]).is_err());
+}
+
+/// A valid argument set of each kernel: (rows, cols) per tensor, scalars.
+fn valid_args(id: u32) -> (Vec<(u32, u32)>, Vec<u64>) {
+    match id {
+        ADD => (vec![(3, 5); 3], vec![]),
+        GEMM => (vec![(3, 4), (4, 5), (3, 5)], vec![]),
+        RMSNORM => (vec![(3, 8), (1, 8), (3, 8)], vec![eps_bits(1e-5)]),
+        SOFTMAX => (vec![(3, 8); 2], vec![]),
+        ROUTE => (
+            vec![(5, 6), (1, 7), (1, 10), (1, 10)],
+            vec![2, eps_bits(0.25)],
+        ),
+        EXPERT => (vec![(3, 4), (4, 5), (3, 1), (3, 5)], vec![]),
+        _ => panic!("no valid arguments for kernel {id}"),
+    }
+}
+
+/// Runs kernel `id` on zero-filled tensors of these shapes and dtypes
+/// (`run` asserts that `check` and the kernel agree).
+fn run_shapes(id: u32, dims: &[(u32, u32)], dtypes: &[u32], scalars: &[u64]) -> bool {
+    let mut mats: Vec<Mat> = dims
+        .iter()
+        .zip(dtypes)
+        .map(|(&(r, c), &dtype)| Mat::zeros(r, c, c).with_dtype(dtype))
+        .collect();
+    run(id, &mut mats, scalars).is_ok()
+}
+
+#[test]
+fn check_agrees_with_every_kernel_around_valid_args() {
+    // Every rows / cols of each argument one off, zero, at and past its
+    // capacity; every dtype; every scalar over integers and f32 patterns.
+    let scalar_values = [
+        0,
+        1,
+        2,
+        5,
+        6,
+        7,
+        1 << 32,
+        1 << 32 | 2,
+        u64::MAX,
+        eps_bits(0.0),
+        eps_bits(-0.0),
+        eps_bits(0.5),
+        eps_bits(0.999_999_94),
+        eps_bits(1.0),
+        eps_bits(-1.0),
+        eps_bits(f32::NAN),
+        eps_bits(f32::INFINITY),
+        eps_bits(f32::MAX),
+    ];
+    for kernel in all() {
+        let (dims, scalars) = valid_args(kernel.id);
+        let dtypes: Vec<u32> = kernel.tensor_args.iter().map(|a| a.dtype).collect();
+        assert!(
+            run_shapes(kernel.id, &dims, &dtypes, &scalars),
+            "{}",
+            kernel.name
+        );
+        for (i, spec) in kernel.tensor_args.iter().enumerate() {
+            let (r, c) = dims[i];
+            let variants = [
+                (0, c),
+                (r, 0),
+                (r - 1, c),
+                (r + 1, c),
+                (r, c - 1),
+                (r, c + 1),
+                (spec.max_rows, c),
+                (spec.max_rows + 1, c),
+                (r, spec.max_cols),
+                (r, spec.max_cols + 1),
+            ];
+            for v in variants {
+                let mut d = dims.clone();
+                d[i] = v;
+                run_shapes(kernel.id, &d, &dtypes, &scalars);
+            }
+            for dtype in [0, DTYPE_F32, DTYPE_I32, 7] {
+                let mut t = dtypes.clone();
+                t[i] = dtype;
+                let got = run_shapes(kernel.id, &dims, &t, &scalars);
+                assert_eq!(got, dtype == spec.dtype, "{} arg {i}", kernel.name);
+            }
+        }
+        for i in 0..scalars.len() {
+            for &value in &scalar_values {
+                let mut s = scalars.clone();
+                s[i] = value;
+                run_shapes(kernel.id, &dims, &dtypes, &s);
+            }
+        }
+        // One tensor or one scalar too many.
+        let mut d = dims.clone();
+        d.push((1, 1));
+        let mut t = dtypes.clone();
+        t.push(DTYPE_F32);
+        assert!(!run_shapes(kernel.id, &d, &t, &scalars));
+        let mut s = scalars.clone();
+        s.push(0);
+        assert!(!run_shapes(kernel.id, &dims, &dtypes, &s));
+    }
 }
 
 #[test]
@@ -388,7 +658,8 @@ fn shape_errors_name_argument_and_rule() {
             value: 6,
             other: 0,
             other_dim: Dim::Cols,
-            other_value: 5
+            other_value: 5,
+            plus: 0,
         }
     );
     assert_eq!(
@@ -417,4 +688,314 @@ fn shape_errors_name_argument_and_rule() {
         KernelRejected { kernel: 2 }.to_string(),
         "kernel 2 rejected its arguments"
     );
+
+    // Dtypes: an i32 view where f32 goes, and the other way round.
+    let i = |rows, cols| TileShape {
+        rows,
+        cols,
+        dtype: DTYPE_I32,
+    };
+    let err = gemm.check(&[s(4, 5), i(5, 4), s(4, 4)], &[]).unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::Dtype {
+            arg: 1,
+            dtype: DTYPE_I32,
+            expected: DTYPE_F32
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "tensor argument 1: dtype {DTYPE_I32} (i32) where the kernel takes dtype \
+             {DTYPE_F32} (f32)"
+        )
+    );
+    let route = lookup(ROUTE).unwrap();
+    let thr = eps_bits(0.25);
+    let err = route
+        .check(&[s(5, 6), s(1, 7), i(1, 10), s(1, 10)], &[2, thr])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::Dtype {
+            arg: 1,
+            dtype: DTYPE_F32,
+            expected: DTYPE_I32
+        }
+    );
+    let err = route
+        .check(&[s(5, 6), i(1, 10), i(1, 7), s(1, 7)], &[2, thr])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor argument 1: cols 10 must equal cols 6 + 1 of tensor argument 0"
+    );
+    let valid = [s(5, 6), i(1, 7), i(1, 10), s(1, 10)];
+    assert_eq!(route.check(&valid, &[2, thr]), Ok(()));
+    let err = route.check(&valid, &[7, thr]).unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::TopK {
+            index: 0,
+            k: 7,
+            arg: 0,
+            max: 6
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "scalar 0: k 7 is not in 1..=6 (the cols of tensor argument 0)"
+    );
+    let err = route.check(&valid, &[3, thr]).unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::TooFewCols {
+            arg: 2,
+            value: 10,
+            min: 15,
+            rows_of: 0,
+            scalar: 0
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "tensor argument 2: cols 10 are fewer than 15, the rows of tensor argument 0 \
+         times scalar 0"
+    );
+    let one = eps_bits(1.0);
+    let err = route.check(&valid, &[2, one]).unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::Threshold {
+            index: 1,
+            value: one
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "scalar 1: 0x3f800000 is not an f32 threshold in [0, 1) in the low 32 bits"
+    );
+}
+
+/// The routing of `logits` (T x E) computed here in f64: per token, p =
+/// softmax of its row; the k experts of largest p (lower index first on
+/// ties); the first always kept, the others dropped when p < threshold;
+/// weights p / (sum of kept p). Returns indptr and the (token, weight)
+/// entries in CSR order by expert. Panics when the data puts a decision
+/// within 1e-5 (relative) of flipping, where the f32 kernel could rightly
+/// decide the other way: such data makes no test.
+fn route_reference(logits: &Mat, k: usize, threshold: f32) -> (Vec<usize>, Vec<(usize, f64)>) {
+    let (tokens, experts) = (logits.rows as usize, logits.cols as usize);
+    let threshold = f64::from(threshold);
+    let mut by_expert: Vec<Vec<(usize, f64)>> = vec![Vec::new(); experts];
+    for t in 0..tokens {
+        let x: Vec<f64> = (0..experts).map(|e| f64::from(logits.get(t, e))).collect();
+        let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let exp: Vec<f64> = x.iter().map(|v| (v - max).exp()).collect();
+        let sum: f64 = exp.iter().sum();
+        let p: Vec<f64> = exp.iter().map(|v| v / sum).collect();
+        let mut order: Vec<usize> = (0..experts).collect();
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        if k < experts {
+            let (last, next) = (order[k - 1], order[k]);
+            assert!(
+                x[last] == x[next] || p[last] - p[next] > 1e-5 * p[last],
+                "token {t}: experts {last} and {next} nearly tie"
+            );
+        }
+        let mut kept = vec![order[0]];
+        for &e in &order[1..k] {
+            assert!(
+                threshold == 0.0 || (p[e] - threshold).abs() > 1e-5 * threshold,
+                "token {t}: expert {e} is nearly at the threshold"
+            );
+            if p[e] >= threshold {
+                kept.push(e);
+            }
+        }
+        let kept_sum: f64 = kept.iter().map(|&e| p[e]).sum();
+        for &e in &kept {
+            by_expert[e].push((t, p[e] / kept_sum));
+        }
+    }
+    let mut indptr = vec![0];
+    let mut entries = Vec::new();
+    for list in by_expert {
+        entries.extend(list);
+        indptr.push(entries.len());
+    }
+    (indptr, entries)
+}
+
+/// Runs route_topk on `logits` with C = T x k + `spare` slots (outputs with
+/// row strides past their cols, to catch stray writes) and checks it against
+/// [`route_reference`]: indptr and tokens exactly, weights within 1e-6 of
+/// themselves, zeros after the last entry, and the cost formula. Returns the
+/// number of experts kept per token.
+fn check_route(logits: Mat, k: u32, threshold: f32, spare: u32) -> Vec<usize> {
+    let (t, e) = (logits.rows, logits.cols);
+    let c = t * k + spare;
+    let (indptr_want, entries) = route_reference(&logits, k as usize, threshold);
+    let mut m = [
+        logits,
+        Mat::zeros_i32(1, e + 1, e + 3),
+        Mat::zeros_i32(1, c, c + 1),
+        Mat::zeros(1, c, c + 2),
+    ];
+    // Outputs start non-zero so the zero fill is seen.
+    for slot in 0..c as usize {
+        m[2].data[slot] = f32::from_bits(0x55);
+        m[3].data[slot] = 0.5;
+    }
+    let scalars = [u64::from(k), u64::from(threshold.to_bits())];
+    let cycles = run(ROUTE, &mut m, &scalars).unwrap();
+    let (t64, e64, k64, c64) = (u64::from(t), u64::from(e), u64::from(k), u64::from(c));
+    assert_eq!(
+        cycles,
+        (8 + k64) * t64 * e64 + 2 * t64 * k64 + (e64 + 1) + 2 * c64
+    );
+    let indptr: Vec<usize> = (0..=e as usize)
+        .map(|i| usize::try_from(m[1].get_i32(0, i)).expect("indptr >= 0"))
+        .collect();
+    assert_eq!(indptr, indptr_want);
+    for (slot, &(token, weight)) in entries.iter().enumerate() {
+        assert_eq!(m[2].get_i32(0, slot), token as i32, "slot {slot}");
+        let got = f64::from(m[3].get(0, slot));
+        assert!(
+            (got - weight).abs() <= 1e-6 * weight,
+            "slot {slot} (token {token}): weight {got} vs {weight}"
+        );
+    }
+    for slot in entries.len()..c as usize {
+        assert_eq!(m[2].get_i32(0, slot), 0, "slot {slot}");
+        assert_eq!(m[3].get(0, slot).to_bits(), 0, "slot {slot}");
+    }
+    assert!(m.iter().all(Mat::gaps_untouched));
+    let mut per_token = vec![0; t as usize];
+    for &(token, _) in &entries {
+        per_token[token] += 1;
+    }
+    per_token
+}
+
+#[test]
+fn route_topk_fixed_k_matches_reference() {
+    let mut rng = Lcg(12);
+    for k in 1..=3 {
+        let logits = Mat::random(64, 64, 64, &mut rng, -4.0, 4.0);
+        let per_token = check_route(logits, k, 0.0, 0);
+        assert!(per_token.iter().all(|&n| n == k as usize));
+        let logits = Mat::random(13, 8, 11, &mut rng, -2.0, 2.0);
+        let per_token = check_route(logits, k, 0.0, 5);
+        assert!(per_token.iter().all(|&n| n == k as usize));
+    }
+}
+
+#[test]
+fn route_topk_threshold_varies_experts_per_token() {
+    let mut rng = Lcg(13);
+    for (t, e, k, threshold) in [(40, 8, 3, 0.15), (64, 16, 4, 0.08), (7, 5, 5, 0.2)] {
+        let logits = Mat::random(t, e, e, &mut rng, -2.5, 2.5);
+        let per_token = check_route(logits, k, threshold, 3);
+        assert!(per_token.iter().all(|&n| (1..=k as usize).contains(&n)));
+        // The data exercises the threshold: some token keeps fewer than k
+        // experts, and some keeps more than one.
+        assert!(per_token.iter().any(|&n| n < k as usize), "{per_token:?}");
+        assert!(per_token.iter().any(|&n| n > 1), "{per_token:?}");
+    }
+}
+
+#[test]
+fn route_topk_ties_and_edges() {
+    // Logits from a few values: many exact ties, broken by expert index.
+    let ties = Mat::new(12, 6, 6, |r, c| ((r * 7 + c * 3) % 4) as f32);
+    check_route(ties, 2, 0.0, 0);
+    let ties = Mat::new(12, 6, 6, |r, c| ((r + c * 5) % 3) as f32);
+    check_route(ties, 4, 0.1, 2);
+    // All experts, every token to every expert; one token, one expert.
+    let mut rng = Lcg(14);
+    check_route(Mat::random(9, 7, 7, &mut rng, -3.0, 3.0), 7, 0.0, 0);
+    check_route(Mat::random(1, 1, 1, &mut rng, -3.0, 3.0), 1, 0.0, 2);
+    // A threshold above every p but the top one keeps exactly one expert.
+    let per_token = check_route(Mat::random(10, 4, 4, &mut rng, -1.0, 1.0), 3, 0.99, 0);
+    assert!(per_token.iter().all(|&n| n == 1));
+}
+
+/// OUT += GATE * (X x W) with W rows `expert * h ..` of a stacked
+/// (experts * h) x f matrix; checked against f64 within the first-order bound
+/// (H + 2) u (|OUT_in| + |GATE| sum |X W|) the kernel documents.
+fn check_expert_rows(r: u32, h: u32, f: u32, experts: u32, expert: u32, seed: u64) {
+    let mut rng = Lcg(seed);
+    let w_stride = f + 3;
+    let mut w = Mat::random(experts * h, f, w_stride, &mut rng, -1.0, 1.0);
+    let bits = |data: &[f32]| data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let stacked = bits(&w.data);
+    w.skip = (expert * h * w_stride) as usize;
+    w.rows = h;
+    let mut m = [
+        Mat::random(r, h, h + 1, &mut rng, -2.0, 2.0),
+        w,
+        Mat::random(r, 1, 2, &mut rng, 0.0, 1.0),
+        Mat::random(r, f, f, &mut rng, -1.0, 1.0),
+    ];
+    let out_in: Vec<Vec<f32>> = (0..r as usize)
+        .map(|i| (0..f as usize).map(|j| m[3].get(i, j)).collect())
+        .collect();
+    let cycles = run(EXPERT, &mut m, &[]).unwrap();
+    let (r64, h64, f64_) = (u64::from(r), u64::from(h), u64::from(f));
+    assert_eq!(
+        cycles,
+        r64 * h64 + h64 * f64_ + r64 + 5 * r64 * f64_ + r64 * h64 * f64_
+    );
+    let u = f64::from(f32::EPSILON) / 2.0;
+    let gamma = f64::from(h + 2) * u / (1.0 - f64::from(h + 2) * u);
+    for (i, row) in out_in.iter().enumerate() {
+        let g = f64::from(m[2].get(i, 0));
+        for (j, &o) in row.iter().enumerate() {
+            let (mut y, mut y_abs) = (0.0, 0.0);
+            for p in 0..h as usize {
+                let prod = f64::from(m[0].get(i, p)) * f64::from(m[1].get(p, j));
+                y += prod;
+                y_abs += prod.abs();
+            }
+            let want = f64::from(o) + g * y;
+            let bound = gamma * (f64::from(o).abs() + g.abs() * y_abs);
+            let got = f64::from(m[3].get(i, j));
+            assert!(
+                (got - want).abs() <= bound,
+                "({i}, {j}): {got} vs {want} (bound {bound})"
+            );
+        }
+    }
+    assert!(
+        bits(&m[1].data) == stacked,
+        "the stacked weights are read only"
+    );
+    for k in [0, 2, 3] {
+        assert!(m[k].gaps_untouched());
+    }
+}
+
+#[test]
+fn expert_rows_matches_reference() {
+    check_expert_rows(5, 12, 9, 4, 2, 15);
+    check_expert_rows(16, 64, 64, 3, 0, 16);
+    check_expert_rows(16, 64, 64, 3, 2, 17);
+    check_expert_rows(1, 1, 1, 1, 0, 18);
+}
+
+#[test]
+fn expert_rows_with_zero_gate_keeps_out() {
+    // gate 0: out + 0 * y == out exactly (finite y).
+    let mut rng = Lcg(19);
+    let mut m = [
+        Mat::random(4, 8, 8, &mut rng, -1.0, 1.0),
+        Mat::random(8, 6, 6, &mut rng, -1.0, 1.0),
+        Mat::zeros(4, 1, 1),
+        Mat::random(4, 6, 6, &mut rng, -1.0, 1.0),
+    ];
+    let before = m[3].data.clone();
+    run(EXPERT, &mut m, &[]).unwrap();
+    assert_eq!(m[3].data, before);
 }

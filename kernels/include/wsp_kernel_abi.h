@@ -26,9 +26,11 @@ extern "C" {
 #define WSP_MAX_TENSOR_ARGS 4
 #define WSP_MAX_SCALARS 4
 
-/* Element types. Only F32 is computed by the kernels of ABI v1. */
+/* Element types. The kernels compute on F32; I32 (4-byte signed int) holds
+ * indices and counts (the outputs of ROUTE_TOPK). */
 enum WspDtype {
     WSP_DTYPE_F32 = 1,
+    WSP_DTYPE_I32 = 2,
 };
 
 /* Kernel identifiers: stable numbers shared by tables, the registry and kernels. */
@@ -41,6 +43,15 @@ enum WspKernelId {
     WSP_KERNEL_RMSNORM = 3,
     /* Y = softmax(X) per row (vector core). */
     WSP_KERNEL_SOFTMAX = 4,
+    /* Mixture-of-Experts routing (vector core): per token (row of f32 logits),
+     * the top-k experts of softmax(logits) above a threshold, with weights
+     * renormalised over the kept experts, written grouped by expert in CSR
+     * form (i32 indptr, i32 token indices, f32 weights). Scalar 0 = k,
+     * scalar 1 = threshold as f32 bits. */
+    WSP_KERNEL_ROUTE_TOPK = 5,
+    /* OUT[r, :] += GATE[r, 0] * (X[r, :] x W) on f32 tiles (cube core): one
+     * expert's rows, W one expert's weight matrix. */
+    WSP_KERNEL_EXPERT_ROWS = 6,
 };
 
 /* A 2-D view of a tensor region: `rows` x `cols` valid elements starting at
@@ -75,6 +86,8 @@ uint64_t wsp_kernel_add(const WspKernelArgs *args);
 uint64_t wsp_kernel_gemm_tile(const WspKernelArgs *args);
 uint64_t wsp_kernel_rmsnorm(const WspKernelArgs *args);
 uint64_t wsp_kernel_softmax(const WspKernelArgs *args);
+uint64_t wsp_kernel_route_topk(const WspKernelArgs *args);
+uint64_t wsp_kernel_expert_rows(const WspKernelArgs *args);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
  *
  * Cost model (semantic cycles; every op returns its cost and kernels sum it):
  *   TLOAD, TSTORE                      valid rows x cols moved
+ *   TEXPANDS (fill with a scalar)      valid rows x cols of the destination
  *   elementwise (TADD, TMUL, TEXP, TSQRT, TADDS, TMULS, TDIVS)
  *                                      valid rows x cols of the destination
  *   row reductions (TROWSUM, TROWMAX)  valid rows x cols of the source
@@ -95,6 +96,17 @@ Cycles TSTORE(const View<T> &dst, const Tile<T, R, C> &src) {
         for (int c = 0; c < src.valid_cols; ++c) row[c] = src.at(r, c);
     }
     return cells(src.valid_rows, src.valid_cols);
+}
+
+/* dst = s on a rows x cols valid region (rows <= R, cols <= C), which becomes
+ * dst's valid region. */
+template <typename T, int R, int C>
+Cycles TEXPANDS(Tile<T, R, C> &dst, int rows, int cols, T s) {
+    dst.valid_rows = rows;
+    dst.valid_cols = cols;
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) dst.at(r, c) = s;
+    return cells(rows, cols);
 }
 
 /* ---- elementwise ------------------------------------------------------- */
@@ -277,9 +289,19 @@ Cycles TMATMUL(Tile<T, M, N> &c, const Tile<T, M, K> &a, const Tile<T, K, N> &b)
 
 /* ---- argument checks (shared by the kernels) ---------------------------- */
 
-inline bool is_f32_tile(const WspTensorView &v, uint32_t max_rows, uint32_t max_cols) {
-    return v.dtype == WSP_DTYPE_F32 && v.rows != 0 && v.cols != 0 && v.rows <= max_rows &&
+/* A non-empty view of `dtype` elements within max_rows x max_cols. */
+inline bool is_tile(const WspTensorView &v, uint32_t dtype, uint32_t max_rows,
+                    uint32_t max_cols) {
+    return v.dtype == dtype && v.rows != 0 && v.cols != 0 && v.rows <= max_rows &&
            v.cols <= max_cols;
+}
+
+inline bool is_f32_tile(const WspTensorView &v, uint32_t max_rows, uint32_t max_cols) {
+    return is_tile(v, WSP_DTYPE_F32, max_rows, max_cols);
+}
+
+inline bool is_i32_tile(const WspTensorView &v, uint32_t max_rows, uint32_t max_cols) {
+    return is_tile(v, WSP_DTYPE_I32, max_rows, max_cols);
 }
 
 inline bool same_shape(const WspTensorView &a, const WspTensorView &b) {

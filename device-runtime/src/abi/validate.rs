@@ -24,6 +24,7 @@ pub struct Table<'a> {
 pub fn dtype_size(dtype: u32) -> Option<u64> {
     match dtype {
         wsp_ffi::WspDtype_WSP_DTYPE_F32 => Some(4),
+        wsp_ffi::WspDtype_WSP_DTYPE_I32 => Some(4),
         _ => None,
     }
 }

@@ -183,6 +183,7 @@ fn op_text(op: &StreamOp) -> String {
 fn dtype_name(dtype: u32) -> String {
     match dtype {
         wsp_ffi::DTYPE_F32 => "f32".to_string(),
+        wsp_ffi::DTYPE_I32 => "i32".to_string(),
         other => format!("{other}?"),
     }
 }

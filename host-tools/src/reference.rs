@@ -45,6 +45,114 @@ pub fn softmax(x: &[f64], cols: usize) -> Vec<f64> {
         .collect()
 }
 
+/// A routing of tokens to experts in CSR form, grouped by expert: expert
+/// `e`'s entries are `indptr[e]..indptr[e + 1]` (so `indptr` has one more
+/// element than there are experts and starts at 0), each a token index (in
+/// increasing order within an expert) and its weight. The layout of the
+/// route_topk kernel's output, without its zero padding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub indptr: Vec<usize>,
+    pub tokens: Vec<usize>,
+    pub weights: Vec<f64>,
+}
+
+/// Top-k routing of `tokens` x `experts` row-major `logits`, in f64, with
+/// the semantics of the route_topk kernel: per token, p = softmax of its row;
+/// the k experts of largest p, the lower index first on ties; the first of
+/// them always kept, the others dropped when p < `threshold`; each kept
+/// expert weighted p / (sum of p over the kept experts, summed largest p
+/// first). Panics unless 1 <= k <= experts, 0 <= threshold < 1 and
+/// `logits` holds tokens x experts values.
+pub fn route_topk(
+    logits: &[f32],
+    tokens: usize,
+    experts: usize,
+    k: usize,
+    threshold: f64,
+) -> Routing {
+    assert_eq!(
+        logits.len(),
+        tokens * experts,
+        "logits are tokens x experts"
+    );
+    assert!((1..=experts).contains(&k), "k {k} not in 1..={experts}");
+    assert!(
+        (0.0..1.0).contains(&threshold),
+        "threshold {threshold} not in [0, 1)"
+    );
+    let mut by_expert: Vec<Vec<(usize, f64)>> = vec![Vec::new(); experts];
+    for (t, row) in logits.chunks(experts).enumerate() {
+        let row: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+        let p = softmax(&row, experts);
+        let mut order: Vec<usize> = (0..experts).collect();
+        // A stable sort keeps equal p in index order.
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        let kept: Vec<usize> = order[..k]
+            .iter()
+            .enumerate()
+            .filter(|&(i, &e)| i == 0 || p[e] >= threshold)
+            .map(|(_, &e)| e)
+            .collect();
+        let sum: f64 = kept.iter().map(|&e| p[e]).sum();
+        for &e in &kept {
+            by_expert[e].push((t, p[e] / sum));
+        }
+    }
+    let mut routing = Routing {
+        indptr: vec![0],
+        tokens: Vec::new(),
+        weights: Vec::new(),
+    };
+    for list in by_expert {
+        for (t, w) in list {
+            routing.tokens.push(t);
+            routing.weights.push(w);
+        }
+        routing.indptr.push(routing.tokens.len());
+    }
+    routing
+}
+
+/// A Mixture-of-Experts layer: `out[t, :]` = the sum over the experts `e`
+/// routing sends token `t` to of `weight * (x[t, :] @ w_e)`, with `x`
+/// row-major `tokens` x `hidden` and `w` the experts' `hidden` x `ffn`
+/// matrices stacked row-major as (experts * hidden) x `ffn` (expert `e` in
+/// rows `e * hidden..`). Also returns the per-element sum over the same
+/// terms of `|weight| * sum_h |x[t, h] * w_e[h, j]|`, which bounds the
+/// rounding error of an f32 evaluation as `gemm`'s does. Both are
+/// `tokens` x `ffn`, row-major; a token routed nowhere gets zeros.
+pub fn moe(
+    x: &[f32],
+    w: &[f32],
+    routing: &Routing,
+    tokens: usize,
+    hidden: usize,
+    ffn: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let experts = routing.indptr.len().saturating_sub(1);
+    assert_eq!(x.len(), tokens * hidden, "x is tokens x hidden");
+    assert_eq!(
+        w.len(),
+        experts * hidden * ffn,
+        "w is (experts * hidden) x ffn"
+    );
+    let mut out = vec![0f64; tokens * ffn];
+    let mut abs = vec![0f64; tokens * ffn];
+    for e in 0..experts {
+        let w_e = &w[e * hidden * ffn..(e + 1) * hidden * ffn];
+        for i in routing.indptr[e]..routing.indptr[e + 1] {
+            let (t, g) = (routing.tokens[i], routing.weights[i]);
+            let (y, y_abs) = gemm(&x[t * hidden..(t + 1) * hidden], w_e, 1, ffn, hidden);
+            for j in 0..ffn {
+                out[t * ffn + j] += g * y[j];
+                abs[t * ffn + j] += g.abs() * y_abs[j];
+            }
+        }
+    }
+    (out, abs)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -57,5 +165,124 @@ mod tests {
         let r = super::rmsnorm(&[3.0, 4.0], &[1.0, 2.0], 2, 0.0);
         let inv = 1.0 / 12.5f64.sqrt();
         assert_eq!(r, vec![3.0 * inv, 8.0 * inv]);
+    }
+
+    /// Three tokens over four experts: equal logits, logits 0 1 0 2, and
+    /// one large logit over three equal ones.
+    const LOGITS: [f32; 12] = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 2.0, 5.0, 0.0, 0.0, 0.0];
+
+    fn close(a: &[f64], b: &[f64]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-15)
+    }
+
+    #[test]
+    fn route_topk_fixed_k_by_hand() {
+        let e = 1f64.exp();
+        let e5 = 5f64.exp();
+        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.0);
+        // Token 0: a four-way tie, so experts 0 and 1, half each. Token 1:
+        // experts 3 (e^2) and 1 (e). Token 2: expert 0 (e^5), then the
+        // lowest of three tied experts, 1.
+        assert_eq!(r.indptr, vec![0, 2, 5, 5, 6]);
+        assert_eq!(r.tokens, vec![0, 2, 0, 1, 2, 1]);
+        let want = [
+            0.5,
+            e5 / (e5 + 1.0),
+            0.5,
+            1.0 / (e + 1.0),
+            1.0 / (e5 + 1.0),
+            e / (e + 1.0),
+        ];
+        assert!(close(&r.weights, &want), "{:?}", r.weights);
+        // k = 1 gives every token weight 1 on its top expert.
+        let r = super::route_topk(&LOGITS, 3, 4, 1, 0.0);
+        assert_eq!(r.indptr, vec![0, 2, 2, 2, 3]);
+        assert_eq!(r.tokens, vec![0, 2, 1]);
+        assert_eq!(r.weights, vec![1.0; 3]);
+    }
+
+    #[test]
+    fn route_topk_threshold_by_hand() {
+        // p: token 0 all 1/4; token 1 (1, e, 1, e^2) / (2 + e + e^2), so
+        // about 0.083, 0.225, 0.083, 0.610; token 2 about 0.980 then 0.0066.
+        let e = 1f64.exp();
+        let e5 = 5f64.exp();
+        // 0.2 keeps token 0's second expert (1/4) and token 1's (0.225).
+        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.2);
+        assert_eq!(r.indptr, vec![0, 2, 4, 4, 5]);
+        assert_eq!(r.tokens, vec![0, 2, 0, 1, 1]);
+        let want = [0.5, 1.0, 0.5, 1.0 / (e + 1.0), e / (e + 1.0)];
+        assert!(close(&r.weights, &want), "{:?}", r.weights);
+        // 0.3 drops every second expert; token 0's top one (1/4 < 0.3) stays.
+        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.3);
+        assert_eq!(r.indptr, vec![0, 2, 2, 2, 3]);
+        assert_eq!(r.tokens, vec![0, 2, 1]);
+        assert_eq!(r.weights, vec![1.0; 3]);
+        // k = 4 at 0.05: tokens 0 and 1 keep all four experts (weights = p),
+        // token 2 only expert 0 (the others have p = 1 / (e^5 + 3) < 0.05).
+        let r = super::route_topk(&LOGITS, 3, 4, 4, 0.05);
+        assert_eq!(r.indptr, vec![0, 3, 5, 7, 9]);
+        assert_eq!(r.tokens, vec![0, 1, 2, 0, 1, 0, 1, 0, 1]);
+        let s1 = 2.0 + e + e * e;
+        let want = [
+            0.25,
+            1.0 / s1,
+            1.0,
+            0.25,
+            e / s1,
+            0.25,
+            1.0 / s1,
+            0.25,
+            e * e / s1,
+        ];
+        assert!(close(&r.weights, &want), "{:?}", r.weights);
+        assert!(1.0 / (e5 + 3.0) < 0.05);
+    }
+
+    #[test]
+    fn moe_by_hand() {
+        // Expert 0 the identity, expert 1 diag(2, -1); x rows (1, 2), (3, -1).
+        let w = [1.0, 0.0, 0.0, 1.0, 2.0, 0.0, 0.0, -1.0];
+        let x = [1.0, 2.0, 3.0, -1.0];
+        let routing = super::Routing {
+            indptr: vec![0, 2, 3],
+            tokens: vec![0, 1, 1],
+            weights: vec![0.25, 0.5, 0.5],
+        };
+        let (out, abs) = super::moe(&x, &w, &routing, 2, 2, 2);
+        // Token 0: 0.25 (1, 2). Token 1: 0.5 (3, -1) + 0.5 (6, 1).
+        assert_eq!(out, vec![0.25, 0.5, 4.5, 0.0]);
+        assert_eq!(abs, vec![0.25, 0.5, 4.5, 1.0]);
+        // A token routed nowhere gets zeros.
+        let none = super::Routing {
+            indptr: vec![0, 1, 1],
+            tokens: vec![1],
+            weights: vec![1.0],
+        };
+        let (out, _) = super::moe(&x, &w, &none, 2, 2, 2);
+        assert_eq!(out, vec![0.0, 0.0, 3.0, -1.0]);
+    }
+
+    #[test]
+    fn moe_top1_is_each_tokens_expert_gemm() {
+        // With k = 1 every weight is 1: out rows are x rows times the chosen
+        // expert's matrix.
+        let (tokens, experts, hidden, ffn) = (3, 4, 3, 2);
+        let w: Vec<f32> = (0..experts * hidden * ffn)
+            .map(|i| i as f32 * 0.5 - 3.0)
+            .collect();
+        let x: Vec<f32> = (0..tokens * hidden)
+            .map(|i| 1.0 - i as f32 * 0.25)
+            .collect();
+        let routing = super::route_topk(&LOGITS, tokens, experts, 1, 0.0);
+        let (out, abs) = super::moe(&x, &w, &routing, tokens, hidden, ffn);
+        for e in 0..experts {
+            let w_e = &w[e * hidden * ffn..(e + 1) * hidden * ffn];
+            for &t in &routing.tokens[routing.indptr[e]..routing.indptr[e + 1]] {
+                let (y, y_abs) = super::gemm(&x[t * hidden..(t + 1) * hidden], w_e, 1, ffn, hidden);
+                assert_eq!(out[t * ffn..(t + 1) * ffn], y[..]);
+                assert_eq!(abs[t * ffn..(t + 1) * ffn], y_abs[..]);
+            }
+        }
     }
 }

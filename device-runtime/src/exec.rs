@@ -21,7 +21,9 @@ use core::fmt;
 
 use wsp_ffi::CoreKind;
 
+use crate::abi::program::MAX_SYMBOLS;
 use crate::abi::{Table, MAX_TENSOR_ARGS};
+use crate::expand::ExpandError;
 use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError, UsageError};
 use crate::platform::{Platform, MAX_CORES};
 use crate::sched::policy::RoundRobin;
@@ -60,6 +62,46 @@ pub struct RunOptions {
     /// platform takes ([`Platform::depth`]). More than it takes is a
     /// [`ConfigError::IssueDepth`].
     pub issue_depth: Option<usize>,
+    /// The values of the program's symbols (batch size, sequence lengths),
+    /// bound at launch: the same table runs with other values.
+    pub symbols: Symbols,
+}
+
+/// The symbols bound at a launch: up to
+/// [`MAX_SYMBOLS`](crate::abi::program::MAX_SYMBOLS) signed values,
+/// numbered from 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Symbols {
+    values: [i64; MAX_SYMBOLS],
+    len: usize,
+}
+
+impl Symbols {
+    /// Binds symbols `0 .. values.len()`; `None` if there are more than
+    /// [`MAX_SYMBOLS`].
+    pub fn new(values: &[i64]) -> Option<Self> {
+        let mut symbols = Symbols::default();
+        symbols
+            .values
+            .get_mut(..values.len())?
+            .copy_from_slice(values);
+        symbols.len = values.len();
+        Some(symbols)
+    }
+
+    /// Symbol `index`, if bound.
+    pub fn get(&self, index: usize) -> Option<i64> {
+        self.values[..self.len].get(index).copied()
+    }
+
+    /// Number of symbols bound.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// Most tasks one core holds at once (the issue protocol's payload buffers).
@@ -70,6 +112,7 @@ impl Default for RunOptions {
         RunOptions {
             kernel_timeout_ms: 10_000,
             issue_depth: None,
+            symbols: Symbols::default(),
         }
     }
 }
@@ -278,6 +321,15 @@ pub enum RunError {
     Config(ConfigError),
     /// Another scheduler thread failed; its own error says why.
     ThreadFailed,
+    /// The program reads symbols the launch did not bind.
+    UnboundSymbols { needed: usize, bound: usize },
+    /// The program's expansion failed at instruction `pc`.
+    Expand { pc: u32, why: ExpandError },
+    /// The orchestrator refused the program's event op at `pc` (e.g. a
+    /// wait on an event not recorded before it ran).
+    ProgramEventRefused { pc: u32, why: UsageError },
+    /// A run numbers its tasks in 32 bits.
+    TooManyTasks { max: u64 },
 }
 
 impl fmt::Display for RunError {
@@ -309,6 +361,15 @@ impl fmt::Display for RunError {
             RunError::Deadlock(report) => write!(f, "{report}"),
             RunError::Config(e) => write!(f, "scheduling: {e}"),
             RunError::ThreadFailed => f.write_str("another scheduler thread failed"),
+            RunError::UnboundSymbols { needed, bound } => write!(
+                f,
+                "the program reads {needed} symbols; the launch binds {bound}"
+            ),
+            RunError::Expand { pc, why } => write!(f, "program instruction {pc}: {why}"),
+            RunError::ProgramEventRefused { pc, why } => {
+                write!(f, "program instruction {pc}: {why}")
+            }
+            RunError::TooManyTasks { max } => write!(f, "more than {max} tasks in one run"),
         }
     }
 }
@@ -329,7 +390,6 @@ pub fn run<P: Platform>(
     let config = SchedConfig::default();
     let num_cores = platform.num_cores().min(MAX_CORES);
     let global: [u16; MAX_CORES] = core::array::from_fn(|c| c as u16);
-    let arena_len = arena.len() as u64;
     let arena = Arena::new(arena);
     let tps = platform.ticks_per_second();
     let scheduler = Scheduler::new(
@@ -337,7 +397,6 @@ pub fn run<P: Platform>(
         1,
         platform,
         &global[..num_cores],
-        table,
         arena,
         &queues,
         options,
@@ -346,7 +405,8 @@ pub fn run<P: Platform>(
     let kinds = [scheduler.kinds()];
     let mut dispatcher = Dispatcher::new(
         table,
-        arena_len,
+        arena,
+        options,
         orch,
         &queues,
         &mut policy,

@@ -11,6 +11,8 @@
 //!   heap ring, scopes, stall statistics and deadlock reports.
 //! - [`exec`]: interprets a validated table through the orchestrator and
 //!   issues ready tasks to cores.
+//! - [`expand`]: expands the table's workload program into tasks on the
+//!   device, including from data computed by earlier tasks.
 //! - [`sched`]: scheduler threads, dispatch policies, dispatch queues and
 //!   work stealing.
 //! - [`platform`]: the `Platform` trait and the shared-memory mailbox platform.
@@ -25,6 +27,7 @@
 
 pub mod abi;
 pub mod exec;
+pub mod expand;
 pub mod mailbox;
 pub mod orch;
 pub mod platform;

@@ -4,10 +4,12 @@
 
 use std::fmt::Write;
 
+use device_runtime::abi::program::*;
 use device_runtime::abi::{
-    table_checksum, KernelDesc, SectionRef, StreamOp, Table, TableHeader, TaskDesc, TensorArg,
-    TensorDesc, MAGIC, STREAM_OP_RECORD, STREAM_OP_WAIT,
+    table_checksum, Instr, KernelDesc, Region, SectionRef, StreamOp, Table, TableHeader, TaskDesc,
+    TensorArg, TensorDesc, MAGIC, STREAM_OP_RECORD, STREAM_OP_WAIT,
 };
+use device_runtime::expand::{Context, Expander, Step};
 use zerocopy::{FromBytes, Immutable, KnownLayout};
 
 /// How many tasks are shown unless all are asked for.
@@ -18,11 +20,25 @@ pub fn inspect(bytes: &[u8], all_tasks: bool) -> String {
     let mut out = String::new();
     dump(&mut out, bytes, all_tasks);
     match Table::parse(bytes) {
-        Ok(t) => {
+        Ok(t) if t.program().is_empty() => {
             let _ = writeln!(
                 out,
                 "valid: {} tasks, {} bytes of arena",
                 t.tasks().len(),
+                t.arena_size()
+            );
+        }
+        Ok(t) => {
+            let expanded = match expanded_tasks(&t, None, &[]) {
+                Ok(n) => format!("{n} tasks"),
+                Err(why) => format!("a number of tasks known at run time ({why})"),
+            };
+            let _ = writeln!(
+                out,
+                "valid: {} tasks, then a program of {} instructions ({} bytes) that expands to {expanded}; {} bytes of arena",
+                t.tasks().len(),
+                t.program().len(),
+                std::mem::size_of_val(t.program()),
                 t.arena_size()
             );
         }
@@ -147,6 +163,181 @@ fn dump(out: &mut String, bytes: &[u8], all_tasks: bool) {
             tasks.len() - shown
         );
     }
+    let program: &[Instr] = section(out, bytes, "program", &h.program);
+    program_text(out, program, tensors);
+}
+
+fn reg(r: u8) -> String {
+    if r == NO_REG {
+        "0".to_string()
+    } else {
+        format!("r{r}")
+    }
+}
+
+/// The program as indented loops, one instruction per line with its pc.
+fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc]) {
+    let tname = |t: u32| {
+        tensors
+            .get(t as usize)
+            .map_or_else(|| format!("tensor{t}?"), |d| name(&d.name))
+    };
+    let mut depth = 1usize;
+    for (pc, ins) in program.iter().enumerate() {
+        let x = ins.x;
+        let imm = ins.imm.get();
+        let text = match ins.op {
+            OP_CONST => format!(
+                "r{} = {}",
+                ins.r,
+                (imm as u64 | (ins.imm2.get() as u64) << 32) as i64
+            ),
+            OP_SYMBOL => format!("r{} = symbol {imm}", ins.r),
+            OP_LOAD => {
+                let rank = tensors
+                    .get(imm as usize)
+                    .map_or(4, |d| (d.rank.get() as usize).clamp(1, 4));
+                let index: Vec<String> = x[..rank].iter().map(|&r| reg(r)).collect();
+                format!(
+                    "r{} = {}[{}]  (waits for its writers)",
+                    ins.r,
+                    tname(imm),
+                    index.join(", ")
+                )
+            }
+            OP_ADD..=OP_EQ => {
+                let sym = ["+", "-", "*", "/", "%", "min", "max", "<", "<=", "=="]
+                    [(ins.op - OP_ADD) as usize];
+                format!("r{} = {} {sym} {}", ins.r, reg(x[0]), reg(x[1]))
+            }
+            OP_LOOP => {
+                let kind = if x[1] == LOOP_SEQUENTIAL {
+                    "sequential"
+                } else {
+                    "parallel"
+                };
+                let line = format!(
+                    "{kind} r{} in 0..{} (at most {}) {{",
+                    ins.r,
+                    reg(x[0]),
+                    ins.imm2.get()
+                );
+                let _ = writeln!(out, "  {pc:>4}  {}{line}", "  ".repeat(depth));
+                depth += 1;
+                continue;
+            }
+            OP_END => {
+                depth = depth.saturating_sub(1).max(1);
+                "}".to_string()
+            }
+            OP_WHEN => format!("when {} == 0: go to {imm}", reg(x[0])),
+            OP_JUMP => format!("go to {imm}"),
+            OP_CALL => {
+                let stream = if x[0] == 0 {
+                    String::new()
+                } else {
+                    format!(" on stream {}", x[0])
+                };
+                format!("call {}{stream}", kernel_name(imm))
+            }
+            OP_ARG => {
+                let access = match ins.r {
+                    1 => "in",
+                    2 => "out",
+                    3 => "inout",
+                    _ => "access?",
+                };
+                let offsets: Vec<String> = x[..4].iter().map(|&r| reg(r)).collect();
+                let ext = |r: u8| {
+                    if r == NO_REG {
+                        "1".to_string()
+                    } else {
+                        format!("r{r}")
+                    }
+                };
+                format!(
+                    "  {access} {}[at {}; {} x {}]",
+                    tname(imm),
+                    offsets.join(", "),
+                    ext(x[4]),
+                    ext(x[5])
+                )
+            }
+            OP_SCALAR => format!("  scalar {}", reg(x[0])),
+            OP_RECORD => format!("record event {} on stream {}", x[1], x[0]),
+            OP_WAIT => format!("stream {} waits for event {}", x[0], x[1]),
+            OP_INPUT => format!("input {}", tname(imm)),
+            op => format!("opcode {op}?"),
+        };
+        let _ = writeln!(out, "  {pc:>4}  {}{text}", "  ".repeat(depth));
+    }
+}
+
+/// What the device's expander sees when it runs on the host over a finished
+/// arena: no task is running, every iteration has completed, data comes
+/// from `arena` (without one, loads read 0 and set `needs_data`).
+pub struct HostExpansion<'x> {
+    pub arena: Option<&'x [u8]>,
+    pub symbols: &'x [i64],
+    /// The number the next task gets: the caller counts tasks here.
+    pub next: u64,
+    pub needs_data: bool,
+}
+
+impl Context for HostExpansion<'_> {
+    fn symbol(&self, index: usize) -> Option<i64> {
+        self.symbols.get(index).copied()
+    }
+    fn next_task(&self) -> u64 {
+        self.next
+    }
+    fn pending_writer(&mut self, _: u32, _: &Region) -> Option<u64> {
+        None
+    }
+    fn completed_since(&self, _: u64) -> bool {
+        true
+    }
+    fn read_i32(&mut self, tensor: &TensorDesc, element: u64) -> i32 {
+        let at = (tensor.arena_offset.get() + element * 4) as usize;
+        match self.arena.and_then(|a| a.get(at..at + 4)) {
+            Some(b) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            None => {
+                self.needs_data = true;
+                0
+            }
+        }
+    }
+}
+
+/// Expands `table`'s program on the host with the device's own expander,
+/// reading data from `arena` and symbols from `symbols`, and counts the
+/// tasks (the tasks section's included). Without an arena, a program that
+/// loads data cannot be counted.
+pub fn expanded_tasks(
+    table: &Table<'_>,
+    arena: Option<&[u8]>,
+    symbols: &[i64],
+) -> Result<u64, String> {
+    let mut cx = HostExpansion {
+        arena,
+        symbols,
+        next: table.tasks().len() as u64,
+        needs_data: false,
+    };
+    let mut expander = Expander::new(table);
+    loop {
+        let pc = expander.pc();
+        match expander.step(table, &mut cx) {
+            Ok(Step::Task(_)) => cx.next += 1,
+            Ok(Step::Done) => break,
+            Ok(_) => {}
+            Err(e) => return Err(format!("instruction {pc}: {e}")),
+        }
+        if cx.needs_data {
+            return Err("it loads data the tasks compute".to_string());
+        }
+    }
+    Ok(cx.next)
 }
 
 fn section<'a, T: FromBytes + KnownLayout + Immutable>(

@@ -1,12 +1,16 @@
 //! The pto-wsp host toolkit.
 //!
 //! - [`table`]: `TableBuilder` writes descriptor tables; `Arena` holds tensor data.
+//! - [`program`]: the workload language (axes, loops, calls), lowered to
+//!   the table's program that the device expands.
 //! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
 //!   their f64 checks; [`reference`] holds the f64 math.
 //! - [`shim`]: runs the device runtime on host threads.
 //! - [`inspect`]: a readable dump of any table, valid or not.
 
 pub mod inspect;
+mod moe;
+pub mod program;
 pub mod reference;
 pub mod rng;
 pub mod semantic;

@@ -209,7 +209,6 @@ pub fn run_semantic_custom(
         .collect();
     let queues = Box::new(Queues::new());
     let mut orch = Box::new(TableOrchestrator::for_tables());
-    let arena_len = arena.len() as u64;
     let arena = Arena::new(arena);
     let mut schedulers: Vec<_> = groups
         .iter()
@@ -220,15 +219,14 @@ pub fn run_semantic_custom(
                 cores: g.clone(),
                 kinds: g.iter().map(|&c| kinds[c]).collect(),
             };
-            Scheduler::new(
-                t, threads, platform, &ids[t], &table, arena, &queues, options,
-            )
+            Scheduler::new(t, threads, platform, &ids[t], arena, &queues, options)
         })
         .collect::<Result<_, ConfigError>>()?;
     let thread_kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
     let mut dispatcher = Dispatcher::new(
         &table,
-        arena_len,
+        arena,
+        options,
         &mut orch,
         &queues,
         policy,

@@ -182,7 +182,6 @@ pub fn run_threads<P: Platform + Send>(
         .collect();
     let queues = Box::new(Queues::new());
     let mut orch = Box::new(TableOrchestrator::for_tables());
-    let arena_len = arena.len() as u64;
     let arena = Arena::new(arena);
     let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
     let mut schedulers: Vec<_> = platforms
@@ -190,14 +189,15 @@ pub fn run_threads<P: Platform + Send>(
         .zip(&ids)
         .enumerate()
         .map(|(t, (platform, ids))| {
-            Scheduler::new(t, threads, platform, ids, table, arena, &queues, options)
+            Scheduler::new(t, threads, platform, ids, arena, &queues, options)
         })
         .collect::<Result<_, ConfigError>>()?;
     let tps = schedulers[0].platform().ticks_per_second();
     let kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
     let mut dispatcher = Dispatcher::new(
         table,
-        arena_len,
+        arena,
+        options,
         &mut orch,
         &queues,
         &mut policy,

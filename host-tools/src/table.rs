@@ -1,12 +1,13 @@
-//! `TableBuilder`: writes descriptor tables (ABI v2) from tensors, tasks,
-//! and the streams and events that order them.
+//! `TableBuilder`: writes descriptor tables (ABI v3) from tensors, tasks,
+//! the streams and events that order them, and a workload program (see
+//! [`crate::program`], which builds one).
 
 use device_runtime::abi::{
-    table_checksum, KernelDesc, SectionRef, StreamOp, TableHeader, TaskDesc, TensorArg, TensorDesc,
-    ABI_VERSION, HEADER_SIZE, MAGIC, MAX_EVENTS, MAX_RANK, MAX_SCALARS, MAX_STREAMS,
+    table_checksum, Instr, KernelDesc, SectionRef, StreamOp, TableHeader, TaskDesc, TensorArg,
+    TensorDesc, ABI_VERSION, HEADER_SIZE, MAGIC, MAX_EVENTS, MAX_RANK, MAX_SCALARS, MAX_STREAMS,
     STREAM_OP_RECORD, STREAM_OP_WAIT,
 };
-use wsp_ffi::{ArgAccess, DTYPE_F32};
+use wsp_ffi::{ArgAccess, DTYPE_F32, DTYPE_I32};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
@@ -17,11 +18,13 @@ pub const TENSOR_ALIGN: u64 = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorId(pub u32);
 
-/// A row-major f32 tensor as laid out in the arena.
+/// A row-major tensor (f32 or i32) as laid out in the arena.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorLayout {
     pub name: String,
     pub shape: Vec<u32>,
+    /// `DTYPE_F32` or `DTYPE_I32` (both 4 bytes).
+    pub dtype: u32,
     /// Byte offset of element 0 in the arena.
     pub arena_offset: u64,
 }
@@ -141,6 +144,7 @@ pub struct TableBuilder {
     tasks: Vec<TaskDesc>,
     args: Vec<TensorArg>,
     stream_ops: Vec<StreamOp>,
+    program: Vec<Instr>,
 }
 
 impl TableBuilder {
@@ -150,6 +154,15 @@ impl TableBuilder {
 
     /// Declares a row-major f32 tensor of `shape` (rank 1 to 4, no zero sizes).
     pub fn tensor(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, BuildError> {
+        self.tensor_of(name, shape, DTYPE_F32)
+    }
+
+    /// Declares a row-major i32 tensor (indices, lengths, routing data).
+    pub fn tensor_i32(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, BuildError> {
+        self.tensor_of(name, shape, DTYPE_I32)
+    }
+
+    fn tensor_of(&mut self, name: &str, shape: &[u32], dtype: u32) -> Result<TensorId, BuildError> {
         if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
             return Err(BuildError::BadShape(format!(
                 "{name}: {shape:?} (rank 1..=4, sizes > 0)"
@@ -159,6 +172,7 @@ impl TableBuilder {
         let layout = TensorLayout {
             name: name.to_string(),
             shape: shape.to_vec(),
+            dtype,
             arena_offset,
         };
         self.arena_size = arena_offset + layout.elements() as u64 * 4;
@@ -226,14 +240,7 @@ impl TableBuilder {
         {
             return Err(BuildError::UnknownTensor(bad.tensor.0));
         }
-        if !self.kernels.iter().any(|k| k.kernel_id.get() == kernel_id) {
-            self.kernels.push(KernelDesc {
-                kernel_id: U32::new(kernel_id),
-                core_kind: U32::new(info.kind as u32),
-                num_tensors: U32::new(info.num_tensors),
-                num_scalars: U32::new(info.num_scalars),
-            });
-        }
+        self.declare_kernel(kernel_id)?;
         let mut s = [U64::new(0); MAX_SCALARS];
         for (dst, &v) in s.iter_mut().zip(scalars) {
             *dst = U64::new(v);
@@ -279,6 +286,26 @@ impl TableBuilder {
         Ok(())
     }
 
+    /// Sets the workload program, run after the tasks (see [`crate::program`]).
+    pub fn set_program(&mut self, program: Vec<Instr>) {
+        self.program = program;
+    }
+
+    /// Declares `kernel_id` in the kernels section (calls of the program
+    /// need it declared; [`TableBuilder::task`] declares its own).
+    pub fn declare_kernel(&mut self, kernel_id: u32) -> Result<(), BuildError> {
+        let info = wsp_ffi::lookup(kernel_id).ok_or(BuildError::UnknownKernel(kernel_id))?;
+        if !self.kernels.iter().any(|k| k.kernel_id.get() == kernel_id) {
+            self.kernels.push(KernelDesc {
+                kernel_id: U32::new(kernel_id),
+                core_kind: U32::new(info.kind as u32),
+                num_tensors: U32::new(info.num_tensors),
+                num_scalars: U32::new(info.num_scalars),
+            });
+        }
+        Ok(())
+    }
+
     fn push_stream_op(&mut self, op: u32, stream: u32, event: u32) {
         self.stream_ops.push(StreamOp {
             op: U32::new(op),
@@ -288,7 +315,8 @@ impl TableBuilder {
         });
     }
 
-    /// Writes the table: header, then tensors, kernels, tasks, args and stream ops.
+    /// Writes the table: header, then tensors, kernels, tasks, args, stream
+    /// ops and the program.
     pub fn finish(&self) -> Result<Vec<u8>, BuildError> {
         let tensors: Vec<TensorDesc> = self.tensors.iter().map(tensor_desc).collect();
         let mut out = vec![0u8; HEADER_SIZE];
@@ -306,6 +334,7 @@ impl TableBuilder {
         let tasks_ref = section(self.tasks.as_bytes(), self.tasks.len())?;
         let args_ref = section(self.args.as_bytes(), self.args.len())?;
         let stream_ops_ref = section(self.stream_ops.as_bytes(), self.stream_ops.len())?;
+        let program_ref = section(self.program.as_bytes(), self.program.len())?;
         let total_len = u32::try_from(out.len()).map_err(|_| BuildError::TooLarge("sections"))?;
         let header = TableHeader {
             magic: MAGIC,
@@ -319,6 +348,7 @@ impl TableBuilder {
             tasks: tasks_ref,
             args: args_ref,
             stream_ops: stream_ops_ref,
+            program: program_ref,
         };
         out[..HEADER_SIZE].copy_from_slice(header.as_bytes());
         seal(&mut out);
@@ -356,7 +386,7 @@ fn tensor_desc(t: &TensorLayout) -> TensorDesc {
     }
     TensorDesc {
         name,
-        dtype: U32::new(DTYPE_F32),
+        dtype: U32::new(t.dtype),
         rank: U32::new(t.shape.len() as u32),
         shape,
         strides,
@@ -379,16 +409,34 @@ impl Arena {
     }
 
     pub fn write_f32(&mut self, tensor: &TensorLayout, values: &[f32]) {
-        assert_eq!(
-            values.len(),
-            tensor.elements(),
-            "values for tensor {}",
-            tensor.name
-        );
+        assert_eq!(tensor.dtype, DTYPE_F32, "tensor {} is not f32", tensor.name);
+        self.write_words(tensor, values.iter().map(|v| v.to_le_bytes()), values.len());
+    }
+
+    pub fn write_i32(&mut self, tensor: &TensorLayout, values: &[i32]) {
+        assert_eq!(tensor.dtype, DTYPE_I32, "tensor {} is not i32", tensor.name);
+        self.write_words(tensor, values.iter().map(|v| v.to_le_bytes()), values.len());
+    }
+
+    fn write_words(
+        &mut self,
+        tensor: &TensorLayout,
+        words: impl Iterator<Item = [u8; 4]>,
+        n: usize,
+    ) {
+        assert_eq!(n, tensor.elements(), "values for tensor {}", tensor.name);
         let range = tensor.byte_range();
-        for (chunk, v) in self.bytes[range].chunks_exact_mut(4).zip(values) {
-            chunk.copy_from_slice(&v.to_le_bytes());
+        for (chunk, w) in self.bytes[range].chunks_exact_mut(4).zip(words) {
+            chunk.copy_from_slice(&w);
         }
+    }
+
+    pub fn read_i32(&self, tensor: &TensorLayout) -> Vec<i32> {
+        let range = tensor.byte_range();
+        self.bytes[range]
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
 
     pub fn read_f32(&self, tensor: &TensorLayout) -> Vec<f32> {

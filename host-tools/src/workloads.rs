@@ -29,7 +29,7 @@ pub struct Params {
 impl Params {
     /// These params, or for a workload whose own default sizes differ from
     /// [`Params::default`], those sizes when none were given (same seed).
-    fn or_sizes(self, m: u32, n: u32, k: u32, tile: u32) -> Params {
+    pub(crate) fn or_sizes(self, m: u32, n: u32, k: u32, tile: u32) -> Params {
         if self == Params::default() {
             Params {
                 m,
@@ -57,7 +57,7 @@ impl Default for Params {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 3] = ["gemm", "mlp", "streams"];
+pub const NAMES: [&str; 5] = ["gemm", "mlp", "streams", "moe", "moe-var"];
 
 /// A built workload.
 pub struct Workload {
@@ -68,7 +68,7 @@ pub struct Workload {
     pub arena: Arena,
     pub tensors: Vec<TensorLayout>,
     pub tasks: usize,
-    check: Box<dyn Fn(&Arena) -> Verification>,
+    pub(crate) check: Box<dyn Fn(&Arena) -> Verification>,
 }
 
 /// How an output compares with the f64 reference.
@@ -89,7 +89,7 @@ impl Verification {
         self.worst_error_over_bound <= 1.0
     }
 
-    fn compare(
+    pub(crate) fn compare(
         output: &str,
         got: &[f32],
         want: &[f64],
@@ -147,6 +147,8 @@ impl Workload {
             "gemm" => gemm(p),
             "mlp" => mlp(p),
             "streams" => streams(p),
+            "moe" => crate::moe::moe("moe", p, 2, 0.0),
+            "moe-var" => crate::moe::moe("moe-var", p, 4, 0.15),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }

@@ -123,17 +123,19 @@ fn wrong_magic() {
 
 #[test]
 fn wrong_version() {
-    for version in [1, 3] {
+    for version in [1, 2, 4] {
         let e = refused(|b| header(b).abi_version.set(version));
         expect(e, Section::Header, 0, "abi_version");
         assert_eq!(e.problem, Problem::UnsupportedVersion { found: version });
     }
-    // A version 1 table has a 64-byte header: it is named as version 1, not
-    // as truncated.
-    let mut v1 = valid()[..64].to_vec();
-    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
-    let e = Table::parse(&v1).unwrap_err();
-    assert_eq!(e.problem, Problem::UnsupportedVersion { found: 1 });
+    // Version 1 and 2 tables have 64- and 72-byte headers: they are named
+    // by their version, not as truncated.
+    for (version, header_len) in [(1u32, 64), (2, 72)] {
+        let mut old = valid()[..header_len].to_vec();
+        old[8..12].copy_from_slice(&version.to_le_bytes());
+        let e = Table::parse(&old).unwrap_err();
+        assert_eq!(e.problem, Problem::UnsupportedVersion { found: version });
+    }
 }
 
 #[test]

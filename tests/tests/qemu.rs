@@ -84,6 +84,24 @@ fn streams_and_events_are_bit_identical_in_shim_and_qemu() {
 }
 
 #[test]
+fn moe_routing_expands_on_the_device_bit_identical_in_shim_and_qemu() {
+    // The expert tasks exist only after the router ran: fixed top-2 and a
+    // variable number of experts per token.
+    for name in ["moe", "moe-var"] {
+        shim_and_qemu_agree(
+            name,
+            Params {
+                m: 32,
+                n: 64,
+                k: 64,
+                tile: 32,
+                seed: 3,
+            },
+        );
+    }
+}
+
+#[test]
 fn a_bad_table_in_qemu_names_the_field_and_exits_2() {
     let w = Workload::build(
         "gemm",

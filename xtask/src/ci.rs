@@ -128,6 +128,9 @@ fn bench(root: &Path) -> Result<()> {
         .env("WSP_BENCH_SMOKE", "1"))?;
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "scheduling"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
+        .args(["bench", "-p", "host-tools", "--bench", "expansion"])
         .env("WSP_BENCH_SMOKE", "1"))
 }
 

@@ -11,6 +11,8 @@ pub enum Section {
     Tasks,
     Args,
     StreamOps,
+    /// The workload program; the index is the instruction's pc.
+    Program,
 }
 
 impl Section {
@@ -22,6 +24,7 @@ impl Section {
             Section::Tasks => "tasks",
             Section::Args => "args",
             Section::StreamOps => "stream_ops",
+            Section::Program => "program",
         }
     }
 }
@@ -64,6 +67,16 @@ pub enum Problem {
     Unsorted { previous: u32 },
     /// A wait on an event that no earlier stream op records.
     EventNotRecorded { event: u32 },
+    /// An opcode the program machine does not have.
+    BadOpcode { op: u8 },
+    /// A register operand outside `0 .. MAX_REGS` (or `NO_REG` where a
+    /// register is required, or a register where none is read).
+    BadRegister { reg: u8 },
+    /// The program's loops, jumps or calls are not well formed.
+    Structure { why: &'static str },
+    /// The program loads from a tensor that is neither an input nor
+    /// written by any task: the data would never be there.
+    DataNeverWritten { tensor: u32 },
 }
 
 /// A descriptor table the runtime refuses, with the place and the reason.
@@ -139,7 +152,7 @@ impl fmt::Display for Problem {
                 write!(f, "region is not a 2-D tile: outer dimension {dim} has extent {extent} (must be 1)")
             }
             Problem::UnsupportedDtype { dtype } => {
-                write!(f, "unsupported dtype {dtype} (the ABI computes on f32 = 1)")
+                write!(f, "unsupported dtype {dtype} (the ABI has f32 = 1 and i32 = 2)")
             }
             Problem::Aliases { other } => write!(f, "shares arena bytes with tensor {other}"),
             Problem::KernelContract(e) => write!(f, "kernel contract: {e}"),
@@ -162,6 +175,18 @@ impl fmt::Display for Problem {
                     "waits on event {event}, which no earlier stream op records"
                 )
             }
+            Problem::BadOpcode { op } => write!(f, "unknown opcode {op}"),
+            Problem::BadRegister { reg } => write!(
+                f,
+                "register operand {reg:#04x} is not allowed here (registers are 0 to {}, {:#04x} = none)",
+                super::program::MAX_REGS - 1,
+                super::program::NO_REG
+            ),
+            Problem::Structure { why } => write!(f, "malformed program: {why}"),
+            Problem::DataNeverWritten { tensor } => write!(
+                f,
+                "loads from tensor {tensor}, which no task writes and no INPUT declares"
+            ),
         }
     }
 }

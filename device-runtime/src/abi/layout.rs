@@ -1,21 +1,25 @@
-//! The byte layout of descriptor table ABI v2.
+//! The byte layout of descriptor table ABI v3.
 //!
 //! A table is one little-endian byte string:
 //!
 //! ```text
 //! +--------------------+  offset 0
-//! | TableHeader (72 B) |  magic, version, lengths, checksum, section refs
+//! | TableHeader (80 B) |  magic, version, lengths, checksum, section refs
 //! +--------------------+
 //! | TensorDesc  x n    |  64 B each
 //! | KernelDesc  x n    |  16 B each
 //! | TaskDesc    x n    |  56 B each
 //! | TensorArg   x n    |  40 B each (tasks point into this pool)
 //! | StreamOp    x n    |  16 B each (event records and waits, in program order)
+//! | Instr       x n    |  16 B each (the workload program)
 //! +--------------------+  total_len
 //! ```
 //!
 //! v2 added streams and events: [`TaskDesc::stream`] and the stream-ops
-//! section. A v1 table is refused with `UnsupportedVersion`.
+//! section. v3 added the workload program ([`Instr`]): loops and kernel
+//! calls that the device expands into tasks as it runs, after the tasks of
+//! the tasks section. A table of another version is refused with
+//! `UnsupportedVersion`.
 //!
 //! Sections may appear in any order at any offset after the header, but never
 //! overlap the header or run past `total_len`. Every field is an unaligned
@@ -30,9 +34,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 /// `b"PTOWSP"` followed by `\r\n`: a text-mode transfer corrupts it visibly.
 pub const MAGIC: [u8; 8] = *b"PTOWSP\r\n";
 /// The ABI version this runtime reads and the host builder writes.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 /// Size of [`TableHeader`] in bytes.
-pub const HEADER_SIZE: usize = 72;
+pub const HEADER_SIZE: usize = 80;
 /// Largest tensor rank.
 pub const MAX_RANK: usize = 4;
 /// Largest number of scalars a task carries (the kernel ABI's capacity).
@@ -57,7 +61,7 @@ pub struct SectionRef {
     pub count: U32,
 }
 
-/// The table header (72 bytes).
+/// The table header (80 bytes).
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct TableHeader {
@@ -78,6 +82,8 @@ pub struct TableHeader {
     pub tasks: SectionRef,
     pub args: SectionRef,
     pub stream_ops: SectionRef,
+    /// The workload program: [`Instr`]s, run after the tasks section.
+    pub program: SectionRef,
 }
 
 /// One tensor: a strided array in the data arena.
@@ -86,7 +92,8 @@ pub struct TableHeader {
 pub struct TensorDesc {
     /// A name for people (NUL-padded UTF-8); not interpreted by the runtime.
     pub name: [u8; 16],
-    /// A `WSP_DTYPE_*` value; ABI v1 computes on f32 only.
+    /// A `WSP_DTYPE_*` value: f32 for kernel data, i32 for indices and
+    /// lengths (the router's output, what a program's `LOAD` reads).
     pub dtype: U32,
     /// Number of dimensions, 1 ..= [`MAX_RANK`].
     pub rank: U32,
@@ -159,6 +166,22 @@ pub struct StreamOp {
     pub before_task: U32,
 }
 
+/// One instruction of the workload program (16 bytes). The program is a
+/// structured, register-based loop language; `op` is one of the `OP_*`
+/// constants of [`program`](super::program), which documents each one's
+/// operands. Registers are numbered `0 .. MAX_REGS`; [`NO_REG`] reads as 0.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Instr {
+    pub op: u8,
+    /// The destination register, or a small operand (see the opcode).
+    pub r: u8,
+    /// Register operands or small immediates (see the opcode).
+    pub x: [u8; 6],
+    pub imm: U32,
+    pub imm2: U32,
+}
+
 bitflags! {
     /// Access mode of a tensor argument (the `access` field of [`TensorArg`]).
     /// The field is stored as a plain little-endian `u32` so the struct stays
@@ -194,4 +217,5 @@ const _: () = {
     assert!(core::mem::size_of::<TaskDesc>() == 56);
     assert!(core::mem::size_of::<TensorArg>() == 40);
     assert!(core::mem::size_of::<StreamOp>() == 16);
+    assert!(core::mem::size_of::<Instr>() == 16);
 };

@@ -1,4 +1,4 @@
-//! Descriptor table ABI v2: the host -> device contract.
+//! Descriptor table ABI v3: the host -> device contract.
 //!
 //! The host builds a table (see `host-tools`), the device parses it in place
 //! with [`Table::parse`], which validates every byte it will later rely on. A
@@ -8,11 +8,13 @@
 mod checksum;
 mod error;
 mod layout;
+pub mod program;
 mod region;
 mod validate;
 
 pub use checksum::{table_checksum, CHECKSUM_FIELD};
 pub use error::{Problem, Section, TableError};
 pub use layout::*;
+pub use program::ProgramInfo;
 pub use region::{Region, TileView};
-pub use validate::{dtype_size, table_len, Table};
+pub use validate::{check_region, dtype_size, table_len, Table};

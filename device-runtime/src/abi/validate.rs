@@ -7,6 +7,7 @@ use zerocopy::FromBytes;
 use super::checksum::table_checksum;
 use super::error::{Problem, Section, TableError};
 use super::layout::*;
+use super::program::ProgramInfo;
 use super::region::{Region, TileView};
 
 /// A descriptor table that passed validation, borrowed in place.
@@ -18,13 +19,14 @@ pub struct Table<'a> {
     tasks: &'a [TaskDesc],
     args: &'a [TensorArg],
     stream_ops: &'a [StreamOp],
+    program: &'a [Instr],
+    program_info: ProgramInfo,
 }
 
 /// Bytes per element of a dtype, or `None` for a dtype the ABI does not compute on.
 pub fn dtype_size(dtype: u32) -> Option<u64> {
     match dtype {
-        wsp_ffi::WspDtype_WSP_DTYPE_F32 => Some(4),
-        wsp_ffi::WspDtype_WSP_DTYPE_I32 => Some(4),
+        wsp_ffi::DTYPE_F32 | wsp_ffi::DTYPE_I32 => Some(4),
         _ => None,
     }
 }
@@ -153,12 +155,14 @@ impl<'a> Table<'a> {
         let (tasks, r2) = section::<TaskDesc>(bytes, "tasks", &header.tasks)?;
         let (args, r3) = section::<TensorArg>(bytes, "args", &header.args)?;
         let (stream_ops, r4) = section::<StreamOp>(bytes, "stream_ops", &header.stream_ops)?;
+        let (program, r5) = section::<Instr>(bytes, "program", &header.program)?;
         let ranges = [
             (Section::Tensors, r0),
             (Section::Kernels, r1),
             (Section::Tasks, r2),
             (Section::Args, r3),
             (Section::StreamOps, r4),
+            (Section::Program, r5),
         ];
         for (i, (a, ra)) in ranges.iter().enumerate() {
             for (b, rb) in &ranges[i + 1..] {
@@ -167,18 +171,31 @@ impl<'a> Table<'a> {
                 }
             }
         }
-        let table = Table {
+        let mut table = Table {
             header,
             tensors,
             kernels,
             tasks,
             args,
             stream_ops,
+            program,
+            program_info: ProgramInfo::default(),
         };
         table.validate_tensors()?;
         table.validate_kernels()?;
         table.validate_tasks()?;
         table.validate_stream_ops()?;
+        table.program_info = super::program::validate(
+            program,
+            tensors,
+            |id| kernels.iter().any(|k| k.kernel_id.get() == id),
+            |t| {
+                args.iter().any(|a| {
+                    a.tensor.get() == t
+                        && Access::from_bits_truncate(a.access.get()).contains(Access::WRITE)
+                })
+            },
+        )?;
         Ok(table)
     }
 
@@ -203,6 +220,14 @@ impl<'a> Table<'a> {
     /// Event records and waits, sorted by the task they precede.
     pub fn stream_ops(&self) -> &'a [StreamOp] {
         self.stream_ops
+    }
+    /// The workload program, run after the tasks section.
+    pub fn program(&self) -> &'a [Instr] {
+        self.program
+    }
+    /// What validation learned about the program.
+    pub fn program_info(&self) -> &ProgramInfo {
+        &self.program_info
     }
     /// The tensor arguments of `task` (validated to lie inside the args section).
     pub fn task_args(&self, task: &TaskDesc) -> &'a [TensorArg] {
@@ -556,72 +581,83 @@ impl<'a> Table<'a> {
                 },
             ));
         }
-        const OFFSET: [&str; MAX_RANK] = ["offset[0]", "offset[1]", "offset[2]", "offset[3]"];
-        const EXTENT: [&str; MAX_RANK] = ["extent[0]", "extent[1]", "extent[2]", "extent[3]"];
-        let rank = tensor.rank.get() as usize;
         let region = Region::of(arg);
-        for d in 0..MAX_RANK {
-            let (off, ext) = (region.offset[d], region.extent[d]);
-            if d >= rank {
-                if off != 0 {
-                    return Err(e(
-                        OFFSET[d],
-                        Problem::OutOfRange {
-                            value: off as u64,
-                            min: 0,
-                            max: 0,
-                        },
-                    ));
-                }
-                if ext != 1 {
-                    return Err(e(
-                        EXTENT[d],
-                        Problem::OutOfRange {
-                            value: ext as u64,
-                            min: 1,
-                            max: 1,
-                        },
-                    ));
-                }
-                continue;
+        let shape = check_region(tensor, &region).map_err(|(field, problem)| e(field, problem))?;
+        Ok(shape)
+    }
+}
+
+/// Checks that `region` is a 2-D tile inside `tensor`, and returns the
+/// tile's shape; on failure names the offending field of a [`TensorArg`].
+pub fn check_region(
+    tensor: &TensorDesc,
+    region: &Region,
+) -> Result<wsp_ffi::TileShape, (&'static str, Problem)> {
+    let e = |field, problem| (field, problem);
+    const OFFSET: [&str; MAX_RANK] = ["offset[0]", "offset[1]", "offset[2]", "offset[3]"];
+    const EXTENT: [&str; MAX_RANK] = ["extent[0]", "extent[1]", "extent[2]", "extent[3]"];
+    let rank = tensor.rank.get() as usize;
+    for d in 0..MAX_RANK {
+        let (off, ext) = (region.offset[d], region.extent[d]);
+        if d >= rank {
+            if off != 0 {
+                return Err(e(
+                    OFFSET[d],
+                    Problem::OutOfRange {
+                        value: off as u64,
+                        min: 0,
+                        max: 0,
+                    },
+                ));
             }
-            let size = tensor.shape[d].get();
-            if ext == 0 {
+            if ext != 1 {
                 return Err(e(
                     EXTENT[d],
                     Problem::OutOfRange {
-                        value: 0,
+                        value: ext as u64,
                         min: 1,
-                        max: size as u64,
+                        max: 1,
                     },
                 ));
             }
-            let end = off as u64 + ext as u64;
-            if end > size as u64 {
-                return Err(e(
-                    EXTENT[d],
-                    Problem::RegionOutside {
-                        dim: d as u32,
-                        end,
-                        size,
-                    },
-                ));
-            }
-            if d + 2 < rank && ext != 1 {
-                return Err(e(
-                    EXTENT[d],
-                    Problem::NotATile {
-                        dim: d as u32,
-                        extent: ext,
-                    },
-                ));
-            }
+            continue;
         }
-        let view = TileView::of(tensor, &region);
-        Ok(wsp_ffi::TileShape {
-            rows: view.rows,
-            cols: view.cols,
-            dtype: tensor.dtype.get(),
-        })
+        let size = tensor.shape[d].get();
+        if ext == 0 {
+            return Err(e(
+                EXTENT[d],
+                Problem::OutOfRange {
+                    value: 0,
+                    min: 1,
+                    max: size as u64,
+                },
+            ));
+        }
+        let end = off as u64 + ext as u64;
+        if end > size as u64 {
+            return Err(e(
+                EXTENT[d],
+                Problem::RegionOutside {
+                    dim: d as u32,
+                    end,
+                    size,
+                },
+            ));
+        }
+        if d + 2 < rank && ext != 1 {
+            return Err(e(
+                EXTENT[d],
+                Problem::NotATile {
+                    dim: d as u32,
+                    extent: ext,
+                },
+            ));
+        }
     }
+    let view = TileView::of(tensor, region);
+    Ok(wsp_ffi::TileShape {
+        rows: view.rows,
+        cols: view.cols,
+        dtype: tensor.dtype.get(),
+    })
 }

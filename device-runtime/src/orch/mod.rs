@@ -369,6 +369,43 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         id >= self.head && id < self.next && self.slot(id).state != TaskState::Completed
     }
 
+    /// A task, submitted and not completed, that writes a region of `tensor`
+    /// overlapping `region`: while there is one, reading the region would
+    /// race with it (or read stale data). Later tasks are not submitted yet,
+    /// so once this returns `None` the region holds its final value for
+    /// everything submitted so far.
+    pub fn pending_writer(&mut self, tensor: u32, region: &Region) -> Option<TaskId> {
+        struct Writers<'s, const T: usize> {
+            slots: &'s [Slot; T],
+            head: TaskId,
+            next: TaskId,
+            found: Option<TaskId>,
+        }
+        impl<const T: usize> Visitor for Writers<'_, T> {
+            fn live(&self, task: TaskId) -> bool {
+                live(self.slots, self.head, self.next, task)
+            }
+            fn conflict(&mut self, task: TaskId) {
+                self.found = Some(self.found.map_or(task, |f| f.min(task)));
+            }
+        }
+        let mut v = Writers {
+            slots: &self.slots,
+            head: self.head,
+            next: self.next,
+            found: None,
+        };
+        let place = TensorMap::<TMAP>::place(tensor, region);
+        // A read conflicts with writer entries only, and records nothing.
+        self.tmap.scan(&place, tensor, region, false, false, &mut v);
+        v.found
+    }
+
+    /// Whether every task from `first` on that was submitted has completed.
+    pub fn completed_since(&self, first: TaskId) -> bool {
+        (first.max(self.head)..self.next).all(|id| self.slot(id).state == TaskState::Completed)
+    }
+
     /// Submits a task at time `now` (the caller's clock, for stall times),
     /// on no stream. Nothing changes unless it returns `Ok`.
     pub fn submit(

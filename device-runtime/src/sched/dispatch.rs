@@ -1,14 +1,17 @@
-//! The dispatcher: submits a table's tasks to the orchestrator in program
-//! order, collects completions from the scheduler threads, and places ready
-//! tasks in dispatch queues by the run's policy.
+//! The dispatcher: submits a table's tasks, then the tasks its program
+//! expands to, to the orchestrator in program order, writes each one's
+//! launch record, collects completions from the scheduler threads, and
+//! places ready tasks in dispatch queues by the run's policy.
 
 use wsp_ffi::CoreKind;
 
 use super::policy::{DispatchKey, DispatchPolicy, Load, Placement, TaskInfo, MAX_THREADS};
-use super::{ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING};
-use crate::abi::{Access, Region, Table, MAX_TENSOR_ARGS, STREAM_OP_RECORD};
-use crate::exec::{RunError, RunStats, TableOrchestrator};
-use crate::orch::{KernelRef, ReadyTask, ResourceStats, StallReason, SubmitError, TaskArg, TaskId};
+use super::record::Launch;
+use super::{Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING};
+use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD};
+use crate::exec::{RunError, RunOptions, RunStats, Symbols, TableOrchestrator};
+use crate::expand::{Context, Expander, Step, TaskSpec};
+use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
 
@@ -42,12 +45,23 @@ pub struct Dispatcher<'a> {
     /// Per kind, the threads that own cores of it.
     eligible: [[usize; MAX_THREADS]; 2],
     eligible_count: [usize; 2],
-    /// Task id of table task 0.
+    arena: Arena<'a>,
+    symbols: Symbols,
+    /// Task id of the run's task 0.
     base: TaskId,
-    /// Next table task to submit.
-    next: usize,
+    /// The run's number of the next task to submit; below the number of
+    /// tasks in the tasks section, also its index there.
+    next: u64,
     /// Next stream op to apply (before table task `next`).
     next_op: usize,
+    /// The program's machine, once the tasks section is submitted.
+    expander: Expander,
+    /// A task expanded and not yet submitted (the orchestrator stalled).
+    pending: Option<TaskSpec>,
+    /// The program has ended.
+    expanded: bool,
+    /// The last expansion step ran out of budget.
+    yielded: bool,
     /// Tasks placed and not yet collected as finished.
     outstanding: u64,
     /// Per kind, a ready task whose queue was full, and where it goes.
@@ -58,23 +72,32 @@ pub struct Dispatcher<'a> {
 }
 
 impl<'a> Dispatcher<'a> {
-    /// A dispatcher for running `table` with `arena_len` bytes of data
-    /// arena, `orch` (which must hold no tasks) and threads whose core kinds
+    /// A dispatcher for running `table` on `arena` with `options`' symbols,
+    /// `orch` (which must hold no tasks) and threads whose core kinds
     /// are `thread_kinds[t] = [has cube cores, has vector cores]`. Start the
     /// other threads after this returns: it marks `queues` running.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         table: &'a Table<'a>,
-        arena_len: u64,
+        arena: Arena<'a>,
+        options: &RunOptions,
         orch: &'a mut TableOrchestrator,
         queues: &'a Queues,
         policy: &'a mut dyn DispatchPolicy,
         config: &SchedConfig,
         thread_kinds: &[[bool; 2]],
     ) -> Result<Self, RunError> {
-        if arena_len < table.arena_size() {
+        if arena.len() < table.arena_size() {
             return Err(RunError::ArenaTooSmall {
                 needed: table.arena_size(),
-                available: arena_len,
+                available: arena.len(),
+            });
+        }
+        let needed = table.program_info().symbols;
+        if options.symbols.len() < needed {
+            return Err(RunError::UnboundSymbols {
+                needed,
+                bound: options.symbols.len(),
             });
         }
         if !orch.is_drained() {
@@ -136,6 +159,8 @@ impl<'a> Dispatcher<'a> {
         queues.state.store(RUNNING, Ordering::Release);
         Ok(Dispatcher {
             table,
+            arena,
+            symbols: options.symbols,
             base: orch.submitted(),
             orch,
             queues,
@@ -149,6 +174,10 @@ impl<'a> Dispatcher<'a> {
             eligible_count,
             next: 0,
             next_op: 0,
+            expander: Expander::new(table),
+            pending: None,
+            expanded: false,
+            yielded: false,
             outstanding: 0,
             held: [None; 2],
             ready_queue: ResourceStats {
@@ -164,9 +193,9 @@ impl<'a> Dispatcher<'a> {
         self.queues
     }
 
-    /// Every table task has run and retired.
+    /// Every task of the table and its program has run and retired.
     pub fn finished(&self) -> bool {
-        self.next == self.table.tasks().len() && self.orch.is_drained()
+        self.expanded && self.pending.is_none() && self.orch.is_drained()
     }
 
     /// One round: collect completions, submit, place ready tasks. Returns
@@ -212,88 +241,141 @@ impl<'a> Dispatcher<'a> {
         any
     }
 
-    fn kind_of(&self, task: u32) -> (u32, CoreKind) {
-        let id = self.table.tasks()[task as usize].kernel_id.get();
-        let kind = wsp_ffi::lookup(id).map_or(CoreKind::Vector, |k| k.kind);
-        (id, kind)
-    }
-
-    /// Submits table tasks in order until one stalls.
-    fn submit(&mut self, now: u64) -> Result<bool, RunError> {
-        let mut submitted = false;
+    /// The next task to submit, from the tasks section, then the program;
+    /// `Ok(None)` when there is none now (the program waits or ended).
+    /// Applies the event ops that come before it.
+    fn next_task(&mut self) -> Result<Option<TaskSpec>, RunError> {
+        let tasks = self.table.tasks().len() as u64;
         let ops = self.table.stream_ops();
-        loop {
-            // Event records and waits come before the task they precede.
-            while let Some(op) = ops.get(self.next_op) {
-                if op.before_task.get() as usize > self.next {
-                    break;
-                }
-                let (stream, event) = (op.stream.get(), op.event.get());
-                let applied = if op.op.get() == STREAM_OP_RECORD {
-                    self.orch.record_event(stream, event)
-                } else {
-                    self.orch.wait_event(stream, event)
-                };
-                if let Err(why) = applied {
-                    return Err(RunError::StreamOpRefused {
-                        op: self.next_op as u32,
-                        why,
-                    });
-                }
-                self.next_op += 1;
-            }
-            if self.next == self.table.tasks().len() {
+        // Event records and waits come before the task they precede.
+        while let Some(op) = ops.get(self.next_op) {
+            if op.before_task.get() as u64 > self.next {
                 break;
             }
-            let index = self.next as u32;
-            let (kernel_id, kind) = self.kind_of(index);
+            let record = op.op.get() == STREAM_OP_RECORD;
+            self.stream_op(record, op.stream.get(), op.event.get())
+                .map_err(|why| RunError::StreamOpRefused {
+                    op: self.next_op as u32,
+                    why,
+                })?;
+            self.next_op += 1;
+        }
+        if self.next < tasks {
+            return Ok(Some(TaskSpec::of_task(self.table, self.next as usize)));
+        }
+        loop {
+            if self.expanded {
+                return Ok(None);
+            }
+            let mut cx = Expansion {
+                orch: &mut *self.orch,
+                arena: &self.arena,
+                symbols: &self.symbols,
+                base: self.base,
+                next: self.next,
+            };
+            let pc = self.expander.pc();
+            let step = self
+                .expander
+                .step(self.table, &mut cx)
+                .map_err(|why| RunError::Expand { pc, why })?;
+            match step {
+                Step::Task(spec) => return Ok(Some(spec)),
+                Step::Event {
+                    record,
+                    stream,
+                    event,
+                } => {
+                    let pc = self.expander.pc() - 1;
+                    self.stream_op(record, stream, event)
+                        .map_err(|why| RunError::ProgramEventRefused { pc, why })?;
+                }
+                Step::Wait(_) => return Ok(None),
+                Step::Yield => {
+                    self.yielded = true;
+                    return Ok(None);
+                }
+                Step::Done => self.expanded = true,
+            }
+        }
+    }
+
+    fn stream_op(
+        &mut self,
+        record: bool,
+        stream: u32,
+        event: u32,
+    ) -> Result<(), crate::orch::UsageError> {
+        if record {
+            self.orch.record_event(stream, event)
+        } else {
+            self.orch.wait_event(stream, event)
+        }
+    }
+
+    /// Submits tasks in order until one stalls or none is left for now.
+    fn submit(&mut self, now: u64) -> Result<bool, RunError> {
+        let mut submitted = false;
+        loop {
+            let spec = match self.pending.take() {
+                Some(spec) => spec,
+                None => match self.next_task()? {
+                    Some(spec) => spec,
+                    None => {
+                        // A program that ran out of its step budget has
+                        // more to do now: that is progress. (One that waits
+                        // is not: it needs a completion first.)
+                        submitted |= core::mem::take(&mut self.yielded);
+                        break;
+                    }
+                },
+            };
+            let index = self.next;
+            let kind = spec.kernel.kind;
             if self.eligible_count[kind as usize] == 0 {
                 return Err(RunError::NoCoreForKind {
-                    task: index,
-                    kernel_id,
+                    task: index as u32,
+                    kernel_id: spec.kernel.id,
                     kind,
                 });
             }
-            let desc = &self.table.tasks()[self.next];
-            let mut args = [TaskArg {
-                tensor: 0,
-                region: Region {
-                    offset: [0; 4],
-                    extent: [0; 4],
-                },
-                access: Access::READ,
-            }; MAX_TENSOR_ARGS];
-            let table_args = self.table.task_args(desc);
-            for (arg, t) in args.iter_mut().zip(table_args) {
-                *arg = TaskArg {
-                    tensor: t.tensor.get(),
-                    region: Region::of(t),
-                    access: Access::from_bits_truncate(t.access.get()),
-                };
+            if index > u32::MAX as u64 {
+                return Err(RunError::TooManyTasks {
+                    max: u32::MAX as u64 + 1,
+                });
             }
-            let kernel = KernelRef {
-                id: kernel_id,
-                kind,
-            };
-            let args = &args[..table_args.len()];
-            let stream = desc.stream.get();
             match self
                 .orch
-                .submit_on(now, stream, kernel, args, 0, &[], index as u64)
+                .submit_on(now, spec.stream, spec.kernel, spec.args(), 0, &[], index)
             {
                 Ok(id) => {
-                    debug_assert_eq!(id, self.base + index as u64);
+                    debug_assert_eq!(id, self.base + index);
+                    let launch = Launch {
+                        kernel_id: spec.kernel.id,
+                        stream: spec.stream,
+                        key: self.key.of(&spec, index),
+                        args: spec.kernel_args(self.table, 0),
+                    };
+                    self.queues.records.write(index, &launch);
                     self.next += 1;
                     submitted = true;
                 }
-                Err(SubmitError::Stall(_)) => break,
+                Err(SubmitError::Stall(_)) => {
+                    self.pending = Some(spec);
+                    break;
+                }
                 Err(SubmitError::Deadlock(cause)) => {
                     return Err(RunError::Deadlock(self.orch.report(cause)))
                 }
-                // Validation refuses every task the orchestrator would;
-                // reaching this means the two disagree: say so, do not run.
+                // Validation refuses every table task the orchestrator
+                // would, and expansion checks each program task's regions;
+                // what is left (e.g. a program task whose output overlaps
+                // its input) is refused here, before anything runs.
                 Err(SubmitError::Invalid(why)) => {
-                    return Err(RunError::Refused { task: index, why });
+                    return Err(RunError::Refused {
+                        task: index as u32,
+                        why,
+                    });
                 }
             }
         }
@@ -361,13 +443,11 @@ impl<'a> Dispatcher<'a> {
 
     fn place(&mut self, task: &ReadyTask, kind: CoreKind) -> Result<Target, RunError> {
         let k = kind as usize;
-        let index = task.tag as u32;
-        let desc = &self.table.tasks()[index as usize];
         let info = TaskInfo {
-            index,
+            index: task.tag as u32,
             kernel_id: task.kernel.id,
             kind,
-            key: self.key.of(self.table, desc, index),
+            key: self.queues.records.key(task.tag),
         };
         let threads = self.eligible_count[k];
         let mut load = Load {
@@ -399,5 +479,42 @@ impl<'a> Dispatcher<'a> {
             thread.placed = figures.placed;
             thread.queue_high_water = figures.queue_high_water;
         }
+    }
+}
+
+/// What the program's expansion sees of the run.
+struct Expansion<'x, 'a> {
+    orch: &'x mut TableOrchestrator,
+    arena: &'x Arena<'a>,
+    symbols: &'x Symbols,
+    base: TaskId,
+    next: u64,
+}
+
+impl Context for Expansion<'_, '_> {
+    fn symbol(&self, index: usize) -> Option<i64> {
+        self.symbols.get(index)
+    }
+
+    fn next_task(&self) -> u64 {
+        self.next
+    }
+
+    fn pending_writer(&mut self, tensor: u32, region: &Region) -> Option<TaskId> {
+        self.orch.pending_writer(tensor, region)
+    }
+
+    fn completed_since(&self, first: u64) -> bool {
+        self.orch.completed_since(self.base + first)
+    }
+
+    fn read_i32(&mut self, tensor: &TensorDesc, element: u64) -> i32 {
+        let offset = tensor.arena_offset.get() + element * 4;
+        // SAFETY: validation put the tensor inside the arena, and the
+        // expander checked the element index against its shape; the
+        // expander asked `pending_writer` first, which found no task that
+        // writes the element running or waiting, and later writers are not
+        // submitted yet, so nothing writes these bytes during the read.
+        unsafe { self.arena.read_i32(offset) }
     }
 }

@@ -44,6 +44,7 @@
 
 mod dispatch;
 pub mod policy;
+pub mod record;
 pub mod ring;
 mod thread;
 
@@ -77,8 +78,8 @@ const RUNNING: u32 = 0;
 const FINISHED: u32 = 1;
 const ABORTED: u32 = 2;
 
-/// The queues between the dispatcher and the scheduler threads (about
-/// 30 KiB; on the device, a `static`).
+/// The queues between the dispatcher and the scheduler threads, and the
+/// tasks' launch records (about 70 KiB; on the device, a `static`).
 pub struct Queues {
     ready: [[StealDeque<DISPATCH_QUEUE>; 2]; MAX_THREADS],
     shared: [StealDeque<DISPATCH_QUEUE>; 2],
@@ -91,6 +92,8 @@ pub struct Queues {
     stealing: AtomicBool,
     /// [`Load::starved`].
     starved: AtomicU64,
+    /// What each task of the window launches.
+    records: record::Records,
 }
 
 impl Queues {
@@ -104,6 +107,7 @@ impl Queues {
             state: AtomicU32::new(RUNNING),
             stealing: AtomicBool::new(false),
             starved: AtomicU64::new(0),
+            records: record::Records::new(),
         }
     }
 
@@ -117,6 +121,7 @@ impl Queues {
             state: AtomicU32::new(RUNNING),
             stealing: AtomicBool::new(false),
             starved: AtomicU64::new(0),
+            records: record::Records::new(),
         }
     }
 

@@ -8,7 +8,7 @@ use core::fmt;
 
 use wsp_ffi::CoreKind;
 
-use crate::abi::{Table, TaskDesc};
+use crate::expand::TaskSpec;
 
 /// Most scheduler threads (the device's AICPU has up to 4).
 pub const MAX_THREADS: usize = 4;
@@ -16,7 +16,7 @@ pub const MAX_THREADS: usize = 4;
 /// What a policy knows about a ready task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskInfo {
-    /// Its index in the table (program order).
+    /// Its number in the run (program order).
     pub index: u32,
     pub kernel_id: u32,
     pub kind: CoreKind,
@@ -71,7 +71,8 @@ pub trait DispatchPolicy {
 /// How the dispatch key of a task is computed, for the key-based policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DispatchKey {
-    /// The task's index in the table.
+    /// The task's number in the run (its index in the tasks section, then
+    /// the program's tasks in expansion order).
     #[default]
     TaskIndex,
     /// The value of scalar `n`.
@@ -84,24 +85,29 @@ pub enum DispatchKey {
     /// stream's tasks go to one thread, which then issues them in order
     /// without waiting for another thread's issue report.
     Stream,
+    /// The index of the program loop at nesting level `n` (0 = outermost)
+    /// around the task's call, e.g. the expert of an MoE layer (0 for
+    /// tasks of the tasks section).
+    Loop(u8),
 }
 
 impl DispatchKey {
-    /// The key of `task` in `table` (0 where the task has no such scalar
-    /// or argument: validation fixed their number per kernel).
-    pub fn of(&self, table: &Table<'_>, task: &TaskDesc, index: u32) -> u64 {
+    /// The key of `task`, the run's task number `index` (0 where the task
+    /// has no such scalar, argument or loop).
+    pub fn of(&self, task: &TaskSpec, index: u64) -> u64 {
         match *self {
-            DispatchKey::TaskIndex => index as u64,
-            DispatchKey::Scalar(n) => task.scalars.get(n as usize).map_or(0, |s| s.get()),
+            DispatchKey::TaskIndex => index,
+            DispatchKey::Scalar(n) => task.scalars().get(n as usize).copied().unwrap_or(0),
             DispatchKey::Tile { arg, dim } => {
-                let Some(a) = table.task_args(task).get(arg as usize) else {
+                let Some(a) = task.args().get(arg as usize) else {
                     return 0;
                 };
-                let d = (dim as usize).min(a.offset.len() - 1);
-                let extent = a.extent[d].get().max(1);
-                (a.offset[d].get() / extent) as u64
+                let d = (dim as usize).min(a.region.offset.len() - 1);
+                let extent = a.region.extent[d].max(1);
+                (a.region.offset[d] / extent) as u64
             }
-            DispatchKey::Stream => task.stream.get() as u64,
+            DispatchKey::Stream => task.stream as u64,
+            DispatchKey::Loop(n) => task.loops.get(n as usize).map_or(0, |&i| i as u64),
         }
     }
 }

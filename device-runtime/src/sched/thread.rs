@@ -3,13 +3,14 @@
 
 use core::marker::PhantomData;
 
-use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
+use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use super::policy::MAX_THREADS;
 use super::ConfigError;
 use super::{Queues, DONE_RING, FINISHED, ISSUED, RUNNING};
-use crate::abi::{dtype_size, Region, Table, TileView, MAX_TENSOR_ARGS};
+use crate::abi::Table;
 use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
+use crate::expand::TaskSpec;
 use crate::platform::{Completion, Platform, MAX_CORES};
 use crate::steal_deque::{Steal, StealDeque};
 use crate::sync::Ordering;
@@ -47,41 +48,37 @@ impl<'a> Arena<'a> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The arena's address: kernel views are offsets from it.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Reads the little-endian i32 at byte `offset`.
+    ///
+    /// # Safety
+    /// No thread or kernel writes those four bytes during the call, and
+    /// the write that put the value there happened before it (e.g. its
+    /// task's completion was collected through a completion ring).
+    pub unsafe fn read_i32(&self, offset: u64) -> i32 {
+        assert!(
+            offset.checked_add(4).is_some_and(|end| end <= self.len),
+            "read of arena bytes {offset}..+4 outside its {} bytes",
+            self.len
+        );
+        // SAFETY: the bytes lie inside the arena, which this `Arena` borrows
+        // for its whole life; the caller guarantees no concurrent write.
+        // `read_unaligned`: the arena's base has no alignment guarantee.
+        let value = unsafe { core::ptr::read_unaligned((self.base + offset) as *const [u8; 4]) };
+        i32::from_le_bytes(value)
+    }
 }
 
-/// The kernel arguments of table task `task` with its tensors in `arena`:
-/// the views a core gets. Building them is safe; running a kernel on them is
-/// not (see [`Platform::launch`]).
+/// The kernel arguments of task `task` of the table's tasks section with its
+/// tensors in `arena`: the views a core gets. Building them is safe; running
+/// a kernel on them is not (see [`Platform::launch`]).
 pub fn kernel_args(table: &Table<'_>, arena: &Arena<'_>, task: u32) -> WspKernelArgs {
-    let desc = &table.tasks()[task as usize];
-    let empty = WspTensorView {
-        addr: 0,
-        rows: 0,
-        cols: 0,
-        row_stride: 0,
-        dtype: 0,
-    };
-    let mut args = WspKernelArgs {
-        num_tensors: desc.num_args.get(),
-        num_scalars: desc.num_scalars.get(),
-        tensors: [empty; MAX_TENSOR_ARGS],
-        scalars: desc.scalars.map(|s| s.get()),
-    };
-    for (view, arg) in args.tensors.iter_mut().zip(table.task_args(desc)) {
-        let tensor = &table.tensors()[arg.tensor.get() as usize];
-        let dtype = tensor.dtype.get();
-        let tile = TileView::of(tensor, &Region::of(arg));
-        let elem = dtype_size(dtype).unwrap_or(0);
-        let addr = arena.base + tensor.arena_offset.get() + tile.first_element * elem;
-        *view = WspTensorView {
-            addr,
-            rows: tile.rows,
-            cols: tile.cols,
-            row_stride: tile.row_stride,
-            dtype,
-        };
-    }
-    args
+    TaskSpec::of_task(table, task as usize).kernel_args(table, arena.base)
 }
 
 /// How many times a take retries a deque whose `top` it lost to another
@@ -95,7 +92,6 @@ pub struct Scheduler<'a, P: Platform> {
     threads: usize,
     platform: P,
     queues: &'a Queues,
-    table: &'a Table<'a>,
     arena: Arena<'a>,
     num_cores: usize,
     /// Run-wide number of each of its cores.
@@ -130,7 +126,6 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         threads: usize,
         platform: P,
         global: &[u16],
-        table: &'a Table<'a>,
         arena: Arena<'a>,
         queues: &'a Queues,
         options: &RunOptions,
@@ -157,7 +152,6 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             id,
             threads: threads.min(MAX_THREADS),
             queues,
-            table,
             arena,
             num_cores,
             global: ids,
@@ -314,10 +308,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                     break;
                 };
                 self.next_core = (core as u32 + 1) % 64;
-                let args = kernel_args(self.table, &self.arena, index);
-                let desc = &self.table.tasks()[index as usize];
-                let kernel_id = desc.kernel_id.get();
-                // SAFETY: the table is validated, so every view lies inside the
+                let launch = self.queues.records.read(index as u64, self.arena.base);
+                let (args, kernel_id) = (launch.args, launch.kernel_id);
+                // SAFETY: the table is validated and the dispatcher checked
+                // every expanded task's regions, so every view lies inside the
                 // arena, which `Arena` borrows mutably for the whole run; every
                 // run drains its cores before it ends. The orchestrator hands out
                 // a task only when every earlier task touching its regions with a
@@ -329,7 +323,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                         core: self.global[core] as u32,
                     });
                 }
-                if desc.stream.get() != 0 {
+                if launch.stream != 0 {
                     // The stream's next task waits for this report.
                     let pushed = self.queues.done[self.id].push(index as u64 | ISSUED);
                     debug_assert!(pushed, "the completion ring has room for every report");
@@ -404,7 +398,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 Completion::Rejected => {
                     return Err(RunError::KernelRejected {
                         task: index,
-                        kernel_id: self.table.tasks()[index as usize].kernel_id.get(),
+                        kernel_id: self.queues.records.kernel_id(index as u64),
                         core: self.global[core] as u32,
                     });
                 }
@@ -440,7 +434,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 let tps = self.platform.ticks_per_second().max(1);
                 return Err(RunError::KernelTimeout {
                     task,
-                    kernel_id: self.table.tasks()[task as usize].kernel_id.get(),
+                    kernel_id: self.queues.records.kernel_id(task as u64),
                     core: self.global[core] as u32,
                     waited_ms: (waited as u128 * 1000 / tps as u128) as u64,
                 });

@@ -45,7 +45,9 @@ enum Command {
         /// Dispatch key of the key-based policies: `task` (task index),
         /// `scalar:N` (scalar N), `tile:ARG:DIM` (tile index of argument
         /// ARG along dimension DIM, e.g. tile:2:0 = output row block of a
-        /// GEMM) or `stream` (the task's stream).
+        /// GEMM), `stream` (the task's stream) or `loop:N` (the index of
+        /// the program loop at nesting level N around the task, e.g. loop:0
+        /// = the expert of `moe`).
         #[arg(long, default_value = "tile:2:0")]
         key: String,
         /// Tasks one dispatch queue may hold (1 to 256).
@@ -131,7 +133,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// `task`, `scalar:N`, `tile:ARG:DIM` or `stream`.
+/// `task`, `scalar:N`, `tile:ARG:DIM`, `stream` or `loop:N`.
 fn parse_key(text: &str) -> Result<DispatchKey> {
     let parts: Vec<&str> = text.split(':').collect();
     let num = |s: &str| -> Result<u8> {
@@ -141,12 +143,13 @@ fn parse_key(text: &str) -> Result<DispatchKey> {
     match parts.as_slice() {
         ["task"] => Ok(DispatchKey::TaskIndex),
         ["stream"] => Ok(DispatchKey::Stream),
+        ["loop", n] => Ok(DispatchKey::Loop(num(n)?)),
         ["scalar", n] => Ok(DispatchKey::Scalar(num(n)?)),
         ["tile", arg, dim] => Ok(DispatchKey::Tile {
             arg: num(arg)?,
             dim: num(dim)?,
         }),
-        _ => bail!("--key {text}: expected task, scalar:N, tile:ARG:DIM or stream"),
+        _ => bail!("--key {text}: expected task, scalar:N, tile:ARG:DIM, stream or loop:N"),
     }
 }
 
@@ -182,8 +185,14 @@ fn run(cli: Cli) -> Result<bool> {
                 },
             };
             println!("workload  {}: {}", w.name, w.summary);
+            let parsed =
+                device_runtime::abi::Table::parse(&w.table).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let program = match parsed.program().len() {
+                0 => String::new(),
+                n => format!(" (a program of {n} instructions, expanded on the device)"),
+            };
             println!(
-                "table     {} tasks, {} bytes, arena {} bytes",
+                "table     {} tasks{program}, {} bytes, arena {} bytes",
                 w.tasks,
                 w.table.len(),
                 w.arena.bytes.len()

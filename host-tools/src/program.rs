@@ -1,0 +1,915 @@
+//! The workload language: tensors, axes, loops and kernel calls, written as
+//! Rust closures and lowered to the table's workload program, which the
+//! device expands into tasks as it runs.
+//!
+//! ```no_run
+//! # use host_tools::program::{Axis, Workload};
+//! let mut w = Workload::new();
+//! let x = w.tensor("x", &[64, 64]).unwrap();
+//! let y = w.tensor("y", &[64, 64]).unwrap();
+//! let add = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+//! w.parallel(Axis::Dense(4), |w, i| {
+//!     let row = i * 16;
+//!     w.call(add, &[x.tile(row.clone(), 0, 16, 64), x.tile(row.clone(), 0, 16, 64),
+//!                   y.tile(row, 0, 16, 64)], &[]);
+//! });
+//! let table = w.finish().unwrap();
+//! ```
+//!
+//! Axes: [`Axis::Dense`] (a size fixed now), [`Axis::DenseDyn`] (a symbol
+//! bound at launch), [`Axis::Ragged`] (a length read from a tensor at run
+//! time) and the sparse axis of [`Workload::select`] (CSR `indptr` and
+//! `indices` tensors, e.g. the tokens an MoE router sent to an expert).
+//! Loops: [`Workload::parallel`], [`Workload::sequential`] (iteration `i + 1`
+//! after iteration `i` completed), [`Workload::select`] and
+//! [`Workload::when`] / otherwise. Data-dependent values (a `Ragged` length,
+//! a sparse row, a [`Expr::load`]) are read on the device only after the
+//! tasks that write them have completed.
+//!
+//! Every error is found when the workload is lowered ([`Workload::finish`])
+//! and says why: a loop nested too deep, more live values than the
+//! program machine's registers, a call with the wrong arguments, or
+//! anything table validation refuses.
+
+use std::ops::{Add, Div, Mul, Rem, Sub};
+
+use device_runtime::abi::program::*;
+use device_runtime::abi::{Instr, Table, MAX_RANK};
+use wsp_ffi::DTYPE_I32;
+use zerocopy::little_endian::U32;
+
+use crate::table::{Arena, BuildError, TableBuilder, TensorId, TensorLayout};
+
+/// A value computed on the device: constants, loop indices, symbols,
+/// elements of i32 tensors, and arithmetic on them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expr {
+    Const(i64),
+    /// The index of the loop with this id.
+    Var(u32),
+    /// Launch-bound symbol `n`.
+    Symbol(u32),
+    /// An element of an i32 tensor.
+    Load(TensorId, Vec<Expr>),
+    Bin(u8, Box<Expr>, Box<Expr>),
+}
+
+impl Expr {
+    /// The element of i32 tensor `tensor` at `index` (one per dimension).
+    pub fn load(tensor: TensorId, index: Vec<Expr>) -> Expr {
+        Expr::Load(tensor, index)
+    }
+    fn bin(op: u8, a: Expr, b: Expr) -> Expr {
+        Expr::Bin(op, Box::new(a), Box::new(b))
+    }
+    pub fn min(self, other: impl Into<Expr>) -> Expr {
+        Expr::bin(OP_MIN, self, other.into())
+    }
+    pub fn max(self, other: impl Into<Expr>) -> Expr {
+        Expr::bin(OP_MAX, self, other.into())
+    }
+    /// 1 if `self < other`, else 0.
+    pub fn lt(self, other: impl Into<Expr>) -> Expr {
+        Expr::bin(OP_LT, self, other.into())
+    }
+    /// 1 if `self <= other`, else 0.
+    pub fn le(self, other: impl Into<Expr>) -> Expr {
+        Expr::bin(OP_LE, self, other.into())
+    }
+    /// 1 if `self == other`, else 0.
+    pub fn equals(self, other: impl Into<Expr>) -> Expr {
+        Expr::bin(OP_EQ, self, other.into())
+    }
+}
+
+impl From<i64> for Expr {
+    fn from(v: i64) -> Expr {
+        Expr::Const(v)
+    }
+}
+impl From<u32> for Expr {
+    fn from(v: u32) -> Expr {
+        Expr::Const(v as i64)
+    }
+}
+impl From<i32> for Expr {
+    fn from(v: i32) -> Expr {
+        Expr::Const(v as i64)
+    }
+}
+
+macro_rules! binop {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl<T: Into<Expr>> $trait<T> for Expr {
+            type Output = Expr;
+            fn $method(self, rhs: T) -> Expr {
+                Expr::bin($op, self, rhs.into())
+            }
+        }
+    };
+}
+binop!(Add, add, OP_ADD);
+binop!(Sub, sub, OP_SUB);
+binop!(Mul, mul, OP_MUL);
+binop!(Div, div, OP_DIV);
+binop!(Rem, rem, OP_REM);
+
+/// A region of a tensor a call passes: offsets per dimension and the extent
+/// of the last two (the tile).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub tensor: TensorId,
+    pub offset: Vec<Expr>,
+    pub rows: Expr,
+    pub cols: Expr,
+}
+
+impl TensorId {
+    /// A `rows` x `cols` tile at (`row`, `col`) of a 2-D tensor.
+    pub fn tile(
+        self,
+        row: impl Into<Expr>,
+        col: impl Into<Expr>,
+        rows: impl Into<Expr>,
+        cols: impl Into<Expr>,
+    ) -> Region {
+        Region {
+            tensor: self,
+            offset: vec![row.into(), col.into()],
+            rows: rows.into(),
+            cols: cols.into(),
+        }
+    }
+}
+
+/// The iteration space of a loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// `0 .. n`, fixed when the table is built.
+    Dense(u32),
+    /// `0 .. symbol`, the symbol bound at launch and at most `max`.
+    DenseDyn { symbol: u32, max: u32 },
+    /// `0 .. lengths[at]`: a length read on the device (after the task
+    /// that writes it completed), at most `max`.
+    Ragged {
+        lengths: TensorId,
+        at: Vec<Expr>,
+        max: u32,
+    },
+}
+
+/// Loop kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopKind {
+    Parallel,
+    /// Iteration `i + 1` is expanded after every task of iteration `i`
+    /// completed.
+    Sequential,
+}
+
+#[derive(Clone, Debug)]
+enum Node {
+    Loop {
+        kind: LoopKind,
+        var: u32,
+        count: Expr,
+        max: u32,
+        body: Vec<Node>,
+    },
+    When {
+        cond: Expr,
+        then: Vec<Node>,
+        otherwise: Vec<Node>,
+    },
+    Call {
+        kernel: u32,
+        stream: u8,
+        args: Vec<Region>,
+        scalars: Vec<Expr>,
+    },
+    Event {
+        record: bool,
+        stream: u8,
+        event: u8,
+    },
+}
+
+/// Why a workload cannot be lowered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LowerError {
+    Build(BuildError),
+    /// More values live at once than the program machine has registers.
+    TooManyRegisters {
+        max: usize,
+    },
+    /// Loops nested deeper than the device's expander keeps.
+    TooDeep {
+        max: usize,
+    },
+    /// A call with the wrong number of arguments or scalars.
+    Call {
+        kernel: String,
+        why: String,
+    },
+    /// A load from a tensor that is not i32, or with the wrong index count.
+    Load {
+        tensor: String,
+        why: String,
+    },
+    /// A symbol number past the device's `MAX_SYMBOLS`.
+    Symbol {
+        symbol: u32,
+        max: usize,
+    },
+    /// A stream or event out of range.
+    Stream(String),
+    /// A loop variable used outside its loop.
+    OutOfScope {
+        var: u32,
+    },
+    /// The program is longer than the device accepts.
+    TooLong {
+        instructions: usize,
+        max: usize,
+    },
+    /// The table the workload lowers to does not validate.
+    Invalid(String),
+}
+
+impl std::fmt::Display for LowerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LowerError::Build(e) => write!(f, "{e}"),
+            LowerError::TooManyRegisters { max } => write!(
+                f,
+                "a call or expression needs more than the program machine's {max} registers; split it"
+            ),
+            LowerError::TooDeep { max } => write!(f, "loops nested deeper than {max}"),
+            LowerError::Call { kernel, why } => write!(f, "call of {kernel}: {why}"),
+            LowerError::Load { tensor, why } => write!(f, "load from {tensor}: {why}"),
+            LowerError::Symbol { symbol, max } => {
+                write!(f, "symbol {symbol}; symbols are 0 to {}", max - 1)
+            }
+            LowerError::Stream(why) => f.write_str(why),
+            LowerError::OutOfScope { var } => {
+                write!(f, "loop variable {var} used outside its loop")
+            }
+            LowerError::TooLong { instructions, max } => write!(
+                f,
+                "the program has {instructions} instructions, at most {max}"
+            ),
+            LowerError::Invalid(why) => write!(f, "the lowered table is invalid: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for LowerError {}
+
+impl From<BuildError> for LowerError {
+    fn from(e: BuildError) -> Self {
+        LowerError::Build(e)
+    }
+}
+
+/// A workload under construction: tensors, optional plain tasks (through
+/// [`Workload::builder`]) and the program.
+pub struct Workload {
+    builder: TableBuilder,
+    /// Open bodies: the program's, then one per loop or branch being built.
+    bodies: Vec<Vec<Node>>,
+    next_var: u32,
+    inputs: Vec<TensorId>,
+    stream: u8,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Workload {
+    pub fn new() -> Self {
+        Workload {
+            builder: TableBuilder::new(),
+            bodies: vec![Vec::new()],
+            next_var: 0,
+            inputs: Vec::new(),
+            stream: 0,
+        }
+    }
+
+    /// The table builder, for tensors' layouts and plain tasks (which run
+    /// before the program).
+    pub fn builder(&mut self) -> &mut TableBuilder {
+        &mut self.builder
+    }
+
+    pub fn layout(&self, tensor: TensorId) -> &TensorLayout {
+        self.builder.layout(tensor)
+    }
+
+    pub fn layouts(&self) -> &[TensorLayout] {
+        self.builder.layouts()
+    }
+
+    /// Bytes of data arena the tensors need.
+    pub fn arena_size(&self) -> u64 {
+        self.builder.arena_size()
+    }
+
+    /// Declares an f32 tensor.
+    pub fn tensor(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, LowerError> {
+        Ok(self.builder.tensor(name, shape)?)
+    }
+
+    /// Declares an i32 tensor (lengths, indices).
+    pub fn tensor_i32(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, LowerError> {
+        Ok(self.builder.tensor_i32(name, shape)?)
+    }
+
+    /// Declares that the host writes `tensor`'s data before launch, so the
+    /// program may read it before any task writes it.
+    pub fn input(&mut self, tensor: TensorId) {
+        self.inputs.push(tensor);
+    }
+
+    fn push(&mut self, node: Node) {
+        self.bodies.last_mut().expect("the program body").push(node);
+    }
+
+    fn body(&mut self, build: impl FnOnce(&mut Self)) -> Vec<Node> {
+        self.bodies.push(Vec::new());
+        build(self);
+        self.bodies.pop().expect("pushed above")
+    }
+
+    fn looped(&mut self, kind: LoopKind, axis: Axis, body: impl FnOnce(&mut Self, Expr)) {
+        let var = self.next_var;
+        self.next_var += 1;
+        let (count, max) = match axis {
+            Axis::Dense(n) => (Expr::Const(n as i64), n),
+            Axis::DenseDyn { symbol, max } => (Expr::Symbol(symbol), max),
+            Axis::Ragged { lengths, at, max } => (Expr::Load(lengths, at), max),
+        };
+        let body = self.body(|w| body(w, Expr::Var(var)));
+        self.push(Node::Loop {
+            kind,
+            var,
+            count,
+            max,
+            body,
+        });
+    }
+
+    /// A parallel loop over `axis`: `body` gets the index.
+    pub fn parallel(&mut self, axis: Axis, body: impl FnOnce(&mut Self, Expr)) {
+        self.looped(LoopKind::Parallel, axis, body)
+    }
+
+    /// A sequential loop over `axis`: iteration `i + 1` starts after every
+    /// task of iteration `i` completed.
+    pub fn sequential(&mut self, axis: Axis, body: impl FnOnce(&mut Self, Expr)) {
+        self.looped(LoopKind::Sequential, axis, body)
+    }
+
+    /// A select over row `row` of a sparse (CSR) axis: for each `j` in
+    /// `indptr[row] .. indptr[row + 1]` (at most `max`), `body` gets `j` and
+    /// `indices[j]`. `indptr` is `[1, rows + 1]` and `indices` `[1, nnz]`,
+    /// both i32.
+    pub fn select(
+        &mut self,
+        indptr: TensorId,
+        indices: TensorId,
+        row: Expr,
+        max: u32,
+        body: impl FnOnce(&mut Self, Expr, Expr),
+    ) {
+        let start = Expr::load(indptr, vec![Expr::Const(0), row.clone()]);
+        let end = Expr::load(indptr, vec![Expr::Const(0), row + 1]);
+        let var = self.next_var;
+        self.next_var += 1;
+        let j = start.clone() + Expr::Var(var);
+        let value = Expr::load(indices, vec![Expr::Const(0), j.clone()]);
+        let body = self.body(|w| body(w, j, value));
+        self.push(Node::Loop {
+            kind: LoopKind::Parallel,
+            var,
+            count: end - start,
+            max,
+            body,
+        });
+    }
+
+    /// `then` if `cond` is not 0, else `otherwise` (e.g. a kernel tier
+    /// chosen by sequence length).
+    pub fn when(
+        &mut self,
+        cond: Expr,
+        then: impl FnOnce(&mut Self),
+        otherwise: impl FnOnce(&mut Self),
+    ) {
+        let then = self.body(then);
+        let otherwise = self.body(otherwise);
+        self.push(Node::When {
+            cond,
+            then,
+            otherwise,
+        });
+    }
+
+    /// Calls made in `body` go on `stream` (1 ..= 8): issued in order.
+    pub fn on_stream(&mut self, stream: u8, body: impl FnOnce(&mut Self)) {
+        let outer = std::mem::replace(&mut self.stream, stream);
+        body(self);
+        self.stream = outer;
+    }
+
+    /// Records `event` on `stream` here.
+    pub fn record_event(&mut self, stream: u8, event: u8) {
+        self.push(Node::Event {
+            record: true,
+            stream,
+            event,
+        });
+    }
+
+    /// Makes `stream`'s next call wait for `event`.
+    pub fn wait_event(&mut self, stream: u8, event: u8) {
+        self.push(Node::Event {
+            record: false,
+            stream,
+            event,
+        });
+    }
+
+    /// A call of kernel `kernel` on `args` (in the kernel's signature
+    /// order; access modes come from the registry) with `scalars`.
+    pub fn call(&mut self, kernel: u32, args: &[Region], scalars: &[Expr]) {
+        self.push(Node::Call {
+            kernel,
+            stream: self.stream,
+            args: args.to_vec(),
+            scalars: scalars.to_vec(),
+        });
+    }
+
+    /// Lowers the workload and writes the table (validated as the device
+    /// will validate it).
+    pub fn finish(&mut self) -> Result<Vec<u8>, LowerError> {
+        assert_eq!(self.bodies.len(), 1, "finish inside a loop body");
+        let mut lower = Lower {
+            code: Vec::new(),
+            vars: Vec::new(),
+            used: 0,
+            layouts: self.builder.layouts().to_vec(),
+        };
+        for &t in &self.inputs {
+            lower.emit(OP_INPUT, 0, [NO_REG; 6], t.0, 0);
+        }
+        let program = self.bodies[0].clone();
+        lower.nodes(&program, &mut self.builder)?;
+        if lower.code.len() > MAX_PROGRAM {
+            return Err(LowerError::TooLong {
+                instructions: lower.code.len(),
+                max: MAX_PROGRAM,
+            });
+        }
+        self.builder.set_program(lower.code);
+        let bytes = self.builder.finish()?;
+        Table::parse(&bytes).map_err(|e| LowerError::Invalid(e.to_string()))?;
+        Ok(bytes)
+    }
+
+    /// The tasks the program expands to, computed on the host straight
+    /// from the loops (the reference the device's expansion is checked
+    /// against): data-dependent values are read from `arena` (e.g. after a
+    /// run), symbols from `symbols`.
+    pub fn expand(&self, arena: &Arena, symbols: &[i64]) -> Result<Vec<Expanded>, String> {
+        let mut out = Vec::new();
+        let mut vars = std::collections::HashMap::new();
+        let cx = RefCx {
+            arena,
+            symbols,
+            layouts: self.builder.layouts(),
+        };
+        cx.nodes(&self.bodies[0], &mut vars, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// A task of the host's reference expansion.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Expanded {
+    pub kernel: u32,
+    pub stream: u8,
+    /// Per argument: tensor, offsets (per dimension) and extents.
+    pub args: Vec<(u32, [u32; MAX_RANK], [u32; MAX_RANK])>,
+    pub scalars: Vec<u64>,
+}
+
+struct RefCx<'a> {
+    arena: &'a Arena,
+    symbols: &'a [i64],
+    layouts: &'a [TensorLayout],
+}
+
+impl RefCx<'_> {
+    fn eval(&self, e: &Expr, vars: &std::collections::HashMap<u32, i64>) -> Result<i64, String> {
+        Ok(match e {
+            Expr::Const(v) => *v,
+            Expr::Var(v) => *vars.get(v).ok_or(format!("variable {v} out of scope"))?,
+            Expr::Symbol(s) => *self
+                .symbols
+                .get(*s as usize)
+                .ok_or(format!("symbol {s} unbound"))?,
+            Expr::Load(t, index) => {
+                let layout = &self.layouts[t.0 as usize];
+                let mut flat = 0i64;
+                for (d, i) in index.iter().enumerate() {
+                    let i = self.eval(i, vars)?;
+                    if i < 0 || i >= layout.shape[d] as i64 {
+                        return Err(format!("index {i} outside {}", layout.name));
+                    }
+                    flat = flat * layout.shape[d] as i64 + i;
+                }
+                self.arena.read_i32(layout)[flat as usize] as i64
+            }
+            Expr::Bin(op, a, b) => {
+                let (a, b) = (self.eval(a, vars)?, self.eval(b, vars)?);
+                match *op {
+                    OP_ADD => a + b,
+                    OP_SUB => a - b,
+                    OP_MUL => a * b,
+                    OP_DIV => a.div_euclid(b),
+                    OP_REM => a.rem_euclid(b),
+                    OP_MIN => a.min(b),
+                    OP_MAX => a.max(b),
+                    OP_LT => (a < b) as i64,
+                    OP_LE => (a <= b) as i64,
+                    _ => (a == b) as i64,
+                }
+            }
+        })
+    }
+
+    fn nodes(
+        &self,
+        nodes: &[Node],
+        vars: &mut std::collections::HashMap<u32, i64>,
+        out: &mut Vec<Expanded>,
+    ) -> Result<(), String> {
+        for node in nodes {
+            match node {
+                Node::Loop {
+                    var, count, body, ..
+                } => {
+                    let n = self.eval(count, vars)?;
+                    for i in 0..n {
+                        vars.insert(*var, i);
+                        self.nodes(body, vars, out)?;
+                    }
+                    vars.remove(var);
+                }
+                Node::When {
+                    cond,
+                    then,
+                    otherwise,
+                } => {
+                    let branch = if self.eval(cond, vars)? != 0 {
+                        then
+                    } else {
+                        otherwise
+                    };
+                    self.nodes(branch, vars, out)?;
+                }
+                Node::Call {
+                    kernel,
+                    stream,
+                    args,
+                    scalars,
+                } => {
+                    let mut a = Vec::new();
+                    for r in args {
+                        let rank = self.layouts[r.tensor.0 as usize].shape.len();
+                        let mut offset = [0u32; MAX_RANK];
+                        let mut extent = [1u32; MAX_RANK];
+                        for (d, o) in r.offset.iter().enumerate() {
+                            offset[d] = self.eval(o, vars)? as u32;
+                        }
+                        extent[rank - 1] = self.eval(&r.cols, vars)? as u32;
+                        if rank >= 2 {
+                            extent[rank - 2] = self.eval(&r.rows, vars)? as u32;
+                        }
+                        a.push((r.tensor.0, offset, extent));
+                    }
+                    let s = scalars
+                        .iter()
+                        .map(|e| self.eval(e, vars).map(|v| v as u64))
+                        .collect::<Result<_, _>>()?;
+                    out.push(Expanded {
+                        kernel: *kernel,
+                        stream: *stream,
+                        args: a,
+                        scalars: s,
+                    });
+                }
+                Node::Event { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Lowering state: the code so far, the registers of open loops' variables
+/// and the temporaries in use.
+struct Lower {
+    code: Vec<Instr>,
+    /// (loop variable, its register), innermost last.
+    vars: Vec<(u32, u8)>,
+    /// Bit `r`: register `r` holds a live value.
+    used: u16,
+    layouts: Vec<TensorLayout>,
+}
+
+impl Lower {
+    fn emit(&mut self, op: u8, r: u8, x: [u8; 6], imm: u32, imm2: u32) -> usize {
+        self.code.push(Instr {
+            op,
+            r,
+            x,
+            imm: U32::new(imm),
+            imm2: U32::new(imm2),
+        });
+        self.code.len() - 1
+    }
+
+    fn alloc(&mut self) -> Result<u8, LowerError> {
+        let free = (!self.used).trailing_zeros() as usize;
+        if free >= MAX_REGS {
+            return Err(LowerError::TooManyRegisters { max: MAX_REGS });
+        }
+        self.used |= 1 << free;
+        Ok(free as u8)
+    }
+
+    /// Frees `r` if it is a temporary (not a loop variable).
+    fn free(&mut self, r: u8) {
+        if r != NO_REG && !self.vars.iter().any(|&(_, v)| v == r) {
+            self.used &= !(1 << r);
+        }
+    }
+
+    /// Evaluates `e` into a register (a loop variable's own, or a new
+    /// temporary the caller frees).
+    fn expr(&mut self, e: &Expr) -> Result<u8, LowerError> {
+        match e {
+            Expr::Const(v) => {
+                let r = self.alloc()?;
+                let bits = *v as u64;
+                self.emit(OP_CONST, r, [NO_REG; 6], bits as u32, (bits >> 32) as u32);
+                Ok(r)
+            }
+            Expr::Var(var) => self
+                .vars
+                .iter()
+                .rev()
+                .find(|(v, _)| v == var)
+                .map(|&(_, r)| r)
+                .ok_or(LowerError::OutOfScope { var: *var }),
+            Expr::Symbol(s) => {
+                if *s as usize >= MAX_SYMBOLS {
+                    return Err(LowerError::Symbol {
+                        symbol: *s,
+                        max: MAX_SYMBOLS,
+                    });
+                }
+                let r = self.alloc()?;
+                self.emit(OP_SYMBOL, r, [NO_REG; 6], *s, 0);
+                Ok(r)
+            }
+            Expr::Load(t, index) => {
+                let layout = self.layouts[t.0 as usize].clone();
+                if layout.dtype != DTYPE_I32 {
+                    return Err(LowerError::Load {
+                        tensor: layout.name,
+                        why: "only i32 tensors can be loaded".into(),
+                    });
+                }
+                if index.len() != layout.shape.len() {
+                    return Err(LowerError::Load {
+                        tensor: layout.name.clone(),
+                        why: format!(
+                            "{} indices for a rank-{} tensor",
+                            index.len(),
+                            layout.shape.len()
+                        ),
+                    });
+                }
+                let mut x = [NO_REG; 6];
+                for (d, i) in index.iter().enumerate() {
+                    x[d] = match i {
+                        Expr::Const(0) => NO_REG,
+                        _ => self.expr(i)?,
+                    };
+                }
+                x.iter().for_each(|&r| self.free(r));
+                let r = self.alloc()?;
+                self.emit(OP_LOAD, r, x, t.0, 0);
+                Ok(r)
+            }
+            Expr::Bin(op, a, b) => {
+                let ra = self.expr(a)?;
+                let rb = self.expr(b)?;
+                self.free(ra);
+                self.free(rb);
+                let r = self.alloc()?;
+                self.emit(*op, r, [ra, rb, NO_REG, NO_REG, NO_REG, NO_REG], 0, 0);
+                Ok(r)
+            }
+        }
+    }
+
+    /// An operand register: `NO_REG` when `e` is the constant `none`.
+    fn operand(&mut self, e: &Expr, none: i64) -> Result<u8, LowerError> {
+        match e {
+            Expr::Const(v) if *v == none => Ok(NO_REG),
+            _ => self.expr(e),
+        }
+    }
+
+    fn nodes(&mut self, nodes: &[Node], builder: &mut TableBuilder) -> Result<(), LowerError> {
+        for node in nodes {
+            match node {
+                Node::Loop {
+                    kind,
+                    var,
+                    count,
+                    max,
+                    body,
+                } => {
+                    if self.vars.len() == MAX_LOOP_DEPTH {
+                        return Err(LowerError::TooDeep {
+                            max: MAX_LOOP_DEPTH,
+                        });
+                    }
+                    let c = self.expr(count)?;
+                    self.free(c);
+                    let r = self.alloc()?;
+                    let k = match kind {
+                        LoopKind::Parallel => LOOP_PARALLEL,
+                        LoopKind::Sequential => LOOP_SEQUENTIAL,
+                    };
+                    let at = self.emit(OP_LOOP, r, [c, k, NO_REG, NO_REG, NO_REG, NO_REG], 0, *max);
+                    self.vars.push((*var, r));
+                    self.nodes(body, builder)?;
+                    self.vars.pop();
+                    self.free(r);
+                    let end = self.emit(OP_END, 0, [NO_REG; 6], at as u32, 0);
+                    self.code[at].imm = U32::new(end as u32);
+                }
+                Node::When {
+                    cond,
+                    then,
+                    otherwise,
+                } => {
+                    let c = self.expr(cond)?;
+                    self.free(c);
+                    let when = self.emit(
+                        OP_WHEN,
+                        0,
+                        [c, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
+                        0,
+                        0,
+                    );
+                    self.nodes(then, builder)?;
+                    if otherwise.is_empty() {
+                        let here = self.code.len() as u32;
+                        self.code[when].imm = U32::new(here);
+                    } else {
+                        let jump = self.emit(OP_JUMP, 0, [NO_REG; 6], 0, 0);
+                        let here = self.code.len() as u32;
+                        self.code[when].imm = U32::new(here);
+                        self.nodes(otherwise, builder)?;
+                        let here = self.code.len() as u32;
+                        self.code[jump].imm = U32::new(here);
+                    }
+                }
+                Node::Call {
+                    kernel,
+                    stream,
+                    args,
+                    scalars,
+                } => self.call(*kernel, *stream, args, scalars, builder)?,
+                Node::Event {
+                    record,
+                    stream,
+                    event,
+                } => {
+                    if *stream == 0 || *stream as usize > device_runtime::abi::MAX_STREAMS {
+                        return Err(LowerError::Stream(format!(
+                            "stream {stream}; streams are 1 to 8"
+                        )));
+                    }
+                    if *event as usize >= device_runtime::abi::MAX_EVENTS {
+                        return Err(LowerError::Stream(format!(
+                            "event {event}; events are 0 to 15"
+                        )));
+                    }
+                    let op = if *record { OP_RECORD } else { OP_WAIT };
+                    let x = [*stream, *event, NO_REG, NO_REG, NO_REG, NO_REG];
+                    self.emit(op, 0, x, 0, 0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn call(
+        &mut self,
+        kernel: u32,
+        stream: u8,
+        args: &[Region],
+        scalars: &[Expr],
+        builder: &mut TableBuilder,
+    ) -> Result<(), LowerError> {
+        let info = wsp_ffi::lookup(kernel).ok_or(BuildError::UnknownKernel(kernel))?;
+        let bad = |why: String| LowerError::Call {
+            kernel: info.name.to_string(),
+            why,
+        };
+        if args.len() != info.num_tensors as usize {
+            return Err(bad(format!(
+                "{} tensor arguments, the kernel takes {}",
+                args.len(),
+                info.num_tensors
+            )));
+        }
+        if scalars.len() != info.num_scalars as usize {
+            return Err(bad(format!(
+                "{} scalars, the kernel takes {}",
+                scalars.len(),
+                info.num_scalars
+            )));
+        }
+        if stream as usize > device_runtime::abi::MAX_STREAMS {
+            return Err(LowerError::Stream(format!(
+                "stream {stream}; streams are 1 to 8"
+            )));
+        }
+        builder.declare_kernel(kernel)?;
+        let mut operands = Vec::new();
+        for (k, region) in args.iter().enumerate() {
+            let Some(layout) = self.layouts.get(region.tensor.0 as usize).cloned() else {
+                return Err(BuildError::UnknownTensor(region.tensor.0).into());
+            };
+            let rank = layout.shape.len();
+            if region.offset.len() != rank {
+                return Err(bad(format!(
+                    "argument {k} ({}): {} offsets for a rank-{rank} tensor",
+                    layout.name,
+                    region.offset.len()
+                )));
+            }
+            let mut x = [NO_REG; 6];
+            for (d, o) in region.offset.iter().enumerate() {
+                x[d] = self.operand(o, 0)?;
+            }
+            if rank >= 2 {
+                x[4] = self.operand(&region.rows, 1)?;
+            } else if region.rows != Expr::Const(1) {
+                return Err(bad(format!("argument {k}: a rank-1 tensor has 1 row")));
+            }
+            x[5] = self.operand(&region.cols, 1)?;
+            operands.push(x);
+        }
+        let mut scalar_regs = Vec::new();
+        for s in scalars {
+            scalar_regs.push(self.operand(s, 0)?);
+        }
+        self.emit(
+            OP_CALL,
+            0,
+            [stream, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
+            kernel,
+            0,
+        );
+        for ((region, x), spec) in args.iter().zip(&operands).zip(info.tensor_args) {
+            self.emit(OP_ARG, spec.access as u8, *x, region.tensor.0, 0);
+        }
+        for &r in &scalar_regs {
+            self.emit(
+                OP_SCALAR,
+                0,
+                [r, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
+                0,
+                0,
+            );
+        }
+        for x in &operands {
+            x.iter().for_each(|&r| self.free(r));
+        }
+        scalar_regs.iter().for_each(|&r| self.free(r));
+        Ok(())
+    }
+}

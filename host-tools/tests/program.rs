@@ -1,0 +1,519 @@
+//! The workload program: each axis and loop kind expanded on the device
+//! (shim and semantic time) against the host's reference expansion of the
+//! same loops, and bad programs refused with errors that say why.
+
+use device_runtime::abi::program::*;
+use device_runtime::abi::Section;
+use device_runtime::exec::{RunError, RunOptions, Symbols};
+use device_runtime::expand::ExpandError;
+use host_tools::program::{Axis, Expr, LowerError, Workload};
+use host_tools::semantic::run_semantic;
+use host_tools::shim::{Shim, ShimError};
+use host_tools::table::{seal, Arena, TensorId};
+use wsp_ffi::{
+    CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_SOFTMAX as SOFTMAX,
+};
+
+const T: u32 = 8;
+
+/// `y[tile] = x[tile] + x[tile]` on 8x8 tiles of 64x64 tensors.
+fn add_tile(w: &mut Workload, x: TensorId, y: TensorId, row: Expr, col: Expr) {
+    let r = row * T;
+    let c = col * T;
+    w.call(
+        ADD,
+        &[
+            x.tile(r.clone(), c.clone(), T, T),
+            x.tile(r.clone(), c.clone(), T, T),
+            y.tile(r, c, T, T),
+        ],
+        &[],
+    );
+}
+
+fn options(symbols: &[i64]) -> RunOptions {
+    RunOptions {
+        symbols: Symbols::new(symbols).unwrap(),
+        ..RunOptions::default()
+    }
+}
+
+/// Fills `x` with distinct values and returns the arena.
+fn arena_with_x(w: &Workload, x: TensorId, size: u64) -> Arena {
+    let mut arena = Arena::zeroed(size);
+    let n = w.layout(x).elements();
+    let values: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + 0.5).collect();
+    arena.write_f32(w.layout(x), &values);
+    arena
+}
+
+/// The tiles of `y` the run wrote (nonzero), as (tile row, tile col).
+fn written_tiles(w: &Workload, y: TensorId, arena: &Arena) -> Vec<(u32, u32)> {
+    let values = arena.read_f32(w.layout(y));
+    let cols = w.layout(y).shape[1];
+    let mut tiles = Vec::new();
+    for tr in 0..w.layout(y).shape[0] / T {
+        for tc in 0..cols / T {
+            let v = values[((tr * T) * cols + tc * T) as usize];
+            if v != 0.0 {
+                tiles.push((tr, tc));
+            }
+        }
+    }
+    tiles
+}
+
+/// The tiles the host's reference expansion writes.
+fn expected_tiles(w: &Workload, y: TensorId, arena: &Arena, symbols: &[i64]) -> Vec<(u32, u32)> {
+    let mut tiles: Vec<(u32, u32)> = w
+        .expand(arena, symbols)
+        .unwrap()
+        .iter()
+        .flat_map(|t| {
+            t.args
+                .iter()
+                .filter(|a| a.0 == y.0)
+                .map(|a| (a.1[0] / T, a.1[1] / T))
+        })
+        .collect();
+    tiles.sort();
+    tiles.dedup();
+    tiles
+}
+
+fn run_shim(table: &[u8], arena: &mut Arena, symbols: &[i64]) -> Result<u64, ShimError> {
+    let shim = Shim {
+        options: options(symbols),
+        ..Shim::default()
+    };
+    shim.run(table, &mut arena.bytes).map(|s| s.tasks as u64)
+}
+
+#[test]
+fn dense_and_dense_dyn_axes_expand_on_the_device() {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    // rows: a symbol bound at launch; cols: fixed.
+    w.parallel(Axis::DenseDyn { symbol: 0, max: 8 }, |w, i| {
+        w.parallel(Axis::Dense(3), |w, j| add_tile(w, x, y, i, j + 1))
+    });
+    let table = w.finish().unwrap();
+    let size = w.arena_size();
+    for rows in [0i64, 2, 5, 8] {
+        let mut arena = arena_with_x(&w, x, size);
+        let tasks = run_shim(&table, &mut arena, &[rows]).unwrap();
+        assert_eq!(tasks, rows as u64 * 3, "rows = {rows}");
+        let tiles = written_tiles(&w, y, &arena);
+        assert_eq!(tiles, expected_tiles(&w, y, &arena, &[rows]));
+        assert_eq!(tiles.len(), rows as usize * 3);
+        // Values are right, not just present.
+        let (xs, ys) = (arena.read_f32(w.layout(x)), arena.read_f32(w.layout(y)));
+        for (tr, tc) in tiles {
+            let i = ((tr * T) * 64 + tc * T) as usize;
+            assert_eq!(ys[i], xs[i] + xs[i]);
+        }
+    }
+    // The same table with the symbol unbound, or out of the axis' bound.
+    let mut arena = arena_with_x(&w, x, size);
+    let e = run_shim(&table, &mut arena, &[]).unwrap_err();
+    assert!(
+        matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::UnboundSymbols { needed: 1, bound: 0 })),
+        "{e}"
+    );
+    let e = run_shim(&table, &mut arena, &[9]).unwrap_err();
+    assert!(
+        matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::Expand { why: ExpandError::BadCount { count: 9, max: 8 }, .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("loop count 9 outside [0, 8]"), "{e}");
+}
+
+/// Host-provided lengths: a ragged axis, and `when` choosing a kernel by length.
+fn ragged_workload() -> (Workload, TensorId, TensorId, TensorId, TensorId) {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    let z = w.tensor("z", &[64, 64]).unwrap();
+    let lengths = w.tensor_i32("lengths", &[1, 8]).unwrap();
+    w.input(lengths);
+    w.parallel(Axis::Dense(8), |w, b| {
+        let len = Expr::load(lengths, vec![Expr::Const(0), b.clone()]);
+        w.when(
+            len.clone().le(4),
+            |w| {
+                let b = b.clone();
+                w.parallel(
+                    Axis::Ragged {
+                        lengths,
+                        at: vec![Expr::Const(0), b.clone()],
+                        max: 8,
+                    },
+                    |w, c| add_tile(w, x, y, b, c),
+                );
+            },
+            |w| {
+                // Long rows: one softmax tier over the whole row block.
+                let r = b.clone() * T;
+                w.call(
+                    SOFTMAX,
+                    &[x.tile(r.clone(), 0, T, 64), z.tile(r, 0, T, 64)],
+                    &[],
+                );
+            },
+        );
+    });
+    (w, x, y, z, lengths)
+}
+
+#[test]
+fn ragged_axes_and_when_follow_the_data() {
+    let (mut w, x, y, z, lengths) = ragged_workload();
+    let table = w.finish().unwrap();
+    let size = w.arena_size();
+    for lens in [
+        [0, 1, 2, 3, 4, 5, 6, 8],
+        [4, 4, 4, 4, 0, 0, 0, 0],
+        [8, 7, 1, 0, 5, 2, 3, 4],
+    ] {
+        let mut arena = arena_with_x(&w, x, size);
+        arena.write_i32(w.layout(lengths), &lens);
+        let tasks = run_shim(&table, &mut arena, &[]).unwrap();
+        let expected = w.expand(&arena, &[]).unwrap();
+        assert_eq!(tasks as usize, expected.len(), "{lens:?}");
+        let short: u64 = lens.iter().filter(|&&l| l <= 4).map(|&l| l as u64).sum();
+        let long = lens.iter().filter(|&&l| l > 4).count() as u64;
+        assert_eq!(tasks, short + long, "{lens:?}");
+        assert_eq!(
+            written_tiles(&w, y, &arena),
+            expected_tiles(&w, y, &arena, &[])
+        );
+        let zs = arena.read_f32(w.layout(z));
+        for (b, &l) in lens.iter().enumerate() {
+            let row_sum: f32 = zs[b * 8 * 64..b * 8 * 64 + 64].iter().sum();
+            let softmaxed = (row_sum - 1.0).abs() < 1e-4;
+            assert_eq!(
+                softmaxed,
+                l > 4,
+                "row block {b} (length {l}): sum {row_sum}"
+            );
+        }
+    }
+    // A negative length is an error naming the instruction, not a silent 0.
+    let mut arena = arena_with_x(&w, x, size);
+    arena.write_i32(w.layout(lengths), &[1, 1, 1, -3, 1, 1, 1, 1]);
+    let e = run_shim(&table, &mut arena, &[]).unwrap_err();
+    assert!(
+        e.to_string().contains("loop count -3 outside [0, 8]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_device_expansion_matches_the_host_reference_task_for_task() {
+    let (mut w, x, _, _, lengths) = ragged_workload();
+    let table = w.finish().unwrap();
+    let mut arena = arena_with_x(&w, x, w.arena_size());
+    arena.write_i32(w.layout(lengths), &[3, 0, 6, 2, 8, 1, 4, 5]);
+    let kinds = [CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
+    let run = run_semantic(&table, &mut arena.bytes, &kinds, &options(&[])).unwrap();
+    let expected = w.expand(&arena, &[]).unwrap();
+    // Each launch's first argument view identifies its task: compare the
+    // kernels and the views' shapes, in sorted order.
+    let mut device: Vec<(u32, u32, u32)> = run
+        .launches
+        .iter()
+        .map(|l| (l.kernel_id, l.args.tensors[0].rows, l.args.tensors[0].cols))
+        .collect();
+    let mut host: Vec<(u32, u32, u32)> = expected
+        .iter()
+        .map(|t| (t.kernel, t.args[0].2[0], t.args[0].2[1]))
+        .collect();
+    device.sort();
+    host.sort();
+    assert_eq!(device, host);
+}
+
+#[test]
+fn a_sequential_loop_waits_for_each_iteration_and_a_parallel_one_does_not() {
+    let build = |sequential: bool| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        let body = |w: &mut Workload, i: Expr| add_tile(w, x, y, i, Expr::Const(0));
+        if sequential {
+            w.sequential(Axis::Dense(8), body);
+        } else {
+            w.parallel(Axis::Dense(8), body);
+        }
+        (w.finish().unwrap(), w.arena_size())
+    };
+    let kinds = [CoreKind::Vector; 4];
+    let mut makespans = Vec::new();
+    for sequential in [false, true] {
+        let (table, size) = build(sequential);
+        let mut arena = Arena::zeroed(size);
+        let run = run_semantic(&table, &mut arena.bytes, &kinds, &options(&[])).unwrap();
+        assert_eq!(run.stats.tasks, 8);
+        // Sequential: no two launches overlap in time.
+        let mut spans: Vec<(u64, u64)> = run.launches.iter().map(|l| (l.start, l.end)).collect();
+        spans.sort();
+        let overlap = spans.windows(2).any(|p| p[1].0 < p[0].1);
+        assert_eq!(overlap, !sequential, "sequential = {sequential}: {spans:?}");
+        makespans.push(run.makespan);
+    }
+    assert!(makespans[1] > 2 * makespans[0], "{makespans:?}");
+}
+
+fn refused(program: &[u8]) -> device_runtime::abi::TableError {
+    device_runtime::abi::Table::parse(program).unwrap_err()
+}
+
+/// The bytes of instruction `pc` of a built table.
+fn instr(table: &mut [u8], pc: usize) -> &mut [u8] {
+    // The program's section ref is the header's last field (bytes 72..80).
+    let offset = u32::from_le_bytes(table[72..76].try_into().unwrap()) as usize + pc * 16;
+    &mut table[offset..offset + 16]
+}
+
+#[test]
+fn malformed_programs_are_refused_with_the_instruction_named() {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.parallel(Axis::Dense(2), |w, i| add_tile(w, x, y, i, Expr::Const(0)));
+    let good = w.finish().unwrap();
+    // Find the LOOP and END.
+    let code: Vec<u8> = (0..MAX_PROGRAM)
+        .map_while(|pc| {
+            let mut t = good.clone();
+            let off = u32::from_le_bytes(t[72..76].try_into().unwrap()) as usize + pc * 16;
+            (off + 16 <= t.len()).then(|| instr(&mut t, pc)[0])
+        })
+        .collect();
+    let loop_pc = code.iter().position(|&op| op == OP_LOOP).unwrap();
+    let end_pc = code.iter().position(|&op| op == OP_END).unwrap();
+    type Edit = Box<dyn Fn(&mut [u8])>;
+    let cases: Vec<(usize, Edit, &str)> = vec![
+        (0, Box::new(|i: &mut [u8]| i[0] = 99), "unknown opcode 99"),
+        (
+            loop_pc,
+            Box::new(|i: &mut [u8]| i[1] = 40),
+            "register operand",
+        ),
+        (
+            end_pc,
+            Box::new(|i: &mut [u8]| i[8] = 0),
+            "END does not match",
+        ),
+        (
+            end_pc,
+            Box::new(|i: &mut [u8]| i[0] = OP_JUMP),
+            "LOOP does not name its END",
+        ),
+    ];
+    for (pc, edit, text) in cases {
+        let mut t = good.clone();
+        edit(instr(&mut t, pc));
+        seal(&mut t);
+        let e = refused(&t);
+        assert_eq!(e.section, Section::Program, "{e}");
+        assert!(e.to_string().contains(text), "{e} (wanted {text})");
+    }
+}
+
+#[test]
+fn workloads_that_cannot_lower_say_why() {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.call(ADD, &[x.tile(0, 0, 8, 8), y.tile(0, 0, 8, 8)], &[]);
+    let e = w.finish().unwrap_err();
+    assert!(matches!(e, LowerError::Call { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("2 tensor arguments, the kernel takes 3"),
+        "{e}"
+    );
+
+    // Loading from an f32 tensor.
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    w.parallel(
+        Axis::Ragged {
+            lengths: x,
+            at: vec![Expr::Const(0), Expr::Const(0)],
+            max: 4,
+        },
+        |_, _| {},
+    );
+    let e = w.finish().unwrap_err();
+    assert!(
+        e.to_string().contains("only i32 tensors can be loaded"),
+        "{e}"
+    );
+
+    // Loading data nobody writes: refused by validation, with the tensor named.
+    let mut w = Workload::new();
+    let lengths = w.tensor_i32("lengths", &[1, 4]).unwrap();
+    w.parallel(
+        Axis::Ragged {
+            lengths,
+            at: vec![Expr::Const(0), Expr::Const(1)],
+            max: 4,
+        },
+        |_, _| {},
+    );
+    let e = w.finish().unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("no task writes and no INPUT declares"),
+        "{e}"
+    );
+
+    // A region past the tensor: refused on the device when the loop reaches it.
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.parallel(Axis::Dense(9), |w, i| add_tile(w, x, y, i, Expr::Const(0)));
+    let table = w.finish().unwrap();
+    let mut arena = Arena::zeroed(w.arena_size());
+    let e = run_shim(&table, &mut arena, &[]).unwrap_err();
+    assert!(
+        matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::Expand { why: ExpandError::BadRegion { arg: 0, .. }, .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("past the tensor's size 64"), "{e}");
+}
+
+/// The MoE layer: which expert tasks exist depends on the router's output,
+/// computed on the device; the result matches the f64 reference for
+/// several inputs, and a wrong expert choice is caught.
+#[test]
+fn moe_expert_choice_follows_the_data_and_matches_the_reference() {
+    use host_tools::workloads::{Params, Workload as Named};
+    let mut counts = std::collections::BTreeSet::new();
+    let mut routings = std::collections::BTreeSet::new();
+    for name in ["moe", "moe-var"] {
+        for seed in 1..=4 {
+            let params = Params {
+                m: 32,
+                n: 32,
+                k: 64,
+                tile: 32,
+                seed,
+            };
+            let w = Named::build(name, params).unwrap();
+            let mut arena = w.arena.clone();
+            let tasks = Shim::default()
+                .run(&w.table, &mut arena.bytes)
+                .unwrap()
+                .tasks;
+            assert_eq!(tasks as usize, w.tasks, "{name} seed {seed}");
+            let check = w.verify(&arena);
+            assert!(check.passed(), "{name} seed {seed}: {check}");
+            let indptr = w.tensors.iter().find(|t| t.name == "indptr").unwrap();
+            routings.insert(arena.read_i32(indptr));
+            counts.insert((name, tasks));
+            if name == "moe" {
+                assert_eq!(tasks, 2 + 32 * 2, "top-2: two expert tasks per token");
+            }
+            // Tamper with the expert choice: the check names the routing.
+            let tokens = w.tensors.iter().find(|t| t.name == "tokens").unwrap();
+            let mut chosen = arena.read_i32(tokens);
+            let other = 1 + chosen[1..].iter().position(|&t| t != chosen[0]).unwrap();
+            chosen.swap(0, other);
+            let mut bad = arena.clone();
+            bad.write_i32(tokens, &chosen);
+            let check = w.verify(&bad);
+            assert!(
+                !check.passed() && check.output.starts_with("routing"),
+                "{check}"
+            );
+        }
+    }
+    assert!(
+        routings.len() >= 6,
+        "the routing depends on the input: {routings:?}"
+    );
+    let var: Vec<_> = counts.iter().filter(|(n, _)| *n == "moe-var").collect();
+    assert!(
+        var.len() >= 2,
+        "moe-var's task count depends on the data: {var:?}"
+    );
+}
+
+#[test]
+fn inspect_shows_the_program_as_loops_and_counts_its_tasks() {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.parallel(Axis::DenseDyn { symbol: 0, max: 8 }, |w, i| {
+        w.sequential(Axis::Dense(3), |w, j| add_tile(w, x, y, i, j))
+    });
+    let table = w.finish().unwrap();
+    let text = host_tools::inspect::inspect(&table, false);
+    for want in [
+        "parallel r",
+        "sequential r",
+        "call add",
+        "in x[at",
+        "out y[at",
+        "symbol 0",
+    ] {
+        assert!(text.contains(want), "{want} in:\n{text}");
+    }
+    // Counting needs the symbol; with it, the device's expander counts.
+    assert!(text.contains("known at run time"), "{text}");
+    let parsed = device_runtime::abi::Table::parse(&table).unwrap();
+    let n = host_tools::inspect::expanded_tasks(&parsed, None, &[5]).unwrap();
+    assert_eq!(n, 15);
+}
+
+/// `DispatchKey::Loop(0)` with affinity keeps each expert of the MoE layer
+/// on one scheduler thread; the task-index key spreads them.
+#[test]
+fn a_loop_index_key_keeps_an_expert_on_one_thread() {
+    use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
+    use host_tools::semantic::run_semantic_with;
+    use host_tools::workloads::{Params, Workload as Named};
+    let w = Named::build("moe", Params::default()).unwrap();
+    let weights = w.tensors.iter().find(|t| t.name == "w").unwrap();
+    let hidden = w.tensors.iter().find(|t| t.name == "x").unwrap().shape[1] as u64;
+    let expert_bytes = hidden * weights.shape[1] as u64 * 4;
+    let kinds = [
+        CoreKind::Cube,
+        CoreKind::Cube,
+        CoreKind::Vector,
+        CoreKind::Vector,
+    ];
+    let threads_per_expert = |key| {
+        let sched = SchedConfig {
+            threads: 2,
+            policy: PolicyKind::Affinity,
+            key,
+            ..SchedConfig::default()
+        };
+        let mut arena = w.arena.clone();
+        let base = arena.bytes.as_ptr() as u64;
+        let run =
+            run_semantic_with(&w.table, &mut arena.bytes, &kinds, &sched, &options(&[])).unwrap();
+        assert!(w.verify(&arena).passed());
+        let mut seen = std::collections::BTreeMap::<u64, std::collections::BTreeSet<usize>>::new();
+        for l in run
+            .launches
+            .iter()
+            .filter(|l| l.kernel_id == wsp_ffi::WspKernelId_WSP_KERNEL_EXPERT_ROWS)
+        {
+            let expert = (l.args.tensors[1].addr - base - weights.arena_offset) / expert_bytes;
+            // Core c belongs to thread c % threads.
+            seen.entry(expert).or_default().insert(l.core % 2);
+        }
+        seen
+    };
+    let by_loop = threads_per_expert(DispatchKey::Loop(0));
+    assert_eq!(by_loop.len(), 8, "{by_loop:?}");
+    assert!(by_loop.values().all(|t| t.len() == 1), "{by_loop:?}");
+    let by_task = threads_per_expert(DispatchKey::TaskIndex);
+    assert!(by_task.values().any(|t| t.len() == 2), "{by_task:?}");
+}

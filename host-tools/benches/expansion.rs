@@ -62,7 +62,8 @@ fn main() {
     w.input(lens);
     w.parallel(Axis::Dense(batch), |w, b| {
         w.parallel(Axis::Dense(HEADS), |w, h| {
-            let row = b.clone() * HEADS + h;
+            // Computed once per (b, h), not per chunk.
+            let row = w.let_(b.clone() * HEADS + h);
             let at = vec![Expr::Const(0), b.clone()];
             let ragged = Axis::Ragged {
                 lengths: lens,

@@ -192,6 +192,12 @@ enum Node {
         stream: u8,
         event: u8,
     },
+    /// A value computed once here and held in a register until the end of
+    /// the enclosing body.
+    Let {
+        var: u32,
+        value: Expr,
+    },
 }
 
 /// Why a workload cannot be lowered.
@@ -418,6 +424,17 @@ impl Workload {
         });
     }
 
+    /// Computes `value` once, here, and returns a name for it that the rest
+    /// of the enclosing body (and the loops in it) can use: hoist a value
+    /// that does not change in an inner loop out of it. Each `let` holds a
+    /// register until the end of its body.
+    pub fn let_(&mut self, value: Expr) -> Expr {
+        let var = self.next_var;
+        self.next_var += 1;
+        self.push(Node::Let { var, value });
+        Expr::Var(var)
+    }
+
     /// Calls made in `body` go on `stream` (1 ..= 8): issued in order.
     pub fn on_stream(&mut self, stream: u8, body: impl FnOnce(&mut Self)) {
         let outer = std::mem::replace(&mut self.stream, stream);
@@ -615,6 +632,10 @@ impl RefCx<'_> {
                     });
                 }
                 Node::Event { .. } => {}
+                Node::Let { var, value } => {
+                    let v = self.eval(value, vars)?;
+                    vars.insert(*var, v);
+                }
             }
         }
         Ok(())
@@ -730,17 +751,44 @@ impl Lower {
         }
     }
 
-    /// An operand register: `NO_REG` when `e` is the constant `none`.
-    fn operand(&mut self, e: &Expr, none: i64) -> Result<u8, LowerError> {
-        match e {
-            Expr::Const(v) if *v == none => Ok(NO_REG),
-            _ => self.expr(e),
+    /// An operand register: `NO_REG` when `e` is the constant `none`; a
+    /// value already in `cache` (computed for the same call) is reused.
+    fn operand(
+        &mut self,
+        e: &Expr,
+        none: i64,
+        cache: &mut Vec<(Expr, u8)>,
+    ) -> Result<u8, LowerError> {
+        if let Expr::Const(v) = e {
+            if *v == none {
+                return Ok(NO_REG);
+            }
         }
+        if let Some(&(_, r)) = cache.iter().find(|(c, _)| c == e) {
+            return Ok(r);
+        }
+        let r = self.expr(e)?;
+        cache.push((e.clone(), r));
+        Ok(r)
     }
 
     fn nodes(&mut self, nodes: &[Node], builder: &mut TableBuilder) -> Result<(), LowerError> {
+        let scope = self.vars.len();
         for node in nodes {
             match node {
+                Node::Let { var, value } => {
+                    let r = self.expr(value)?;
+                    // A loop variable's register is shared, not owned: copy.
+                    let r = if self.vars.iter().any(|&(_, v)| v == r) {
+                        let copy = self.alloc()?;
+                        let x = [r, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
+                        self.emit(OP_ADD, copy, x, 0, 0);
+                        copy
+                    } else {
+                        r
+                    };
+                    self.vars.push((*var, r));
+                }
                 Node::Loop {
                     kind,
                     var,
@@ -822,6 +870,10 @@ impl Lower {
                 }
             }
         }
+        // The body's `let`s end with it.
+        for (_, r) in self.vars.split_off(scope) {
+            self.used &= !(1 << r);
+        }
         Ok(())
     }
 
@@ -858,6 +910,8 @@ impl Lower {
             )));
         }
         builder.declare_kernel(kernel)?;
+        // Each distinct value the call passes is computed once.
+        let mut cache = Vec::new();
         let mut operands = Vec::new();
         for (k, region) in args.iter().enumerate() {
             let Some(layout) = self.layouts.get(region.tensor.0 as usize).cloned() else {
@@ -873,19 +927,19 @@ impl Lower {
             }
             let mut x = [NO_REG; 6];
             for (d, o) in region.offset.iter().enumerate() {
-                x[d] = self.operand(o, 0)?;
+                x[d] = self.operand(o, 0, &mut cache)?;
             }
             if rank >= 2 {
-                x[4] = self.operand(&region.rows, 1)?;
+                x[4] = self.operand(&region.rows, 1, &mut cache)?;
             } else if region.rows != Expr::Const(1) {
                 return Err(bad(format!("argument {k}: a rank-1 tensor has 1 row")));
             }
-            x[5] = self.operand(&region.cols, 1)?;
+            x[5] = self.operand(&region.cols, 1, &mut cache)?;
             operands.push(x);
         }
         let mut scalar_regs = Vec::new();
         for s in scalars {
-            scalar_regs.push(self.operand(s, 0)?);
+            scalar_regs.push(self.operand(s, 0, &mut cache)?);
         }
         self.emit(
             OP_CALL,

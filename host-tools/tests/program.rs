@@ -138,7 +138,8 @@ fn ragged_workload() -> (Workload, TensorId, TensorId, TensorId, TensorId) {
     let lengths = w.tensor_i32("lengths", &[1, 8]).unwrap();
     w.input(lengths);
     w.parallel(Axis::Dense(8), |w, b| {
-        let len = Expr::load(lengths, vec![Expr::Const(0), b.clone()]);
+        // Loaded once per row block, held in a register.
+        let len = w.let_(Expr::load(lengths, vec![Expr::Const(0), b.clone()]));
         w.when(
             len.clone().le(4),
             |w| {

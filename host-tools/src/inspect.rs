@@ -247,7 +247,10 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc]) {
                     3 => "inout",
                     _ => "access?",
                 };
-                let offsets: Vec<String> = x[..4].iter().map(|&r| reg(r)).collect();
+                let rank = tensors
+                    .get(imm as usize)
+                    .map_or(4, |d| (d.rank.get() as usize).clamp(1, 4));
+                let offsets: Vec<String> = x[..rank].iter().map(|&r| reg(r)).collect();
                 let ext = |r: u8| {
                     if r == NO_REG {
                         "1".to_string()
@@ -333,9 +336,9 @@ pub fn expanded_tasks(
             Ok(_) => {}
             Err(e) => return Err(format!("instruction {pc}: {e}")),
         }
-        if cx.needs_data {
-            return Err("it loads data the tasks compute".to_string());
-        }
+    }
+    if cx.needs_data {
+        return Err("it loads data that is not in the table".to_string());
     }
     Ok(cx.next)
 }

@@ -391,7 +391,8 @@ impl Workload {
         max: u32,
         body: impl FnOnce(&mut Self, Expr, Expr),
     ) {
-        let start = Expr::load(indptr, vec![Expr::Const(0), row.clone()]);
+        // The row's start, loaded once (its end only for the count).
+        let start = self.let_(Expr::load(indptr, vec![Expr::Const(0), row.clone()]));
         let end = Expr::load(indptr, vec![Expr::Const(0), row + 1]);
         let var = self.next_var;
         self.next_var += 1;

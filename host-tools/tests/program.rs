@@ -469,6 +469,11 @@ fn inspect_shows_the_program_as_loops_and_counts_its_tasks() {
     let parsed = device_runtime::abi::Table::parse(&table).unwrap();
     let n = host_tools::inspect::expanded_tasks(&parsed, None, &[5]).unwrap();
     assert_eq!(n, 15);
+    // A program that loads data computed at run time is not counted.
+    let moe = host_tools::workloads::Workload::build("moe", Default::default()).unwrap();
+    let text = host_tools::inspect::inspect(&moe.table, false);
+    assert!(text.contains("known at run time"), "{text}");
+    assert!(text.contains("(waits for its writers)"), "{text}");
 }
 
 /// `DispatchKey::Loop(0)` with affinity keeps each expert of the MoE layer

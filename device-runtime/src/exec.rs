@@ -283,7 +283,9 @@ impl fmt::Display for RunStats {
     }
 }
 
-/// Why a run ended early. Where a task is named, `task` is its table index.
+/// Why a run ended early. Where a task is named, `task` is its number in the
+/// run: its index in the tasks section, then the program's tasks in
+/// expansion order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunError {
     /// The arena handed to `run` is smaller than the table's `arena_size`.
@@ -309,7 +311,8 @@ pub enum RunError {
     },
     /// The platform refused a launch on a core the executor saw idle.
     LaunchRefused { task: u32, core: u32 },
-    /// The orchestrator refused a task that table validation accepted.
+    /// The orchestrator refused a task that table validation (or, for a
+    /// program task, expansion) accepted.
     Refused { task: u32, why: Invalid },
     /// The orchestrator refused a stream op that table validation accepted.
     StreamOpRefused { op: u32, why: UsageError },

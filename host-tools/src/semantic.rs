@@ -47,7 +47,7 @@ pub struct Launch {
     pub issued: u64,
     pub start: u64,
     pub end: u64,
-    /// Its arguments: the tensor views tell which table task it was (see
+    /// Its arguments: the tensor views tell which task it was (see
     /// `device_runtime::sched::kernel_args`).
     pub args: WspKernelArgs,
 }

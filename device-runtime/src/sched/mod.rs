@@ -83,7 +83,7 @@ const ABORTED: u32 = 2;
 pub struct Queues {
     ready: [[StealDeque<DISPATCH_QUEUE>; 2]; MAX_THREADS],
     shared: [StealDeque<DISPATCH_QUEUE>; 2],
-    /// Per thread, table indices of finished tasks, and of stream tasks
+    /// Per thread, the run's numbers of finished tasks, and of stream tasks
     /// just issued (marked [`ISSUED`]). Never full: every entry is one of at
     /// most two per task of the window that has not been collected.
     done: [Ring<DONE_RING>; MAX_THREADS],

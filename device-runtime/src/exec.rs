@@ -400,6 +400,7 @@ pub fn run<P: Platform>(
         1,
         platform,
         &global[..num_cores],
+        table,
         arena,
         &queues,
         options,

@@ -219,7 +219,9 @@ pub fn run_semantic_custom(
                 cores: g.clone(),
                 kinds: g.iter().map(|&c| kinds[c]).collect(),
             };
-            Scheduler::new(t, threads, platform, &ids[t], arena, &queues, options)
+            Scheduler::new(
+                t, threads, platform, &ids[t], &table, arena, &queues, options,
+            )
         })
         .collect::<Result<_, ConfigError>>()?;
     let thread_kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();

@@ -189,7 +189,7 @@ pub fn run_threads<P: Platform + Send>(
         .zip(&ids)
         .enumerate()
         .map(|(t, (platform, ids))| {
-            Scheduler::new(t, threads, platform, ids, arena, &queues, options)
+            Scheduler::new(t, threads, platform, ids, table, arena, &queues, options)
         })
         .collect::<Result<_, ConfigError>>()?;
     let tps = schedulers[0].platform().ticks_per_second();

@@ -523,3 +523,51 @@ fn a_loop_index_key_keeps_an_expert_on_one_thread() {
     let by_task = threads_per_expert(DispatchKey::TaskIndex);
     assert!(by_task.values().any(|t| t.len() == 2), "{by_task:?}");
 }
+
+/// Tasks of the tasks section run first (launched from the table), then
+/// the program's (launched from records), in one run.
+#[test]
+fn table_tasks_and_program_tasks_run_in_one_table() {
+    use host_tools::table::Arg;
+    use wsp_ffi::ArgAccess::{In, Out};
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    let z = w.tensor("z", &[64, 64]).unwrap();
+    // Task: y = x + x on the whole tensor; program: z tiles = y + y, which
+    // must see the task's output.
+    let whole = |t, a| Arg::tile(t, a, 0, 0, 64, 64);
+    w.builder()
+        .task(ADD, &[whole(x, In), whole(x, In), whole(y, Out)], &[])
+        .unwrap();
+    w.parallel(Axis::Dense(8), |w, i| {
+        let r = w.let_(i * T);
+        w.call(
+            ADD,
+            &[
+                y.tile(r.clone(), 0, T, 64),
+                y.tile(r.clone(), 0, T, 64),
+                z.tile(r, 0, T, 64),
+            ],
+            &[],
+        );
+    });
+    let table = w.finish().unwrap();
+    for threads in [1, 2] {
+        let mut arena = arena_with_x(&w, x, w.arena_size());
+        let shim = Shim {
+            sched: device_runtime::sched::SchedConfig {
+                threads,
+                ..Default::default()
+            },
+            ..Shim::default()
+        };
+        let stats = shim.run(&table, &mut arena.bytes).unwrap();
+        assert_eq!(stats.tasks, 9);
+        let (xs, zs) = (arena.read_f32(w.layout(x)), arena.read_f32(w.layout(z)));
+        assert!(
+            xs.iter().zip(&zs).all(|(x, z)| *z == 4.0 * x),
+            "threads {threads}"
+        );
+    }
+}

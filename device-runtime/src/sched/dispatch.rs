@@ -1,6 +1,6 @@
 //! The dispatcher: submits a table's tasks, then the tasks its program
-//! expands to, to the orchestrator in program order, writes each one's
-//! launch record, collects completions from the scheduler threads, and
+//! expands to, to the orchestrator in program order, writes a launch record
+//! for each expanded one, collects completions from the scheduler threads, and
 //! places ready tasks in dispatch queues by the run's policy.
 
 use wsp_ffi::CoreKind;
@@ -9,7 +9,7 @@ use super::policy::{DispatchKey, DispatchPolicy, Load, Placement, TaskInfo, MAX_
 use super::record::Launch;
 use super::{Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING};
 use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD};
-use crate::exec::{RunError, RunOptions, RunStats, Symbols, TableOrchestrator};
+use crate::exec::{RunError, RunOptions, RunStats, Symbols, TableOrchestrator, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId};
 use crate::steal_deque::Owner;
@@ -62,6 +62,8 @@ pub struct Dispatcher<'a> {
     expanded: bool,
     /// The last expansion step ran out of budget.
     yielded: bool,
+    /// The dispatch key of each task of the window, by task number.
+    keys: [u64; TASK_WINDOW],
     /// Tasks placed and not yet collected as finished.
     outstanding: u64,
     /// Per kind, a ready task whose queue was full, and where it goes.
@@ -178,6 +180,7 @@ impl<'a> Dispatcher<'a> {
             pending: None,
             expanded: false,
             yielded: false,
+            keys: [0; TASK_WINDOW],
             outstanding: 0,
             held: [None; 2],
             ready_queue: ResourceStats {
@@ -350,13 +353,17 @@ impl<'a> Dispatcher<'a> {
             {
                 Ok(id) => {
                     debug_assert_eq!(id, self.base + index);
-                    let launch = Launch {
-                        kernel_id: spec.kernel.id,
-                        stream: spec.stream,
-                        key: self.key.of(&spec, index),
-                        args: spec.kernel_args(self.table, 0),
-                    };
-                    self.queues.records.write(index, &launch);
+                    self.keys[(index % TASK_WINDOW as u64) as usize] = self.key.of(&spec, index);
+                    // A task of the tasks section launches from the table
+                    // (shared, read-only); an expanded one from its record.
+                    if spec.pc.is_some() {
+                        let launch = Launch {
+                            kernel_id: spec.kernel.id,
+                            stream: spec.stream,
+                            args: spec.kernel_args(self.table, 0),
+                        };
+                        self.queues.records.write(index, &launch);
+                    }
                     self.next += 1;
                     submitted = true;
                 }
@@ -447,7 +454,7 @@ impl<'a> Dispatcher<'a> {
             index: task.tag as u32,
             kernel_id: task.kernel.id,
             kind,
-            key: self.queues.records.key(task.tag),
+            key: self.keys[(task.tag % TASK_WINDOW as u64) as usize],
         };
         let threads = self.eligible_count[k];
         let mut load = Load {

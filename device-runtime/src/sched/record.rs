@@ -1,7 +1,9 @@
-//! Launch records: what a scheduler thread needs to launch a task, written
-//! by the dispatcher when it submits the task and read by whichever thread
-//! issues it. Tasks come from the tasks section or from the program's
-//! expansion, so a thread cannot look them up in the table.
+//! Launch records: what a scheduler thread needs to launch a task that the
+//! program's expansion produced (it is in no table), written by the
+//! dispatcher when it submits the task and read by whichever thread issues
+//! it. Tasks of the tasks section launch from the table, which threads
+//! share read-only: a record crosses between cores, three cache lines per
+//! task, which made independent table tasks about 1.4x slower end to end.
 //!
 //! One record per slot of the task window (task number modulo
 //! [`TASK_WINDOW`]): a slot is rewritten only after its previous task
@@ -18,21 +20,20 @@ use crate::exec::TASK_WINDOW;
 use crate::expand::NO_VIEW;
 use crate::sync::{AtomicU64, Ordering};
 
-/// Words of one record: kernel and stream, the dispatch key, counts, three
-/// per tensor view, one per scalar.
-const WORDS: usize = 3 + 3 * MAX_TENSOR_ARGS + MAX_SCALARS;
+/// Words of one record: kernel and stream, counts, three per tensor view,
+/// one per scalar.
+const WORDS: usize = 2 + 3 * MAX_TENSOR_ARGS + MAX_SCALARS;
 
 /// A decoded record.
 #[derive(Clone, Copy, Debug)]
 pub struct Launch {
     pub kernel_id: u32,
     pub stream: u32,
-    pub key: u64,
     /// Tensor addresses are arena offsets until [`Records::read`] adds the base.
     pub args: WspKernelArgs,
 }
 
-/// The records of the task window (about 38 KiB; part of [`super::Queues`]).
+/// The records of the task window (about 36 KiB; part of [`super::Queues`]).
 pub struct Records {
     slots: [[AtomicU64; WORDS]; TASK_WINDOW],
 }
@@ -58,14 +59,13 @@ impl Records {
         let args = &launch.args;
         let mut words = [0u64; WORDS];
         words[0] = launch.kernel_id as u64 | (launch.stream as u64) << 32;
-        words[1] = launch.key;
-        words[2] = args.num_tensors as u64 | (args.num_scalars as u64) << 32;
+        words[1] = args.num_tensors as u64 | (args.num_scalars as u64) << 32;
         for (i, v) in args.tensors.iter().enumerate() {
-            words[3 + 3 * i] = v.addr;
-            words[4 + 3 * i] = v.rows as u64 | (v.cols as u64) << 32;
-            words[5 + 3 * i] = v.row_stride as u64 | (v.dtype as u64) << 32;
+            words[2 + 3 * i] = v.addr;
+            words[3 + 3 * i] = v.rows as u64 | (v.cols as u64) << 32;
+            words[4 + 3 * i] = v.row_stride as u64 | (v.dtype as u64) << 32;
         }
-        words[3 + 3 * MAX_TENSOR_ARGS..].copy_from_slice(&args.scalars);
+        words[2 + 3 * MAX_TENSOR_ARGS..].copy_from_slice(&args.scalars);
         for (w, v) in slot.iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
@@ -76,7 +76,7 @@ impl Records {
     pub fn read(&self, task: u64, arena_base: u64) -> Launch {
         let slot = &self.slots[(task % TASK_WINDOW as u64) as usize];
         let w = |i: usize| slot[i].load(Ordering::Relaxed);
-        let counts = w(2);
+        let counts = w(1);
         let mut args = WspKernelArgs {
             num_tensors: counts as u32,
             num_scalars: (counts >> 32) as u32,
@@ -87,9 +87,9 @@ impl Records {
             if i >= args.num_tensors as usize {
                 break;
             }
-            let (shape, layout) = (w(4 + 3 * i), w(5 + 3 * i));
+            let (shape, layout) = (w(3 + 3 * i), w(4 + 3 * i));
             *v = WspTensorView {
-                addr: arena_base + w(3 + 3 * i),
+                addr: arena_base + w(2 + 3 * i),
                 rows: shape as u32,
                 cols: (shape >> 32) as u32,
                 row_stride: layout as u32,
@@ -97,13 +97,12 @@ impl Records {
             };
         }
         for (i, s) in args.scalars.iter_mut().enumerate() {
-            *s = w(3 + 3 * MAX_TENSOR_ARGS + i);
+            *s = w(2 + 3 * MAX_TENSOR_ARGS + i);
         }
         let head = w(0);
         Launch {
             kernel_id: head as u32,
             stream: (head >> 32) as u32,
-            key: w(1),
             args,
         }
     }
@@ -111,11 +110,6 @@ impl Records {
     /// The kernel of task `task`'s record (for error reports).
     pub fn kernel_id(&self, task: u64) -> u32 {
         self.slots[(task % TASK_WINDOW as u64) as usize][0].load(Ordering::Relaxed) as u32
-    }
-
-    /// The dispatch key of task `task`'s record.
-    pub fn key(&self, task: u64) -> u64 {
-        self.slots[(task % TASK_WINDOW as u64) as usize][1].load(Ordering::Relaxed)
     }
 }
 

@@ -92,6 +92,7 @@ pub struct Scheduler<'a, P: Platform> {
     threads: usize,
     platform: P,
     queues: &'a Queues,
+    table: &'a Table<'a>,
     arena: Arena<'a>,
     num_cores: usize,
     /// Run-wide number of each of its cores.
@@ -126,6 +127,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         threads: usize,
         platform: P,
         global: &[u16],
+        table: &'a Table<'a>,
         arena: Arena<'a>,
         queues: &'a Queues,
         options: &RunOptions,
@@ -152,6 +154,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             id,
             threads: threads.min(MAX_THREADS),
             queues,
+            table,
             arena,
             num_cores,
             global: ids,
@@ -308,8 +311,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                     break;
                 };
                 self.next_core = (core as u32 + 1) % 64;
-                let launch = self.queues.records.read(index as u64, self.arena.base);
-                let (args, kernel_id) = (launch.args, launch.kernel_id);
+                let (args, kernel_id, stream) = self.launch_of(index);
                 // SAFETY: the table is validated and the dispatcher checked
                 // every expanded task's regions, so every view lies inside the
                 // arena, which `Arena` borrows mutably for the whole run; every
@@ -323,7 +325,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                         core: self.global[core] as u32,
                     });
                 }
-                if launch.stream != 0 {
+                if stream != 0 {
                     // The stream's next task waits for this report.
                     let pushed = self.queues.done[self.id].push(index as u64 | ISSUED);
                     debug_assert!(pushed, "the completion ring has room for every report");
@@ -342,6 +344,31 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             }
         }
         Ok(issued)
+    }
+
+    /// What task `index` launches: its argument block, kernel and stream,
+    /// from the table for a task of the tasks section, else from the
+    /// launch record the dispatcher wrote.
+    fn launch_of(&self, index: u32) -> (WspKernelArgs, u32, u32) {
+        match self.table.tasks().get(index as usize) {
+            Some(desc) => (
+                kernel_args(self.table, &self.arena, index),
+                desc.kernel_id.get(),
+                desc.stream.get(),
+            ),
+            None => {
+                let launch = self.queues.records.read(index as u64, self.arena.base);
+                (launch.args, launch.kernel_id, launch.stream)
+            }
+        }
+    }
+
+    /// The kernel of task `index` (for error reports).
+    fn kernel_of(&self, index: u32) -> u32 {
+        match self.table.tasks().get(index as usize) {
+            Some(desc) => desc.kernel_id.get(),
+            None => self.queues.records.kernel_id(index as u64),
+        }
     }
 
     /// A busy `kind` core that can take a task behind its running one now
@@ -398,7 +425,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 Completion::Rejected => {
                     return Err(RunError::KernelRejected {
                         task: index,
-                        kernel_id: self.queues.records.kernel_id(index as u64),
+                        kernel_id: self.kernel_of(index),
                         core: self.global[core] as u32,
                     });
                 }
@@ -434,7 +461,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 let tps = self.platform.ticks_per_second().max(1);
                 return Err(RunError::KernelTimeout {
                     task,
-                    kernel_id: self.queues.records.kernel_id(task as u64),
+                    kernel_id: self.kernel_of(task),
                     core: self.global[core] as u32,
                     waited_ms: (waited as u128 * 1000 / tps as u128) as u64,
                 });

@@ -25,12 +25,10 @@ use crate::program::{Axis, Expr, Workload as Program};
 use crate::reference::{self, Routing};
 use crate::rng::SplitMix64;
 use crate::table::Arena;
-use crate::workloads::{Params, Verification, Workload, WorkloadError};
+use crate::workloads::{gemm_bound, Params, Verification, Workload, WorkloadError, GEMM_TOLERANCE};
 
 /// Experts of the layer.
 pub const EXPERTS: u32 = 8;
-/// f32 unit roundoff.
-const U: f64 = 1.0 / (1u64 << 24) as f64;
 /// How far apart (in router probability) the data keeps every routing
 /// decision from a tie or from the threshold, so that the f32 router and
 /// the f64 reference must agree.
@@ -76,6 +74,7 @@ pub(crate) fn moe(
     let slots = tokens * top;
     // Data whose routing is clear: reseed until it is.
     let (mut x, mut wg) = (Vec::new(), Vec::new());
+    let (mut logits64, mut logits_abs) = (Vec::new(), Vec::new());
     let found = (0..1000).any(|attempt| {
         let mut rng = SplitMix64::new(p.seed.wrapping_add(attempt * 0x9E37_79B9));
         x = rng.fill((tokens * hidden) as usize);
@@ -85,8 +84,9 @@ pub(crate) fn moe(
             .iter()
             .map(|v| v * 0.25)
             .collect();
-        let (logits, _) = reference::gemm(&x, &wg, tokens as usize, e as usize, hidden as usize);
-        decisive(&logits, e as usize, top as usize, threshold as f64)
+        (logits64, logits_abs) =
+            reference::gemm(&x, &wg, tokens as usize, e as usize, hidden as usize);
+        decisive(&logits64, e as usize, top as usize, threshold as f64)
     });
     if !found {
         return Err(WorkloadError::Params(
@@ -146,7 +146,6 @@ pub(crate) fn moe(
     arena.write_f32(w.layout(tw), &wv);
     // The task count the f64 routing implies (the data keeps f32 and f64
     // routing equal): the GEMM, the router, one task per (token, expert).
-    let (logits64, _) = reference::gemm(&x, &wg, tokens as usize, e as usize, hidden as usize);
     let logits32: Vec<f32> = logits64.iter().map(|&v| v as f32).collect();
     let planned = reference::route_topk(
         &logits32,
@@ -158,21 +157,13 @@ pub(crate) fn moe(
     let tasks = 2 + planned.tokens.len();
 
     let layouts = [tlogits, tindptr, ttokens, tout].map(|t| w.layout(t).clone());
-    let (x2, wg2, wv2) = (x.clone(), wg.clone(), wv);
+    let logits_bound = gemm_bound(logits_abs, hidden);
     let (t, h, f, k) = (tokens as usize, hidden as usize, ffn as usize, top as usize);
     let check = move |arena: &Arena| {
         let [l_logits, l_indptr, l_tokens, l_out] = &layouts;
         // 1. The router's input, against the f64 GEMM.
         let logits = arena.read_f32(l_logits);
-        let (want, abs) = reference::gemm(&x2, &wg2, t, EXPERTS as usize, h);
-        let gamma = |n: usize| n as f64 * U / (1.0 - n as f64 * U);
-        let v = Verification::compare(
-            "logits",
-            &logits,
-            &want,
-            |i| gamma(h + 1) * abs[i] + f32::MIN_POSITIVE as f64,
-            "|c - ref| <= gamma_(H+1) * sum_h |x * wg|, the f32 summation bound",
-        );
+        let v = Verification::compare("logits", &logits, &logits64, &logits_bound, GEMM_TOLERANCE);
         if !v.passed() {
             return v;
         }
@@ -191,12 +182,13 @@ pub(crate) fn moe(
             return routing_mismatch(&routing, &indptr, &chosen);
         }
         // 3. The layer's output.
-        let (want, abs) = reference::moe(&x2, &wv2, &routing, t, h, f);
+        let (want, abs) = reference::moe(&x, &wv, &routing, t, h, f);
         Verification::compare(
             "out",
             &arena.read_f32(l_out),
             &want,
-            |i| gamma(h + k + 18) * abs[i] + f32::MIN_POSITIVE as f64,
+            // gamma_(H+k+18), as the GEMM bound with H+k+17 terms.
+            gemm_bound(abs, (h + k + 17) as u32),
             "|out - ref| <= gamma_(H+k+18) * sum |gate * x * w|: the expert GEMM, \
              the accumulation over k experts, and the f32 router's gate (16 u)",
         )

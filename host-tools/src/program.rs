@@ -551,7 +551,9 @@ impl RefCx<'_> {
                     }
                     flat = flat * layout.shape[d] as i64 + i;
                 }
-                self.arena.read_i32(layout)[flat as usize] as i64
+                let at = layout.arena_offset as usize + flat as usize * 4;
+                let b = &self.arena.bytes[at..at + 4];
+                i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64
             }
             Expr::Bin(op, a, b) => {
                 let (a, b) = (self.eval(a, vars)?, self.eval(b, vars)?);

@@ -253,7 +253,7 @@ fn gemm_tasks_on(
     Ok(())
 }
 
-fn gemm_bound(abs: Vec<f64>, k: u32) -> impl Fn(usize) -> f64 {
+pub(crate) fn gemm_bound(abs: Vec<f64>, k: u32) -> impl Fn(usize) -> f64 {
     // Recursive summation of k products in f32: |error| <= gamma_(k+1) * sum|a*b|,
     // gamma_n = n*u / (1 - n*u), plus the smallest normal to cover all-zero sums.
     let n = (k + 1) as f64;
@@ -261,7 +261,7 @@ fn gemm_bound(abs: Vec<f64>, k: u32) -> impl Fn(usize) -> f64 {
     move |i| gamma * abs[i] + f32::MIN_POSITIVE as f64
 }
 
-const GEMM_TOLERANCE: &str =
+pub(crate) const GEMM_TOLERANCE: &str =
     "|c - ref| <= gamma_(K+1) * sum_k |a_ik * b_kj|, the f32 summation bound";
 
 /// C (m x n) = A (m x k) x B (k x n) in tiles; C starts at zero.

@@ -21,7 +21,7 @@ use core::fmt;
 
 use wsp_ffi::CoreKind;
 
-use crate::abi::program::MAX_SYMBOLS;
+use crate::abi::program::{MAX_SYMBOLS, MAX_TASKSETS};
 use crate::abi::{Table, MAX_TENSOR_ARGS};
 use crate::expand::ExpandError;
 use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError, UsageError};
@@ -65,6 +65,10 @@ pub struct RunOptions {
     /// The values of the program's symbols (batch size, sequence lengths),
     /// bound at launch: the same table runs with other values.
     pub symbols: Symbols,
+    /// The task window: at most this many tasks submitted and not retired,
+    /// 1 ..= [`TASK_WINDOW`]. `None` (the default): the program's `WINDOW`
+    /// if it has one, else [`TASK_WINDOW`].
+    pub window: Option<usize>,
 }
 
 /// The symbols bound at a launch: up to
@@ -113,6 +117,7 @@ impl Default for RunOptions {
             kernel_timeout_ms: 10_000,
             issue_depth: None,
             symbols: Symbols::default(),
+            window: None,
         }
     }
 }
@@ -184,10 +189,26 @@ pub struct RunStats {
     pub stalls: StallStats,
     /// The dispatch policy's decision (its name, or what an adaptive one chose).
     pub policy: &'static str,
+    /// The task window the run used.
+    pub window: u64,
+    /// Per taskset of the program (taskset 0: the run's policy), its
+    /// policy's decision, key and tasks placed; `None` for tasksets the
+    /// program does not define.
+    pub tasksets: [Option<TasksetStats>; MAX_TASKSETS],
     pub(crate) num_cores: usize,
     pub(crate) cores: [CoreStats; MAX_CORES],
     pub(crate) num_threads: usize,
     pub(crate) threads: [ThreadStats; MAX_THREADS],
+}
+
+/// What one taskset's policy did in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TasksetStats {
+    /// The policy's decision: its name, or what an adaptive one chose.
+    pub decision: &'static str,
+    pub key: crate::sched::DispatchKey,
+    /// Tasks it placed.
+    pub placed: u64,
 }
 
 impl RunStats {
@@ -199,6 +220,8 @@ impl RunStats {
             ticks_per_second,
             stalls: StallStats::new([0; 5]),
             policy: "",
+            window: 0,
+            tasksets: [None; MAX_TASKSETS],
             num_cores: 0,
             cores: [CoreStats::IDLE; MAX_CORES],
             num_threads: 0,

@@ -38,6 +38,9 @@ pub struct TaskSpec {
     pub loops: [u32; MAX_LOOP_DEPTH],
     /// The pc of the program's call, or `None` for a task of the tasks section.
     pub pc: Option<u32>,
+    /// Its taskset (`0 .. MAX_TASKSETS`; 0 for tasks of the tasks section
+    /// and calls before the program's first `DISPATCH`).
+    pub taskset: u8,
 }
 
 /// An unused entry of an argument block.
@@ -73,6 +76,7 @@ impl TaskSpec {
             num_scalars: desc.num_scalars.get() as usize,
             loops: [0; MAX_LOOP_DEPTH],
             pc: None,
+            taskset: 0,
         };
         for (arg, t) in spec.args.iter_mut().zip(table.task_args(desc)) {
             *arg = TaskArg {
@@ -264,6 +268,8 @@ pub struct Expander {
     /// Bit `i`: data tensor `i` ([`ProgramInfo::data`]) has been written by
     /// a submitted task.
     written: u8,
+    /// The taskset of the next call (the last `DISPATCH`).
+    taskset: u8,
 }
 
 impl Expander {
@@ -287,6 +293,7 @@ impl Expander {
             frames: [Frame::default(); MAX_LOOP_DEPTH],
             depth: 0,
             written,
+            taskset: 0,
         }
     }
 
@@ -386,7 +393,9 @@ impl Expander {
                         event: ins.x[1] as u32,
                     });
                 }
-                // OP_INPUT: a declaration, used by validation.
+                OP_DISPATCH => self.taskset = ins.imm.get() as u8,
+                // OP_INPUT and OP_WINDOW: declarations, used by validation
+                // and at launch.
                 _ => {}
             }
             self.pc += 1;
@@ -451,6 +460,7 @@ impl Expander {
             num_scalars: kernel.num_scalars as usize,
             loops: [0; MAX_LOOP_DEPTH],
             pc: Some(self.pc as u32),
+            taskset: self.taskset,
         };
         for (l, frame) in spec.loops.iter_mut().zip(&self.frames[..self.depth]) {
             *l = frame.index as u32;

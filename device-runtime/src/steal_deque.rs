@@ -43,6 +43,8 @@ pub enum Steal {
     /// hold tasks.
     Retry,
     Task(u64),
+    /// The oldest task is one the caller may not take ([`StealDeque::steal_if`]).
+    Declined,
 }
 
 /// `N` slots (a power of two). Place it where the owner and the thieves can
@@ -123,6 +125,14 @@ impl<const N: usize> StealDeque<N> {
 
     /// Takes the oldest task, from any thread.
     pub fn steal(&self) -> Steal {
+        self.steal_if(|_| true)
+    }
+
+    /// Takes the oldest task if `take(task)` says so ([`Steal::Declined`]
+    /// if not: the deque is unchanged). `take` may see a stale value, one
+    /// the owner is overwriting; the steal of such a value then fails
+    /// (`Retry`) whatever `take` said, as in [`StealDeque::steal`].
+    pub fn steal_if(&self, take: impl Fn(u64) -> bool) -> Steal {
         let t = self.top.load(Ordering::Acquire);
         // Orders the read of `top` before the read of `bottom` against the
         // owner's fence in `pop` (the store-load pair of the algorithm).
@@ -132,6 +142,9 @@ impl<const N: usize> StealDeque<N> {
             return Steal::Empty;
         }
         let task = self.slot(t).load(Ordering::Relaxed);
+        if !take(task) {
+            return Steal::Declined;
+        }
         match self
             .top
             .compare_exchange(t, t + 1, Ordering::SeqCst, Ordering::Relaxed)
@@ -239,6 +252,15 @@ mod tests {
         assert_eq!(o.pop(), Some(3));
         assert_eq!(o.pop(), None);
         assert_eq!(d.steal(), Steal::Empty);
+        // A declined steal leaves the deque as it was.
+        o.push(7).unwrap();
+        o.push(8).unwrap();
+        assert_eq!(d.steal_if(|t| t == 8), Steal::Declined);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d.steal_if(|t| t == 7), Steal::Task(7));
+        assert_eq!(d.steal_if(|_| false), Steal::Declined);
+        assert_eq!(o.pop(), Some(8));
+        assert_eq!(d.steal_if(|_| true), Steal::Empty);
         // Positions keep growing past the capacity; slots wrap.
         for round in 0..10u64 {
             for t in 0..4 {
@@ -271,7 +293,7 @@ mod tests {
                                 taken[t as usize].fetch_add(1, Ordering::Relaxed);
                                 stolen += 1;
                             }
-                            Steal::Retry => {}
+                            Steal::Retry | Steal::Declined => {}
                             Steal::Empty if done.load(Ordering::Acquire) => return stolen,
                             Steal::Empty => std::hint::spin_loop(),
                         }
@@ -363,7 +385,7 @@ mod loom_tests {
                     let d = d.clone();
                     loom::thread::spawn(move || match d.steal() {
                         Steal::Task(t) => Some(t),
-                        Steal::Empty | Steal::Retry => None,
+                        Steal::Empty | Steal::Retry | Steal::Declined => None,
                     })
                 })
                 .collect();
@@ -372,6 +394,38 @@ mod loom_tests {
                 all.extend(t.join().unwrap());
             }
             assert_eq!(all, vec![7], "the task exactly once");
+        });
+    }
+
+    /// A thief that takes only some tasks (`steal_if`, as a thread does for
+    /// tasksets whose policy does not steal) never takes another, and
+    /// every task is still taken exactly once.
+    #[test]
+    fn a_selective_thief_takes_only_what_it_may() {
+        loom::model(|| {
+            let d = Arc::new(StealDeque::<2>::new());
+            let mut o = d.claim_owner().unwrap();
+            o.push(1).unwrap();
+            o.push(2).unwrap();
+            let thief = {
+                let d = d.clone();
+                loom::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for _ in 0..2 {
+                        if let Steal::Task(t) = d.steal_if(|t| t == 2) {
+                            got.push(t);
+                        }
+                    }
+                    got
+                })
+            };
+            let mut all: Vec<u64> = o.pop().into_iter().collect();
+            all.extend(o.pop());
+            let stolen = thief.join().unwrap();
+            assert!(stolen.iter().all(|&t| t == 2), "{stolen:?}");
+            all.extend(stolen);
+            all.sort();
+            assert_eq!(all, vec![1, 2], "each task exactly once");
         });
     }
 }

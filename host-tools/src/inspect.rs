@@ -270,6 +270,16 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc]) {
             OP_RECORD => format!("record event {} on stream {}", x[1], x[0]),
             OP_WAIT => format!("stream {} waits for event {}", x[0], x[1]),
             OP_INPUT => format!("input {}", tname(imm)),
+            OP_DISPATCH if imm == 0 => "dispatch taskset 0 (the run's policy)".to_string(),
+            OP_DISPATCH => match device_runtime::sched::Schedule::decode(ins.imm2.get()) {
+                Some(s) => format!(
+                    "dispatch taskset {imm}: policy {}, key {}",
+                    s.policy.name(),
+                    s.key
+                ),
+                None => format!("dispatch taskset {imm}: schedule {:#x}?", ins.imm2.get()),
+            },
+            OP_WINDOW => format!("task window {imm}"),
             op => format!("opcode {op}?"),
         };
         let _ = writeln!(out, "  {pc:>4}  {}{text}", "  ".repeat(depth));

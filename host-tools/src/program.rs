@@ -26,6 +26,22 @@
 //! a sparse row, a [`Expr::load`]) are read on the device only after the
 //! tasks that write them have completed.
 //!
+//! Schedule: [`Workload::dispatch`] gives the calls in its body their own
+//! dispatch policy and key (a taskset; the rest of the workload runs with
+//! the run's policy), [`Workload::on_stream`] puts calls on a stream, and
+//! [`Workload::window`] limits the tasks in flight. These travel in the
+//! program, so the device honours them: none is dropped.
+//!
+//! ```no_run
+//! # use host_tools::program::{Axis, Workload};
+//! # use device_runtime::sched::{DispatchKey, PolicyKind};
+//! # let mut w = Workload::new();
+//! w.window(64);
+//! w.dispatch(PolicyKind::WorkStealing, DispatchKey::Loop(0), |w| {
+//!     w.parallel(Axis::Dense(8), |w, expert| { /* calls */ });
+//! });
+//! ```
+//!
 //! Every error is found when the workload is lowered ([`Workload::finish`])
 //! and says why: a loop nested too deep, more live values than the
 //! program machine's registers, a call with the wrong arguments, or
@@ -35,6 +51,8 @@ use std::ops::{Add, Div, Mul, Rem, Sub};
 
 use device_runtime::abi::program::*;
 use device_runtime::abi::{Instr, Table, MAX_RANK};
+use device_runtime::exec::TASK_WINDOW;
+use device_runtime::sched::{DispatchKey, PolicyKind, Schedule};
 use wsp_ffi::DTYPE_I32;
 use zerocopy::little_endian::U32;
 
@@ -198,6 +216,12 @@ enum Node {
         var: u32,
         value: Expr,
     },
+    /// Calls in `body` belong to taskset `set` (1 ..), whose schedule is
+    /// `Workload::tasksets[set - 1]`.
+    Dispatch {
+        set: u8,
+        body: Vec<Node>,
+    },
 }
 
 /// Why a workload cannot be lowered.
@@ -238,6 +262,9 @@ pub enum LowerError {
         instructions: usize,
         max: usize,
     },
+    /// A schedule the device cannot honour (too many tasksets, a task
+    /// window out of range).
+    Schedule(String),
     /// The table the workload lowers to does not validate.
     Invalid(String),
 }
@@ -264,6 +291,7 @@ impl std::fmt::Display for LowerError {
                 f,
                 "the program has {instructions} instructions, at most {max}"
             ),
+            LowerError::Schedule(why) => write!(f, "schedule: {why}"),
             LowerError::Invalid(why) => write!(f, "the lowered table is invalid: {why}"),
         }
     }
@@ -286,6 +314,9 @@ pub struct Workload {
     next_var: u32,
     inputs: Vec<TensorId>,
     stream: u8,
+    /// The schedules of tasksets 1 .., in order of first use.
+    tasksets: Vec<Schedule>,
+    window: Option<u32>,
 }
 
 impl Default for Workload {
@@ -302,6 +333,8 @@ impl Workload {
             next_var: 0,
             inputs: Vec::new(),
             stream: 0,
+            tasksets: Vec::new(),
+            window: None,
         }
     }
 
@@ -443,6 +476,37 @@ impl Workload {
         self.stream = outer;
     }
 
+    /// Calls made in `body` are dispatched by `policy` with `key` (their
+    /// own taskset, with its own policy state), instead of the run's policy:
+    /// e.g. work stealing for a skewed MoE expert loop, affinity by batch
+    /// for attention. Bodies with the same policy and key share a taskset;
+    /// a workload has at most 7 (`MAX_TASKSETS - 1`). Whether the build
+    /// has the policy is checked at launch: a policy it left out is an
+    /// error then, never a silent fallback.
+    pub fn dispatch(&mut self, policy: PolicyKind, key: DispatchKey, body: impl FnOnce(&mut Self)) {
+        let schedule = Schedule { policy, key };
+        let set = match self.tasksets.iter().position(|s| *s == schedule) {
+            Some(i) => i + 1,
+            None => {
+                self.tasksets.push(schedule);
+                self.tasksets.len()
+            }
+        };
+        // Past MAX_TASKSETS, the error comes from `finish`.
+        let set = set.min(u8::MAX as usize) as u8;
+        let body = self.body(body);
+        self.push(Node::Dispatch { set, body });
+    }
+
+    /// The workload's task window: at most `tasks` tasks submitted and not
+    /// yet retired (1 ..= the runtime's `TASK_WINDOW`), e.g. to bound the
+    /// memory a layer's intermediate tiles take, or to keep expansion close
+    /// behind execution. A launch may override it
+    /// (`RunOptions::window`, `wsp run --window`).
+    pub fn window(&mut self, tasks: u32) {
+        self.window = Some(tasks);
+    }
+
     /// Records `event` on `stream` here.
     pub fn record_event(&mut self, stream: u8, event: u8) {
         self.push(Node::Event {
@@ -476,12 +540,29 @@ impl Workload {
     /// will validate it).
     pub fn finish(&mut self) -> Result<Vec<u8>, LowerError> {
         assert_eq!(self.bodies.len(), 1, "finish inside a loop body");
+        if self.tasksets.len() >= MAX_TASKSETS {
+            return Err(LowerError::Schedule(format!(
+                "{} dispatch schedules; a workload has at most {} besides the run's",
+                self.tasksets.len(),
+                MAX_TASKSETS - 1
+            )));
+        }
         let mut lower = Lower {
             code: Vec::new(),
             vars: Vec::new(),
             used: 0,
             layouts: self.builder.layouts().to_vec(),
+            tasksets: self.tasksets.clone(),
+            taskset: 0,
         };
+        if let Some(tasks) = self.window {
+            if tasks == 0 || tasks as usize > TASK_WINDOW {
+                return Err(LowerError::Schedule(format!(
+                    "task window {tasks}; 1 to {TASK_WINDOW} tasks"
+                )));
+            }
+            lower.emit(OP_WINDOW, 0, [NO_REG; 6], tasks, 0);
+        }
         for &t in &self.inputs {
             lower.emit(OP_INPUT, 0, [NO_REG; 6], t.0, 0);
         }
@@ -511,7 +592,7 @@ impl Workload {
             symbols,
             layouts: self.builder.layouts(),
         };
-        cx.nodes(&self.bodies[0], &mut vars, &mut out)?;
+        cx.nodes(&self.bodies[0], 0, &mut vars, &mut out)?;
         Ok(out)
     }
 }
@@ -524,6 +605,8 @@ pub struct Expanded {
     /// Per argument: tensor, offsets (per dimension) and extents.
     pub args: Vec<(u32, [u32; MAX_RANK], [u32; MAX_RANK])>,
     pub scalars: Vec<u64>,
+    /// Its taskset (0: the run's policy; see [`Workload::dispatch`]).
+    pub taskset: u8,
 }
 
 struct RefCx<'a> {
@@ -576,6 +659,7 @@ impl RefCx<'_> {
     fn nodes(
         &self,
         nodes: &[Node],
+        taskset: u8,
         vars: &mut std::collections::HashMap<u32, i64>,
         out: &mut Vec<Expanded>,
     ) -> Result<(), String> {
@@ -587,7 +671,7 @@ impl RefCx<'_> {
                     let n = self.eval(count, vars)?;
                     for i in 0..n {
                         vars.insert(*var, i);
-                        self.nodes(body, vars, out)?;
+                        self.nodes(body, taskset, vars, out)?;
                     }
                     vars.remove(var);
                 }
@@ -601,8 +685,9 @@ impl RefCx<'_> {
                     } else {
                         otherwise
                     };
-                    self.nodes(branch, vars, out)?;
+                    self.nodes(branch, taskset, vars, out)?;
                 }
+                Node::Dispatch { set, body } => self.nodes(body, *set, vars, out)?,
                 Node::Call {
                     kernel,
                     stream,
@@ -632,6 +717,7 @@ impl RefCx<'_> {
                         stream: *stream,
                         args: a,
                         scalars: s,
+                        taskset,
                     });
                 }
                 Node::Event { .. } => {}
@@ -654,9 +740,22 @@ struct Lower {
     /// Bit `r`: register `r` holds a live value.
     used: u16,
     layouts: Vec<TensorLayout>,
+    /// The workload's taskset schedules, and the taskset of the code being
+    /// lowered.
+    tasksets: Vec<Schedule>,
+    taskset: u8,
 }
 
 impl Lower {
+    /// `DISPATCH` to taskset `set`.
+    fn dispatch(&mut self, set: u8) {
+        let bits = match set {
+            0 => 0,
+            s => self.tasksets[s as usize - 1].encode(),
+        };
+        self.emit(OP_DISPATCH, 0, [NO_REG; 6], set as u32, bits);
+    }
+
     fn emit(&mut self, op: u8, r: u8, x: [u8; 6], imm: u32, imm2: u32) -> usize {
         self.code.push(Instr {
             op,
@@ -852,6 +951,13 @@ impl Lower {
                     args,
                     scalars,
                 } => self.call(*kernel, *stream, args, scalars, builder)?,
+                Node::Dispatch { set, body } => {
+                    let outer = std::mem::replace(&mut self.taskset, *set);
+                    self.dispatch(*set);
+                    self.nodes(body, builder)?;
+                    self.taskset = outer;
+                    self.dispatch(outer);
+                }
                 Node::Event {
                     record,
                     stream,

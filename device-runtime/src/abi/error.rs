@@ -77,6 +77,9 @@ pub enum Problem {
     /// The program loads from a tensor that is neither an input nor
     /// written by any task: the data would never be there.
     DataNeverWritten { tensor: u32 },
+    /// A `DISPATCH` whose schedule is not a policy and key the runtime
+    /// knows (or, for taskset 0, not 0).
+    BadSchedule { bits: u32 },
 }
 
 /// A descriptor table the runtime refuses, with the place and the reason.
@@ -186,6 +189,10 @@ impl fmt::Display for Problem {
             Problem::DataNeverWritten { tensor } => write!(
                 f,
                 "loads from tensor {tensor}, which no task writes and no INPUT declares"
+            ),
+            Problem::BadSchedule { bits } => write!(
+                f,
+                "schedule {bits:#010x} is not a known dispatch policy and key (taskset 0's must be 0: it is the run's)"
             ),
         }
     }

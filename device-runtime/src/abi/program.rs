@@ -22,6 +22,15 @@
 //! | [`OP_SCALAR`] | `x[0]` = register | one scalar (the register's 64 bits) |
 //! | [`OP_RECORD`], [`OP_WAIT`] | `x[0]` = stream, `x[1]` = event | an event record or wait, as in the stream-ops section |
 //! | [`OP_INPUT`] | `imm` = tensor | the host provides the tensor's data at launch: `LOAD` may read it before any task writes it |
+//! | [`OP_DISPATCH`] | `imm` = taskset, `imm2` = its schedule ([`Schedule::encode`](crate::sched::policy::Schedule::encode); 0 for taskset 0) | the calls expanded after it, until the next `DISPATCH`, belong to the taskset |
+//! | [`OP_WINDOW`] | `imm` = tasks | the program's task window: at most this many tasks submitted and not retired (at most one `WINDOW`; a launch may override it) |
+//!
+//! Tasksets give parts of a workload their own dispatch policy and key
+//! (per taskset; [`MAX_TASKSETS`]). Taskset 0 is the run's own policy
+//! ([`SchedConfig`](crate::sched::SchedConfig)), and the tasks section's
+//! tasks and every call before the first `DISPATCH` belong to it. Every
+//! `DISPATCH` of a taskset must give the same schedule: a taskset is one
+//! policy, with one state, for the whole run.
 //!
 //! A sequential loop runs its iterations one after another: the tasks of
 //! iteration `i + 1` are expanded only after every task of iteration `i`
@@ -59,6 +68,8 @@ pub const OP_SCALAR: u8 = 22;
 pub const OP_RECORD: u8 = 23;
 pub const OP_WAIT: u8 = 24;
 pub const OP_INPUT: u8 = 25;
+pub const OP_DISPATCH: u8 = 26;
+pub const OP_WINDOW: u8 = 27;
 
 /// [`OP_LOOP`] kind: iterations are independent.
 pub const LOOP_PARALLEL: u8 = 0;
@@ -80,6 +91,10 @@ pub const MAX_DATA_TENSORS: usize = 8;
 /// which costs up to the jump's length.
 pub const MAX_PROGRAM: usize = 4096;
 
+/// Tasksets of a program, numbered `0 .. MAX_TASKSETS` (0: the run's
+/// policy). The dispatcher keeps one policy per taskset.
+pub const MAX_TASKSETS: usize = 8;
+
 /// The i32 element type: the only one `LOAD` reads.
 pub const DTYPE_I32: u32 = wsp_ffi::DTYPE_I32;
 
@@ -93,6 +108,12 @@ pub struct ProgramInfo {
     pub inputs: u8,
     /// One more than the highest symbol the program reads (0 if none).
     pub symbols: usize,
+    /// The schedule of each taskset ([`Schedule::encode`](crate::sched::policy::Schedule::encode)),
+    /// where bit `t` of `tasksets_defined` is set (taskset 0: the run's).
+    pub tasksets: [u32; MAX_TASKSETS],
+    pub tasksets_defined: u8,
+    /// The program's task window (`WINDOW`), or 0 for the runtime's.
+    pub window: u32,
 }
 
 impl ProgramInfo {
@@ -372,6 +393,43 @@ pub(crate) fn validate(
             OP_INPUT => {
                 tensor(pc, ins.imm.get())?;
                 unused(pc, ins, 0)?;
+            }
+            OP_DISPATCH => {
+                unused(pc, ins, 0)?;
+                let set = ins.imm.get() as usize;
+                if set >= MAX_TASKSETS {
+                    let problem = range(set as u64, 0, MAX_TASKSETS as u64 - 1);
+                    return Err(err(pc, "imm", problem));
+                }
+                let bits = ins.imm2.get();
+                let valid = if set == 0 {
+                    bits == 0
+                } else {
+                    crate::sched::policy::Schedule::decode(bits).is_some()
+                };
+                if !valid {
+                    return Err(err(pc, "imm2", Problem::BadSchedule { bits }));
+                }
+                if info.tasksets_defined & (1 << set) != 0 && info.tasksets[set] != bits {
+                    return Err(structure(
+                        pc,
+                        "DISPATCH gives a taskset another schedule than before",
+                    ));
+                }
+                info.tasksets[set] = bits;
+                info.tasksets_defined |= 1 << set;
+            }
+            OP_WINDOW => {
+                unused(pc, ins, 0)?;
+                if info.window != 0 {
+                    return Err(structure(pc, "a second WINDOW"));
+                }
+                let tasks = ins.imm.get();
+                if tasks == 0 || tasks as usize > crate::exec::TASK_WINDOW {
+                    let problem = range(tasks as u64, 1, crate::exec::TASK_WINDOW as u64);
+                    return Err(err(pc, "imm", problem));
+                }
+                info.window = tasks;
             }
             op => return Err(err(pc, "op", Problem::BadOpcode { op })),
         }

@@ -299,6 +299,9 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     /// it found no more than this holds), so that committing needs no second walk.
     found: [TaskId; 16],
     streams: Streams,
+    /// Tasks that may be in flight at once: `TASKS`, or fewer
+    /// ([`Orchestrator::set_window`]).
+    window: u64,
 }
 
 impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASKS, TMAP, DEPS> {
@@ -330,7 +333,27 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             pass: 0,
             found: [0; 16],
             streams: Streams::new(),
+            window: TASKS as u64,
         }
+    }
+
+    /// Limits the tasks in flight (submitted and not retired) to `tasks`,
+    /// 1 ..= `TASKS` (a workload's task window): a submission beyond it
+    /// stalls on `TASK_RING_FULL`, as on a ring of that size. Only between
+    /// runs: `Err` with the allowed maximum if `tasks` is out of range or
+    /// tasks are in flight.
+    pub fn set_window(&mut self, tasks: u64) -> Result<(), u64> {
+        if tasks == 0 || tasks > TASKS as u64 || !self.is_drained() {
+            return Err(TASKS as u64);
+        }
+        self.window = tasks;
+        self.stats.resources[StallReason::TaskRingFull as usize].capacity = tasks;
+        Ok(())
+    }
+
+    /// The task window ([`Orchestrator::set_window`]).
+    pub fn window(&self) -> u64 {
+        self.window
     }
 
     pub fn stats(&self) -> &StallStats {
@@ -496,7 +519,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
 
         // Room in every resource, checked before anything changes.
-        if self.in_flight() == TASKS as u64 {
+        if self.in_flight() >= self.window {
             return self.stall_or_scope(StallReason::TaskRingFull, now);
         }
         if self.tmap.available() < args.len() {
@@ -873,7 +896,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         match pool {
             StallReason::TaskRingFull => DeadlockCause::ScopeExceedsWindow {
                 scope: scope.name,
-                window: TASKS as u64,
+                window: self.window,
                 held,
             },
             _ => DeadlockCause::ScopeExceedsPool {
@@ -895,7 +918,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             cause,
             stalled_on: self.stats.current,
             occupancy: [
-                occupancy(StallReason::TaskRingFull, self.in_flight(), TASKS as u64),
+                occupancy(StallReason::TaskRingFull, self.in_flight(), self.window),
                 occupancy(
                     StallReason::TensorMapPoolFull,
                     self.tmap.used() as u64,

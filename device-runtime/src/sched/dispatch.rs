@@ -5,11 +5,18 @@
 
 use wsp_ffi::CoreKind;
 
-use super::policy::{DispatchKey, DispatchPolicy, Load, Placement, TaskInfo, MAX_THREADS};
+use super::policy::{
+    DispatchKey, DispatchPolicy, Load, Placement, Policy, Schedule, TaskInfo, MAX_THREADS,
+};
 use super::record::Launch;
-use super::{Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING};
+use super::{
+    Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING, TASKSET_SHIFT,
+};
+use crate::abi::program::MAX_TASKSETS;
 use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD};
-use crate::exec::{RunError, RunOptions, RunStats, Symbols, TableOrchestrator, TASK_WINDOW};
+use crate::exec::{
+    RunError, RunOptions, RunStats, Symbols, TableOrchestrator, TasksetStats, TASK_WINDOW,
+};
 use crate::expand::{Context, Expander, Step, TaskSpec};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId};
 use crate::steal_deque::Owner;
@@ -38,8 +45,17 @@ pub struct Dispatcher<'a> {
     queues: &'a Queues,
     owners: [[Option<Owner<'a, DISPATCH_QUEUE>>; 2]; MAX_THREADS],
     shared: [Option<Owner<'a, DISPATCH_QUEUE>>; 2],
+    /// Taskset 0's policy: the run's.
     policy: &'a mut dyn DispatchPolicy,
-    key: DispatchKey,
+    /// The policies of the program's other tasksets (`None` where the
+    /// program defines none).
+    policies: [Option<Policy>; MAX_TASKSETS],
+    /// Each taskset's dispatch key.
+    key: [DispatchKey; MAX_TASKSETS],
+    /// Tasks placed per taskset.
+    placed_in: [u64; MAX_TASKSETS],
+    /// Bit `t`: taskset `t` steals, as last told to the threads.
+    published: Option<u8>,
     depth: usize,
     threads: usize,
     /// Per kind, the threads that own cores of it.
@@ -62,8 +78,9 @@ pub struct Dispatcher<'a> {
     expanded: bool,
     /// The last expansion step ran out of budget.
     yielded: bool,
-    /// The dispatch key of each task of the window, by task number.
+    /// The dispatch key and taskset of each task of the window, by task number.
     keys: [u64; TASK_WINDOW],
+    sets: [u8; TASK_WINDOW],
     /// Tasks placed and not yet collected as finished.
     outstanding: u64,
     /// Per kind, a ready task whose queue was full, and where it goes.
@@ -74,8 +91,10 @@ pub struct Dispatcher<'a> {
 }
 
 impl<'a> Dispatcher<'a> {
-    /// A dispatcher for running `table` on `arena` with `options`' symbols,
-    /// `orch` (which must hold no tasks) and threads whose core kinds
+    /// A dispatcher for running `table` on `arena` with `options`' symbols
+    /// and task window, `orch` (which must hold no tasks), `policy` and
+    /// `config`'s key for taskset 0 (the program's other tasksets bring
+    /// their own), and threads whose core kinds
     /// are `thread_kinds[t] = [has cube cores, has vector cores]`. Start the
     /// other threads after this returns: it marks `queues` running.
     #[allow(clippy::too_many_arguments)]
@@ -120,6 +139,33 @@ impl<'a> Dispatcher<'a> {
                 max: DISPATCH_QUEUE,
             }));
         }
+        let info = table.program_info();
+        let window = options.window.unwrap_or(match info.window {
+            0 => TASK_WINDOW,
+            w => w as usize,
+        });
+        orch.set_window(window as u64).map_err(|max| {
+            RunError::Config(ConfigError::Window {
+                tasks: window,
+                max: max as usize,
+            })
+        })?;
+        let mut policies = [None; MAX_TASKSETS];
+        let mut key = [config.key; MAX_TASKSETS];
+        for set in 1..MAX_TASKSETS {
+            if info.tasksets_defined & (1 << set) == 0 {
+                continue;
+            }
+            let schedule = Schedule::decode(info.tasksets[set]).expect("validated");
+            let built = schedule.policy.build().map_err(|error| {
+                RunError::Config(ConfigError::TasksetPolicy {
+                    taskset: set as u8,
+                    error,
+                })
+            })?;
+            policies[set] = Some(built);
+            key[set] = schedule.key;
+        }
         let mut eligible = [[0; MAX_THREADS]; 2];
         let mut eligible_count = [0; 2];
         for (thread, kinds) in thread_kinds.iter().enumerate() {
@@ -156,10 +202,9 @@ impl<'a> Dispatcher<'a> {
             return Err(in_use);
         }
         orch.clear_streams();
-        queues.stealing.store(policy.steals(), Ordering::Release);
         queues.starved.store(0, Ordering::Relaxed);
         queues.state.store(RUNNING, Ordering::Release);
-        Ok(Dispatcher {
+        let mut dispatcher = Dispatcher {
             table,
             arena,
             symbols: options.symbols,
@@ -169,7 +214,10 @@ impl<'a> Dispatcher<'a> {
             owners,
             shared,
             policy,
-            key: config.key,
+            policies,
+            key,
+            placed_in: [0; MAX_TASKSETS],
+            published: None,
             depth: config.queue_depth,
             threads,
             eligible,
@@ -181,6 +229,7 @@ impl<'a> Dispatcher<'a> {
             expanded: false,
             yielded: false,
             keys: [0; TASK_WINDOW],
+            sets: [0; TASK_WINDOW],
             outstanding: 0,
             held: [None; 2],
             ready_queue: ResourceStats {
@@ -189,7 +238,28 @@ impl<'a> Dispatcher<'a> {
             },
             stalled_since: None,
             per_thread: [DispatchStats::default(); MAX_THREADS],
-        })
+        };
+        dispatcher.publish_steals();
+        Ok(dispatcher)
+    }
+
+    /// Tells the threads which tasksets they may steal from now (stores
+    /// only what changed: this runs after every dispatch round).
+    fn publish_steals(&mut self) {
+        let mut mask = self.policy.steals() as u8;
+        for (set, policy) in self.policies.iter().enumerate() {
+            if policy.as_ref().is_some_and(|p| p.steals()) {
+                mask |= 1 << set;
+            }
+        }
+        if Some(mask) == self.published {
+            return;
+        }
+        for (set, flag) in self.queues.steals.iter().enumerate() {
+            flag.store(mask & (1 << set) != 0, Ordering::Release);
+        }
+        self.queues.stealing.store(mask != 0, Ordering::Release);
+        self.published = Some(mask);
     }
 
     pub fn queues(&self) -> &'a Queues {
@@ -353,7 +423,9 @@ impl<'a> Dispatcher<'a> {
             {
                 Ok(id) => {
                     debug_assert_eq!(id, self.base + index);
-                    self.keys[(index % TASK_WINDOW as u64) as usize] = self.key.of(&spec, index);
+                    let at = (index % TASK_WINDOW as u64) as usize;
+                    self.keys[at] = self.key[spec.taskset as usize].of(&spec, index);
+                    self.sets[at] = spec.taskset;
                     // A task of the tasks section launches from the table
                     // (shared, read-only); an expanded one from its record.
                     if spec.pc.is_some() {
@@ -411,7 +483,9 @@ impl<'a> Dispatcher<'a> {
                 let Some(owner) = owner.as_mut() else {
                     unreachable!("every queue is claimed in `new`")
                 };
-                if owner.len() >= self.depth || owner.push(task.tag).is_err() {
+                let set = self.sets[(task.tag % TASK_WINDOW as u64) as usize];
+                let entry = task.tag | (set as u64) << TASKSET_SHIFT;
+                if owner.len() >= self.depth || owner.push(entry).is_err() {
                     self.held[k] = Some((task, target));
                     if self.stalled_since.is_none() {
                         self.ready_queue.stalls += 1;
@@ -430,6 +504,7 @@ impl<'a> Dispatcher<'a> {
                 if let Some(since) = self.stalled_since.take() {
                     self.ready_queue.stall_ticks += now.saturating_sub(since);
                 }
+                self.placed_in[set as usize] += 1;
                 self.outstanding += 1;
                 placed = true;
             }
@@ -442,19 +517,25 @@ impl<'a> Dispatcher<'a> {
             *queued = ready.iter().map(|q| q.len()).sum();
         }
         self.policy.observe(&load);
-        self.queues
-            .stealing
-            .store(self.policy.steals(), Ordering::Release);
+        for policy in self.policies.iter_mut().flatten() {
+            policy.observe(&load);
+        }
+        self.publish_steals();
         Ok(placed)
     }
 
     fn place(&mut self, task: &ReadyTask, kind: CoreKind) -> Result<Target, RunError> {
         let k = kind as usize;
+        let at = (task.tag % TASK_WINDOW as u64) as usize;
         let info = TaskInfo {
             index: task.tag as u32,
             kernel_id: task.kernel.id,
             kind,
-            key: self.keys[(task.tag % TASK_WINDOW as u64) as usize],
+            key: self.keys[at],
+        };
+        let policy: &mut dyn DispatchPolicy = match &mut self.policies[self.sets[at] as usize] {
+            Some(p) => p,
+            None => &mut *self.policy,
         };
         let threads = self.eligible_count[k];
         let mut load = Load {
@@ -464,10 +545,10 @@ impl<'a> Dispatcher<'a> {
         for (queued, &t) in load.queued.iter_mut().zip(&self.eligible[k][..threads]) {
             *queued = self.queues.ready[t][k].len();
         }
-        match self.policy.place(&info, threads, &load) {
+        match policy.place(&info, threads, &load) {
             Placement::Thread(i) if i < threads => Ok(Target::Thread(self.eligible[k][i])),
             Placement::Thread(thread) => Err(RunError::Config(ConfigError::BadPlacement {
-                policy: self.policy.name(),
+                policy: policy.name(),
                 thread,
                 threads,
             })),
@@ -482,6 +563,19 @@ impl<'a> Dispatcher<'a> {
         stats.stalls = *self.orch.stats();
         stats.stalls.resources[StallReason::ReadyQueueFull as usize] = self.ready_queue;
         stats.policy = self.policy.decision();
+        stats.window = self.orch.window();
+        for (set, out) in stats.tasksets.iter_mut().enumerate() {
+            let decision = match (set, &self.policies[set]) {
+                (0, _) => self.policy.decision(),
+                (_, Some(p)) => p.decision(),
+                (_, None) => continue,
+            };
+            *out = Some(TasksetStats {
+                decision,
+                key: self.key[set],
+                placed: self.placed_in[set],
+            });
+        }
         for (thread, figures) in stats.threads.iter_mut().zip(&self.per_thread) {
             thread.placed = figures.placed;
             thread.queue_high_water = figures.queue_high_water;

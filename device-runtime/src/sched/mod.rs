@@ -15,6 +15,14 @@
 //! stream's next task back until then, so that a stream's tasks are issued
 //! in order across threads, core kinds and steals, yet may overlap.
 //!
+//! A workload program may split its tasks into tasksets
+//! ([`crate::abi::program::OP_DISPATCH`]), each placed by its own policy
+//! and key; taskset 0 uses the run's. A dispatch-queue entry carries its
+//! task's taskset, and a thief takes the oldest task of another thread's
+//! queue only if that taskset's policy steals now
+//! ([`StealDeque::steal_if`]): a task of a non-stealing taskset at the
+//! front of a queue holds thieves back until its owner takes it.
+//!
 //! ```text
 //!  dispatcher (thread 0)                         scheduler thread t
 //!  orchestrator ─ ready ─► policy ─► queue[t][kind] ─► idle core of kind
@@ -48,14 +56,15 @@ pub mod record;
 pub mod ring;
 mod thread;
 
+use crate::abi::program::MAX_TASKSETS;
 use crate::exec::TASK_WINDOW;
 use crate::steal_deque::StealDeque;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub use dispatch::DispatchStats;
 pub use dispatch::Dispatcher;
 pub use policy::{
-    DispatchKey, DispatchPolicy, Load, Placement, Policy, PolicyError, PolicyKind, TaskInfo,
-    UnknownPolicy, MAX_THREADS,
+    DispatchKey, DispatchPolicy, Load, Placement, Policy, PolicyError, PolicyKind, Schedule,
+    TaskInfo, UnknownPolicy, MAX_THREADS,
 };
 use ring::Ring;
 pub use thread::{kernel_args, Arena, Scheduler};
@@ -69,6 +78,11 @@ pub const DISPATCH_QUEUE: usize = 256;
 /// Capacity of a thread's completion ring: two entries (issued, finished)
 /// per task of the window.
 const DONE_RING: usize = 2 * TASK_WINDOW;
+
+/// A dispatch-queue entry is the task's number in the run (below 2^32)
+/// with its taskset in the bits from here up, so that a thief can tell
+/// whether the taskset's policy lets it take the task.
+const TASKSET_SHIFT: u32 = 32;
 
 /// Marks a completion-ring entry as "this stream task was issued" rather
 /// than "finished": the dispatcher then lets the stream's next task go.
@@ -88,8 +102,11 @@ pub struct Queues {
     /// most two per task of the window that has not been collected.
     done: [Ring<DONE_RING>; MAX_THREADS],
     state: AtomicU32,
-    /// Whether the policy lets idle threads steal (it may change its mind).
+    /// Whether some taskset's policy lets idle threads steal now (policies
+    /// may change their mind).
     stealing: AtomicBool,
+    /// Per taskset, whether its policy lets idle threads steal its tasks now.
+    steals: [AtomicBool; MAX_TASKSETS],
     /// [`Load::starved`].
     starved: AtomicU64,
     /// What each task of the window launches.
@@ -106,6 +123,7 @@ impl Queues {
             done: [const { Ring::new() }; MAX_THREADS],
             state: AtomicU32::new(RUNNING),
             stealing: AtomicBool::new(false),
+            steals: [const { AtomicBool::new(false) }; MAX_TASKSETS],
             starved: AtomicU64::new(0),
             records: record::Records::new(),
         }
@@ -120,6 +138,7 @@ impl Queues {
             done: core::array::from_fn(|_| Ring::new()),
             state: AtomicU32::new(RUNNING),
             stealing: AtomicBool::new(false),
+            steals: core::array::from_fn(|_| AtomicBool::new(false)),
             starved: AtomicU64::new(0),
             records: record::Records::new(),
         }
@@ -199,6 +218,16 @@ pub enum ConfigError {
     },
     /// The build does not have the policy (or no policy has the name).
     Policy(PolicyError),
+    /// A task window out of 1 ..= `max` (the runtime's task window).
+    Window {
+        tasks: usize,
+        max: usize,
+    },
+    /// The build does not have the policy a program's taskset asks for.
+    TasksetPolicy {
+        taskset: u8,
+        error: PolicyError,
+    },
     /// A policy chose a thread that does not exist.
     BadPlacement {
         policy: &'static str,
@@ -226,6 +255,12 @@ impl core::fmt::Display for ConfigError {
                 f.write_str("the dispatch queues are in use by another run (or were not reset after an aborted one)")
             }
             ConfigError::Policy(e) => write!(f, "{e}"),
+            ConfigError::Window { tasks, max } => {
+                write!(f, "task window {tasks}; 1 to {max} tasks are supported")
+            }
+            ConfigError::TasksetPolicy { taskset, error } => {
+                write!(f, "the program's taskset {taskset}: {error}")
+            }
             ConfigError::BadPlacement { policy, thread, threads } => write!(
                 f,
                 "policy {policy} placed a task on thread {thread} of {threads}"

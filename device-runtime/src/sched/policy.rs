@@ -112,6 +112,81 @@ impl DispatchKey {
     }
 }
 
+impl DispatchKey {
+    /// The key's encoding in a program's `DISPATCH` instruction: kind, then
+    /// two parameters (see [`Schedule::encode`]).
+    const fn code(self) -> [u8; 3] {
+        match self {
+            DispatchKey::TaskIndex => [0, 0, 0],
+            DispatchKey::Scalar(n) => [1, n, 0],
+            DispatchKey::Tile { arg, dim } => [2, arg, dim],
+            DispatchKey::Stream => [3, 0, 0],
+            DispatchKey::Loop(n) => [4, n, 0],
+        }
+    }
+
+    /// The key encoded as `code`, if it is one whose parameters are in
+    /// range (a scalar, argument, dimension or loop level a task can have).
+    fn from_code(code: [u8; 3]) -> Option<DispatchKey> {
+        use crate::abi::program::MAX_LOOP_DEPTH;
+        use crate::abi::{MAX_RANK, MAX_SCALARS, MAX_TENSOR_ARGS};
+        let [kind, a, b] = code;
+        let key = match kind {
+            0 => DispatchKey::TaskIndex,
+            1 if (a as usize) < MAX_SCALARS => DispatchKey::Scalar(a),
+            2 if (a as usize) < MAX_TENSOR_ARGS && (b as usize) < MAX_RANK => {
+                DispatchKey::Tile { arg: a, dim: b }
+            }
+            3 => DispatchKey::Stream,
+            4 if (a as usize) < MAX_LOOP_DEPTH => DispatchKey::Loop(a),
+            _ => return None,
+        };
+        // Unused parameters must be 0, so that the encoding is unique.
+        (key.code() == code).then_some(key)
+    }
+}
+
+/// A taskset's schedule: its dispatch policy and key. A workload program
+/// gives each taskset one (the `DISPATCH` instruction,
+/// [`crate::abi::program::OP_DISPATCH`]); taskset 0 runs with the run's
+/// [`SchedConfig`](super::SchedConfig).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub policy: PolicyKind,
+    pub key: DispatchKey,
+}
+
+impl Schedule {
+    /// Packs the schedule in 32 bits: policy, key kind, key parameters,
+    /// one byte each (low to high).
+    pub const fn encode(self) -> u32 {
+        let [kind, a, b] = self.key.code();
+        self.policy.code() as u32 | (kind as u32) << 8 | (a as u32) << 16 | (b as u32) << 24
+    }
+
+    /// The schedule packed as `bits` by [`Schedule::encode`], if valid
+    /// (whether the build has the policy is checked at launch).
+    pub fn decode(bits: u32) -> Option<Schedule> {
+        let [policy, kind, a, b] = bits.to_le_bytes();
+        Some(Schedule {
+            policy: *PolicyKind::ALL.get(policy as usize)?,
+            key: DispatchKey::from_code([kind, a, b])?,
+        })
+    }
+}
+
+impl fmt::Display for DispatchKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            DispatchKey::TaskIndex => f.write_str("task"),
+            DispatchKey::Scalar(n) => write!(f, "scalar:{n}"),
+            DispatchKey::Tile { arg, dim } => write!(f, "tile:{arg}:{dim}"),
+            DispatchKey::Stream => f.write_str("stream"),
+            DispatchKey::Loop(n) => write!(f, "loop:{n}"),
+        }
+    }
+}
+
 /// Tasks go to threads in turn.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RoundRobin {
@@ -326,6 +401,11 @@ impl PolicyKind {
         PolicyKind::Shared,
         PolicyKind::Adaptive,
     ];
+
+    /// Its number: its index in [`PolicyKind::ALL`].
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
 
     pub const fn name(self) -> &'static str {
         match self {

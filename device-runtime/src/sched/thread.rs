@@ -8,6 +8,7 @@ use wsp_ffi::{CoreKind, WspKernelArgs};
 use super::policy::MAX_THREADS;
 use super::ConfigError;
 use super::{Queues, DONE_RING, FINISHED, ISSUED, RUNNING};
+use crate::abi::program::MAX_TASKSETS;
 use crate::abi::Table;
 use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use crate::expand::TaskSpec;
@@ -238,12 +239,17 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         }
     }
 
-    /// Takes the oldest task of `deque`, retrying a few lost races.
-    fn take_from(deque: &StealDeque<{ super::DISPATCH_QUEUE }>) -> Option<u32> {
+    /// Takes the oldest task of `deque` if `take` allows it, retrying a
+    /// few lost races. (A queue entry is the task's number, with its
+    /// taskset in the bits above [`super::TASKSET_SHIFT`].)
+    fn take_from(
+        deque: &StealDeque<{ super::DISPATCH_QUEUE }>,
+        take: impl Fn(u64) -> bool,
+    ) -> Option<u32> {
         for _ in 0..RETRIES {
-            match deque.steal() {
+            match deque.steal_if(&take) {
                 Steal::Task(task) => return Some(task as u32),
-                Steal::Empty => return None,
+                Steal::Empty | Steal::Declined => return None,
                 Steal::Retry => {}
             }
         }
@@ -257,34 +263,42 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     fn take(&mut self, kind: CoreKind, behind: bool) -> Option<u32> {
         let k = kind as usize;
         let queues = self.queues;
-        if let Some(task) = Self::take_from(&queues.ready[self.id][k]) {
+        let any = |_| true;
+        if let Some(task) = Self::take_from(&queues.ready[self.id][k], any) {
             return Some(task);
         }
         if behind {
             return None;
         }
-        if let Some(task) = Self::take_from(&queues.shared[k]) {
+        if let Some(task) = Self::take_from(&queues.shared[k], any) {
             self.stats.from_shared += 1;
             return Some(task);
         }
-        if !queues.stealing.load(Ordering::Acquire) {
-            let others =
-                (1..self.threads).map(|step| &queues.ready[(self.id + step) % self.threads][k]);
-            if others.into_iter().any(|q| !q.is_empty()) {
-                queues.starved.fetch_add(1, Ordering::Relaxed);
-            }
-            return None;
-        }
+        // Only tasks of a taskset whose policy steals now may be stolen.
+        let stealing = queues.stealing.load(Ordering::Acquire);
+        let stealable = |entry: u64| {
+            let set = (entry >> super::TASKSET_SHIFT) as usize % MAX_TASKSETS;
+            queues.steals[set].load(Ordering::Acquire)
+        };
+        let mut backlog = false;
         for step in 1..self.threads {
             let victim = &queues.ready[(self.id + step) % self.threads][k];
             if victim.is_empty() {
                 continue;
             }
+            backlog = true;
+            if !stealing {
+                break;
+            }
             self.stats.steal_attempts += 1;
-            if let Some(task) = Self::take_from(victim) {
+            if let Some(task) = Self::take_from(victim, stealable) {
                 self.stats.steals += 1;
                 return Some(task);
             }
+        }
+        if backlog {
+            // Idle cores, nothing to take, and another thread has a backlog.
+            queues.starved.fetch_add(1, Ordering::Relaxed);
         }
         None
     }

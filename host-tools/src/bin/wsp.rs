@@ -58,6 +58,10 @@ enum Command {
         /// buffered handshake does). Default: 2.
         #[arg(long)]
         issue_depth: Option<usize>,
+        /// Task window: at most this many tasks submitted and not retired
+        /// (1 to 256). Default: the workload program's, else 256.
+        #[arg(long)]
+        window: Option<usize>,
     },
     /// Write a workload's table.bin and initial arena.bin (e.g. for `cargo xtask qemu`).
     Build {
@@ -165,6 +169,7 @@ fn run(cli: Cli) -> Result<bool> {
             key,
             queue_depth,
             issue_depth,
+            window,
         } => {
             let policy = PolicyKind::parse(&policy)
                 .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
@@ -181,6 +186,7 @@ fn run(cli: Cli) -> Result<bool> {
                 sched,
                 options: RunOptions {
                     issue_depth,
+                    window,
                     ..RunOptions::default()
                 },
             };
@@ -229,6 +235,15 @@ fn run(cli: Cli) -> Result<bool> {
                 stats
             };
             println!("policy    {}", stats.policy);
+            for (set, t) in stats.tasksets.iter().enumerate() {
+                if let (1.., Some(t)) = (set, t) {
+                    println!(
+                        "  taskset {set} (the program's): {}, key {}, placed {} tasks",
+                        t.decision, t.key, t.placed
+                    );
+                }
+            }
+            println!("window    {} tasks in flight at most", stats.window);
             let ticks = if semantic { "cycles" } else { "ns" };
             for t in stats.threads() {
                 println!(

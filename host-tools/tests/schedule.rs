@@ -1,0 +1,387 @@
+//! A schedule attached to a workload: per-taskset dispatch policies and
+//! keys (`Workload::dispatch`) and the task window (`Workload::window`).
+//! Each changes what the device does, in deterministic semantic time, and
+//! malformed encodings are refused.
+
+use device_runtime::abi::program::*;
+use device_runtime::abi::{Section, Table};
+use device_runtime::exec::{RunError, RunOptions};
+use device_runtime::orch::StallReason;
+use device_runtime::sched::{ConfigError, DispatchKey, PolicyKind, SchedConfig};
+use host_tools::program::{Axis, Expr, LowerError, Workload};
+use host_tools::semantic::{run_semantic_with, SemanticRun};
+use host_tools::shim::ShimError;
+use host_tools::table::{seal, Arena, TensorId};
+use wsp_ffi::{CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD};
+
+const T: u32 = 8;
+
+/// `out[tile] = x[tile] + x[tile]` for tile `i` (of 64) of 64x64 tensors.
+fn add_tile(w: &mut Workload, x: TensorId, out: TensorId, i: Expr) {
+    let r = w.let_((i.clone() / 8) * T);
+    let c = w.let_((i % 8) * T);
+    w.call(
+        ADD,
+        &[
+            x.tile(r.clone(), c.clone(), T, T),
+            x.tile(r.clone(), c.clone(), T, T),
+            out.tile(r, c, T, T),
+        ],
+        &[],
+    );
+}
+
+/// Four scheduler threads with one vector core each (core c on thread c).
+fn run(table: &[u8], size: u64, sched: &SchedConfig, options: &RunOptions) -> SemanticRun {
+    let mut arena = Arena::zeroed(size);
+    let kinds = [CoreKind::Vector; 4];
+    run_semantic_with(table, &mut arena.bytes, &kinds, sched, options).unwrap()
+}
+
+fn sched(policy: PolicyKind) -> SchedConfig {
+    SchedConfig {
+        threads: 4,
+        policy,
+        key: DispatchKey::TaskIndex,
+        ..SchedConfig::default()
+    }
+}
+
+/// Three loops of 24 tasks, each writing its own tensor. Every task of the
+/// first two has key 0 (`loop:0` of a one-iteration outer loop), so a
+/// key-based policy places them all on thread 0: the first with work
+/// stealing (`scheduled`), the second with affinity; the third runs with
+/// the run's policy.
+fn three_loops(scheduled: bool) -> (Vec<u8>, u64, Vec<TensorId>, Workload) {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let outs: Vec<TensorId> = (0..3)
+        .map(|i| w.tensor(&format!("y{i}"), &[64, 64]).unwrap())
+        .collect();
+    let loop_of = |w: &mut Workload, out: TensorId| {
+        w.parallel(Axis::Dense(1), |w, _| {
+            w.parallel(Axis::Dense(24), |w, i| add_tile(w, x, out, i))
+        })
+    };
+    let key = DispatchKey::Loop(0);
+    if scheduled {
+        w.dispatch(PolicyKind::WorkStealing, key, |w| loop_of(w, outs[0]));
+        w.dispatch(PolicyKind::Affinity, key, |w| loop_of(w, outs[1]));
+    } else {
+        loop_of(&mut w, outs[0]);
+        loop_of(&mut w, outs[1]);
+    }
+    loop_of(&mut w, outs[2]);
+    let table = w.finish().unwrap();
+    let size = w.arena_size();
+    (table, size, outs, w)
+}
+
+/// Per output tensor, the scheduler threads (= cores) its tasks ran on.
+fn threads_of(w: &Workload, outs: &[TensorId], run: &SemanticRun, base: u64) -> Vec<Vec<usize>> {
+    outs.iter()
+        .map(|&t| {
+            let layout = w.layout(t);
+            let (from, to) = (layout.arena_offset, layout.arena_offset + 64 * 64 * 4);
+            let mut threads: Vec<usize> = run
+                .launches
+                .iter()
+                .filter(|l| (from..to).contains(&(l.args.tensors[2].addr - base)))
+                .map(|l| l.core)
+                .collect();
+            threads.sort();
+            threads
+        })
+        .collect()
+}
+
+#[test]
+fn each_taskset_runs_under_its_own_policy_and_key() {
+    let (table, size, outs, w) = three_loops(true);
+    let mut arena = Arena::zeroed(size);
+    let base = arena.bytes.as_ptr() as u64;
+    let kinds = [CoreKind::Vector; 4];
+    let r = run_semantic_with(
+        &table,
+        &mut arena.bytes,
+        &kinds,
+        &sched(PolicyKind::RoundRobin),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(r.stats.tasks, 72);
+    let threads = threads_of(&w, &outs, &r, base);
+    let distinct = |v: &Vec<usize>| {
+        let mut d = v.clone();
+        d.dedup();
+        d
+    };
+    // Work stealing by loop:0: placed on thread 0, taken by idle threads.
+    assert_eq!(threads[0].len(), 24);
+    assert!(distinct(&threads[0]).len() > 1, "{:?}", threads[0]);
+    // Affinity by loop:0: all on thread 0, none stolen.
+    assert_eq!(distinct(&threads[1]), vec![0], "{:?}", threads[1]);
+    // The run's round-robin spreads the rest.
+    assert_eq!(distinct(&threads[2]), vec![0, 1, 2, 3], "{:?}", threads[2]);
+    let steals: u64 = r.stats.threads().iter().map(|t| t.steals).sum();
+    assert!(steals > 0);
+    // The statistics name each taskset's policy and count its tasks, as the
+    // host's reference expansion assigns them.
+    let expected = w.expand(&arena, &[]).unwrap();
+    for set in 0..3u8 {
+        let stats = r.stats.tasksets[set as usize].unwrap();
+        let count = expected.iter().filter(|t| t.taskset == set).count() as u64;
+        assert_eq!(stats.placed, count, "taskset {set}");
+        assert_eq!(count, 24);
+    }
+    assert_eq!(r.stats.tasksets[1].unwrap().decision, "work-stealing");
+    assert_eq!(r.stats.tasksets[2].unwrap().decision, "affinity");
+    assert_eq!(r.stats.tasksets[0].unwrap().decision, "round-robin");
+    assert!(r.stats.tasksets[3].is_none());
+
+    // Without the schedule, the run's policy places every loop: the
+    // second loop's tasks spread over the threads.
+    let (plain, size, outs, w) = three_loops(false);
+    let mut arena = Arena::zeroed(size);
+    let base = arena.bytes.as_ptr() as u64;
+    let r = run_semantic_with(
+        &plain,
+        &mut arena.bytes,
+        &kinds,
+        &sched(PolicyKind::RoundRobin),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let threads = threads_of(&w, &outs, &r, base);
+    assert_eq!(distinct(&threads[1]), vec![0, 1, 2, 3], "{:?}", threads[1]);
+    assert!(r.stats.tasksets[1].is_none());
+    assert!(plain.len() < table.len(), "the schedule is in the program");
+}
+
+#[test]
+fn the_run_policy_applies_to_taskset_0_only() {
+    // With affinity by task index as the run's policy, the program's
+    // work-stealing taskset is still stolen from and its affinity taskset
+    // still kept on thread 0.
+    let (table, size, outs, w) = three_loops(true);
+    let mut arena = Arena::zeroed(size);
+    let base = arena.bytes.as_ptr() as u64;
+    let r = run_semantic_with(
+        &table,
+        &mut arena.bytes,
+        &[CoreKind::Vector; 4],
+        &sched(PolicyKind::Affinity),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let threads = threads_of(&w, &outs, &r, base);
+    let mut stolen = threads[0].clone();
+    stolen.dedup();
+    assert!(stolen.len() > 1, "{stolen:?}");
+    assert!(threads[1].iter().all(|&t| t == 0), "{:?}", threads[1]);
+    assert_eq!(r.stats.tasksets[0].unwrap().decision, "affinity");
+}
+
+/// 64 independent tasks.
+fn independent(window: Option<u32>) -> (Vec<u8>, u64) {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    if let Some(n) = window {
+        w.window(n);
+    }
+    w.parallel(Axis::Dense(64), |w, i| add_tile(w, x, y, i));
+    (w.finish().unwrap(), w.arena_size())
+}
+
+#[test]
+fn the_task_window_bounds_the_tasks_in_flight() {
+    let ring = |r: &SemanticRun| r.stats.stalls.resources[StallReason::TaskRingFull as usize];
+    let rr = sched(PolicyKind::RoundRobin);
+    let (table, size) = independent(None);
+    let open = run(&table, size, &rr, &RunOptions::default());
+    assert_eq!(open.stats.window, 256);
+    assert_eq!(ring(&open).high_water, 64, "all 64 in flight at once");
+    assert_eq!(ring(&open).stalls, 0);
+
+    let (table, size) = independent(Some(4));
+    let four = run(&table, size, &rr, &RunOptions::default());
+    assert_eq!(four.stats.tasks, 64);
+    assert_eq!(four.stats.window, 4);
+    assert_eq!(ring(&four).high_water, 4);
+    assert_eq!(ring(&four).capacity, 4);
+    assert!(ring(&four).stalls > 0);
+
+    // A window of 1 runs the tasks one at a time, though 4 cores are idle.
+    let (table1, _) = independent(Some(1));
+    let one = run(&table1, size, &rr, &RunOptions::default());
+    let mut spans: Vec<(u64, u64)> = one.launches.iter().map(|l| (l.start, l.end)).collect();
+    spans.sort();
+    assert_eq!(spans.len(), 64);
+    assert!(spans.windows(2).all(|p| p[1].0 >= p[0].1), "{spans:?}");
+    assert!(
+        one.makespan > 4 * open.makespan / 2,
+        "{} vs {}",
+        one.makespan,
+        open.makespan
+    );
+
+    // A launch overrides the program's window.
+    let wide = RunOptions {
+        window: Some(16),
+        ..RunOptions::default()
+    };
+    let sixteen = run(&table, size, &rr, &wide);
+    assert_eq!(sixteen.stats.window, 16);
+    assert_eq!(ring(&sixteen).high_water, 16);
+
+    // Out of range: at launch and when lowering.
+    for bad in [0, 257] {
+        let options = RunOptions {
+            window: Some(bad),
+            ..RunOptions::default()
+        };
+        let mut arena = Arena::zeroed(size);
+        let e = run_semantic_with(
+            &table,
+            &mut arena.bytes,
+            &[CoreKind::Vector; 4],
+            &rr,
+            &options,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                ShimError::Run(run) if matches!(
+                    **run,
+                    RunError::Config(ConfigError::Window { tasks, max: 256 }) if tasks == bad
+                )
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("1 to 256"), "{e}");
+    }
+    for bad in [0, 300] {
+        let mut w = Workload::new();
+        w.window(bad);
+        let e = w.finish().unwrap_err();
+        assert!(matches!(e, LowerError::Schedule(_)), "{e}");
+        assert!(e.to_string().contains("1 to 256"), "{e}");
+    }
+}
+
+#[test]
+fn more_tasksets_than_the_device_keeps_do_not_lower() {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    for n in 0..MAX_TASKSETS as u8 {
+        w.dispatch(PolicyKind::Hash, DispatchKey::Scalar(n), |w| {
+            add_tile(w, x, y, Expr::Const(n as i64))
+        });
+    }
+    let e = w.finish().unwrap_err();
+    assert!(matches!(e, LowerError::Schedule(_)), "{e}");
+    assert!(e.to_string().contains("at most 7"), "{e}");
+}
+
+/// The bytes of instruction `pc` of a built table.
+fn instr(table: &mut [u8], pc: usize) -> &mut [u8] {
+    let offset = u32::from_le_bytes(table[72..76].try_into().unwrap()) as usize + pc * 16;
+    &mut table[offset..offset + 16]
+}
+
+#[test]
+fn malformed_schedules_are_refused_with_the_instruction_named() {
+    let (good, _, _, _) = three_loops(true);
+    let table = Table::parse(&good).unwrap();
+    let ops: Vec<u8> = table.program().iter().map(|i| i.op).collect();
+    let dispatch: Vec<usize> = (0..ops.len())
+        .filter(|&pc| ops[pc] == OP_DISPATCH)
+        .collect();
+    // Two tasksets: enter 1, back to 0, enter 2, back to 0.
+    assert_eq!(dispatch.len(), 4);
+    assert_eq!(table.program_info().tasksets_defined, 0b111);
+    let (first, back) = (dispatch[0], dispatch[1]);
+    type Edit = Box<dyn Fn(&mut [u8])>;
+    let cases: Vec<(usize, Edit, &str)> = vec![
+        // An unknown policy, key kind, or out-of-range key parameter.
+        (
+            first,
+            Box::new(|i: &mut [u8]| i[12] = 9),
+            "not a known dispatch policy",
+        ),
+        (
+            first,
+            Box::new(|i: &mut [u8]| i[13] = 7),
+            "not a known dispatch policy",
+        ),
+        (
+            first,
+            Box::new(|i: &mut [u8]| i[14] = 8),
+            "not a known dispatch policy",
+        ),
+        // Taskset 0 is the run's: it has no schedule of its own.
+        (
+            back,
+            Box::new(|i: &mut [u8]| i[12] = 1),
+            "taskset 0's must be 0",
+        ),
+        (
+            first,
+            Box::new(|i: &mut [u8]| i[8] = MAX_TASKSETS as u8),
+            "outside [0, 7]",
+        ),
+        // The second taskset's DISPATCH names the first with another schedule.
+        (
+            dispatch[2],
+            Box::new(|i: &mut [u8]| i[8] = 1),
+            "another schedule",
+        ),
+        (first, Box::new(|i: &mut [u8]| i[2] = 0), "register operand"),
+    ];
+    for (pc, edit, text) in cases {
+        let mut t = good.clone();
+        edit(instr(&mut t, pc));
+        seal(&mut t);
+        let e = Table::parse(&t).unwrap_err();
+        assert_eq!(e.section, Section::Program, "{e}");
+        assert_eq!(e.index, pc as u32, "{e}");
+        assert!(e.to_string().contains(text), "{e} (wanted {text})");
+    }
+
+    // Two WINDOWs, and a window of 0.
+    let (good, _) = independent(Some(4));
+    let table = Table::parse(&good).unwrap();
+    assert_eq!(table.program_info().window, 4);
+    assert_eq!(table.program()[0].op, OP_WINDOW);
+    let mut t = good.clone();
+    instr(&mut t, 0)[8] = 0;
+    seal(&mut t);
+    let e = Table::parse(&t).unwrap_err();
+    assert!(e.to_string().contains("outside [1, 256]"), "{e}");
+    let mut t = good.clone();
+    let window: Vec<u8> = instr(&mut t, 0).to_vec();
+    instr(&mut t, 1).copy_from_slice(&window);
+    seal(&mut t);
+    let e = Table::parse(&t).unwrap_err();
+    assert!(e.to_string().contains("a second WINDOW"), "{e}");
+}
+
+#[test]
+fn inspect_shows_the_schedule() {
+    let (table, _, _, _) = three_loops(true);
+    let text = host_tools::inspect::inspect(&table, false);
+    assert!(
+        text.contains("dispatch taskset 1: policy work-stealing, key loop:0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("dispatch taskset 2: policy affinity, key loop:0"),
+        "{text}"
+    );
+    let (table, _) = independent(Some(4));
+    let text = host_tools::inspect::inspect(&table, false);
+    assert!(text.contains("task window 4"), "{text}");
+}

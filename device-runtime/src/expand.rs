@@ -165,6 +165,10 @@ pub enum ExpandError {
     },
     /// The call's arguments break its kernel's contract.
     Contract(ShapeError),
+    /// A call's stream register holds no stream (0 ..= 8).
+    BadStream {
+        value: i64,
+    },
 }
 
 impl fmt::Display for ExpandError {
@@ -198,6 +202,11 @@ impl fmt::Display for ExpandError {
                 problem,
             } => write!(f, "argument {arg}, {field}: {problem}"),
             ExpandError::Contract(e) => write!(f, "kernel contract: {e}"),
+            ExpandError::BadStream { value } => write!(
+                f,
+                "stream {value}; streams are 1 to {} (0 for none)",
+                crate::abi::MAX_STREAMS
+            ),
         }
     }
 }
@@ -453,7 +462,16 @@ impl Expander {
                 id,
                 kind: kernel.kind,
             },
-            stream: ins.x[0] as u32,
+            stream: match ins.x[1] {
+                NO_REG => ins.x[0] as u32,
+                r => {
+                    let value = self.read(r);
+                    match u32::try_from(value) {
+                        Ok(s) if s as usize <= crate::abi::MAX_STREAMS => s,
+                        _ => return Err(ExpandError::BadStream { value }),
+                    }
+                }
+            },
             args: [NO_ARG; MAX_TENSOR_ARGS],
             num_args: kernel.num_tensors as usize,
             scalars: [0; MAX_SCALARS],

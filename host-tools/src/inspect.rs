@@ -233,7 +233,9 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc]) {
             OP_WHEN => format!("when {} == 0: go to {imm}", reg(x[0])),
             OP_JUMP => format!("go to {imm}"),
             OP_CALL => {
-                let stream = if x[0] == 0 {
+                let stream = if x[1] != NO_REG {
+                    format!(" on stream {}", reg(x[1]))
+                } else if x[0] == 0 {
                     String::new()
                 } else {
                     format!(" on stream {}", x[0])

@@ -28,7 +28,8 @@
 //!
 //! Schedule: [`Workload::dispatch`] gives the calls in its body their own
 //! dispatch policy and key (a taskset; the rest of the workload runs with
-//! the run's policy), [`Workload::on_stream`] puts calls on a stream, and
+//! the run's policy), [`Workload::on_stream`] puts calls on a stream
+//! ([`Workload::on_stream_of`]: one computed from the loop indices), and
 //! [`Workload::window`] limits the tasks in flight. These travel in the
 //! program, so the device honours them: none is dropped.
 //!
@@ -202,6 +203,8 @@ enum Node {
     Call {
         kernel: u32,
         stream: u8,
+        /// The stream as a value computed on the device (then `stream` is 0).
+        stream_of: Option<Expr>,
         args: Vec<Region>,
         scalars: Vec<Expr>,
     },
@@ -314,6 +317,7 @@ pub struct Workload {
     next_var: u32,
     inputs: Vec<TensorId>,
     stream: u8,
+    stream_of: Option<Expr>,
     /// The schedules of tasksets 1 .., in order of first use.
     tasksets: Vec<Schedule>,
     window: Option<u32>,
@@ -333,6 +337,7 @@ impl Workload {
             next_var: 0,
             inputs: Vec::new(),
             stream: 0,
+            stream_of: None,
             tasksets: Vec::new(),
             window: None,
         }
@@ -472,8 +477,22 @@ impl Workload {
     /// Calls made in `body` go on `stream` (1 ..= 8): issued in order.
     pub fn on_stream(&mut self, stream: u8, body: impl FnOnce(&mut Self)) {
         let outer = std::mem::replace(&mut self.stream, stream);
+        let outer_of = self.stream_of.take();
         body(self);
         self.stream = outer;
+        self.stream_of = outer_of;
+    }
+
+    /// Calls made in `body` go on the stream `stream` evaluates to on the
+    /// device (1 ..= 8, or 0 for none), e.g. `b % 4 + 1` for a stream per
+    /// batch: the stream key. A value out of range ends the run with an
+    /// error naming the call.
+    pub fn on_stream_of(&mut self, stream: Expr, body: impl FnOnce(&mut Self)) {
+        let outer = std::mem::replace(&mut self.stream, 0);
+        let outer_of = self.stream_of.replace(stream);
+        body(self);
+        self.stream = outer;
+        self.stream_of = outer_of;
     }
 
     /// Calls made in `body` are dispatched by `policy` with `key` (their
@@ -531,6 +550,7 @@ impl Workload {
         self.push(Node::Call {
             kernel,
             stream: self.stream,
+            stream_of: self.stream_of.clone(),
             args: args.to_vec(),
             scalars: scalars.to_vec(),
         });
@@ -691,9 +711,20 @@ impl RefCx<'_> {
                 Node::Call {
                     kernel,
                     stream,
+                    stream_of,
                     args,
                     scalars,
                 } => {
+                    let stream = match stream_of {
+                        Some(e) => {
+                            let v = self.eval(e, vars)?;
+                            u8::try_from(v)
+                                .ok()
+                                .filter(|&s| s as usize <= device_runtime::abi::MAX_STREAMS)
+                                .ok_or(format!("stream {v} out of range"))?
+                        }
+                        None => *stream,
+                    };
                     let mut a = Vec::new();
                     for r in args {
                         let rank = self.layouts[r.tensor.0 as usize].shape.len();
@@ -714,7 +745,7 @@ impl RefCx<'_> {
                         .collect::<Result<_, _>>()?;
                     out.push(Expanded {
                         kernel: *kernel,
-                        stream: *stream,
+                        stream,
                         args: a,
                         scalars: s,
                         taskset,
@@ -948,9 +979,10 @@ impl Lower {
                 Node::Call {
                     kernel,
                     stream,
+                    stream_of,
                     args,
                     scalars,
-                } => self.call(*kernel, *stream, args, scalars, builder)?,
+                } => self.call(*kernel, *stream, stream_of.as_ref(), args, scalars, builder)?,
                 Node::Dispatch { set, body } => {
                     let outer = std::mem::replace(&mut self.taskset, *set);
                     self.dispatch(*set);
@@ -986,10 +1018,12 @@ impl Lower {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn call(
         &mut self,
         kernel: u32,
         stream: u8,
+        stream_of: Option<&Expr>,
         args: &[Region],
         scalars: &[Expr],
         builder: &mut TableBuilder,
@@ -1050,17 +1084,34 @@ impl Lower {
         for s in scalars {
             scalar_regs.push(self.operand(s, 0, &mut cache)?);
         }
+        // A stream computed on the device; `NO_REG` for a fixed one.
+        let stream_reg = match stream_of {
+            Some(e) => {
+                let r = match cache.iter().find(|(c, _)| c == e) {
+                    Some(&(_, r)) => r,
+                    None => {
+                        let r = self.expr(e)?;
+                        cache.push((e.clone(), r));
+                        r
+                    }
+                };
+                scalar_regs.push(r);
+                r
+            }
+            None => NO_REG,
+        };
         self.emit(
             OP_CALL,
             0,
-            [stream, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
+            [stream, stream_reg, NO_REG, NO_REG, NO_REG, NO_REG],
             kernel,
             0,
         );
         for ((region, x), spec) in args.iter().zip(&operands).zip(info.tensor_args) {
             self.emit(OP_ARG, spec.access as u8, *x, region.tensor.0, 0);
         }
-        for &r in &scalar_regs {
+        let scalar_count = scalar_regs.len() - (stream_reg != NO_REG) as usize;
+        for &r in &scalar_regs[..scalar_count] {
             self.emit(
                 OP_SCALAR,
                 0,

@@ -385,3 +385,83 @@ fn inspect_shows_the_schedule() {
     let text = host_tools::inspect::inspect(&table, false);
     assert!(text.contains("task window 4"), "{text}");
 }
+
+/// Four batches of 6 tasks, batch `b` on stream `stream(b)`.
+fn streams_by_batch(stream: impl Fn(Expr) -> Expr) -> (Vec<u8>, u64, TensorId, Workload) {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.parallel(Axis::Dense(4), |w, b| {
+        w.on_stream_of(stream(b.clone()), |w| {
+            w.parallel(Axis::Dense(6), |w, i| add_tile(w, x, y, b * 8 + i))
+        })
+    });
+    let table = w.finish().unwrap();
+    let size = w.arena_size();
+    (table, size, y, w)
+}
+
+#[test]
+fn a_stream_key_computed_from_the_loop_index_puts_each_batch_on_its_stream() {
+    let (table, size, y, w) = streams_by_batch(|b| b + 1);
+    let text = host_tools::inspect::inspect(&table, false);
+    assert!(text.contains("call add on stream r"), "{text}");
+    let mut arena = Arena::zeroed(size);
+    let base = arena.bytes.as_ptr() as u64 + w.layout(y).arena_offset;
+    let by_stream = SchedConfig {
+        key: DispatchKey::Stream,
+        ..sched(PolicyKind::Affinity)
+    };
+    let r = run_semantic_with(
+        &table,
+        &mut arena.bytes,
+        &[CoreKind::Vector; 4],
+        &by_stream,
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(r.stats.tasks, 24);
+    // Tile t of y is at row block t / 8, column block t % 8.
+    let tile_of = |addr: u64| {
+        let at = (addr - base) / 4;
+        (at / (64 * 8) * 8 + at % 64 / 8) as i64
+    };
+    let mut per_batch = vec![Vec::new(); 4];
+    for l in &r.launches {
+        let t = tile_of(l.args.tensors[2].addr);
+        per_batch[(t / 8) as usize].push((t % 8, l.core, l.issued));
+    }
+    for (b, launches) in per_batch.iter_mut().enumerate() {
+        assert_eq!(launches.len(), 6);
+        // Affinity by stream: the batch's stream b + 1 on thread (b + 1) % 4.
+        assert!(
+            launches.iter().all(|&(_, core, _)| core == (b + 1) % 4),
+            "batch {b}: {launches:?}"
+        );
+        // A stream issues in program order.
+        launches.sort();
+        assert!(
+            launches.windows(2).all(|p| p[0].2 <= p[1].2),
+            "batch {b}: {launches:?}"
+        );
+    }
+    let expected = w.expand(&arena, &[]).unwrap();
+    let streams: Vec<u8> = expected.iter().map(|t| t.stream).collect();
+    assert_eq!(streams, [1, 2, 3, 4].map(|s| [s; 6]).concat());
+
+    // A stream out of range ends the run, naming the call.
+    let (table, size, _, _) = streams_by_batch(|b| b + 6);
+    let mut arena = Arena::zeroed(size);
+    let e = run_semantic_with(
+        &table,
+        &mut arena.bytes,
+        &[CoreKind::Vector; 4],
+        &by_stream,
+        &RunOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("stream 9; streams are 1 to 8"),
+        "{e}"
+    );
+}

@@ -17,7 +17,7 @@
 //! | [`OP_END`] | `imm` = pc of its `LOOP` | next iteration |
 //! | [`OP_WHEN`] | `x[0]` = condition register, `imm` = target | if the condition is 0, continue at `imm` |
 //! | [`OP_JUMP`] | `imm` = target | continue at `imm` |
-//! | [`OP_CALL`] | `imm` = kernel id, `x[0]` = stream (0 = none) | one task; followed by one `ARG` per tensor argument and one `SCALAR` per scalar of the kernel |
+//! | [`OP_CALL`] | `imm` = kernel id, `x[0]` = stream (0 = none), or `x[1]` = a register holding it (e.g. a stream per batch; then `x[0]` is 0) | one task; followed by one `ARG` per tensor argument and one `SCALAR` per scalar of the kernel |
 //! | [`OP_ARG`] | `imm` = tensor, `r` = access, `x[0..rank]` = offset registers per dimension, `x[4]`, `x[5]` = extents of the last two dimensions | one tensor argument; a `NO_REG` offset is 0, a `NO_REG` extent 1 |
 //! | [`OP_SCALAR`] | `x[0]` = register | one scalar (the register's 64 bits) |
 //! | [`OP_RECORD`], [`OP_WAIT`] | `x[0]` = stream, `x[1]` = event | an event record or wait, as in the stream-ops section |
@@ -325,7 +325,11 @@ pub(crate) fn validate(
                 if stream as usize > MAX_STREAMS {
                     return Err(err(pc, "x[0]", range(stream as u64, 0, MAX_STREAMS as u64)));
                 }
-                unused(pc, ins, 1)?;
+                reg(pc, "x[1]", ins.x[1], true)?;
+                if ins.x[1] != NO_REG && stream != 0 {
+                    return Err(err(pc, "x[0]", range(stream as u64, 0, 0)));
+                }
+                unused(pc, ins, 2)?;
                 let tensors_at = pc + 1;
                 let scalars_at = tensors_at + kernel.num_tensors as usize;
                 let end = scalars_at + kernel.num_scalars as usize;

@@ -16,4 +16,5 @@ pub mod rng;
 pub mod semantic;
 pub mod shim;
 pub mod table;
+pub mod workload_file;
 pub mod workloads;

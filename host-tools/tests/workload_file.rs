@@ -1,0 +1,518 @@
+//! Workload files: the examples parse, lower, run on the shim and pass the
+//! f64 check; the MoE file is the built-in `moe` workload; malformed files
+//! are refused with errors that name the mistake and its place; a wrong
+//! result fails the check.
+
+use std::path::{Path, PathBuf};
+
+use device_runtime::exec::{RunOptions, Symbols};
+use host_tools::shim::Shim;
+use host_tools::table::Arena;
+use host_tools::workload_file::{ErrorKind, FileError, FileWorkload, WorkloadFile};
+
+fn examples() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn example(name: &str) -> WorkloadFile {
+    let path = examples()
+        .into_iter()
+        .find(|p| p.file_stem().unwrap() == name)
+        .unwrap_or_else(|| panic!("no example {name}"));
+    WorkloadFile::load(&path).unwrap()
+}
+
+/// Runs `w` on the shim (its symbols bound) and returns the arena and the
+/// number of tasks that ran.
+fn run(w: &FileWorkload) -> (Arena, usize) {
+    let shim = Shim {
+        options: RunOptions {
+            symbols: Symbols::new(&w.symbols).unwrap(),
+            ..RunOptions::default()
+        },
+        ..Shim::default()
+    };
+    let mut arena = w.arena.clone();
+    let stats = shim.run(&w.table, &mut arena.bytes).unwrap();
+    (arena, stats.tasks as usize)
+}
+
+fn passes(w: &FileWorkload, arena: &Arena) -> bool {
+    w.check(arena).iter().all(|v| v.passed())
+}
+
+fn report(w: &FileWorkload, arena: &Arena) -> String {
+    w.check(arena)
+        .iter()
+        .map(|v| format!("{v}\n"))
+        .collect::<String>()
+}
+
+#[test]
+fn every_example_runs_and_passes_the_f64_check() {
+    let files = examples();
+    assert!(files.len() >= 3, "{files:?}");
+    for path in files {
+        let file = WorkloadFile::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let w = file.build(&[]).unwrap();
+        let (arena, ran) = run(&w);
+        assert_eq!(ran, w.tasks.len(), "{}", path.display());
+        assert!(w.check_task_count(ran).passed());
+        assert!(
+            passes(&w, &arena),
+            "{}:\n{}",
+            path.display(),
+            report(&w, &arena)
+        );
+        // Every example computes something.
+        assert!(arena.bytes != w.arena.bytes, "{}", path.display());
+        // The reference's tasks are the host reference expansion's (of the
+        // program the file lowered to, reading the run's data), in order.
+        let expanded = w.program().expand(&arena, &w.symbols).unwrap();
+        assert_eq!(w.tasks, expanded, "{}", path.display());
+    }
+}
+
+#[test]
+fn a_symbol_sets_the_dense_dyn_axis() {
+    let file = example("gemm_dyn");
+    assert_eq!(file.symbol_names(), ["mt"]);
+    for mt in [0, 1, 5, 8] {
+        let w = file.build(&[("mt".into(), mt)]).unwrap();
+        assert_eq!(w.symbols, [mt]);
+        assert_eq!(w.tasks.len(), mt as usize * 16, "mt = {mt}");
+        let (arena, ran) = run(&w);
+        assert_eq!(ran, w.tasks.len());
+        assert!(passes(&w, &arena), "mt = {mt}:\n{}", report(&w, &arena));
+        // Rows of C from 32 * mt on stay zero; rows before are written.
+        let c = w.tensors.iter().find(|t| t.name == "C").unwrap();
+        let values = arena.read_f32(c);
+        let cols = c.shape[1] as usize;
+        let split = 32 * mt as usize * cols;
+        assert!(values[split..].iter().all(|&v| v == 0.0));
+        assert!(values[..split].iter().all(|&v| v != 0.0));
+    }
+    let e = file.build(&[("mt".into(), 9)]).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::Symbol);
+    assert!(e.message.contains("`mt` = 9 is outside [0, 8]"), "{e}");
+    let e = file.build(&[("rows".into(), 2)]).err().unwrap();
+    assert!(
+        e.message.contains("unknown symbol `rows` (symbols: mt)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_ragged_example_chooses_its_tile_size_by_length() {
+    let w = example("ragged_norm").build(&[]).unwrap();
+    // blocks = [3, 8, 0, 5]: 3 one-block tasks; 4 16-row tasks; none; 3
+    // tasks of 16, 16 and 8 rows.
+    let rows: Vec<u32> = w.tasks.iter().map(|t| t.args[0].2[1]).collect();
+    assert_eq!(rows, [8, 8, 8, 16, 16, 16, 16, 16, 16, 8]);
+    let (arena, _) = run(&w);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+}
+
+#[test]
+fn the_moe_file_is_the_builtin_moe_workload() {
+    use host_tools::workloads::{Params, Workload};
+    let builtin = Workload::build("moe", Params::default()).unwrap();
+    let w = example("moe").build(&[]).unwrap();
+    assert!(w.table == builtin.table, "the same program and table bytes");
+    assert_eq!(w.tensors, builtin.tensors);
+    assert!(w.arena.bytes == builtin.arena.bytes, "the same data");
+    let (arena, ran) = run(&w);
+    assert_eq!(ran, builtin.tasks);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+    // Both checks agree on the run.
+    assert!(builtin.verify(&arena).passed());
+    assert!(w.notes.is_empty(), "{:?}", w.notes);
+}
+
+#[test]
+fn a_wrong_result_fails_the_check() {
+    let w = example("gemm_dyn").build(&[]).unwrap();
+    let (good, _) = run(&w);
+    assert!(passes(&w, &good));
+    let c = w.tensors.iter().find(|t| t.name == "C").unwrap().clone();
+    // One element of C off by 1e-3: far above its f32 bound.
+    let mut bad = good.clone();
+    let mut values = bad.read_f32(&c);
+    values[129] += 1e-3;
+    bad.write_f32(&c, &values);
+    let checks = w.check(&bad);
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|v| !v.passed())
+        .map(|v| v.output.as_str())
+        .collect();
+    assert_eq!(failed, ["C"], "{}", report(&w, &bad));
+    // A write to a tensor no task writes.
+    let a = w.tensors.iter().find(|t| t.name == "A").unwrap().clone();
+    let mut bad = good.clone();
+    let mut values = bad.read_f32(&a);
+    values[0] = -values[0];
+    bad.write_f32(&a, &values);
+    let report_text = report(&w, &bad);
+    assert!(!passes(&w, &bad));
+    assert!(report_text.contains("A changed"), "{report_text}");
+    // Fewer tasks than the reference.
+    assert!(!w.check_task_count(w.tasks.len() - 1).passed());
+
+    // The router's i32 output: two tokens swapped.
+    let w = example("moe").build(&[]).unwrap();
+    let (good, _) = run(&w);
+    let tokens = w
+        .tensors
+        .iter()
+        .find(|t| t.name == "tokens")
+        .unwrap()
+        .clone();
+    let mut chosen = good.read_i32(&tokens);
+    let other = 1 + chosen[1..].iter().position(|&t| t != chosen[0]).unwrap();
+    chosen.swap(0, other);
+    let mut bad = good.clone();
+    bad.write_i32(&tokens, &chosen);
+    let text = report(&w, &bad);
+    assert!(!passes(&w, &bad));
+    assert!(
+        text.contains("tokens (i32): 2 of 64 elements differ"),
+        "{text}"
+    );
+}
+
+/// gemm_tile accumulates into C and expert_rows into out: the reference
+/// does too, and a run that overwrote instead fails.
+#[test]
+fn the_reference_accumulates_where_the_kernels_do() {
+    let text = r#"
+        [tensors]
+        A = { shape = [32, 32], init = "random", seed = 5 }
+        B = { shape = [32, 32], init = "random", seed = 6 }
+        C = { shape = [32, 32], init = "random", seed = 7 }
+
+        [[body]]
+        call = "gemm_tile"
+        args = ["A", "B", "C"]
+    "#;
+    let w = WorkloadFile::parse(text).unwrap().build(&[]).unwrap();
+    let (good, _) = run(&w);
+    assert!(passes(&w, &good), "{}", report(&w, &good));
+    // The same table on C = 0: what an overwriting kernel leaves.
+    let c = w.tensors.iter().find(|t| t.name == "C").unwrap().clone();
+    let mut zeroed = w.arena.clone();
+    zeroed.write_f32(&c, &vec![0.0; c.elements()]);
+    Shim::default().run(&w.table, &mut zeroed.bytes).unwrap();
+    let mut overwritten = good.clone();
+    overwritten.write_f32(&c, &zeroed.read_f32(&c));
+    assert!(!passes(&w, &overwritten));
+}
+
+/// The kernels the examples leave out (add, softmax), streams and events,
+/// a sequential loop, the structured region form and integer expressions.
+#[test]
+fn streams_events_and_the_other_kernels() {
+    let text = r#"
+        [symbols]
+        parts = { max = 4, default = 4 }
+
+        [tensors]
+        A = { shape = [64, 64], init = "random", seed = 11 }
+        B = { shape = [64, 64], init = "random", seed = 12, scale = 4.0 }
+        S = { shape = [64, 64] }
+        P = { shape = [64, 64] }
+        V = { shape = [8] }
+
+        [[body]]
+        stream = 1
+        body = [
+          { parallel = "i", dense_dyn = "parts", body = [
+            { call = "add", args = [
+              "A[i * 16, 0; 16 x 64]",
+              { tensor = "B", at = ["i * 16", 0], rows = 16, cols = 64 },
+              "S[(i * 48) / 3, 0 ; 16 x 64]",
+            ] },
+          ] },
+          { record = 3, stream = 1 },
+        ]
+
+        [[body]]
+        wait = 3
+        stream = 2
+
+        [[body]]
+        sequential = "i"
+        dense = 4
+        body = [
+          { call = "softmax", stream = 2, args = ["S[i * 16, 0; 16 x 64]", "P[i * 16, 0; 16 x 64]"] },
+          { when = "i % 2 == 1", then = [{ let = "unused", value = "i" }] },
+        ]
+    "#;
+    let w = WorkloadFile::parse(text).unwrap().build(&[]).unwrap();
+    assert_eq!(w.tasks.len(), 8);
+    assert_eq!(
+        w.tasks.iter().map(|t| t.stream).collect::<Vec<_>>(),
+        [1, 1, 1, 1, 2, 2, 2, 2]
+    );
+    let (arena, ran) = run(&w);
+    assert_eq!(ran, 8);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+    let text = host_tools::inspect::inspect(&w.table, false);
+    for want in ["record", "wait", "sequential", "call softmax"] {
+        assert!(text.to_lowercase().contains(want), "{want} in:\n{text}");
+    }
+}
+
+/// A minimal valid file, for the malformed variants below.
+const BASE: &str = r#"[symbols]
+n = { max = 4, default = 2 }
+
+[tensors]
+A = { shape = [64, 64], init = "random", seed = 1 }
+B = { shape = [64, 64] }
+L = { dtype = "i32", shape = [1, 4], values = [1, 2, 3, 4], input = true }
+
+[[body]]
+parallel = "i"
+dense_dyn = "n"
+body = [
+  { call = "add", args = ["A[i * 16, 0; 16 x 64]", "A[i * 16, 0; 16 x 64]", "B[i * 16, 0; 16 x 64]"] },
+]
+"#;
+
+fn refused(text: &str) -> FileError {
+    match WorkloadFile::parse(text).and_then(|f| f.build(&[]).map(|_| ())) {
+        Ok(()) => panic!("accepted:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn the_base_file_is_valid() {
+    let w = WorkloadFile::parse(BASE).unwrap().build(&[]).unwrap();
+    let (arena, _) = run(&w);
+    assert!(passes(&w, &arena));
+}
+
+#[test]
+fn malformed_files_say_what_and_where() {
+    let body = |call: &str| {
+        BASE.replace(r#"{ call = "add", args = ["A[i * 16, 0; 16 x 64]", "A[i * 16, 0; 16 x 64]", "B[i * 16, 0; 16 x 64]"] },"#, call)
+    };
+    // (file, kind, text in the message, line)
+    let cases: Vec<(String, ErrorKind, &str, Option<usize>)> = vec![
+        (
+            BASE.replace("[tensors]", "[tensors"),
+            ErrorKind::Syntax,
+            "",
+            Some(4),
+        ),
+        (
+            BASE.replace("dense_dyn = \"n\"", "dense_dyn = \"n\"\nstep = 2"),
+            ErrorKind::Syntax,
+            "unknown field `step`",
+            Some(12),
+        ),
+        (
+            body(r#"{ call = "add", dense = 4, args = [] },"#),
+            ErrorKind::Structure,
+            "`dense` does not belong in a call entry",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "add", args = ["Q[0, 0; 8 x 8]", "A[0, 0; 8 x 8]", "B[0, 0; 8 x 8]"] },"#),
+            ErrorKind::UnknownTensor,
+            "unknown tensor `Q` (tensors: A, B, L)",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "matmul", args = [] },"#),
+            ErrorKind::UnknownKernel,
+            "unknown kernel `matmul` (kernels: add, gemm_tile, rmsnorm, softmax, route_topk, expert_rows)",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "add", args = ["A[j * 16, 0; 16 x 64]", "A[0, 0; 16 x 64]", "B[0, 0; 16 x 64]"] },"#),
+            ErrorKind::UnknownName,
+            "unknown name `j` (in scope: i, n)",
+            Some(13),
+        ),
+        (
+            BASE.replace("dense_dyn = \"n\"", "dense_dyn = \"rows\""),
+            ErrorKind::Symbol,
+            "unknown symbol `rows` (symbols: n)",
+            Some(11),
+        ),
+        (
+            body(r#"{ call = "add", args = ["A[i * , 0; 16 x 64]", "A[0, 0; 16 x 64]", "B[0, 0; 16 x 64]"] },"#),
+            ErrorKind::Expression,
+            "\"A[i * , 0; 16 x 64]\", column 7 of the expression: expected a number, a name or `(`, found `, 0; 16`",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "add", args = ["A[0, 0; 16 x 64]", "B[0, 0; 16 x 64]"] },"#),
+            ErrorKind::Call,
+            "call add: 2 tensor arguments, the kernel takes 3 (a, b, c)",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "gemm_tile", args = ["A[0, 0; 32 x 32]", "A[0, 0; 16 x 32]", "B[0, 0; 32 x 32]"] },"#),
+            ErrorKind::Shape,
+            "call gemm_tile (a 32x32, b 16x32, c 32x32)",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "add", args = ["A[0, 0; 1 x 4]", "L", "B[0, 0; 1 x 4]"] },"#),
+            ErrorKind::Shape,
+            "argument 1 (b): the kernel takes f32, tensor `L` is i32",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "add", args = ["A[60, 0; 8 x 8]", "A[0, 0; 8 x 8]", "B[0, 0; 8 x 8]"] },"#),
+            ErrorKind::Shape,
+            "offset 60 + size 8 in dimension 0 is outside `A` (shape [64, 64])",
+            Some(13),
+        ),
+        (
+            body(r#"{ call = "add", args = ["A[i * 32, 0; 32 x 64]", "A[0, 0; 32 x 64]", "B[0, 0; 32 x 64]"] },"#)
+                .replace("default = 2", "default = 3"),
+            ErrorKind::Expand,
+            "call add argument 0 (A): [64, 96) in dimension 0 is outside shape [64, 64] (with i = 2)",
+            Some(13),
+        ),
+        (
+            body(r#"{ parallel = "k", ragged = { lengths = "L", at = [0, "i"], max = 1 }, body = [] },"#),
+            ErrorKind::Expand,
+            "loop count 2 outside [0, 1] (with i = 1)",
+            Some(13),
+        ),
+        (
+            body(r#"{ let = "m", value = "load(B, 0, 0)" },"#),
+            ErrorKind::Shape,
+            "load from `B`: only i32 tensors can be loaded",
+            Some(13),
+        ),
+        (
+            body(r#"{ when = "i % 2 == 1 && 1", then = [] },"#),
+            ErrorKind::Expression,
+            "column 12 of the expression: unexpected `&& 1` after the expression",
+            Some(13),
+        ),
+        (
+            body(r#"{ let = "m", value = "load(L, 0, i) + 8 / (2 - 2)" },"#),
+            ErrorKind::Expression,
+            "division by zero",
+            Some(13),
+        ),
+        (
+            BASE.replace("seed = 1 ", ""),
+            ErrorKind::Tensor,
+            "tensor `A`: init = \"random\" needs a seed",
+            Some(5),
+        ),
+        (
+            BASE.replace("values = [1, 2, 3, 4]", "values = [1, 2, 3]"),
+            ErrorKind::Tensor,
+            "tensor `L`: 3 values for 4 elements (shape [1, 4])",
+            Some(7),
+        ),
+        (
+            BASE.replace(", default = 2", ""),
+            ErrorKind::Symbol,
+            "symbol `n` has no default: give it a value (wsp: --symbol n=N)",
+            None,
+        ),
+        (
+            body(r#"{ let = "i", value = 3 },"#),
+            ErrorKind::Structure,
+            "`i` is already a loop variable here",
+            Some(13),
+        ),
+        (
+            body(r#"{ let = "m", call = "add", value = 3 },"#),
+            ErrorKind::Structure,
+            "a body entry is one thing, this one has let and call: split it",
+            Some(13),
+        ),
+        (
+            body(&(0..9).fold(String::new(), |inner, d| {
+                format!(r#"{{ parallel = "v{d}", dense = 1, body = [{inner}] }}"#)
+            })),
+            ErrorKind::Lower,
+            "loops nested deeper than 8",
+            None,
+        ),
+        (
+            body(r#"{ call = "rmsnorm", args = ["A[0, 0; 16 x 64]", "A[0, 0; 1 x 64]", "B[0, 0; 16 x 64]"], scalars = [-1.0] },"#),
+            ErrorKind::Shape,
+            "call rmsnorm",
+            Some(13),
+        ),
+        (
+            format!("x = {}1{}", "[".repeat(100), "]".repeat(100)),
+            ErrorKind::Syntax,
+            "nested deeper than 64",
+            Some(1),
+        ),
+    ];
+    for (text, kind, message, line) in cases {
+        let e = refused(&text);
+        assert_eq!(e.kind, kind, "{e}\nin:\n{text}");
+        assert!(e.message.contains(message), "{e}\nwanted: {message}");
+        assert_eq!(e.line, line, "{e}");
+    }
+}
+
+#[test]
+fn a_load_of_data_nobody_writes_needs_input() {
+    let text = BASE.replace(", input = true", "").replace(
+        r#"{ call = "add", args"#,
+        r#"{ let = "m", value = "load(L, 0, i)" },
+  { call = "add", args"#,
+    );
+    let e = refused(&text);
+    assert_eq!(e.kind, ErrorKind::Tensor);
+    assert!(
+        e.message.contains("reads `L`, which no call writes: if the host provides it, mark it `input = true` (line 7)"),
+        "{e}"
+    );
+    assert_eq!((e.line, e.column), (Some(13), Some(30)), "{e}");
+}
+
+/// Cut or damaged files give errors, never panics.
+#[test]
+fn damaged_files_never_panic() {
+    let mut texts = vec![BASE.to_string()];
+    for path in examples() {
+        texts.push(std::fs::read_to_string(path).unwrap());
+    }
+    let mut refused = 0;
+    for text in &texts {
+        let lines: Vec<&str> = text.lines().collect();
+        let mut variants = Vec::new();
+        for cut in 0..lines.len() {
+            variants.push(lines[..cut].join("\n"));
+            let mut without = lines.clone();
+            without.remove(cut);
+            variants.push(without.join("\n"));
+        }
+        for (at, c) in text.char_indices().filter(|(_, c)| c.is_ascii_digit()) {
+            let mut damaged = text.clone();
+            damaged.replace_range(at..at + c.len_utf8(), if c == '0' { "7" } else { "0" });
+            variants.push(damaged);
+        }
+        for v in variants {
+            if WorkloadFile::parse(&v).and_then(|f| f.build(&[])).is_err() {
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 50, "{refused}");
+}

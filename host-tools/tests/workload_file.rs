@@ -516,3 +516,30 @@ fn damaged_files_never_panic() {
     }
     assert!(refused > 50, "{refused}");
 }
+
+/// Routing decisions the f32 router could take either way are noted: all
+/// logits equal (x = 0) ties every pick. The device breaks the exact ties
+/// as the reference does (lowest expert), so the run still passes.
+#[test]
+fn routing_near_ties_are_noted() {
+    let text = std::fs::read_to_string(
+        examples()
+            .into_iter()
+            .find(|p| p.file_stem().unwrap() == "moe")
+            .unwrap(),
+    )
+    .unwrap()
+    .replace(
+        r#"x = { shape = [32, 64], init = "random", seed = 0x9E3779BA }"#,
+        r#"x = { shape = [32, 64] }"#,
+    );
+    let w = WorkloadFile::parse(&text).unwrap().build(&[]).unwrap();
+    assert_eq!(w.notes.len(), 1, "{:?}", w.notes);
+    assert!(
+        w.notes[0].contains("64 routing decisions are within the f32 router's error of a tie"),
+        "{}",
+        w.notes[0]
+    );
+    let (arena, _) = run(&w);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+}

@@ -49,6 +49,7 @@ use device_runtime::abi::program::{
     MAX_SYMBOLS, OP_ADD, OP_DIV, OP_EQ, OP_LE, OP_LT, OP_MAX, OP_MIN, OP_MUL, OP_REM, OP_SUB,
 };
 use device_runtime::abi::MAX_RANK;
+use device_runtime::sched::{DispatchKey, PolicyKind, Schedule};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use toml::Spanned;
@@ -163,6 +164,15 @@ struct RawFile {
     tensors: BTreeMap<String, Spanned<RawTensor>>,
     #[serde(default)]
     body: Vec<Spanned<RawNode>>,
+    schedule: Option<Spanned<RawSchedule>>,
+}
+
+/// `[schedule]`: settings of the whole workload (per-body dispatch is a
+/// `dispatch` entry).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSchedule {
+    window: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize)]
@@ -196,6 +206,8 @@ struct RawNode {
     #[serde(rename = "let")]
     let_: Option<Spanned<String>>,
     call: Option<Spanned<String>>,
+    dispatch: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
     record: Option<Spanned<u32>>,
     wait: Option<Spanned<u32>>,
     stream: Option<Spanned<u32>>,
@@ -633,6 +645,12 @@ enum Step {
         stream: u8,
         body: Vec<Step>,
     },
+    /// Calls in `body` belong to taskset `set`, dispatched by `schedule`.
+    Dispatch {
+        set: u8,
+        schedule: Schedule,
+        body: Vec<Step>,
+    },
     Event {
         record: bool,
         stream: u8,
@@ -689,9 +707,13 @@ struct Resolver<'a> {
     loads: Vec<(TensorId, usize)>,
     /// The byte offset of the expression string being resolved.
     expr_base: usize,
+    /// The dispatch schedules of tasksets 1 .., numbered as
+    /// `Workload::dispatch` numbers them (in file order).
+    tasksets: Vec<Schedule>,
 }
 
-const KIND_KEYS: [&str; 8] = [
+const KIND_KEYS: [&str; 9] = [
+    "dispatch",
     "parallel",
     "sequential",
     "select",
@@ -712,6 +734,8 @@ impl RawNode {
             ("when", self.when.is_some()),
             ("let", self.let_.is_some()),
             ("call", self.call.is_some()),
+            ("dispatch", self.dispatch.is_some()),
+            ("key", self.key.is_some()),
             ("record", self.record.is_some()),
             ("wait", self.wait.is_some()),
             ("stream", self.stream.is_some()),
@@ -991,6 +1015,7 @@ impl Resolver<'_> {
             "let" => &["value"],
             "call" => &["args", "scalars", "stream"],
             "record" | "wait" => &["stream"],
+            "dispatch" => &["key", "body"],
             _ => &["body"],
         };
         if let Some(extra) = keys.iter().find(|k| **k != kind && !allowed.contains(k)) {
@@ -1141,6 +1166,64 @@ impl Resolver<'_> {
                     record: kind == "record",
                     stream,
                     event: *event.get_ref() as u8,
+                })
+            }
+            "dispatch" => {
+                let policy = n.dispatch.as_ref().expect("the kind's key");
+                let kind = PolicyKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == policy.get_ref())
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
+                        self.err(
+                            ErrorKind::Structure,
+                            policy.span().start,
+                            format!(
+                                "dispatch policy `{}`; policies are {}",
+                                policy.get_ref(),
+                                names.join(", ")
+                            ),
+                        )
+                    })?;
+                let key = match &n.key {
+                    Some(k) => k.get_ref().parse::<DispatchKey>().map_err(|e| {
+                        self.err(
+                            ErrorKind::Structure,
+                            k.span().start,
+                            format!("dispatch key `{}`: {e}", k.get_ref()),
+                        )
+                    })?,
+                    None => DispatchKey::TaskIndex,
+                };
+                let schedule = Schedule { policy: kind, key };
+                let set = match self.tasksets.iter().position(|s| *s == schedule) {
+                    Some(i) => i + 1,
+                    None => {
+                        self.tasksets.push(schedule);
+                        self.tasksets.len()
+                    }
+                };
+                if set >= device_runtime::abi::program::MAX_TASKSETS {
+                    return Err(self.err(
+                        ErrorKind::Structure,
+                        at,
+                        format!(
+                            "{set} different dispatch schedules; a workload has at most {}",
+                            device_runtime::abi::program::MAX_TASKSETS - 1
+                        ),
+                    ));
+                }
+                let body = n
+                    .body
+                    .as_ref()
+                    .ok_or_else(|| self.need(at, "dispatch", "body"))?;
+                let depth = self.scope.len();
+                let body = self.body(body, stream)?;
+                self.scope.truncate(depth);
+                Ok(Step::Dispatch {
+                    set: set as u8,
+                    schedule,
+                    body,
                 })
             }
             _ => {
@@ -1668,6 +1751,13 @@ fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>) {
                     env.truncate(depth);
                 });
             }
+            Step::Dispatch { schedule, body, .. } => {
+                w.dispatch(schedule.policy, schedule.key, |w| {
+                    let depth = env.len();
+                    lower(w, body, env);
+                    env.truncate(depth);
+                });
+            }
             Step::Event {
                 record,
                 stream,
@@ -1696,6 +1786,8 @@ pub struct WorkloadFile {
     tensors: Vec<TensorDef>,
     symbols: Vec<SymbolDef>,
     steps: Vec<Step>,
+    /// `[schedule] window`.
+    window: Option<u32>,
 }
 
 /// Elements one tensor may have, and bytes the arena may take.
@@ -1800,6 +1892,7 @@ impl WorkloadFile {
             scope: Vec::new(),
             loads: Vec::new(),
             expr_base: 0,
+            tasksets: Vec::new(),
         };
         let steps = r.body(&raw.body, 0)?;
         // A load of data nobody writes must be of an input.
@@ -1823,6 +1916,22 @@ impl WorkloadFile {
         }
         let name = raw.name.unwrap_or_else(|| default_name.to_string());
         let summary = raw.summary.unwrap_or_default();
+        let mut window = None;
+        if let Some(w) = raw
+            .schedule
+            .as_ref()
+            .and_then(|s| s.get_ref().window.as_ref())
+        {
+            let max = device_runtime::exec::TASK_WINDOW;
+            if *w.get_ref() == 0 || *w.get_ref() as usize > max {
+                return Err(r.err(
+                    ErrorKind::Structure,
+                    w.span().start,
+                    format!("task window {}; 1 to {max} tasks", w.get_ref()),
+                ));
+            }
+            window = Some(*w.get_ref());
+        }
         let Resolver {
             tensors, symbols, ..
         } = r;
@@ -1833,6 +1942,7 @@ impl WorkloadFile {
             tensors,
             symbols,
             steps,
+            window,
         })
     }
 }
@@ -2071,6 +2181,9 @@ impl WorkloadFile {
             if t.input {
                 w.input(id);
             }
+        }
+        if let Some(n) = self.window {
+            w.window(n);
         }
         lower(&mut w, &self.steps, &mut Vec::new());
         let table = w.finish().map_err(lowering)?;
@@ -2353,6 +2466,8 @@ struct Shadow<'a> {
     written: Vec<bool>,
     notes: Vec<String>,
     iterations: u64,
+    /// The taskset of the calls being expanded.
+    taskset: u8,
 }
 
 impl<'a> Shadow<'a> {
@@ -2384,6 +2499,7 @@ impl<'a> Shadow<'a> {
             written: vec![false; layouts.len()],
             notes: Vec::new(),
             iterations: 0,
+            taskset: 0,
         }
     }
 
@@ -2547,6 +2663,13 @@ impl<'a> Shadow<'a> {
                     self.steps(body)?;
                     self.env.truncate(depth);
                 }
+                Step::Dispatch { set, body, .. } => {
+                    let (depth, outer) = (self.env.len(), self.taskset);
+                    self.taskset = *set;
+                    self.steps(body)?;
+                    self.taskset = outer;
+                    self.env.truncate(depth);
+                }
                 Step::Event { .. } => {}
             }
         }
@@ -2639,6 +2762,7 @@ impl<'a> Shadow<'a> {
             stream,
             args: expanded,
             scalars: scalars.clone(),
+            taskset: self.taskset,
         });
         let inputs: Vec<Tile> = views.iter().map(|v| self.gather(v)).collect();
         let outputs = run_kernel(kernel.name, &inputs, &scalars, &mut |note| {

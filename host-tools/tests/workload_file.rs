@@ -543,3 +543,91 @@ fn routing_near_ties_are_noted() {
     let (arena, _) = run(&w);
     assert!(passes(&w, &arena), "{}", report(&w, &arena));
 }
+
+/// A schedule in a file: a `dispatch` block gives its calls their own
+/// policy and key (a taskset), `[schedule] window` bounds the tasks in
+/// flight; both reach the device, and mistakes are refused.
+#[test]
+fn a_file_carries_its_schedule() {
+    use device_runtime::abi::Table;
+    use device_runtime::orch::StallReason;
+    use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
+    use host_tools::semantic::run_semantic_with;
+    use wsp_ffi::CoreKind;
+    let text = r#"[schedule]
+window = 3
+
+[tensors]
+A = { shape = [64, 64], init = "random", seed = 1 }
+B = { shape = [64, 64] }
+C = { shape = [64, 64] }
+
+[[body]]
+dispatch = "affinity"
+key = "loop:0"
+body = [
+  { parallel = "i", dense = 4, body = [
+    { call = "add", args = ["A[i * 16, 0; 16 x 64]", "A[i * 16, 0; 16 x 64]", "B[i * 16, 0; 16 x 64]"] },
+  ] },
+]
+
+[[body]]
+parallel = "i"
+dense = 4
+body = [
+  { call = "add", args = ["B[i * 16, 0; 16 x 64]", "B[i * 16, 0; 16 x 64]", "C[i * 16, 0; 16 x 64]"] },
+]
+"#;
+    let w = WorkloadFile::parse(text).unwrap().build(&[]).unwrap();
+    let table = Table::parse(&w.table).unwrap();
+    let info = table.program_info();
+    assert_eq!(info.window, 3);
+    assert_eq!(info.tasksets_defined, 0b11);
+    let sets: Vec<u8> = w.tasks.iter().map(|t| t.taskset).collect();
+    assert_eq!(sets, [1, 1, 1, 1, 0, 0, 0, 0]);
+    let sched = SchedConfig {
+        threads: 2,
+        policy: PolicyKind::RoundRobin,
+        key: DispatchKey::TaskIndex,
+        ..SchedConfig::default()
+    };
+    let mut arena = w.arena.clone();
+    let run = run_semantic_with(
+        &w.table,
+        &mut arena.bytes,
+        &[CoreKind::Vector; 2],
+        &sched,
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+    let set1 = run.stats.tasksets[1].unwrap();
+    assert_eq!((set1.decision, set1.placed), ("affinity", 4));
+    assert_eq!(set1.key, DispatchKey::Loop(0));
+    assert_eq!(run.stats.tasksets[0].unwrap().placed, 4);
+    let ring = run.stats.stalls.resources[StallReason::TaskRingFull as usize];
+    assert_eq!((ring.capacity, ring.high_water), (3, 3));
+
+    for (from, to, message) in [
+        ("window = 3", "window = 0", "task window 0; 1 to 256"),
+        (
+            "\"affinity\"",
+            "\"gang\"",
+            "dispatch policy `gang`; policies are",
+        ),
+        (
+            "\"loop:0\"",
+            "\"loop:x\"",
+            "dispatch key `loop:x`: expected task",
+        ),
+        (
+            "key = \"loop:0\"",
+            "stream = 2",
+            "`stream` does not belong in a dispatch",
+        ),
+    ] {
+        let e = refused(&text.replace(from, to));
+        assert!(e.to_string().contains(message), "{e} (wanted {message})");
+        assert!(e.line.is_some(), "{e}");
+    }
+}

@@ -175,6 +175,40 @@ impl Schedule {
     }
 }
 
+/// A dispatch key written as text that is not one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadKey;
+
+impl fmt::Display for BadKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("expected task, scalar:N, tile:ARG:DIM, stream or loop:N (N 0-255)")
+    }
+}
+
+impl core::str::FromStr for DispatchKey {
+    type Err = BadKey;
+
+    /// The key as [`DispatchKey`]'s `Display` writes it: `task`,
+    /// `scalar:N`, `tile:ARG:DIM`, `stream` or `loop:N`.
+    fn from_str(text: &str) -> Result<Self, BadKey> {
+        let num = |s: &str| s.parse::<u8>().map_err(|_| BadKey);
+        let mut parts = text.split(':');
+        let head = parts.next();
+        let rest = [parts.next(), parts.next(), parts.next()];
+        match (head, rest) {
+            (Some("task"), [None, ..]) => Ok(DispatchKey::TaskIndex),
+            (Some("stream"), [None, ..]) => Ok(DispatchKey::Stream),
+            (Some("loop"), [Some(n), None, _]) => Ok(DispatchKey::Loop(num(n)?)),
+            (Some("scalar"), [Some(n), None, _]) => Ok(DispatchKey::Scalar(num(n)?)),
+            (Some("tile"), [Some(a), Some(d), None]) => Ok(DispatchKey::Tile {
+                arg: num(a)?,
+                dim: num(d)?,
+            }),
+            _ => Err(BadKey),
+        }
+    }
+}
+
 impl fmt::Display for DispatchKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
@@ -586,6 +620,50 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn keys_and_schedules_round_trip_and_bad_ones_are_refused() {
+        use core::str::FromStr;
+        let keys = [
+            DispatchKey::TaskIndex,
+            DispatchKey::Stream,
+            DispatchKey::Loop(3),
+            DispatchKey::Scalar(2),
+            DispatchKey::Tile { arg: 2, dim: 1 },
+        ];
+        for key in keys {
+            let text = std::format!("{key}");
+            assert_eq!(DispatchKey::from_str(&text), Ok(key), "{text}");
+            for policy in PolicyKind::ALL {
+                let s = Schedule { policy, key };
+                assert_eq!(Schedule::decode(s.encode()), Some(s));
+            }
+        }
+        for bad in [
+            "",
+            "loop",
+            "loop:",
+            "loop:1:2",
+            "tile:1",
+            "scalar:256",
+            "task:0",
+            "gang",
+        ] {
+            assert_eq!(DispatchKey::from_str(bad), Err(BadKey), "{bad}");
+        }
+        // Encodings of keys no task can have are refused.
+        let bad_loop = Schedule {
+            policy: PolicyKind::Hash,
+            key: DispatchKey::Loop(200),
+        };
+        assert_eq!(Schedule::decode(bad_loop.encode()), None);
+        assert_eq!(Schedule::decode(0xFF), None, "policy 255");
+        assert_eq!(
+            Schedule::decode(0x0100_0000),
+            None,
+            "task key with a parameter"
+        );
     }
 
     #[test]

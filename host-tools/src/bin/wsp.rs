@@ -252,22 +252,8 @@ fn main() -> ExitCode {
 
 /// `task`, `scalar:N`, `tile:ARG:DIM`, `stream` or `loop:N`.
 fn parse_key(text: &str) -> Result<DispatchKey> {
-    let parts: Vec<&str> = text.split(':').collect();
-    let num = |s: &str| -> Result<u8> {
-        s.parse()
-            .with_context(|| format!("--key {text}: {s} is not a number 0-255"))
-    };
-    match parts.as_slice() {
-        ["task"] => Ok(DispatchKey::TaskIndex),
-        ["stream"] => Ok(DispatchKey::Stream),
-        ["loop", n] => Ok(DispatchKey::Loop(num(n)?)),
-        ["scalar", n] => Ok(DispatchKey::Scalar(num(n)?)),
-        ["tile", arg, dim] => Ok(DispatchKey::Tile {
-            arg: num(arg)?,
-            dim: num(dim)?,
-        }),
-        _ => bail!("--key {text}: expected task, scalar:N, tile:ARG:DIM, stream or loop:N"),
-    }
+    text.parse()
+        .map_err(|e| anyhow::anyhow!("--key {text}: {e}"))
 }
 
 fn run(cli: Cli) -> Result<bool> {

@@ -3,6 +3,8 @@
 //! - [`table`]: `TableBuilder` writes descriptor tables; `Arena` holds tensor data.
 //! - [`program`]: the workload language (axes, loops, calls), lowered to
 //!   the table's program that the device expands.
+//! - [`program_examples`]: small programs, one per axis and loop kind, with
+//!   checks against the host's reference expansion (shim and QEMU tests).
 //! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
 //!   their f64 checks; [`reference`] holds the f64 math.
 //! - [`shim`]: runs the device runtime on host threads.
@@ -11,6 +13,7 @@
 pub mod inspect;
 mod moe;
 pub mod program;
+pub mod program_examples;
 pub mod reference;
 pub mod rng;
 pub mod semantic;

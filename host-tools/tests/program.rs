@@ -9,76 +9,16 @@ use device_runtime::expand::ExpandError;
 use host_tools::program::{Axis, Expr, LowerError, Workload};
 use host_tools::semantic::run_semantic;
 use host_tools::shim::{Shim, ShimError};
-use host_tools::table::{seal, Arena, TensorId};
-use wsp_ffi::{
-    CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_SOFTMAX as SOFTMAX,
-};
+use host_tools::table::{seal, Arena};
+use wsp_ffi::{CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD};
 
-const T: u32 = 8;
-
-/// `y[tile] = x[tile] + x[tile]` on 8x8 tiles of 64x64 tensors.
-fn add_tile(w: &mut Workload, x: TensorId, y: TensorId, row: Expr, col: Expr) {
-    let r = row * T;
-    let c = col * T;
-    w.call(
-        ADD,
-        &[
-            x.tile(r.clone(), c.clone(), T, T),
-            x.tile(r.clone(), c.clone(), T, T),
-            y.tile(r, c, T, T),
-        ],
-        &[],
-    );
-}
+use host_tools::program_examples::{self as examples, add_tile, T};
 
 fn options(symbols: &[i64]) -> RunOptions {
     RunOptions {
         symbols: Symbols::new(symbols).unwrap(),
         ..RunOptions::default()
     }
-}
-
-/// Fills `x` with distinct values and returns the arena.
-fn arena_with_x(w: &Workload, x: TensorId, size: u64) -> Arena {
-    let mut arena = Arena::zeroed(size);
-    let n = w.layout(x).elements();
-    let values: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + 0.5).collect();
-    arena.write_f32(w.layout(x), &values);
-    arena
-}
-
-/// The tiles of `y` the run wrote (nonzero), as (tile row, tile col).
-fn written_tiles(w: &Workload, y: TensorId, arena: &Arena) -> Vec<(u32, u32)> {
-    let values = arena.read_f32(w.layout(y));
-    let cols = w.layout(y).shape[1];
-    let mut tiles = Vec::new();
-    for tr in 0..w.layout(y).shape[0] / T {
-        for tc in 0..cols / T {
-            let v = values[((tr * T) * cols + tc * T) as usize];
-            if v != 0.0 {
-                tiles.push((tr, tc));
-            }
-        }
-    }
-    tiles
-}
-
-/// The tiles the host's reference expansion writes.
-fn expected_tiles(w: &Workload, y: TensorId, arena: &Arena, symbols: &[i64]) -> Vec<(u32, u32)> {
-    let mut tiles: Vec<(u32, u32)> = w
-        .expand(arena, symbols)
-        .unwrap()
-        .iter()
-        .flat_map(|t| {
-            t.args
-                .iter()
-                .filter(|a| a.0 == y.0)
-                .map(|a| (a.1[0] / T, a.1[1] / T))
-        })
-        .collect();
-    tiles.sort();
-    tiles.dedup();
-    tiles
 }
 
 fn run_shim(table: &[u8], arena: &mut Arena, symbols: &[i64]) -> Result<u64, ShimError> {
@@ -91,31 +31,18 @@ fn run_shim(table: &[u8], arena: &mut Arena, symbols: &[i64]) -> Result<u64, Shi
 
 #[test]
 fn dense_and_dense_dyn_axes_expand_on_the_device() {
-    let mut w = Workload::new();
-    let x = w.tensor("x", &[64, 64]).unwrap();
-    let y = w.tensor("y", &[64, 64]).unwrap();
-    // rows: a symbol bound at launch; cols: fixed.
-    w.parallel(Axis::DenseDyn { symbol: 0, max: 8 }, |w, i| {
-        w.parallel(Axis::Dense(3), |w, j| add_tile(w, x, y, i, j + 1))
-    });
-    let table = w.finish().unwrap();
-    let size = w.arena_size();
+    let mut ex = examples::dense_dyn();
+    let table = ex.w.finish().unwrap();
     for rows in [0i64, 2, 5, 8] {
-        let mut arena = arena_with_x(&w, x, size);
+        let mut arena = ex.arena(None);
         let tasks = run_shim(&table, &mut arena, &[rows]).unwrap();
         assert_eq!(tasks, rows as u64 * 3, "rows = {rows}");
-        let tiles = written_tiles(&w, y, &arena);
-        assert_eq!(tiles, expected_tiles(&w, y, &arena, &[rows]));
-        assert_eq!(tiles.len(), rows as usize * 3);
-        // Values are right, not just present.
-        let (xs, ys) = (arena.read_f32(w.layout(x)), arena.read_f32(w.layout(y)));
-        for (tr, tc) in tiles {
-            let i = ((tr * T) * 64 + tc * T) as usize;
-            assert_eq!(ys[i], xs[i] + xs[i]);
-        }
+        // The tiles the reference writes, with the right values.
+        assert_eq!(ex.check(&arena, &[rows]), Ok(tasks as usize));
+        assert_eq!(ex.written_tiles(&arena).len(), rows as usize * 3);
     }
     // The same table with the symbol unbound, or out of the axis' bound.
-    let mut arena = arena_with_x(&w, x, size);
+    let mut arena = ex.arena(None);
     let e = run_shim(&table, &mut arena, &[]).unwrap_err();
     assert!(
         matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::UnboundSymbols { needed: 1, bound: 0 })),
@@ -129,80 +56,26 @@ fn dense_and_dense_dyn_axes_expand_on_the_device() {
     assert!(e.to_string().contains("loop count 9 outside [0, 8]"), "{e}");
 }
 
-/// Host-provided lengths: a ragged axis, and `when` choosing a kernel by length.
-fn ragged_workload() -> (Workload, TensorId, TensorId, TensorId, TensorId) {
-    let mut w = Workload::new();
-    let x = w.tensor("x", &[64, 64]).unwrap();
-    let y = w.tensor("y", &[64, 64]).unwrap();
-    let z = w.tensor("z", &[64, 64]).unwrap();
-    let lengths = w.tensor_i32("lengths", &[1, 8]).unwrap();
-    w.input(lengths);
-    w.parallel(Axis::Dense(8), |w, b| {
-        // Loaded once per row block, held in a register.
-        let len = w.let_(Expr::load(lengths, vec![Expr::Const(0), b.clone()]));
-        w.when(
-            len.clone().le(4),
-            |w| {
-                let b = b.clone();
-                w.parallel(
-                    Axis::Ragged {
-                        lengths,
-                        at: vec![Expr::Const(0), b.clone()],
-                        max: 8,
-                    },
-                    |w, c| add_tile(w, x, y, b, c),
-                );
-            },
-            |w| {
-                // Long rows: one softmax tier over the whole row block.
-                let r = b.clone() * T;
-                w.call(
-                    SOFTMAX,
-                    &[x.tile(r.clone(), 0, T, 64), z.tile(r, 0, T, 64)],
-                    &[],
-                );
-            },
-        );
-    });
-    (w, x, y, z, lengths)
-}
-
 #[test]
 fn ragged_axes_and_when_follow_the_data() {
-    let (mut w, x, y, z, lengths) = ragged_workload();
-    let table = w.finish().unwrap();
-    let size = w.arena_size();
+    let mut ex = examples::ragged();
+    let table = ex.w.finish().unwrap();
     for lens in [
         [0, 1, 2, 3, 4, 5, 6, 8],
         [4, 4, 4, 4, 0, 0, 0, 0],
         [8, 7, 1, 0, 5, 2, 3, 4],
     ] {
-        let mut arena = arena_with_x(&w, x, size);
-        arena.write_i32(w.layout(lengths), &lens);
+        let mut arena = ex.arena(Some(&lens));
         let tasks = run_shim(&table, &mut arena, &[]).unwrap();
-        let expected = w.expand(&arena, &[]).unwrap();
-        assert_eq!(tasks as usize, expected.len(), "{lens:?}");
         let short: u64 = lens.iter().filter(|&&l| l <= 4).map(|&l| l as u64).sum();
         let long = lens.iter().filter(|&&l| l > 4).count() as u64;
         assert_eq!(tasks, short + long, "{lens:?}");
-        assert_eq!(
-            written_tiles(&w, y, &arena),
-            expected_tiles(&w, y, &arena, &[])
-        );
-        let zs = arena.read_f32(w.layout(z));
-        for (b, &l) in lens.iter().enumerate() {
-            let row_sum: f32 = zs[b * 8 * 64..b * 8 * 64 + 64].iter().sum();
-            let softmaxed = (row_sum - 1.0).abs() < 1e-4;
-            assert_eq!(
-                softmaxed,
-                l > 4,
-                "row block {b} (length {l}): sum {row_sum}"
-            );
-        }
+        // Tiles and values against the reference expansion, and the long
+        // row blocks (only those) softmaxed.
+        assert_eq!(ex.check(&arena, &[]), Ok(tasks as usize), "{lens:?}");
     }
     // A negative length is an error naming the instruction, not a silent 0.
-    let mut arena = arena_with_x(&w, x, size);
-    arena.write_i32(w.layout(lengths), &[1, 1, 1, -3, 1, 1, 1, 1]);
+    let mut arena = ex.arena(Some(&[1, 1, 1, -3, 1, 1, 1, 1]));
     let e = run_shim(&table, &mut arena, &[]).unwrap_err();
     assert!(
         e.to_string().contains("loop count -3 outside [0, 8]"),
@@ -212,13 +85,12 @@ fn ragged_axes_and_when_follow_the_data() {
 
 #[test]
 fn the_device_expansion_matches_the_host_reference_task_for_task() {
-    let (mut w, x, _, _, lengths) = ragged_workload();
-    let table = w.finish().unwrap();
-    let mut arena = arena_with_x(&w, x, w.arena_size());
-    arena.write_i32(w.layout(lengths), &[3, 0, 6, 2, 8, 1, 4, 5]);
+    let mut ex = examples::ragged();
+    let table = ex.w.finish().unwrap();
+    let mut arena = ex.arena(Some(&[3, 0, 6, 2, 8, 1, 4, 5]));
     let kinds = [CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
     let run = run_semantic(&table, &mut arena.bytes, &kinds, &options(&[])).unwrap();
-    let expected = w.expand(&arena, &[]).unwrap();
+    let expected = ex.w.expand(&arena, &[]).unwrap();
     // Each launch's first argument view identifies its task: compare the
     // kernels and the views' shapes, in sorted order.
     let mut device: Vec<(u32, u32, u32)> = run
@@ -238,16 +110,8 @@ fn the_device_expansion_matches_the_host_reference_task_for_task() {
 #[test]
 fn a_sequential_loop_waits_for_each_iteration_and_a_parallel_one_does_not() {
     let build = |sequential: bool| {
-        let mut w = Workload::new();
-        let x = w.tensor("x", &[64, 64]).unwrap();
-        let y = w.tensor("y", &[64, 64]).unwrap();
-        let body = |w: &mut Workload, i: Expr| add_tile(w, x, y, i, Expr::Const(0));
-        if sequential {
-            w.sequential(Axis::Dense(8), body);
-        } else {
-            w.parallel(Axis::Dense(8), body);
-        }
-        (w.finish().unwrap(), w.arena_size())
+        let mut ex = examples::column(sequential);
+        (ex.w.finish().unwrap(), ex.w.arena_size())
     };
     let kinds = [CoreKind::Vector; 4];
     let mut makespans = Vec::new();
@@ -554,7 +418,10 @@ fn table_tasks_and_program_tasks_run_in_one_table() {
     });
     let table = w.finish().unwrap();
     for threads in [1, 2] {
-        let mut arena = arena_with_x(&w, x, w.arena_size());
+        let mut arena = Arena::zeroed(w.arena_size());
+        let n = w.layout(x).elements();
+        let xs: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + 0.5).collect();
+        arena.write_f32(w.layout(x), &xs);
         let shim = Shim {
             sched: device_runtime::sched::SchedConfig {
                 threads,

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 #[path = "../../xtask/src/qemu.rs"]
 mod qemu;
 
-pub use qemu::{QemuError, QemuOutcome, QemuRun};
+pub use qemu::{launch_block, QemuError, QemuOutcome, QemuRun};
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -49,6 +49,11 @@ pub fn firmware() -> PathBuf {
 /// Runs `table` with `arena` in QEMU and captures what the firmware printed
 /// and the arena it wrote back.
 pub fn run_in_qemu(table: &[u8], arena: &[u8]) -> QemuOutcome {
+    run_in_qemu_with(table, arena, None)
+}
+
+/// [`run_in_qemu`] with a launch block (see [`launch_block`]).
+pub fn run_in_qemu_with(table: &[u8], arena: &[u8], launch: Option<Vec<u8>>) -> QemuOutcome {
     let dir = std::env::temp_dir().join(format!("wsp-tests-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).expect("creating a temporary directory");
     let (table_path, arena_path) = (dir.join("table.bin"), dir.join("arena.bin"));
@@ -57,6 +62,7 @@ pub fn run_in_qemu(table: &[u8], arena: &[u8]) -> QemuOutcome {
     let mut run = QemuRun::new(firmware());
     run.table = Some(table_path);
     run.arena = Some(arena_path);
+    run.launch = launch;
     run.capture = true;
     run.timeout_secs = 120;
     let outcome = run.run().unwrap_or_else(|e| panic!("QEMU: {e}"));

@@ -1,12 +1,18 @@
 //! The same tables on the host shim and in QEMU (bare-metal aarch64, core 0
 //! scheduling, cores 1-3 running kernels): bit-identical arenas, both within
 //! the stated tolerance of the f64 reference; bad tables end with a clear
-//! error and exit status.
+//! error and exit status. Workload programs (every axis and loop kind)
+//! expand on the device in both, with symbols bound at launch through the
+//! launch block, and match the host's reference expansion.
 
+use device_runtime::abi::launch::{Launch, LaunchError};
+use device_runtime::exec::{RunOptions, Symbols};
+use device_runtime::sched::PolicyKind;
+use host_tools::program_examples::{self as examples, Example};
 use host_tools::shim::Shim;
 use host_tools::table::{seal, Arena};
 use host_tools::workloads::{Params, Workload};
-use wsp_tests::run_in_qemu;
+use wsp_tests::{launch_block, run_in_qemu, run_in_qemu_with, QemuOutcome};
 
 fn shim_and_qemu_agree(name: &str, params: Params) {
     let w = Workload::build(name, params).unwrap();
@@ -130,5 +136,142 @@ fn a_bad_table_in_qemu_names_the_field_and_exits_2() {
     assert!(
         outcome.arena_out.is_none(),
         "nothing is written back after an error"
+    );
+}
+
+/// Runs a lowered program example from `arena` on the shim and in QEMU,
+/// with `symbols` bound (in QEMU through a launch block): both succeed with
+/// the same task count, their arenas are bit-identical, and the output
+/// matches the host's reference expansion. Returns the task count.
+fn program_agrees(ex: &Example, table: &[u8], arena: &Arena, symbols: &[i64]) -> usize {
+    let mut shim_arena = arena.clone();
+    let shim = Shim {
+        options: RunOptions {
+            symbols: Symbols::new(symbols).unwrap(),
+            ..RunOptions::default()
+        },
+        ..Shim::default()
+    };
+    let stats = shim.run(table, &mut shim_arena.bytes).unwrap();
+
+    let launch = launch_block(symbols, 0, "");
+    let outcome = run_in_qemu_with(table, &arena.bytes, Some(launch));
+    assert_eq!(
+        outcome.status, 0,
+        "QEMU run failed:\n{}\n{}",
+        outcome.stdout, outcome.stderr
+    );
+    assert!(outcome.stdout.contains("RESULT OK"), "{}", outcome.stdout);
+    assert!(
+        outcome.stdout.contains(&format!("tasks={} ", stats.tasks)),
+        "shim ran {} tasks: {}",
+        stats.tasks,
+        outcome.stdout
+    );
+    let qemu_arena = Arena {
+        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
+    };
+    assert!(
+        shim_arena.bytes == qemu_arena.bytes,
+        "symbols {symbols:?}: shim and QEMU arenas differ"
+    );
+    let tasks = ex
+        .check(&qemu_arena, symbols)
+        .unwrap_or_else(|e| panic!("symbols {symbols:?}: {e}"));
+    assert_eq!(tasks, stats.tasks as usize, "the reference's task count");
+    tasks
+}
+
+#[test]
+fn dense_dyn_symbols_bind_at_launch_in_qemu_with_the_same_table() {
+    let mut ex = examples::dense_dyn();
+    let table = ex.w.finish().unwrap();
+    let arena = ex.arena(None);
+    for rows in [2i64, 5] {
+        let tasks = program_agrees(&ex, &table, &arena, &[rows]);
+        assert_eq!(tasks, 3 * rows as usize);
+    }
+}
+
+#[test]
+fn ragged_axes_and_when_follow_the_lengths_in_qemu() {
+    let mut ex = examples::ragged();
+    let table = ex.w.finish().unwrap();
+    for lens in [[8, 7, 1, 0, 5, 2, 3, 4], [0, 4, 4, 2, 6, 0, 1, 8]] {
+        let tasks = program_agrees(&ex, &table, &ex.arena(Some(&lens)), &[]);
+        let short: usize = lens.iter().filter(|&&l| l <= 4).map(|&l| l as usize).sum();
+        let long = lens.iter().filter(|&&l| l > 4).count();
+        assert_eq!(tasks, short + long, "{lens:?}");
+    }
+}
+
+#[test]
+fn a_sequential_loop_expands_in_qemu() {
+    let mut ex = examples::column(true);
+    let table = ex.w.finish().unwrap();
+    assert_eq!(program_agrees(&ex, &table, &ex.arena(None), &[]), 8);
+}
+
+/// A run that fails before any task: its status, and the error line.
+fn fails_with(outcome: &QemuOutcome, status: i32, error: &str) {
+    assert_eq!(
+        outcome.status, status,
+        "{}\n{}",
+        outcome.stdout, outcome.stderr
+    );
+    assert!(
+        outcome.stdout.contains(&format!("RESULT ERROR {error}")),
+        "wanted `{error}` in:\n{}",
+        outcome.stdout
+    );
+    assert!(outcome.arena_out.is_none(), "nothing is written back");
+}
+
+#[test]
+fn unbound_symbols_and_bad_launch_blocks_are_clear_errors_in_qemu() {
+    let mut ex = examples::dense_dyn();
+    let table = ex.w.finish().unwrap();
+    let arena = ex.arena(None);
+    // No launch block: the program's symbol is unbound.
+    let outcome = run_in_qemu_with(&table, &arena.bytes, None);
+    fails_with(
+        &outcome,
+        1,
+        "the program reads 1 symbols; the launch binds 0",
+    );
+    // A block binding no symbols is the same.
+    let outcome = run_in_qemu_with(&table, &arena.bytes, Some(launch_block(&[], 0, "")));
+    fails_with(
+        &outcome,
+        1,
+        "the program reads 1 symbols; the launch binds 0",
+    );
+    // Malformed blocks: bad magic, too many symbols.
+    let mut bad = launch_block(&[2], 0, "");
+    bad[..4].copy_from_slice(b"WSPX");
+    let outcome = run_in_qemu_with(&table, &arena.bytes, Some(bad));
+    fails_with(&outcome, 4, "invalid launch block: magic 57 53 50 58");
+    let mut bad = launch_block(&[2], 0, "");
+    bad[8..12].copy_from_slice(&17u32.to_le_bytes());
+    let outcome = run_in_qemu_with(&table, &arena.bytes, Some(bad));
+    fails_with(&outcome, 4, "invalid launch block: 17 symbols, at most 16");
+}
+
+/// The block `cargo xtask qemu` writes is the one the runtime reads.
+#[test]
+fn the_hosts_launch_block_is_the_runtimes() {
+    let block = launch_block(&[3, -7], 2, "hash");
+    let launch = Launch::parse(&block).unwrap().unwrap();
+    assert_eq!(launch.symbols, Symbols::new(&[3, -7]).unwrap());
+    assert_eq!(launch.threads, Some(2));
+    assert_eq!(launch.policy, Some(PolicyKind::Hash));
+    let mut written = [0u8; device_runtime::abi::launch::LAUNCH_MAX];
+    let len = launch.write(&mut written).unwrap();
+    assert_eq!(&written[..len], &block[..]);
+    assert_eq!(
+        Launch::parse(&launch_block(&[], 0, "best")),
+        Err(LaunchError::Policy(
+            device_runtime::sched::PolicyError::Unknown
+        ))
     );
 }

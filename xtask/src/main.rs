@@ -47,6 +47,10 @@ enum Task {
         /// Where to copy the arena the firmware writes back after a successful run.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The program's symbols, bound at launch (e.g. `--symbols 3,7`),
+        /// loaded as a launch block at 0x47ff_f000; none if absent.
+        #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+        symbols: Option<Vec<i64>>,
         /// Time limit for QEMU, in seconds.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
@@ -65,9 +69,11 @@ fn main() -> Result<()> {
             table,
             arena,
             out,
+            symbols,
             timeout_secs,
         } => {
-            let status = run_qemu(&root, table, arena, out.as_deref(), timeout_secs)?;
+            let launch = symbols.map(|s| qemu::launch_block(&s, 0, ""));
+            let status = run_qemu(&root, table, arena, launch, out.as_deref(), timeout_secs)?;
             std::process::exit(status)
         }
         Task::Ci => ci::ci(&root),
@@ -80,6 +86,7 @@ fn run_qemu(
     root: &Path,
     table: PathBuf,
     arena: Option<PathBuf>,
+    launch: Option<Vec<u8>>,
     out: Option<&Path>,
     secs: u64,
 ) -> Result<i32> {
@@ -87,6 +94,7 @@ fn run_qemu(
     let run = qemu::QemuRun {
         table: Some(table),
         arena,
+        launch,
         timeout_secs: secs,
         ..qemu::QemuRun::new(firmware)
     };

@@ -1,5 +1,5 @@
-//! Runs the pto-wsp firmware under QEMU `virt` with a descriptor table and a
-//! data arena loaded where its memory map expects them (see
+//! Runs the pto-wsp firmware under QEMU `virt` with a descriptor table, a
+//! data arena and a launch block loaded where its memory map expects them (see
 //! `linker/qemu-virt.ld`), and collects the exit status, the output and the
 //! arena the firmware writes back (`arena.out`, a semihosting file created
 //! in QEMU's working directory, which is a fresh temporary directory).
@@ -22,6 +22,10 @@ pub const QEMU: &str = "qemu-system-aarch64";
 pub const TABLE_ADDR: u64 = 0x4800_0000;
 /// Where the firmware finds the data arena.
 pub const ARENA_ADDR: u64 = 0x4900_0000;
+/// Where the firmware reads the launch block (symbols).
+pub const LAUNCH_ADDR: u64 = 0x47ff_f000;
+/// The launch block's file in QEMU's working directory.
+const LAUNCH_FILE: &str = "launch.bin";
 /// The file the firmware writes the arena to after a successful run.
 pub const ARENA_OUT: &str = "arena.out";
 /// Exit statuses of `timeout` when it stopped QEMU (SIGTERM, then SIGKILL).
@@ -36,6 +40,9 @@ pub struct QemuRun {
     pub table: Option<PathBuf>,
     /// The initial arena; without one the arena reads as zeroes.
     pub arena: Option<PathBuf>,
+    /// The launch block's bytes (see [`launch_block`]); without one the
+    /// firmware binds no symbols.
+    pub launch: Option<Vec<u8>>,
     /// Time limit, in whole seconds (at least 1: `timeout` reads 0 as none).
     pub timeout_secs: u64,
     /// Capture QEMU's stdout and stderr into the outcome instead of passing
@@ -97,14 +104,15 @@ impl QemuRun {
             firmware: firmware.into(),
             table: None,
             arena: None,
+            launch: None,
             timeout_secs: 60,
             capture: false,
         }
     }
 
     /// The command line, with relative paths made absolute; it must run in
-    /// the directory where `arena.out` is to appear.
-    pub fn command(&self) -> Result<Command, QemuError> {
+    /// `dir`, where `arena.out` is to appear (and the launch block is written).
+    pub fn command(&self, dir: &Path) -> Result<Command, QemuError> {
         let mut cmd = Command::new("timeout");
         cmd.args([
             "--foreground",
@@ -133,6 +141,11 @@ impl QemuRun {
                 cmd.arg("-device").arg(loader(&existing(file, what)?, addr));
             }
         }
+        if let Some(block) = &self.launch {
+            let path = dir.join(LAUNCH_FILE);
+            std::fs::write(&path, block).map_err(io_err(format!("writing {}", path.display())))?;
+            cmd.arg("-device").arg(loader(&path, LAUNCH_ADDR));
+        }
         Ok(cmd)
     }
 
@@ -143,8 +156,8 @@ impl QemuRun {
 
     /// Runs QEMU to the end (or the time limit) in a temporary directory.
     pub fn run(&self) -> Result<QemuOutcome, QemuError> {
-        let mut cmd = self.command()?;
         let dir = TempDir::new()?;
+        let mut cmd = self.command(&dir.0)?;
         cmd.current_dir(&dir.0).stdin(Stdio::null());
         let (status, stdout, stderr) = if self.capture {
             let out = cmd.output().map_err(io_err(format!("running {QEMU}")))?;
@@ -173,6 +186,26 @@ impl QemuRun {
             arena_out,
         })
     }
+}
+
+/// A launch block binding `symbols`, with `threads` scheduler threads (0:
+/// the firmware's default) and the dispatch policy called `policy` (empty:
+/// the default). The layout is `device_runtime::abi::launch`'s (this file
+/// uses std only; the tests check that the runtime reads it back).
+pub fn launch_block(symbols: &[i64], threads: u32, policy: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(32 + 8 * symbols.len());
+    b.extend_from_slice(b"WSPL");
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&(symbols.len() as u32).to_le_bytes());
+    b.extend_from_slice(&threads.to_le_bytes());
+    let mut name = [0u8; 16];
+    let n = policy.len().min(16);
+    name[..n].copy_from_slice(&policy.as_bytes()[..n]);
+    b.extend_from_slice(&name);
+    for v in symbols {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b
 }
 
 /// `path` made absolute, or an error naming `what` if there is no such file.

@@ -1,9 +1,11 @@
 //! The pto-wsp firmware for QEMU `virt` (aarch64, 4 cores, 512 MiB).
 //!
 //! Core 0 plays the AICPU: it starts the other cores, validates the
-//! descriptor table the host loaded at [`TABLE_ADDR`], runs it with the
-//! device runtime against the data arena at [`ARENA_ADDR`] and reports over
-//! semihosting. Cores 1-3 play AICores: each serves its mailbox, running the
+//! descriptor table the host loaded at [`TABLE_ADDR`], reads the launch
+//! block at [`LAUNCH_ADDR`] (the program's symbols; see
+//! [`device_runtime::abi::launch`]; all zeroes, as when the host loads none,
+//! bind nothing), runs the table with the device runtime against the data
+//! arena at [`ARENA_ADDR`] and reports over semihosting. Cores 1-3 play AICores: each serves its mailbox, running the
 //! kernels core 0 issues to it, until core 0 shuts it down. Their kinds are
 //! fixed by [`KINDS`].
 //!
@@ -14,7 +16,7 @@
 //!
 //! Exit status: 0 success, 1 runtime error (cores, platform, run, writing
 //! `arena.out`), 2 invalid table, 3 CPU exception ([`boot::EXIT_EXCEPTION`]),
-//! 101 panic.
+//! 4 invalid launch block, 101 panic.
 #![no_std]
 #![no_main]
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -26,10 +28,12 @@ mod psci;
 use core::fmt::Display;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use device_runtime::abi::launch::{Launch, LaunchError, LAUNCH_MAX};
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
 use device_runtime::exec::{run, RunOptions, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform};
+use device_runtime::sched::PolicyKind;
 use semihosting::println;
 use wsp_ffi::CoreKind;
 
@@ -38,6 +42,8 @@ use crate::clock::CounterClock;
 /// Where the host loads the descriptor table, and its largest size.
 const TABLE_ADDR: usize = 0x4800_0000;
 const TABLE_MAX: usize = 16 << 20;
+/// Where the host loads the launch block (the 4 KiB below the table).
+const LAUNCH_ADDR: usize = 0x47ff_f000;
 /// Where the host loads the data arena; it may reach the end of RAM.
 const ARENA_ADDR: usize = 0x4900_0000;
 const ARENA_MAX: usize = 0x6000_0000 - ARENA_ADDR;
@@ -45,6 +51,7 @@ const ARENA_MAX: usize = 0x6000_0000 - ARENA_ADDR;
 const EXIT_OK: i32 = 0;
 const EXIT_RUN: i32 = 1;
 const EXIT_TABLE: i32 = 2;
+const EXIT_LAUNCH: i32 = 4;
 const EXIT_PANIC: i32 = 101;
 
 /// Cores that run kernels: 1..CORES. Runtime core `i` is CPU `i + 1`.
@@ -93,6 +100,10 @@ extern "C" fn primary_main() -> ! {
         Ok(table) => table,
         Err(e) => fail(EXIT_TABLE, e),
     };
+    let options = match load_launch() {
+        Ok(options) => options,
+        Err(e) => fail(EXIT_LAUNCH, e),
+    };
     let arena_len = usize::try_from(table.arena_size())
         .unwrap_or(usize::MAX)
         .min(ARENA_MAX);
@@ -108,7 +119,7 @@ extern "C" fn primary_main() -> ! {
     let Some(orch) = take_orchestrator() else {
         fail(EXIT_RUN, "the orchestrator is already in use");
     };
-    let result = run(&table, arena, &mut platform, orch, &RunOptions::default());
+    let result = run(&table, arena, &mut platform, orch, &options);
     platform.shutdown();
     match result {
         Ok(stats) => {
@@ -190,6 +201,53 @@ fn load_table() -> Result<Table<'static>, TableError> {
     // is reported as truncated by `Table::parse`).
     let bytes = unsafe { core::slice::from_raw_parts(TABLE_ADDR as *const u8, len) };
     Table::parse(bytes)
+}
+
+/// The run's options from the launch block at [`LAUNCH_ADDR`]: its symbols;
+/// this firmware runs one scheduler thread, round-robin.
+fn load_launch() -> Result<RunOptions, LaunchFailure> {
+    // SAFETY: [LAUNCH_ADDR, +4 KiB) is RAM that the memory map reserves for
+    // the launch block (linker/qemu-virt.ld); QEMU's loader fills it before
+    // any core starts (zeroes if no block was given) and nothing writes it
+    // afterwards. LAUNCH_MAX is well below 4 KiB.
+    let bytes = unsafe { core::slice::from_raw_parts(LAUNCH_ADDR as *const u8, LAUNCH_MAX) };
+    let Some(launch) = Launch::parse(bytes).map_err(LaunchFailure::Invalid)? else {
+        return Ok(RunOptions::default());
+    };
+    if let Some(threads) = launch.threads.filter(|&t| t != 1) {
+        return Err(LaunchFailure::Threads(threads));
+    }
+    if let Some(policy) = launch.policy.filter(|&p| p != PolicyKind::RoundRobin) {
+        return Err(LaunchFailure::Policy(policy));
+    }
+    Ok(RunOptions {
+        symbols: launch.symbols,
+        ..RunOptions::default()
+    })
+}
+
+/// Why the launch block cannot be honoured.
+enum LaunchFailure {
+    Invalid(LaunchError),
+    Threads(usize),
+    Policy(PolicyKind),
+}
+
+impl Display for LaunchFailure {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            LaunchFailure::Invalid(e) => write!(f, "{e}"),
+            LaunchFailure::Threads(n) => write!(
+                f,
+                "launch block: {n} scheduler threads; this firmware runs 1"
+            ),
+            LaunchFailure::Policy(p) => write!(
+                f,
+                "launch block: dispatch policy {}; this firmware runs round-robin",
+                p.name()
+            ),
+        }
+    }
 }
 
 /// Reports `error` as the run's result and exits with `status`.

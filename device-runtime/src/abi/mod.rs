@@ -7,6 +7,7 @@
 
 mod checksum;
 mod error;
+pub mod launch;
 mod layout;
 pub mod program;
 mod region;

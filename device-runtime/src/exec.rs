@@ -5,8 +5,8 @@
 //! hands out ready tasks; the [scheduler threads](crate::sched::Scheduler)
 //! issue them to idle cores of their kernel's kind on their [`Platform`]s and
 //! feed completions back, so tasks run out of order and in parallel wherever
-//! the data allows. [`run`] is the one-thread form (the QEMU firmware's);
-//! the host shim runs several threads through [`crate::sched`].
+//! the data allows. [`run`] is the one-thread form; the host shim and the
+//! QEMU firmware run several threads through [`crate::sched`].
 //!
 //! This module holds what every form shares: the capacities of table runs,
 //! their options, statistics and errors.

@@ -7,9 +7,11 @@
 //!   checks against the host's reference expansion (shim and QEMU tests).
 //! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
 //!   their f64 checks; [`reference`] holds the f64 math.
+//! - [`dag`]: random DAG tables and their in-order meaning (scheduling tests).
 //! - [`shim`]: runs the device runtime on host threads.
 //! - [`inspect`]: a readable dump of any table, valid or not.
 
+pub mod dag;
 pub mod inspect;
 mod moe;
 pub mod program;

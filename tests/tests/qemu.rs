@@ -1,13 +1,15 @@
-//! The same tables on the host shim and in QEMU (bare-metal aarch64, core 0
-//! scheduling, cores 1-3 running kernels): bit-identical arenas, both within
-//! the stated tolerance of the f64 reference; bad tables end with a clear
-//! error and exit status. Workload programs (every axis and loop kind)
-//! expand on the device in both, with symbols bound at launch through the
-//! launch block, and match the host's reference expansion.
+//! The same tables on the host shim and in QEMU (bare-metal aarch64, CPUs
+//! 0-3 scheduling, CPUs 4-7 running kernels): bit-identical arenas, both
+//! within the stated tolerance of the f64 reference; bad tables end with a
+//! clear error and exit status. Workload programs (every axis and loop
+//! kind) expand on the device in both, with symbols bound at launch through
+//! the launch block, and match the host's reference expansion. Random DAGs
+//! run on four scheduler threads under every dispatch policy.
 
 use device_runtime::abi::launch::{Launch, LaunchError};
 use device_runtime::exec::{RunOptions, Symbols};
 use device_runtime::sched::PolicyKind;
+use host_tools::dag::{in_table_order, random_dag};
 use host_tools::program_examples::{self as examples, Example};
 use host_tools::shim::Shim;
 use host_tools::table::{seal, Arena};
@@ -220,7 +222,10 @@ fn fails_with(outcome: &QemuOutcome, status: i32, error: &str) {
         outcome.stdout, outcome.stderr
     );
     assert!(
-        outcome.stdout.contains(&format!("RESULT ERROR {error}")),
+        outcome
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("RESULT ERROR ") && l.contains(error)),
         "wanted `{error}` in:\n{}",
         outcome.stdout
     );
@@ -255,6 +260,91 @@ fn unbound_symbols_and_bad_launch_blocks_are_clear_errors_in_qemu() {
     bad[8..12].copy_from_slice(&17u32.to_le_bytes());
     let outcome = run_in_qemu_with(&table, &arena.bytes, Some(bad));
     fails_with(&outcome, 4, "invalid launch block: 17 symbols, at most 16");
+    // A run that fails midway on four scheduler threads: every thread stops
+    // and the error is the dispatcher's.
+    let block = launch_block(&[9], 4, "work-stealing");
+    let outcome = run_in_qemu_with(&table, &arena.bytes, Some(block));
+    fails_with(&outcome, 1, "loop count 9 outside [0, 8]");
+    // Scheduling the firmware cannot do: more threads than AICPU CPUs, an
+    // unknown policy.
+    let block = launch_block(&[2], 5, "");
+    let outcome = run_in_qemu_with(&table, &arena.bytes, Some(block));
+    fails_with(
+        &outcome,
+        4,
+        "launch block: 5 scheduler threads; this firmware runs 1 to 4",
+    );
+    let block = launch_block(&[2], 2, "fastest");
+    let outcome = run_in_qemu_with(&table, &arena.bytes, Some(block));
+    fails_with(
+        &outcome,
+        4,
+        "invalid launch block: policy: unknown dispatch policy",
+    );
+}
+
+/// The numbers after `key=` in the firmware's output, comma-separated.
+fn figures(stdout: &str, key: &str) -> Vec<u64> {
+    let at = stdout
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("no {key}= in:\n{stdout}"));
+    stdout[at + key.len() + 1..]
+        .split(|c: char| c.is_whitespace())
+        .next()
+        .unwrap()
+        .split(',')
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+/// The randomized DAG test at small size in QEMU, with four scheduler
+/// threads (CPUs 0-3) over the four AICores, under every dispatch policy:
+/// every task is issued exactly once, and the arena is bit-identical to the
+/// tasks run one by one in table order (which the shim's DAG test also
+/// matches), so every dependency (RAW, WAR, WAW) was honoured.
+#[test]
+fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
+    const TASKS: usize = 160;
+    for seed in [21, 22] {
+        let (table, data) = random_dag(seed, TASKS);
+        let expect = in_table_order(&table, &data);
+        for policy in PolicyKind::ALL {
+            let block = launch_block(&[], 4, policy.name());
+            let outcome = run_in_qemu_with(&table, &data.bytes, Some(block));
+            let what = format!("seed {seed} {}", policy.name());
+            assert_eq!(
+                outcome.status, 0,
+                "{what}: QEMU run failed:\n{}\n{}",
+                outcome.stdout, outcome.stderr
+            );
+            assert!(
+                outcome.stdout.contains(&format!("tasks={TASKS} ")),
+                "{what}: {}",
+                outcome.stdout
+            );
+            assert!(
+                outcome.stdout.contains("threads=4 "),
+                "{what}: {}",
+                outcome.stdout
+            );
+            let per_thread = figures(&outcome.stdout, "per_thread");
+            let per_core = figures(&outcome.stdout, "per_core");
+            assert_eq!(per_thread.len(), 4, "{what}: {}", outcome.stdout);
+            assert_eq!(per_core.len(), 4, "{what}: {}", outcome.stdout);
+            assert_eq!(per_thread.iter().sum::<u64>(), TASKS as u64, "{what}");
+            assert_eq!(per_core.iter().sum::<u64>(), TASKS as u64, "{what}");
+            if policy == PolicyKind::RoundRobin {
+                // Round-robin alternates between the threads owning a kind:
+                // all four scheduler threads and cores are busy.
+                assert!(per_thread.iter().all(|&n| n > 0), "{what}: {per_thread:?}");
+            }
+            let arena = outcome.arena_out.expect("the firmware writes arena.out");
+            assert!(
+                arena == expect,
+                "{what}: QEMU differs from the in-order run"
+            );
+        }
+    }
 }
 
 /// The block `cargo xtask qemu` writes is the one the runtime reads.

@@ -51,6 +51,13 @@ enum Task {
         /// loaded as a launch block at 0x47ff_f000; none if absent.
         #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
         symbols: Option<Vec<i64>>,
+        /// Scheduler threads, 1 to 4 (CPUs 0-3; CPUs 4-7 are the AICores). Default 1.
+        #[arg(long)]
+        threads: Option<u32>,
+        /// Dispatch policy: round-robin (the default), affinity, hash,
+        /// work-stealing, shared, adaptive.
+        #[arg(long)]
+        policy: Option<String>,
         /// Time limit for QEMU, in seconds.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
@@ -70,9 +77,19 @@ fn main() -> Result<()> {
             arena,
             out,
             symbols,
+            threads,
+            policy,
             timeout_secs,
         } => {
-            let launch = symbols.map(|s| qemu::launch_block(&s, 0, ""));
+            // A launch block only when something is bound or chosen.
+            let launch = (symbols.is_some() || threads.is_some() || policy.is_some()).then(|| {
+                let symbols = symbols.unwrap_or_default();
+                qemu::launch_block(
+                    &symbols,
+                    threads.unwrap_or(0),
+                    policy.as_deref().unwrap_or(""),
+                )
+            });
             let status = run_qemu(&root, table, arena, launch, out.as_deref(), timeout_secs)?;
             std::process::exit(status)
         }

@@ -126,7 +126,7 @@ impl QemuRun {
             "-cpu",
             "cortex-a57",
             "-smp",
-            "4",
+            "8",
             "-m",
             "512M",
         ]);

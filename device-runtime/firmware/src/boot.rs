@@ -12,9 +12,9 @@
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
 
-/// Cores the firmware runs on (QEMU `-smp 4`); a core with a higher
+/// Cores the firmware runs on (QEMU `-smp 8`); a core with a higher
 /// MPIDR_EL1.Aff0 parks at once.
-pub const CORES: usize = 4;
+pub const CORES: usize = 8;
 /// Stack of each core.
 pub const STACK_SIZE: usize = 256 * 1024;
 // `mov` in the boot code takes the size as one immediate.

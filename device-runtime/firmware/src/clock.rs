@@ -5,6 +5,7 @@ use core::arch::asm;
 use device_runtime::platform::Clock;
 
 /// Reads CNTVCT_EL0; its rate is CNTFRQ_EL0 (62.5 MHz under QEMU `virt`).
+#[derive(Clone, Copy)]
 pub struct CounterClock {
     frequency: u64,
 }

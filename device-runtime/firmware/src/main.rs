@@ -1,18 +1,24 @@
-//! The pto-wsp firmware for QEMU `virt` (aarch64, 4 cores, 512 MiB).
+//! The pto-wsp firmware for QEMU `virt` (aarch64, 8 CPUs, 512 MiB).
 //!
-//! Core 0 plays the AICPU: it starts the other cores, validates the
-//! descriptor table the host loaded at [`TABLE_ADDR`], reads the launch
-//! block at [`LAUNCH_ADDR`] (the program's symbols; see
+//! CPUs 0-3 play the AICPU, CPUs 4-7 the AICores. CPU 0 reads the launch
+//! block the host loaded at [`LAUNCH_ADDR`] (the program's symbols, the
+//! number of scheduler threads and the dispatch policy; see
 //! [`device_runtime::abi::launch`]; all zeroes, as when the host loads none,
-//! bind nothing), runs the table with the device runtime against the data
-//! arena at [`ARENA_ADDR`] and reports over semihosting. Cores 1-3 play AICores: each serves its mailbox, running the
-//! kernels core 0 issues to it, until core 0 shuts it down. Their kinds are
-//! fixed by [`KINDS`].
+//! mean no symbols, one thread, round-robin), starts the CPUs the run
+//! needs, validates the descriptor table at [`TABLE_ADDR`] and runs it with
+//! the device runtime against the data arena at [`ARENA_ADDR`]: CPU 0 is
+//! the dispatcher and scheduler thread 0, CPUs 1 .. threads run scheduler
+//! threads 1 .., and it reports over semihosting. Each AICore serves its
+//! mailbox, running the kernels issued to it, until CPU 0 shuts it down.
+//! AICore CPU `4 + c` is the run's core `c`, of kind [`KINDS`]`[c]`;
+//! scheduler thread `t` of `n` owns cores `t * 4 / n .. (t + 1) * 4 / n`.
 //!
 //! Output (semihosting stdout): on success the run's statistics
-//! (`tasks=.. wall_us=.. cycles=.. per_core=..`, tasks per core) and
-//! `RESULT OK`, on failure `RESULT ERROR <reason>`. On success the arena is
-//! written to the semihosting file `arena.out` (QEMU's working directory).
+//! (`tasks=.. wall_us=.. cycles=.. per_core=..`, tasks per core, then
+//! `threads=.. policy=.. per_thread=..`, tasks each scheduler thread
+//! issued) and `RESULT OK`, on failure `RESULT ERROR <reason>`. On success
+//! the arena is written to the semihosting file `arena.out` (QEMU's working
+//! directory).
 //!
 //! Exit status: 0 success, 1 runtime error (cores, platform, run, writing
 //! `arena.out`), 2 invalid table, 3 CPU exception ([`boot::EXIT_EXCEPTION`]),
@@ -20,30 +26,37 @@
 #![no_std]
 #![no_main]
 #![forbid(unsafe_op_in_unsafe_fn)]
+// Without `alloc` a run error (which may carry a deadlock report) cannot be
+// boxed; it ends the run, so its size costs no hot path.
+#![allow(clippy::large_enum_variant, clippy::result_large_err)]
 
 mod boot;
 mod clock;
 mod psci;
 
+use core::cell::UnsafeCell;
 use core::fmt::Display;
+use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use device_runtime::abi::launch::{Launch, LaunchError, LAUNCH_MAX};
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
-use device_runtime::exec::{run, RunOptions, TableOrchestrator};
+use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform};
-use device_runtime::sched::PolicyKind;
-use semihosting::println;
+use device_runtime::sched::{
+    drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
+};
+use semihosting::{print, println};
 use wsp_ffi::CoreKind;
 
 use crate::clock::CounterClock;
 
+/// Where the host loads the launch block (the 4 KiB below the table).
+const LAUNCH_ADDR: usize = 0x47ff_f000;
 /// Where the host loads the descriptor table, and its largest size.
 const TABLE_ADDR: usize = 0x4800_0000;
 const TABLE_MAX: usize = 16 << 20;
-/// Where the host loads the launch block (the 4 KiB below the table).
-const LAUNCH_ADDR: usize = 0x47ff_f000;
 /// Where the host loads the data arena; it may reach the end of RAM.
 const ARENA_ADDR: usize = 0x4900_0000;
 const ARENA_MAX: usize = 0x6000_0000 - ARENA_ADDR;
@@ -54,21 +67,36 @@ const EXIT_TABLE: i32 = 2;
 const EXIT_LAUNCH: i32 = 4;
 const EXIT_PANIC: i32 = 101;
 
-/// Cores that run kernels: 1..CORES. Runtime core `i` is CPU `i + 1`.
-const WORKERS: usize = boot::CORES - 1;
-/// The kind of each worker: CPUs 1 and 2 are cube cores, CPU 3 a vector core.
-static KINDS: [CoreKind; WORKERS] = [CoreKind::Cube, CoreKind::Cube, CoreKind::Vector];
+/// CPUs that play the AICPU: 0 .. AICPUS, one scheduler thread each at most.
+const AICPUS: usize = 4;
+/// Cores that run kernels: CPUs AICPUS .. CORES. Runtime core `c` is CPU `AICPUS + c`.
+const WORKERS: usize = boot::CORES - AICPUS;
+/// The kind of each worker: cube and vector alternate, so that every
+/// scheduler thread of two owns one of each.
+static KINDS: [CoreKind; WORKERS] = [
+    CoreKind::Cube,
+    CoreKind::Vector,
+    CoreKind::Cube,
+    CoreKind::Vector,
+];
 /// One mailbox per worker, indexed like [`KINDS`].
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
-/// The orchestrator of core 0 (about 120 KiB: too large for its stack).
+/// The queues between the dispatcher and the scheduler threads.
+static QUEUES: Queues = Queues::new();
+/// The orchestrator of CPU 0 (about 120 KiB: too large for its stack).
 static ORCHESTRATOR: OrchestratorCell = OrchestratorCell {
-    cell: core::cell::UnsafeCell::new(TableOrchestrator::for_tables()),
+    cell: UnsafeCell::new(TableOrchestrator::for_tables()),
     taken: AtomicBool::new(false),
+};
+/// The validated table, shared by every scheduler thread for the whole run.
+static TABLE: TableCell = TableCell {
+    cell: UnsafeCell::new(MaybeUninit::uninit()),
+    set: AtomicBool::new(false),
 };
 
 /// The orchestrator's static home, handed out once by [`take_orchestrator`].
 struct OrchestratorCell {
-    cell: core::cell::UnsafeCell<TableOrchestrator>,
+    cell: UnsafeCell<TableOrchestrator>,
     taken: AtomicBool,
 }
 
@@ -85,46 +113,155 @@ fn take_orchestrator() -> Option<&'static mut TableOrchestrator> {
     Some(unsafe { &mut *ORCHESTRATOR.cell.get() })
 }
 
-/// Bit `cpu` is set once that CPU is up and about to serve its mailbox.
+/// The table's static home, set once by [`keep_table`].
+struct TableCell {
+    cell: UnsafeCell<MaybeUninit<Table<'static>>>,
+    set: AtomicBool,
+}
+
+// SAFETY: the cell is written once, by `keep_table` before it hands out any
+// reference (guarded by the atomic flag); afterwards it is only read, and a
+// `Table` only refers to immutable bytes.
+unsafe impl Sync for TableCell {}
+
+/// Keeps `table` for the rest of the run; `None` if one is kept already.
+fn keep_table(table: Table<'static>) -> Option<&'static Table<'static>> {
+    if TABLE.set.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    // SAFETY: the flag above makes this the only write, and no reference to
+    // the cell exists before it returns.
+    Some(unsafe { (*TABLE.cell.get()).write(table) })
+}
+
+/// A scheduler thread (1 .. AICPUS) of the run.
+type Sched = Scheduler<'static, MailboxPlatform<'static, CounterClock>>;
+
+/// Scheduler thread `t`, handed from CPU 0 to CPU `t` and back: CPU 0
+/// [`give`](Handoff::give)s it, CPU `t` [`serve`](Handoff::serve)s the run
+/// with it, and CPU 0 [`wait`](Handoff::wait)s for it to collect its figures.
+struct Handoff {
+    sched: UnsafeCell<MaybeUninit<Sched>>,
+    result: UnsafeCell<Option<RunError>>,
+    state: AtomicU32,
+}
+
+/// [`Handoff::state`]: nothing given, given, being served, served.
+const EMPTY: u32 = 0;
+const GIVEN: u32 = 1;
+const SERVING: u32 = 2;
+const SERVED: u32 = 3;
+
+// SAFETY: the state moves EMPTY -> GIVEN (CPU 0, after writing the cell) ->
+// SERVING (CPU t, which alone uses the cells until) -> SERVED (after which
+// only CPU 0 reads them); each move publishes with Release and is observed
+// with Acquire, so exactly one CPU touches the cells at any time.
+unsafe impl Sync for Handoff {}
+
+static HANDOFFS: [Handoff; AICPUS] = [const {
+    Handoff {
+        sched: UnsafeCell::new(MaybeUninit::uninit()),
+        result: UnsafeCell::new(None),
+        state: AtomicU32::new(EMPTY),
+    }
+}; AICPUS];
+
+impl Handoff {
+    /// CPU 0: hands `sched` to the CPU that serves this handoff. `false`
+    /// if one was given already.
+    fn give(&self, sched: Sched) -> bool {
+        if self.state.load(Ordering::Acquire) != EMPTY {
+            return false;
+        }
+        // SAFETY: in state EMPTY no other CPU touches the cell, and only CPU
+        // 0 gives; the Release store below publishes the write.
+        unsafe { (*self.sched.get()).write(sched) };
+        self.state.store(GIVEN, Ordering::Release);
+        true
+    }
+
+    /// CPU `t`: waits for its scheduler, serves the run with it, hands it back.
+    fn serve(&self) {
+        while self
+            .state
+            .compare_exchange(GIVEN, SERVING, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            core::hint::spin_loop();
+        }
+        // SAFETY: in state SERVING this CPU alone uses the cells (see the
+        // `Sync` impl); the Acquire above saw `give`'s initialising write.
+        let sched = unsafe { (*self.sched.get()).assume_init_mut() };
+        let result = sched.serve().err();
+        // SAFETY: as above; the Release store below publishes it to CPU 0.
+        unsafe { *self.result.get() = result };
+        self.state.store(SERVED, Ordering::Release);
+    }
+
+    /// CPU 0: waits until the run was served; the scheduler (for its
+    /// figures) and its error, if it failed.
+    fn wait(&self) -> (&Sched, Option<RunError>) {
+        while self.state.load(Ordering::Acquire) != SERVED {
+            core::hint::spin_loop();
+        }
+        // SAFETY: in state SERVED the serving CPU no longer touches the cells
+        // (its last access came before its Release store, which the Acquire
+        // above observed), and `give` initialised the scheduler.
+        unsafe { ((*self.sched.get()).assume_init_ref(), *self.result.get()) }
+    }
+}
+
+/// Bit `cpu` is set once that CPU is up.
 static ONLINE: AtomicU32 = AtomicU32::new(0);
-/// How long core 0 waits for the workers to come up.
+/// How long CPU 0 waits for the other CPUs to come up.
 const ONLINE_TIMEOUT_MS: u64 = 1000;
 
-/// Core 0, called by the boot code with a stack, FP on and `.bss` zeroed.
+/// CPU 0, called by the boot code with a stack, FP on and `.bss` zeroed.
 extern "C" fn primary_main() -> ! {
     let clock = CounterClock::new();
-    if let Err(e) = start_workers(&clock) {
+    let (options, sched) = match load_launch() {
+        Ok(launch) => launch,
+        Err(e) => fail(EXIT_LAUNCH, e),
+    };
+    if let Err(e) = start_cpus(&clock, sched.threads) {
         fail(EXIT_RUN, e);
     }
     let table = match load_table() {
         Ok(table) => table,
         Err(e) => fail(EXIT_TABLE, e),
     };
-    let options = match load_launch() {
-        Ok(options) => options,
-        Err(e) => fail(EXIT_LAUNCH, e),
+    let Some(table) = keep_table(table) else {
+        fail(EXIT_RUN, "the table is already kept");
     };
     let arena_len = usize::try_from(table.arena_size())
         .unwrap_or(usize::MAX)
         .min(ARENA_MAX);
     // SAFETY: [ARENA_ADDR, +ARENA_MAX) is RAM that the memory map reserves for
     // the arena (linker/qemu-virt.ld); nothing else in the image refers to it,
-    // so this is its only reference. The workers touch it only through the
-    // tensor views `run` issues to them, under `IssuePort::issue`'s contract.
+    // so this is its only reference until the run ends. The scheduler threads
+    // turn it into tensor views only for the kernels they issue, under
+    // `IssuePort::issue`'s contract.
     let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
-    let mut platform = match MailboxPlatform::new(&MAILBOXES, &KINDS, clock) {
-        Ok(platform) => platform,
-        Err(e) => fail(EXIT_RUN, e),
-    };
-    let Some(orch) = take_orchestrator() else {
-        fail(EXIT_RUN, "the orchestrator is already in use");
-    };
-    let result = run(&table, arena, &mut platform, orch, &options);
-    platform.shutdown();
+    let result = run_threads(table, Arena::new(arena), clock, &options, &sched);
+    MAILBOXES.iter().for_each(CoreMailbox::request_exit);
     match result {
         Ok(stats) => {
             println!("{stats}");
-            if let Err(e) = semihosting::fs::write(c"arena.out", &*arena) {
+            print!(
+                "threads={} policy={} per_thread=",
+                sched.threads, stats.policy
+            );
+            for (i, t) in stats.threads().iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                print!("{sep}{}", t.issued);
+            }
+            println!();
+            // SAFETY: the run is over: every scheduler thread has handed its
+            // scheduler back (`Handoff::wait`) and no core holds a task, so
+            // nothing uses the arena view any more; this shared slice is
+            // the only access from here on.
+            let arena = unsafe { core::slice::from_raw_parts(ARENA_ADDR as *const u8, arena_len) };
+            if let Err(e) = semihosting::fs::write(c"arena.out", arena) {
                 fail(EXIT_RUN, format_args!("writing arena.out: {e}"));
             }
             println!("RESULT OK");
@@ -134,10 +271,114 @@ extern "C" fn primary_main() -> ! {
     }
 }
 
+/// Why a run did not complete.
+enum RunFailure {
+    Run(RunError),
+    Platform(device_runtime::platform::PlatformError),
+    Internal(&'static str),
+}
+
+impl Display for RunFailure {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RunFailure::Run(e) => write!(f, "{e}"),
+            RunFailure::Platform(e) => write!(f, "platform: {e}"),
+            RunFailure::Internal(e) => f.write_str(e),
+        }
+    }
+}
+
+/// The cores of scheduler thread `t` of `threads`: `start .. end`.
+fn cores_of(t: usize, threads: usize) -> core::ops::Range<usize> {
+    t * WORKERS / threads..(t + 1) * WORKERS / threads
+}
+
+/// Runs `table` with `sched.threads` scheduler threads: this CPU is the
+/// dispatcher and thread 0, CPUs 1 .. threads serve the others.
+fn run_threads(
+    table: &'static Table<'static>,
+    arena: Arena<'static>,
+    clock: CounterClock,
+    options: &RunOptions,
+    sched: &SchedConfig,
+) -> Result<RunStats, RunFailure> {
+    let threads = sched.threads;
+    let global: [u16; WORKERS] = core::array::from_fn(|c| c as u16);
+    let mut schedulers: [Option<Sched>; AICPUS] = [const { None }; AICPUS];
+    let mut kinds = [[false; 2]; AICPUS];
+    for t in 0..threads {
+        let cores = cores_of(t, threads);
+        let platform =
+            MailboxPlatform::new(&MAILBOXES[cores.clone()], &KINDS[cores.clone()], clock)
+                .map_err(RunFailure::Platform)?;
+        let scheduler = Scheduler::new(
+            t,
+            threads,
+            platform,
+            &global[cores],
+            table,
+            arena,
+            &QUEUES,
+            options,
+        )
+        .map_err(|e| RunFailure::Run(RunError::Config(e)))?;
+        kinds[t] = scheduler.kinds();
+        schedulers[t] = Some(scheduler);
+    }
+    let mut policy = sched
+        .policy
+        .build()
+        .map_err(|e| RunFailure::Run(RunError::Config(ConfigError::Policy(e))))?;
+    let orch =
+        take_orchestrator().ok_or(RunFailure::Internal("the orchestrator is already in use"))?;
+    let mut dispatcher = Dispatcher::new(
+        table,
+        arena,
+        options,
+        orch,
+        &QUEUES,
+        &mut policy,
+        sched,
+        &kinds[..threads],
+    )
+    .map_err(RunFailure::Run)?;
+    let mut leader = schedulers[0]
+        .take()
+        .ok_or(RunFailure::Internal("no scheduler thread 0"))?;
+    for (t, scheduler) in schedulers.iter_mut().enumerate().skip(1) {
+        if let Some(scheduler) = scheduler.take() {
+            if !HANDOFFS[t].give(scheduler) {
+                return Err(RunFailure::Internal("a scheduler thread was given twice"));
+            }
+        }
+    }
+    let tps = clock.ticks_per_second();
+    let start = leader.platform().now();
+    let led = drive_leader(&mut dispatcher, &mut leader);
+    let wall = leader.platform().now().wrapping_sub(start);
+    let mut stats = RunStats::collect(&dispatcher, core::slice::from_ref(&leader), tps, wall);
+    let mut failure = None;
+    for handoff in &HANDOFFS[1..threads] {
+        let (scheduler, error) = handoff.wait();
+        stats.add_thread(scheduler);
+        if let Some(e) = error {
+            failure.get_or_insert(e);
+        }
+    }
+    match (led, failure) {
+        (Err(RunError::ThreadFailed), Some(e)) | (Ok(()), Some(e)) | (Err(e), _) => {
+            Err(RunFailure::Run(e))
+        }
+        (Ok(()), None) => Ok(stats),
+    }
+}
+
 /// CPUs 1..CORES, called by the boot code with their CPU number.
 extern "C" fn secondary_main(cpu: usize) -> ! {
     ONLINE.fetch_or(1 << cpu, Ordering::Release);
-    if serve(&MAILBOXES[cpu - 1], core::hint::spin_loop).is_err() {
+    if cpu < AICPUS {
+        HANDOFFS[cpu].serve();
+    } else if serve(&MAILBOXES[cpu - AICPUS], core::hint::spin_loop).is_err() {
         semihosting::eprintln!("cpu {cpu}: its mailbox is already served");
     }
     loop {
@@ -146,19 +387,23 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
     }
 }
 
-/// Starts the workers and waits until each has come up.
-fn start_workers(clock: &CounterClock) -> Result<(), StartError> {
+/// Starts the CPUs a run with `threads` scheduler threads needs (1 ..
+/// threads and every worker) and waits until each has come up.
+fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
     let entry = boot::_start_secondary as *const () as usize as u64;
-    for cpu in 1..boot::CORES as u64 {
+    let needed = (1..threads).chain(AICPUS..boot::CORES);
+    let mut all = 0u32;
+    for cpu in needed {
         // MPIDR affinity of CPU n on `virt` (up to 8 CPUs): Aff0 = n.
+        let cpu = cpu as u64;
         psci::cpu_on(cpu, entry, cpu).map_err(|e| StartError::CpuOn { cpu, error: e })?;
+        all |= 1 << cpu;
     }
-    let all = ((1u32 << boot::CORES) - 1) & !1;
     let start = clock.now();
     let limit = ONLINE_TIMEOUT_MS * clock.ticks_per_second() / 1000;
     loop {
         let online = ONLINE.load(Ordering::Acquire);
-        if online == all {
+        if online & all == all {
             return Ok(());
         }
         if clock.now().wrapping_sub(start) > limit {
@@ -203,34 +448,39 @@ fn load_table() -> Result<Table<'static>, TableError> {
     Table::parse(bytes)
 }
 
-/// The run's options from the launch block at [`LAUNCH_ADDR`]: its symbols;
-/// this firmware runs one scheduler thread, round-robin.
-fn load_launch() -> Result<RunOptions, LaunchFailure> {
+/// The run's options and scheduling from the launch block at
+/// [`LAUNCH_ADDR`]: its symbols, 1 to [`AICPUS`] scheduler threads (1 if it
+/// does not say) and its dispatch policy (round-robin if it does not say).
+fn load_launch() -> Result<(RunOptions, SchedConfig), LaunchFailure> {
     // SAFETY: [LAUNCH_ADDR, +4 KiB) is RAM that the memory map reserves for
     // the launch block (linker/qemu-virt.ld); QEMU's loader fills it before
     // any core starts (zeroes if no block was given) and nothing writes it
     // afterwards. LAUNCH_MAX is well below 4 KiB.
     let bytes = unsafe { core::slice::from_raw_parts(LAUNCH_ADDR as *const u8, LAUNCH_MAX) };
-    let Some(launch) = Launch::parse(bytes).map_err(LaunchFailure::Invalid)? else {
-        return Ok(RunOptions::default());
+    let launch = Launch::parse(bytes).map_err(LaunchFailure::Invalid)?;
+    let Some(launch) = launch else {
+        return Ok((RunOptions::default(), SchedConfig::default()));
     };
-    if let Some(threads) = launch.threads.filter(|&t| t != 1) {
+    let threads = launch.threads.unwrap_or(1);
+    if threads > AICPUS {
         return Err(LaunchFailure::Threads(threads));
     }
-    if let Some(policy) = launch.policy.filter(|&p| p != PolicyKind::RoundRobin) {
-        return Err(LaunchFailure::Policy(policy));
-    }
-    Ok(RunOptions {
+    let sched = SchedConfig {
+        threads,
+        policy: launch.policy.unwrap_or_default(),
+        ..SchedConfig::default()
+    };
+    let options = RunOptions {
         symbols: launch.symbols,
         ..RunOptions::default()
-    })
+    };
+    Ok((options, sched))
 }
 
 /// Why the launch block cannot be honoured.
 enum LaunchFailure {
     Invalid(LaunchError),
     Threads(usize),
-    Policy(PolicyKind),
 }
 
 impl Display for LaunchFailure {
@@ -239,12 +489,7 @@ impl Display for LaunchFailure {
             LaunchFailure::Invalid(e) => write!(f, "{e}"),
             LaunchFailure::Threads(n) => write!(
                 f,
-                "launch block: {n} scheduler threads; this firmware runs 1"
-            ),
-            LaunchFailure::Policy(p) => write!(
-                f,
-                "launch block: dispatch policy {}; this firmware runs round-robin",
-                p.name()
+                "launch block: {n} scheduler threads; this firmware runs 1 to {AICPUS}"
             ),
         }
     }

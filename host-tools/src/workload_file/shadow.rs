@@ -1,0 +1,373 @@
+//! The f64 reference: the expansion, executed task by task on a shadow
+//! of the arena.
+
+use device_runtime::abi::MAX_RANK;
+use wsp_ffi::{KernelInfo, TileShape, DTYPE_I32};
+
+use super::call::describe_shapes;
+use super::expr::{arith, RExpr};
+use super::kernels::{run_kernel, Tile};
+use super::resolve::{RAxis, RRegion, Step};
+use super::{ErrorKind, FileError, Src};
+use crate::program::Expanded;
+use crate::table::{Arena, TensorId, TensorLayout};
+
+/// Tasks the reference expands at most, and loop iterations.
+const MAX_TASKS: usize = 1 << 22;
+const MAX_ITERATIONS: u64 = 1 << 26;
+
+/// A region's 2-D view: `rows` x `cols` elements from `first`, rows
+/// `stride` apart.
+struct View {
+    tensor: usize,
+    first: usize,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+}
+
+pub(super) struct Shadow<'a> {
+    src: &'a Src<'a>,
+    layouts: &'a [TensorLayout],
+    symbols: &'a [i64],
+    pub(super) val: Vec<Vec<f64>>,
+    pub(super) err: Vec<Vec<f64>>,
+    /// Per slot in scope: its value, whether it is a select's value (read
+    /// from `indices` at the slot's value), and its name.
+    env: Vec<(i64, Option<TensorId>, String)>,
+    pub(super) tasks: Vec<Expanded>,
+    pub(super) written: Vec<bool>,
+    pub(super) notes: Vec<String>,
+    iterations: u64,
+    /// The taskset of the calls being expanded.
+    taskset: u8,
+}
+
+impl<'a> Shadow<'a> {
+    pub(super) fn new(
+        src: &'a Src<'a>,
+        layouts: &'a [TensorLayout],
+        arena: &Arena,
+        symbols: &'a [i64],
+    ) -> Self {
+        let val = layouts
+            .iter()
+            .map(|l| {
+                if l.dtype == DTYPE_I32 {
+                    arena.read_i32(l).iter().map(|&v| v as f64).collect()
+                } else {
+                    arena.read_f32(l).iter().map(|&v| v as f64).collect()
+                }
+            })
+            .collect();
+        let err = layouts.iter().map(|l| vec![0.0; l.elements()]).collect();
+        Shadow {
+            src,
+            layouts,
+            symbols,
+            val,
+            err,
+            env: Vec::new(),
+            tasks: Vec::new(),
+            written: vec![false; layouts.len()],
+            notes: Vec::new(),
+            iterations: 0,
+            taskset: 0,
+        }
+    }
+
+    /// An expansion error at `at`, with the loop indices in scope.
+    fn fail(&self, at: usize, message: String) -> FileError {
+        let scope: Vec<String> = self
+            .env
+            .iter()
+            .filter(|(_, lazy, name)| lazy.is_none() && !name.is_empty())
+            .map(|(v, _, name)| format!("{name} = {v}"))
+            .collect();
+        let with = if scope.is_empty() {
+            String::new()
+        } else {
+            format!(" (with {})", scope.join(", "))
+        };
+        self.src
+            .at(ErrorKind::Expand, Some(at), format!("{message}{with}"))
+    }
+
+    fn load(&self, t: TensorId, index: &[i64]) -> Result<i64, String> {
+        let l = &self.layouts[t.0 as usize];
+        let mut flat = 0usize;
+        for (d, &i) in index.iter().enumerate() {
+            if i < 0 || i >= l.shape[d] as i64 {
+                return Err(format!(
+                    "load({}, {}): index {i} outside dimension {d} of shape {:?}",
+                    l.name,
+                    index
+                        .iter()
+                        .map(|i| i.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    l.shape
+                ));
+            }
+            flat = flat * l.shape[d] as usize + i as usize;
+        }
+        Ok(self.val[t.0 as usize][flat] as i64)
+    }
+
+    fn eval(&self, e: &RExpr) -> Result<i64, String> {
+        match e {
+            RExpr::Const(v) => Ok(*v),
+            RExpr::Slot(s) => match &self.env[*s] {
+                (v, None, _) => Ok(*v),
+                (j, Some(indices), _) => self.load(*indices, &[0, *j]),
+            },
+            RExpr::Symbol(s) => Ok(self.symbols[*s as usize]),
+            RExpr::Load(t, index) => {
+                let index = index
+                    .iter()
+                    .map(|i| self.eval(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.load(*t, &index)
+            }
+            RExpr::Bin(op, a, b) => {
+                arith(*op, self.eval(a)?, self.eval(b)?).map_err(|m| m.to_string())
+            }
+        }
+    }
+
+    fn count(&mut self, n: i64, max: u32, at: usize) -> Result<i64, FileError> {
+        if n < 0 || n > max as i64 {
+            return Err(self.fail(at, format!("loop count {n} outside [0, {max}]")));
+        }
+        self.iterations += n as u64;
+        if self.iterations > MAX_ITERATIONS {
+            return Err(self.fail(
+                at,
+                format!("the loops run more than {MAX_ITERATIONS} iterations"),
+            ));
+        }
+        Ok(n)
+    }
+
+    pub(super) fn steps(&mut self, steps: &[Step]) -> Result<(), FileError> {
+        let depth = self.env.len();
+        for step in steps {
+            match step {
+                Step::Loop {
+                    var,
+                    axis,
+                    body,
+                    at,
+                    ..
+                } => {
+                    let (n, max) = match axis {
+                        RAxis::Dense(n) => (*n as i64, *n),
+                        RAxis::DenseDyn { symbol, max } => (self.symbols[*symbol as usize], *max),
+                        RAxis::Ragged {
+                            lengths,
+                            at: index,
+                            max,
+                        } => {
+                            let index = index
+                                .iter()
+                                .map(|i| self.eval(i))
+                                .collect::<Result<Vec<_>, _>>()
+                                .and_then(|i| self.load(*lengths, &i))
+                                .map_err(|m| self.fail(*at, m))?;
+                            (index, *max)
+                        }
+                    };
+                    for i in 0..self.count(n, max, *at)? {
+                        self.env.push((i, None, var.clone()));
+                        self.steps(body)?;
+                        self.env.pop();
+                    }
+                }
+                Step::Select {
+                    indptr,
+                    indices,
+                    row,
+                    max,
+                    slot,
+                    value,
+                    body,
+                    at,
+                } => {
+                    let (start, end) = self
+                        .eval(row)
+                        .and_then(|r| {
+                            let next = r.checked_add(1).ok_or("arithmetic overflow")?;
+                            Ok((
+                                self.load(*indptr, &[0, r])?,
+                                self.load(*indptr, &[0, next])?,
+                            ))
+                        })
+                        .map_err(|m| self.fail(*at, m))?;
+                    for v in 0..self.count(end - start, *max, *at)? {
+                        let j = start + v;
+                        self.env.push((j, None, slot.clone()));
+                        self.env.push((j, Some(*indices), value.clone()));
+                        self.steps(body)?;
+                        self.env.truncate(self.env.len() - 2);
+                    }
+                }
+                Step::When {
+                    cond,
+                    then,
+                    otherwise,
+                    at,
+                } => {
+                    let c = self.eval(cond).map_err(|m| self.fail(*at, m))?;
+                    self.steps(if c != 0 { then } else { otherwise })?;
+                }
+                Step::Let { name, value, at } => {
+                    let v = self.eval(value).map_err(|m| self.fail(*at, m))?;
+                    self.env.push((v, None, name.clone()));
+                }
+                Step::Call {
+                    kernel,
+                    stream,
+                    args,
+                    scalars,
+                    at,
+                } => self.call(kernel, *stream, args, scalars, *at)?,
+                Step::Stream { body, .. } => {
+                    let depth = self.env.len();
+                    self.steps(body)?;
+                    self.env.truncate(depth);
+                }
+                Step::Dispatch { set, body, .. } => {
+                    let (depth, outer) = (self.env.len(), self.taskset);
+                    self.taskset = *set;
+                    self.steps(body)?;
+                    self.taskset = outer;
+                    self.env.truncate(depth);
+                }
+                Step::Event { .. } => {}
+            }
+        }
+        self.env.truncate(depth);
+        Ok(())
+    }
+
+    fn call(
+        &mut self,
+        kernel: &KernelInfo,
+        stream: u8,
+        args: &[RRegion],
+        scalars: &[RExpr],
+        at: usize,
+    ) -> Result<(), FileError> {
+        if self.tasks.len() == MAX_TASKS {
+            return Err(self.fail(at, format!("more than {MAX_TASKS} tasks")));
+        }
+        let mut expanded = Vec::new();
+        let mut views = Vec::new();
+        let mut shapes = Vec::new();
+        for (k, r) in args.iter().enumerate() {
+            let l = &self.layouts[r.tensor.0 as usize];
+            let rank = l.shape.len();
+            let what = format!("call {} argument {k} ({})", kernel.name, l.name);
+            let mut offset = [0u32; MAX_RANK];
+            let mut extent = [1u32; MAX_RANK];
+            let mut ext = vec![1i64; rank];
+            ext[rank - 1] = self.eval(&r.cols).map_err(|m| self.fail(at, m))?;
+            if rank >= 2 {
+                ext[rank - 2] = self.eval(&r.rows).map_err(|m| self.fail(at, m))?;
+            }
+            let mut first = 0usize;
+            for d in 0..rank {
+                let o = self.eval(&r.offset[d]).map_err(|m| self.fail(at, m))?;
+                let dim = l.shape[d] as i64;
+                if o < 0 || ext[d] < 1 || o.saturating_add(ext[d]) > dim {
+                    return Err(self.fail(
+                        at,
+                        format!(
+                            "{what}: [{o}, {}) in dimension {d} is outside shape {:?}",
+                            o.saturating_add(ext[d]),
+                            l.shape
+                        ),
+                    ));
+                }
+                offset[d] = o as u32;
+                extent[d] = ext[d] as u32;
+                let stride: usize = l.shape[d + 1..].iter().map(|&s| s as usize).product();
+                first += o as usize * stride;
+            }
+            let cols = extent[rank - 1] as usize;
+            let (rows, stride) = if rank >= 2 {
+                (extent[rank - 2] as usize, l.shape[rank - 1] as usize)
+            } else {
+                (1, cols)
+            };
+            shapes.push(TileShape {
+                rows: rows as u32,
+                cols: cols as u32,
+                dtype: l.dtype,
+            });
+            views.push(View {
+                tensor: r.tensor.0 as usize,
+                first,
+                rows,
+                cols,
+                stride,
+            });
+            expanded.push((r.tensor.0, offset, extent));
+        }
+        let scalars = scalars
+            .iter()
+            .map(|s| self.eval(s).map(|v| v as u64))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| self.fail(at, m))?;
+        if let Err(e) = kernel.check(&shapes, &scalars) {
+            return Err(self.fail(
+                at,
+                format!(
+                    "call {} ({}): {e}",
+                    kernel.name,
+                    describe_shapes(kernel, &shapes)
+                ),
+            ));
+        }
+        let task = self.tasks.len();
+        self.tasks.push(Expanded {
+            kernel: kernel.id,
+            stream,
+            args: expanded,
+            scalars: scalars.clone(),
+            taskset: self.taskset,
+        });
+        let inputs: Vec<Tile> = views.iter().map(|v| self.gather(v)).collect();
+        let outputs = run_kernel(kernel.name, &inputs, &scalars, &mut |note| {
+            self.notes
+                .push(format!("task {task} ({}): {note}", kernel.name))
+        });
+        for ((view, spec), tile) in views.iter().zip(kernel.tensor_args).zip(outputs) {
+            if let (true, Some(tile)) = (spec.access.writes(), tile) {
+                self.scatter(view, &tile);
+                self.written[view.tensor] = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn gather(&self, v: &View) -> Tile {
+        let mut t = Tile::new(v.rows, v.cols);
+        for r in 0..v.rows {
+            let from = v.first + r * v.stride;
+            t.v[r * v.cols..(r + 1) * v.cols]
+                .copy_from_slice(&self.val[v.tensor][from..from + v.cols]);
+            t.e[r * v.cols..(r + 1) * v.cols]
+                .copy_from_slice(&self.err[v.tensor][from..from + v.cols]);
+        }
+        t
+    }
+
+    fn scatter(&mut self, v: &View, t: &Tile) {
+        for r in 0..v.rows {
+            let to = v.first + r * v.stride;
+            self.val[v.tensor][to..to + v.cols].copy_from_slice(&t.v[r * v.cols..(r + 1) * v.cols]);
+            self.err[v.tensor][to..to + v.cols].copy_from_slice(&t.e[r * v.cols..(r + 1) * v.cols]);
+        }
+    }
+}

@@ -884,16 +884,17 @@ impl Lower {
         }
     }
 
-    /// An operand register: `NO_REG` when `e` is the constant `none`; a
-    /// value already in `cache` (computed for the same call) is reused.
+    /// An operand register: `NO_REG` when `e` is the constant `none` (if
+    /// the operand has such a default); a value already in `cache`
+    /// (computed for the same call) is reused.
     fn operand(
         &mut self,
         e: &Expr,
-        none: i64,
+        none: Option<i64>,
         cache: &mut Vec<(Expr, u8)>,
     ) -> Result<u8, LowerError> {
         if let Expr::Const(v) = e {
-            if *v == none {
+            if Some(*v) == none {
                 return Ok(NO_REG);
             }
         }
@@ -1070,31 +1071,24 @@ impl Lower {
             }
             let mut x = [NO_REG; 6];
             for (d, o) in region.offset.iter().enumerate() {
-                x[d] = self.operand(o, 0, &mut cache)?;
+                x[d] = self.operand(o, Some(0), &mut cache)?;
             }
             if rank >= 2 {
-                x[4] = self.operand(&region.rows, 1, &mut cache)?;
+                x[4] = self.operand(&region.rows, Some(1), &mut cache)?;
             } else if region.rows != Expr::Const(1) {
                 return Err(bad(format!("argument {k}: a rank-1 tensor has 1 row")));
             }
-            x[5] = self.operand(&region.cols, 1, &mut cache)?;
+            x[5] = self.operand(&region.cols, Some(1), &mut cache)?;
             operands.push(x);
         }
         let mut scalar_regs = Vec::new();
         for s in scalars {
-            scalar_regs.push(self.operand(s, 0, &mut cache)?);
+            scalar_regs.push(self.operand(s, Some(0), &mut cache)?);
         }
         // A stream computed on the device; `NO_REG` for a fixed one.
         let stream_reg = match stream_of {
             Some(e) => {
-                let r = match cache.iter().find(|(c, _)| c == e) {
-                    Some(&(_, r)) => r,
-                    None => {
-                        let r = self.expr(e)?;
-                        cache.push((e.clone(), r));
-                        r
-                    }
-                };
+                let r = self.operand(e, None, &mut cache)?;
                 scalar_regs.push(r);
                 r
             }

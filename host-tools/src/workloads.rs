@@ -89,6 +89,18 @@ impl Verification {
         self.worst_error_over_bound <= 1.0
     }
 
+    /// The failed check of an arena of `len` bytes where `expected` were due.
+    pub(crate) fn arena_size(len: usize, expected: usize) -> Self {
+        Verification {
+            output: format!("arena of {len} bytes (expected {expected})"),
+            elements: 0,
+            max_abs_err: f64::INFINITY,
+            max_rel_err: f64::INFINITY,
+            worst_error_over_bound: f64::INFINITY,
+            tolerance: "arena size must match",
+        }
+    }
+
     pub(crate) fn compare(
         output: &str,
         got: &[f32],
@@ -156,18 +168,7 @@ impl Workload {
     /// Checks an arena after a run.
     pub fn verify(&self, arena: &Arena) -> Verification {
         if arena.bytes.len() != self.arena.bytes.len() {
-            return Verification {
-                output: format!(
-                    "arena of {} bytes (expected {})",
-                    arena.bytes.len(),
-                    self.arena.bytes.len()
-                ),
-                elements: 0,
-                max_abs_err: f64::INFINITY,
-                max_rel_err: f64::INFINITY,
-                worst_error_over_bound: f64::INFINITY,
-                tolerance: "arena size must match",
-            };
+            return Verification::arena_size(arena.bytes.len(), self.arena.bytes.len());
         }
         (self.check)(arena)
     }

@@ -16,6 +16,30 @@ use host_tools::table::{seal, Arena};
 use host_tools::workloads::{Params, Workload};
 use wsp_tests::{launch_block, run_in_qemu, run_in_qemu_with, QemuOutcome};
 
+/// The arena of a QEMU run that succeeded after running `tasks` tasks
+/// (`what` names the run in failure messages).
+fn ran(outcome: &QemuOutcome, tasks: usize, what: &str) -> Vec<u8> {
+    assert_eq!(
+        outcome.status, 0,
+        "{what}: QEMU run failed:\n{}\n{}",
+        outcome.stdout, outcome.stderr
+    );
+    assert!(
+        outcome.stdout.contains("RESULT OK"),
+        "{what}: {}",
+        outcome.stdout
+    );
+    assert!(
+        outcome.stdout.contains(&format!("tasks={tasks} ")),
+        "{what}: expected {tasks} tasks: {}",
+        outcome.stdout
+    );
+    outcome
+        .arena_out
+        .clone()
+        .expect("the firmware writes arena.out")
+}
+
 fn shim_and_qemu_agree(name: &str, params: Params) {
     let w = Workload::build(name, params).unwrap();
     let mut shim_arena = w.arena.clone();
@@ -25,19 +49,8 @@ fn shim_and_qemu_agree(name: &str, params: Params) {
     assert_eq!(stats.tasks as usize, w.tasks);
 
     let outcome = run_in_qemu(&w.table, &w.arena.bytes);
-    assert_eq!(
-        outcome.status, 0,
-        "QEMU run failed:\n{}\n{}",
-        outcome.stdout, outcome.stderr
-    );
-    assert!(outcome.stdout.contains("RESULT OK"), "{}", outcome.stdout);
-    assert!(
-        outcome.stdout.contains(&format!("tasks={}", w.tasks)),
-        "{}",
-        outcome.stdout
-    );
     let qemu_arena = Arena {
-        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
+        bytes: ran(&outcome, w.tasks, name),
     };
 
     let shim_check = w.verify(&shim_arena);
@@ -158,20 +171,12 @@ fn program_agrees(ex: &Example, table: &[u8], arena: &Arena, symbols: &[i64]) ->
 
     let launch = launch_block(symbols, 0, "");
     let outcome = run_in_qemu_with(table, &arena.bytes, Some(launch));
-    assert_eq!(
-        outcome.status, 0,
-        "QEMU run failed:\n{}\n{}",
-        outcome.stdout, outcome.stderr
-    );
-    assert!(outcome.stdout.contains("RESULT OK"), "{}", outcome.stdout);
-    assert!(
-        outcome.stdout.contains(&format!("tasks={} ", stats.tasks)),
-        "shim ran {} tasks: {}",
-        stats.tasks,
-        outcome.stdout
-    );
     let qemu_arena = Arena {
-        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
+        bytes: ran(
+            &outcome,
+            stats.tasks as usize,
+            &format!("symbols {symbols:?}"),
+        ),
     };
     assert!(
         shim_arena.bytes == qemu_arena.bytes,
@@ -312,25 +317,13 @@ fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
             let block = launch_block(&[], 4, policy.name());
             let outcome = run_in_qemu_with(&table, &data.bytes, Some(block));
             let what = format!("seed {seed} {}", policy.name());
-            assert_eq!(
-                outcome.status, 0,
-                "{what}: QEMU run failed:\n{}\n{}",
-                outcome.stdout, outcome.stderr
-            );
-            assert!(
-                outcome.stdout.contains(&format!("tasks={TASKS} ")),
-                "{what}: {}",
-                outcome.stdout
-            );
-            assert!(
-                outcome.stdout.contains("threads=4 "),
-                "{what}: {}",
-                outcome.stdout
-            );
-            let per_thread = figures(&outcome.stdout, "per_thread");
-            let per_core = figures(&outcome.stdout, "per_core");
-            assert_eq!(per_thread.len(), 4, "{what}: {}", outcome.stdout);
-            assert_eq!(per_core.len(), 4, "{what}: {}", outcome.stdout);
+            let arena = ran(&outcome, TASKS, &what);
+            let stdout = &outcome.stdout;
+            assert!(stdout.contains("threads=4 "), "{what}: {}", stdout);
+            let per_thread = figures(stdout, "per_thread");
+            let per_core = figures(stdout, "per_core");
+            assert_eq!(per_thread.len(), 4, "{what}: {}", stdout);
+            assert_eq!(per_core.len(), 4, "{what}: {}", stdout);
             assert_eq!(per_thread.iter().sum::<u64>(), TASKS as u64, "{what}");
             assert_eq!(per_core.iter().sum::<u64>(), TASKS as u64, "{what}");
             if policy == PolicyKind::RoundRobin {
@@ -338,7 +331,6 @@ fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
                 // all four scheduler threads and cores are busy.
                 assert!(per_thread.iter().all(|&n| n > 0), "{what}: {per_thread:?}");
             }
-            let arena = outcome.arena_out.expect("the firmware writes arena.out");
             assert!(
                 arena == expect,
                 "{what}: QEMU differs from the in-order run"

@@ -16,18 +16,10 @@ impl FileWorkload {
     /// the tasks write, and one for the others (unchanged).
     pub fn check(&self, arena: &Arena) -> Vec<Verification> {
         if arena.bytes.len() != self.arena.bytes.len() {
-            return vec![Verification {
-                output: format!(
-                    "arena of {} bytes (expected {})",
-                    arena.bytes.len(),
-                    self.arena.bytes.len()
-                ),
-                elements: 0,
-                max_abs_err: f64::INFINITY,
-                max_rel_err: f64::INFINITY,
-                worst_error_over_bound: f64::INFINITY,
-                tolerance: "arena size must match",
-            }];
+            return vec![Verification::arena_size(
+                arena.bytes.len(),
+                self.arena.bytes.len(),
+            )];
         }
         let mut out = Vec::new();
         let mut unchanged = Vec::new();

@@ -39,7 +39,7 @@ pub const TENSORMAP_ENTRIES: usize = MAX_TENSOR_ARGS * TASK_WINDOW;
 /// DepList nodes of table runs (fan-in edges of the tasks in the window).
 pub const DEPLIST_NODES: usize = 8 * TASK_WINDOW;
 
-/// The orchestrator a table run uses (about 120 KiB: on the device, place it
+/// The orchestrator a table run uses (about 140 KiB: on the device, place it
 /// in a `static`). Tables carry no intermediate buffers, so its heap ring is empty.
 pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
 

@@ -49,10 +49,12 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
         let n = 1 + rng.below(3) as usize;
         let args: Vec<TaskArg> = (0..n)
             .map(|_| {
-                // Mostly small regions packed into one TensorMap cell (many
-                // conflicts); some spread over cell boundaries (64 elements),
-                // some wider than a cell, a few so large that lookups scan
-                // every bucket.
+                // Mostly small regions packed close together (many
+                // conflicts); some over cell boundaries, some wider than
+                // their tensor's cells, a few so large that lookups scan
+                // every bucket. A tensor's cells fit the region of its
+                // first entry while none is live, so shapes change as the
+                // run goes.
                 let (span, size) = match rng.below(20) {
                     0..=13 => (12, 4),
                     14..=17 => (200, 40),

@@ -83,7 +83,7 @@ static KINDS: [CoreKind; WORKERS] = [
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
 /// The queues between the dispatcher and the scheduler threads.
 static QUEUES: Queues = Queues::new();
-/// The orchestrator of CPU 0 (about 120 KiB: too large for its stack).
+/// The orchestrator of CPU 0 (about 140 KiB: too large for its stack).
 static ORCHESTRATOR: OrchestratorCell = OrchestratorCell {
     cell: UnsafeCell::new(TableOrchestrator::for_tables()),
     taken: AtomicBool::new(false),

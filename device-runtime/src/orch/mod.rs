@@ -418,7 +418,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             next: self.next,
             found: None,
         };
-        let place = TensorMap::<TMAP>::place(tensor, region);
+        let place = self.tmap.place(tensor, region);
         // A read conflicts with writer entries only, and records nothing.
         self.tmap.scan(&place, tensor, region, false, false, &mut v);
         v.found
@@ -528,7 +528,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         let id = self.next;
         let mut places = [Place::default(); MAX_TENSOR_ARGS];
         for (place, a) in places.iter_mut().zip(args) {
-            *place = TensorMap::<TMAP>::place(a.tensor, &a.region);
+            *place = self.tmap.place(a.tensor, &a.region);
         }
         let places = &places[..args.len()];
         // Each producer is a distinct live task, so a pool with room for one
@@ -630,6 +630,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// task's fan-in. Returns their number. A fresh mark per pass dedups
     /// producers met through several arguments (a stalled submission is
     /// retried with the same id, so the mark cannot derive from the id).
+    #[inline(always)]
     fn wire(
         &mut self,
         id: TaskId,

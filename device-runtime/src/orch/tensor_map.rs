@@ -25,20 +25,29 @@
 //! new writer, which waits for them). Unlinking shortens chains; the ring
 //! space comes back when the task retires.
 //!
-//! Entries are found by place, not only by tensor: a region whose extent is
-//! at most [`CELL`] elements in every dimension (every kernel tile is) goes
-//! to the bucket of its tensor and of the cell holding its first element;
-//! a larger region goes to its tensor's "wide" bucket. A lookup probes the
-//! cells its region touches, plus, in every dimension, the cell before them
-//! if some live entry reaches over its origin cell's boundary (tiles aligned
-//! to their size never do), plus the wide bucket
-//! if any wide entry is live. So the writes of many independent tiles of one
-//! tensor (a GEMM's output) do not sit in one chain that every new tile
-//! scans: an aligned tile probes one bucket. A lookup that would probe more
-//! than [`MAX_PROBES`] cells (a region much larger than a cell) scans every
-//! bucket instead: always correct, and rare (kernel tiles never need it).
-//! Two cells may share a bucket; a bucket scanned twice costs time only
-//! (the caller counts each producer once).
+//! Entries are found by place, not only by tensor. A tensor's elements are
+//! split into cells, boxes whose extent is a power of two in every
+//! dimension, and an entry goes to the bucket of its tensor and of the cell
+//! holding its first element. The cells are sized to the tensor's tiles:
+//! the first region placed on a tensor fixes its cell shape (per
+//! dimension, the power of two at or above the region's extent), and the
+//! shape stays as long as an entry placed with it is in the ring; after
+//! that, the next region fits it anew. So the writes of many independent
+//! tiles of one tensor (a GEMM's output, a MoE layer's rows) sit in
+//! separate chains: an aligned tile probes one bucket, and meets only the
+//! entries of its own tile. Shapes are kept per slot of [`SHAPES`]
+//! (tensor `t` uses slot `t % SHAPES`); tensors that share a slot share a
+//! shape, which costs time only.
+//!
+//! A region larger than its tensor's cell in some dimension is *wide*: it
+//! goes to its tensor's wide bucket. A lookup probes the cells its region
+//! touches, plus, in every dimension, the cell before them if a live entry
+//! of the slot reaches over its origin cell's boundary (tiles aligned to
+//! their size never do), plus the wide bucket if a wide entry of the slot
+//! is live. A lookup that would probe more than [`MAX_PROBES`] cells (a
+//! region much larger than the tiles) scans every bucket instead: always
+//! correct, and rare. Two cells may share a bucket; a bucket scanned twice
+//! costs time only (the caller counts each producer once).
 //!
 //! Sizing: a task uses one entry per tensor argument until it retires, so
 //! `N >= task window x arguments per task` means the TensorMap never stalls
@@ -49,12 +58,13 @@ use crate::abi::{Region, MAX_RANK};
 /// Buckets of the TensorMap (a power of two); entries hash by tensor and cell.
 pub const BUCKETS: usize = 1024;
 
-/// Edge of a cell, in elements, in every dimension (the largest kernel
-/// tile is 64 x 64).
-pub const CELL: u32 = 64;
+/// Cell-shape slots (a power of two): tensor `t` uses slot `t % SHAPES`.
+pub const SHAPES: usize = 256;
 
-/// Most cells one lookup probes before it scans every bucket instead.
-pub const MAX_PROBES: u64 = 16;
+/// Most cells one lookup probes before it scans every bucket instead (a
+/// probe costs a hash and two chain heads; a scan of every bucket costs
+/// `2 x BUCKETS` chain heads).
+pub const MAX_PROBES: u64 = 64;
 
 /// The cell coordinates of a wide entry's bucket.
 const WIDE: [u32; MAX_RANK] = [u32::MAX; MAX_RANK];
@@ -90,6 +100,48 @@ const EMPTY: Entry = Entry {
     next: NONE,
 };
 
+/// The cell shape of a slot's tensors, and which kinds of entries placed
+/// with it may still be live.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    /// Per dimension, the bits of an element index above the cell's
+    /// extent (a power of two): an element's cell is its index AND this.
+    mask: [u32; MAX_RANK],
+    /// The head when a submission last placed an argument with this shape:
+    /// its entries, if it commits, are there or after. Below the tail, no
+    /// entry uses the shape, and the next region fits it anew.
+    newest: u64,
+    /// Position of the newest entry that reaches over its origin cell's
+    /// boundary. Below the tail, no live entry does, and lookups need not
+    /// probe back a cell.
+    crossing: u64,
+    /// Position of the newest wide entry. Below the tail, lookups need not
+    /// probe the wide bucket.
+    wide: u64,
+}
+
+const UNUSED: Shape = Shape {
+    mask: [u32::MAX; MAX_RANK],
+    newest: NONE,
+    crossing: NONE,
+    wide: NONE,
+};
+
+/// The cell masks for tiles of `extent` elements: per dimension, the bits
+/// above the smallest power of two at or above the extent (all bits for an
+/// extent of 1; only the top bit for 0 and for extents over 2^31, so that a
+/// cell never holds more than 2^31 elements).
+#[inline(always)]
+fn fit(extent: [u32; MAX_RANK]) -> [u32; MAX_RANK] {
+    // Smears the highest set bit of `extent - 1` down (shifts by constants,
+    // so that it compiles to vector ops): the bits below the power of two.
+    let mut below = extent.map(|e| e.wrapping_sub(1));
+    for s in [1, 2, 4, 8, 16] {
+        below = core::array::from_fn(|d| below[d] | below[d] >> s);
+    }
+    below.map(|b| !b | 1 << 31)
+}
+
 /// What a scan asks its caller about the tasks of the entries it meets.
 pub trait Visitor {
     /// Whether `task` has not completed; the entries of one that has are
@@ -104,6 +156,8 @@ pub struct TensorMap<const N: usize> {
     entries: [Entry; N],
     /// Per bucket: the newest reader entry and the newest writer entry.
     buckets: [[u64; 2]; BUCKETS],
+    /// Cell shapes, per slot of tensors.
+    shapes: [Shape; SHAPES],
     /// Position the next entry gets.
     head: u64,
     /// Oldest position not reclaimed.
@@ -113,12 +167,6 @@ pub struct TensorMap<const N: usize> {
     pending: [u64; PENDING],
     /// How many covered entries the scans since [`TensorMap::begin`] found.
     pending_len: usize,
-    /// Position of the newest cell-bucketed entry that reaches over its
-    /// origin cell's boundary (`NONE`: none yet). Below the tail, no live
-    /// entry does, and lookups need not probe back a cell.
-    crossing: u64,
-    /// Position of the newest wide entry (`NONE`: none yet).
-    wide: u64,
 }
 
 /// Multiplicative hash of a tensor and a cell. The key packs the tensor
@@ -135,24 +183,16 @@ fn bucket(tensor: u32, cell: [u32; MAX_RANK]) -> usize {
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> BUCKET_SHIFT) as usize
 }
 
-/// The cell holding a region's first element.
-#[inline(always)]
-fn origin_cell(region: &Region) -> [u32; MAX_RANK] {
-    region.offset.map(|o| o / CELL)
-}
+/// Cells of one lookup: the first and last cell of a box, and the cell mask.
+type Cells = ([u32; MAX_RANK], [u32; MAX_RANK], [u32; MAX_RANK]);
 
-/// The cell holding a region's last element.
+/// The next cell of the box `lo..=hi` of cells of `mask`, odometer style;
+/// `false` after the last.
 #[inline(always)]
-fn last_cell(region: &Region) -> [u32; MAX_RANK] {
-    core::array::from_fn(|d| region.offset[d].saturating_add(region.extent[d].max(1) - 1) / CELL)
-}
-
-/// The next cell of the box `lo..=hi`, odometer style; `false` after the last.
-#[inline(always)]
-fn next_cell(cell: &mut [u32; MAX_RANK], lo: &[u32; MAX_RANK], hi: &[u32; MAX_RANK]) -> bool {
+fn next_cell(cell: &mut [u32; MAX_RANK], (lo, hi, mask): &Cells) -> bool {
     for d in 0..MAX_RANK {
         if cell[d] < hi[d] {
-            cell[d] += 1;
+            cell[d] += !mask[d] + 1;
             return true;
         }
         cell[d] = lo[d];
@@ -168,26 +208,37 @@ pub struct Place {
     /// The bucket of the entry: its tensor's and origin cell's, or its
     /// tensor's wide bucket.
     home: u16,
+    /// Its tensor's cell-shape slot.
+    slot: u16,
     /// The region lies inside its origin cell.
     one_cell: bool,
     /// The region is larger than a cell in some dimension.
     wide: bool,
     /// The region is narrow and reaches over its origin cell's boundary.
     crossing: bool,
+    /// A live entry of the slot reaches over its origin cell's boundary:
+    /// lookups probe back a cell in every dimension.
+    back: bool,
+    /// A wide entry of the slot is live: lookups probe the wide bucket.
+    wide_live: bool,
 }
 
-/// Whether `outer` contains every element of `inner`.
-#[inline]
-fn covers(outer: &Region, inner: &Region) -> bool {
-    // Every `o0 <= i0` and `i1 <= o1` at once: no difference is negative
-    // (in i64 the values, below 2^33, cannot overflow).
-    let mut any_negative = 0i64;
+/// Whether `new` and `old` overlap ([`Region::overlaps`]), and whether
+/// `new` contains every element of `old`: both from one pass over the
+/// dimensions, branch-free. In i64 the ends (below 2^33) cannot overflow,
+/// and each test is the sign bit of differences: `a < b` iff `a - b < 0`.
+#[inline(always)]
+fn relation(new: &Region, old: &Region) -> (bool, bool) {
+    let (mut meet, mut inside) = (-1i64, 0i64);
     for d in 0..MAX_RANK {
-        let (o0, i0) = (outer.offset[d] as i64, inner.offset[d] as i64);
-        let (o1, i1) = (o0 + outer.extent[d] as i64, i0 + inner.extent[d] as i64);
-        any_negative |= (i0 - o0) | (o1 - i1);
+        let (n0, o0) = (new.offset[d] as i64, old.offset[d] as i64);
+        let (n1, o1) = (n0 + new.extent[d] as i64, o0 + old.extent[d] as i64);
+        // Overlap: every `n0 < o1` and `o0 < n1`; cover: every `n0 <= o0`
+        // and `o1 <= n1` (no difference below is negative).
+        meet &= (n0 - o1) & (o0 - n1);
+        inside |= (o0 - n0) | (n1 - o1);
     }
-    any_negative >= 0
+    (meet < 0, inside >= 0)
 }
 
 impl<const N: usize> TensorMap<N> {
@@ -195,72 +246,97 @@ impl<const N: usize> TensorMap<N> {
         TensorMap {
             entries: [EMPTY; N],
             buckets: [[NONE; 2]; BUCKETS],
+            shapes: [UNUSED; SHAPES],
             head: 1,
             tail: 1,
             pending: [NONE; PENDING],
             pending_len: 0,
-            crossing: NONE,
-            wide: NONE,
         }
     }
 
-    /// Where an argument on `region` of `tensor` goes.
+    /// Where an argument on `region` of `tensor` goes. If no entry placed
+    /// with the cell shape of the tensor's slot is in the ring, the shape
+    /// is fitted to `region` first, and kept from then on while entries may
+    /// use it (also when the submission stalls and inserts nothing).
     #[inline(always)]
-    pub fn place(tensor: u32, region: &Region) -> Place {
-        // Branch-free over the dimensions in u32 lanes, so that it compiles
-        // to vector ops. Bit tricks, OR-ed over the dimensions: the first and
+    pub fn place(&mut self, tensor: u32, region: &Region) -> Place {
+        let slot = tensor as usize % SHAPES;
+        let shape = &mut self.shapes[slot];
+        if shape.newest < self.tail {
+            shape.mask = fit(region.extent);
+        }
+        // This submission's entries get positions from the head on, and the
+        // tail passes the head only when all of them are reclaimed.
+        shape.newest = self.head;
+        self.place_in(slot, tensor, region)
+    }
+
+    /// [`TensorMap::place`] with the slot's current shape.
+    #[inline(always)]
+    fn place_in(&self, slot: usize, tensor: u32, region: &Region) -> Place {
+        let shape = &self.shapes[slot];
+        // Bit tricks, OR-ed over the dimensions, branch-free: the first and
         // last element lie in different cells iff they differ above the cell
         // bits. A region that wraps past u32::MAX is either longer than a
         // cell (large) or has its last element far below its first
-        // (crossing); an extent of 0 wraps to a large `extent - 1`.
+        // (crossing); an extent of 0 wraps to a large `extent - 1`. A cell
+        // is named by its first element.
         let (mut spread, mut largest) = (0u32, 0u32);
         for d in 0..MAX_RANK {
-            let (first, extent) = (region.offset[d], region.extent[d]);
-            spread |= first ^ first.wrapping_add(extent).wrapping_sub(1);
-            largest |= extent.wrapping_sub(1);
+            let (first, extent, mask) = (region.offset[d], region.extent[d], shape.mask[d]);
+            spread |= (first ^ first.wrapping_add(extent).wrapping_sub(1)) & mask;
+            largest |= extent.wrapping_sub(1) & mask;
         }
-        let crossing = spread >= CELL;
-        let large = largest >= CELL;
-        let cell = if large { WIDE } else { origin_cell(region) };
+        let cell = core::array::from_fn(|d| region.offset[d] & shape.mask[d]);
+        let (crossing, large) = (spread != 0, largest != 0);
         Place {
-            home: bucket(tensor, cell) as u16,
+            home: bucket(tensor, if large { WIDE } else { cell }) as u16,
+            slot: slot as u16,
             one_cell: !crossing,
             wide: large,
             crossing: crossing & !large,
+            back: shape.crossing >= self.tail,
+            wide_live: shape.wide >= self.tail,
         }
     }
 
     /// The box of cells where an entry overlapping `region` can have its
     /// origin, or `None` if it holds more than [`MAX_PROBES`] cells.
     #[inline(always)]
-    fn cells(&self, region: &Region) -> Option<([u32; MAX_RANK], [u32; MAX_RANK])> {
+    fn cells(&self, place: &Place, region: &Region) -> Option<Cells> {
         // A narrow entry spans at most two cells per dimension: its
         // origin's and the next.
-        let back = (self.crossing >= self.tail) as u32;
-        let mut lo = origin_cell(region);
-        let hi = last_cell(region);
+        let mask = self.shapes[place.slot as usize].mask;
+        let (mut lo, mut hi) = ([0u32; MAX_RANK], [0u32; MAX_RANK]);
         let mut count = 1u64;
         for d in 0..MAX_RANK {
-            lo[d] = lo[d].saturating_sub(back);
-            count *= (hi[d] - lo[d] + 1) as u64;
+            let (first, step) = (region.offset[d], !mask[d] + 1);
+            let last = first.saturating_add(region.extent[d].max(1) - 1);
+            lo[d] = first & mask[d];
+            if place.back {
+                lo[d] = lo[d].saturating_sub(step);
+            }
+            hi[d] = last & mask[d];
+            // A cell has at most 2^31 elements, so `step` is not 0.
+            count = count.saturating_mul(((hi[d] - lo[d]) / step) as u64 + 1);
         }
-        (count <= MAX_PROBES).then_some((lo, hi))
+        (count <= MAX_PROBES).then_some((lo, hi, mask))
     }
 
     /// Calls `f` with every bucket a lookup of `region` of `tensor` probes.
     #[inline(always)]
-    fn probe(&self, tensor: u32, region: &Region, mut f: impl FnMut(usize)) {
-        let Some((lo, hi)) = self.cells(region) else {
+    fn probe(&self, place: &Place, tensor: u32, region: &Region, mut f: impl FnMut(usize)) {
+        let Some(cells) = self.cells(place, region) else {
             (0..BUCKETS).for_each(f);
             return;
         };
-        if self.wide >= self.tail {
+        if place.wide_live {
             f(bucket(tensor, WIDE));
         }
-        let mut cell = lo;
+        let mut cell = cells.0;
         loop {
             f(bucket(tensor, cell));
-            if !next_cell(&mut cell, &lo, &hi) {
+            if !next_cell(&mut cell, &cells) {
                 return;
             }
         }
@@ -303,7 +379,7 @@ impl<const N: usize> TensorMap<N> {
     }
 
     /// Scans for the earlier accesses that conflict with a new argument
-    /// (at least one of the two writes). Entries of tasks that are no longer
+    /// (at least one of the two writes), placed by [`TensorMap::place`] during this submission. Entries of tasks that are no longer
     /// [`Visitor::live`] are unlinked; for every live one whose region
     /// overlaps it calls [`Visitor::conflict`].
     /// When the argument writes, live overlapping entries its region covers
@@ -319,31 +395,31 @@ impl<const N: usize> TensorMap<N> {
         mark_now: bool,
         v: &mut impl Visitor,
     ) {
-        if self.wide >= self.tail && !place.wide {
+        if place.wide_live && !place.wide {
             let b = bucket(tensor, WIDE);
             self.scan_bucket(b, tensor, region, writes, mark_now, v);
         }
         // The common case: a tile inside one cell, no entry reaching over.
-        if place.one_cell && self.crossing < self.tail {
+        if place.one_cell && !place.back {
             let b = place.home as usize;
             self.scan_bucket(b, tensor, region, writes, mark_now, v);
             return;
         }
-        let Some((lo, hi)) = self.cells(region) else {
+        let Some(cells) = self.cells(place, region) else {
             for b in 0..BUCKETS {
                 self.scan_bucket(b, tensor, region, writes, mark_now, v);
             }
             return;
         };
-        if place.wide && self.wide >= self.tail {
+        if place.wide && place.wide_live {
             let b = place.home as usize;
             self.scan_bucket(b, tensor, region, writes, mark_now, v);
         }
-        let mut cell = lo;
+        let mut cell = cells.0;
         loop {
             let b = bucket(tensor, cell);
             self.scan_bucket(b, tensor, region, writes, mark_now, v);
-            if !next_cell(&mut cell, &lo, &hi) {
+            if !next_cell(&mut cell, &cells) {
                 return;
             }
         }
@@ -367,9 +443,14 @@ impl<const N: usize> TensorMap<N> {
                 let e = self.at(position);
                 let next = e.next;
                 let keep = !e.covered && v.live(e.task);
-                if keep && e.tensor == tensor && e.region.overlaps(region) {
+                let (overlap, covered) = if keep && e.tensor == tensor {
+                    relation(region, &e.region)
+                } else {
+                    (false, false)
+                };
+                if overlap {
                     v.conflict(e.task);
-                    if writes && covers(region, &e.region) {
+                    if writes && covered {
                         if mark_now {
                             self.at_mut(position).covered = true;
                         } else {
@@ -421,10 +502,11 @@ impl<const N: usize> TensorMap<N> {
         }
         let position = self.head;
         self.head += 1;
+        let shape = &mut self.shapes[place.slot as usize];
         if place.wide {
-            self.wide = position;
+            shape.wide = position;
         } else if place.crossing {
-            self.crossing = position;
+            shape.crossing = position;
         }
         let head = &mut self.buckets[place.home as usize][writes as usize];
         let next = core::mem::replace(head, position);
@@ -453,7 +535,8 @@ impl<const N: usize> TensorMap<N> {
                 }
             }
         };
-        self.probe(tensor, region, &mut count);
+        let place = self.place_in(tensor as usize % SHAPES, tensor, region);
+        self.probe(&place, tensor, region, &mut count);
         len
     }
 }

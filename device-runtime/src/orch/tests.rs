@@ -487,6 +487,74 @@ fn independent_tiles_of_one_tensor_are_found_by_place() {
     );
 }
 
+#[test]
+fn cells_fit_the_tiles_of_a_tensor() {
+    let mut o = Orchestrator::<512, 1024, 1024>::new(0);
+    // 256 live writers of single elements of tensor 5, all inside what
+    // would be one 64x64 cell: cells fitted to 1-element tiles keep each
+    // in its own chain.
+    for i in 0..256 {
+        submit(&mut o, &[write(5, i, 1)]).unwrap();
+    }
+    assert_eq!(o.ready_count(CoreKind::Vector), 256, "independent");
+    let visited = o.tmap.chain_len(5, &region(100, 1));
+    assert_eq!(visited, 1, "entries visited for one element");
+    // A reader of all 256 (more cells than a lookup probes one by one)
+    // still waits for every writer, and only for them.
+    submit(&mut o, &[read(5, 0, 256)]).unwrap();
+    submit(&mut o, &[read(5, 256, 8)]).unwrap();
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        257,
+        "only the wide reader waits"
+    );
+    for _ in 0..257 {
+        run_one(&mut o);
+    }
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        1,
+        "the wide reader is ready last"
+    );
+    run_one(&mut o);
+    assert!(o.is_drained());
+}
+
+#[test]
+fn a_tensors_cells_are_refitted_once_its_entries_retire() {
+    let mut o = Orchestrator::<512, 1024, 1024>::new(0);
+    // The first region fixes 64-element cells, and while its entry is live
+    // the shape stays: 1-element tiles share its cell, and dependencies
+    // stay exact.
+    submit(&mut o, &[write(5, 0, 64)]).unwrap();
+    for i in 0..32 {
+        submit(&mut o, &[write(5, i, 1)]).unwrap();
+    }
+    assert!(
+        o.tmap.chain_len(5, &region(40, 1)) >= 32,
+        "one 64-element cell"
+    );
+    let reader = submit(&mut o, &[read(5, 7, 1)]).unwrap();
+    run_one(&mut o);
+    assert_eq!(o.ready_count(CoreKind::Vector), 32, "the 1-element writers");
+    // Every writer but element 7's (task 8) completes: the reader still waits.
+    while let Some(t) = o.pop_ready(CoreKind::Vector) {
+        assert_ne!(t.id, reader);
+        if t.id != 8 {
+            o.complete(t.id).unwrap();
+        }
+    }
+    o.complete(8).unwrap();
+    assert_eq!(run_one(&mut o), reader, "then the reader runs");
+    assert!(o.is_drained());
+    // All retired: the next region fits the shape anew.
+    for i in 0..32 {
+        submit(&mut o, &[write(5, i, 1)]).unwrap();
+    }
+    assert_eq!(o.tmap.chain_len(5, &region(40, 1)), 0, "1-element cells");
+    assert_eq!(o.tmap.chain_len(5, &region(7, 1)), 1);
+}
+
 fn on(o: &mut Orchestrator<16, 64, 64>, stream: StreamId, args: &[TaskArg]) -> TaskId {
     o.submit_on(0, stream, VEC, args, 0, &[], 0).unwrap()
 }

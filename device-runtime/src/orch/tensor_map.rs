@@ -395,7 +395,8 @@ impl<const N: usize> TensorMap<N> {
         mark_now: bool,
         v: &mut impl Visitor,
     ) {
-        if place.wide_live && !place.wide {
+        // The wide bucket (a wide argument's home), as `probe` does.
+        if place.wide_live {
             let b = bucket(tensor, WIDE);
             self.scan_bucket(b, tensor, region, writes, mark_now, v);
         }
@@ -411,10 +412,6 @@ impl<const N: usize> TensorMap<N> {
             }
             return;
         };
-        if place.wide && place.wide_live {
-            let b = place.home as usize;
-            self.scan_bucket(b, tensor, region, writes, mark_now, v);
-        }
         let mut cell = cells.0;
         loop {
             let b = bucket(tensor, cell);

@@ -52,19 +52,31 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
                 // Mostly small regions packed close together (many
                 // conflicts); some over cell boundaries, some wider than
                 // their tensor's cells, a few so large that lookups scan
-                // every bucket. A tensor's cells fit the region of its
-                // first entry while none is live, so shapes change as the
-                // run goes.
-                let (span, size) = match rng.below(20) {
+                // every bucket; and aligned square tiles of 1, 2 or 4
+                // elements a side, which are exactly one cell when their
+                // tensor's cells have their size (the lookup's fast path).
+                // A tensor's cells fit the region of its first entry while
+                // none is live, so shapes change as the run goes.
+                let (span, size) = match rng.below(24) {
                     0..=13 => (12, 4),
                     14..=17 => (200, 40),
                     18 => (160, 100),
-                    _ => (64, 400),
+                    19 => (64, 400),
+                    _ => (0, 0),
                 };
-                let (r0, c0) = (rng.below(span) as u32, rng.below(span) as u32);
-                let region = Region {
-                    offset: [r0, c0, 0, 0],
-                    extent: [1 + rng.below(size) as u32, 1 + rng.below(size) as u32, 1, 1],
+                let region = if span == 0 {
+                    let side = 1 << rng.below(3);
+                    let (r0, c0) = (side * rng.below(4) as u32, side * rng.below(4) as u32);
+                    Region {
+                        offset: [r0, c0, 0, 0],
+                        extent: [side, side, 1, 1],
+                    }
+                } else {
+                    let (r0, c0) = (rng.below(span) as u32, rng.below(span) as u32);
+                    Region {
+                        offset: [r0, c0, 0, 0],
+                        extent: [1 + rng.below(size) as u32, 1 + rng.below(size) as u32, 1, 1],
+                    }
                 };
                 let access = [Access::READ, Access::WRITE, Access::READ | Access::WRITE]
                     [rng.below(3) as usize];

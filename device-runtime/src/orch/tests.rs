@@ -521,6 +521,34 @@ fn cells_fit_the_tiles_of_a_tensor() {
 }
 
 #[test]
+fn exact_tiles_meet_only_their_own_cell() {
+    let mut o = Orchestrator::<64, 256, 256>::new(0);
+    // The first region fixes 4-element cells; these tiles are exactly one
+    // cell each, so lookups compare cells instead of boxes.
+    let w0 = submit(&mut o, &[write(5, 0, 4)]).unwrap();
+    let w1 = submit(&mut o, &[write(5, 4, 4)]).unwrap();
+    let r2 = submit(&mut o, &[read(5, 4, 4)]).unwrap(); // RAW on w1
+    let w3 = submit(&mut o, &[write(5, 0, 4)]).unwrap(); // WAW on w0 only
+    assert_eq!(o.ready_count(CoreKind::Vector), 2, "w0 and w1");
+    // w3 covers w0's entry: a lookup of the cell meets w3 alone.
+    assert_eq!(o.tmap.chain_len(5, &region(0, 4)), 1);
+    // An unaligned reader over two cells waits for the newest writer of each.
+    let r4 = submit(&mut o, &[read(5, 2, 4)]).unwrap();
+    // An exact writer waits for the unaligned reader of its cell (WAR).
+    let w5 = submit(&mut o, &[write(5, 0, 4)]).unwrap();
+    assert_eq!(run_one(&mut o), w0);
+    assert_eq!(o.ready_count(CoreKind::Vector), 2, "w1, then w3");
+    assert_eq!(run_one(&mut o), w1);
+    assert_eq!(o.ready_count(CoreKind::Vector), 2, "w3 and r2; r4 waits");
+    assert_eq!(run_one(&mut o), w3);
+    assert_eq!(o.ready_count(CoreKind::Vector), 2, "r2 and r4; w5 waits");
+    assert_eq!(run_one(&mut o), r2);
+    assert_eq!(run_one(&mut o), r4);
+    assert_eq!(run_one(&mut o), w5);
+    assert!(o.is_drained());
+}
+
+#[test]
 fn a_tensors_cells_are_refitted_once_its_entries_retire() {
     let mut o = Orchestrator::<512, 1024, 1024>::new(0);
     // The first region fixes 64-element cells, and while its entry is live

@@ -222,7 +222,10 @@ fn next_cell(cell: &mut [u32; MAX_RANK], (lo, hi, mask): &Cells) -> bool {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Place {
     /// The bucket of the entry: its tensor's and origin cell's, or its
-    /// tensor's wide bucket.
+    /// tensor's wide bucket. (Bucket and slot numbers are below
+    /// [`BUCKETS`] and [`SHAPES`]; indexing with `% BUCKETS` and
+    /// `% SHAPES` tells the compiler so, which drops bounds checks from the
+    /// hot path.)
     home: u16,
     /// Its tensor's cell-shape slot.
     slot: u16,
@@ -360,7 +363,7 @@ impl<const N: usize> TensorMap<N> {
     fn cells(&self, place: &Place, region: &Region) -> Option<Cells> {
         // A narrow entry spans at most two cells per dimension: its
         // origin's and the next.
-        let mask = self.shapes[place.slot as usize].mask;
+        let mask = self.shapes[place.slot as usize % SHAPES].mask;
         let (mut lo, mut hi) = ([0u32; MAX_RANK], [0u32; MAX_RANK]);
         let mut count = 1u64;
         for d in 0..MAX_RANK {
@@ -463,7 +466,7 @@ impl<const N: usize> TensorMap<N> {
         }
         // The common case: a tile inside one cell, no entry reaching over.
         if place.one_cell && !place.back {
-            let b = place.home as usize;
+            let b = place.home as usize % BUCKETS;
             self.scan_bucket(b, &scan, v);
             return;
         }
@@ -495,7 +498,7 @@ impl<const N: usize> TensorMap<N> {
         // A write also waits for readers; any access waits for writers.
         for chain in (!writes) as usize..2 {
             let mut prev = NONE;
-            let mut position = self.buckets[b][chain];
+            let mut position = self.buckets[b % BUCKETS][chain];
             while position >= self.tail {
                 let e = self.at(position);
                 let next = e.next;
@@ -526,7 +529,7 @@ impl<const N: usize> TensorMap<N> {
                 if keep {
                     prev = position;
                 } else if prev == NONE {
-                    self.buckets[b][chain] = next;
+                    self.buckets[b % BUCKETS][chain] = next;
                 } else {
                     self.at_mut(prev).next = next;
                 }
@@ -564,13 +567,13 @@ impl<const N: usize> TensorMap<N> {
         }
         let position = self.head;
         self.head += 1;
-        let shape = &mut self.shapes[place.slot as usize];
+        let shape = &mut self.shapes[place.slot as usize % SHAPES];
         if place.wide {
             shape.wide = position;
         } else if place.crossing {
             shape.crossing = position;
         }
-        let head = &mut self.buckets[place.home as usize][writes as usize];
+        let head = &mut self.buckets[place.home as usize % BUCKETS][writes as usize];
         let next = core::mem::replace(head, position);
         *self.at_mut(position) = Entry {
             tensor,
@@ -590,7 +593,7 @@ impl<const N: usize> TensorMap<N> {
         let mut len = 0;
         let mut count = |b: usize| {
             for chain in 0..2 {
-                let mut position = self.buckets[b][chain];
+                let mut position = self.buckets[b % BUCKETS][chain];
                 while position >= self.tail {
                     let e = self.at(position);
                     len += (!e.covered && e.tensor == tensor) as usize;

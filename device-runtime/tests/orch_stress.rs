@@ -44,6 +44,16 @@ struct Task {
     waits: Vec<(u32, u64)>,
 }
 
+/// A 2-D region at a random offset below `span`, with random extents of 1
+/// to `size`.
+fn random_region(rng: &mut Rng, span: u64, size: u64) -> Region {
+    let (r0, c0) = (rng.below(span) as u32, rng.below(span) as u32);
+    Region {
+        offset: [r0, c0, 0, 0],
+        extent: [1 + rng.below(size) as u32, 1 + rng.below(size) as u32, 1, 1],
+    }
+}
+
 fn random_task(rng: &mut Rng, submitted: u64) -> Task {
     loop {
         let n = 1 + rng.below(3) as usize;
@@ -57,25 +67,18 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
                 // tensor's cells have their size (the lookup's fast path).
                 // A tensor's cells fit the region of its first entry while
                 // none is live, so shapes change as the run goes.
-                let (span, size) = match rng.below(24) {
-                    0..=13 => (12, 4),
-                    14..=17 => (200, 40),
-                    18 => (160, 100),
-                    19 => (64, 400),
-                    _ => (0, 0),
-                };
-                let region = if span == 0 {
-                    let side = 1 << rng.below(3);
-                    let (r0, c0) = (side * rng.below(4) as u32, side * rng.below(4) as u32);
-                    Region {
-                        offset: [r0, c0, 0, 0],
-                        extent: [side, side, 1, 1],
-                    }
-                } else {
-                    let (r0, c0) = (rng.below(span) as u32, rng.below(span) as u32);
-                    Region {
-                        offset: [r0, c0, 0, 0],
-                        extent: [1 + rng.below(size) as u32, 1 + rng.below(size) as u32, 1, 1],
+                let region = match rng.below(24) {
+                    0..=13 => random_region(rng, 12, 4),
+                    14..=17 => random_region(rng, 200, 40),
+                    18 => random_region(rng, 160, 100),
+                    19 => random_region(rng, 64, 400),
+                    _ => {
+                        let side = 1 << rng.below(3);
+                        let (r0, c0) = (side * rng.below(4) as u32, side * rng.below(4) as u32);
+                        Region {
+                            offset: [r0, c0, 0, 0],
+                            extent: [side, side, 1, 1],
+                        }
                     }
                 };
                 let access = [Access::READ, Access::WRITE, Access::READ | Access::WRITE]

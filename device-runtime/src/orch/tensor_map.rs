@@ -466,8 +466,7 @@ impl<const N: usize> TensorMap<N> {
         }
         // The common case: a tile inside one cell, no entry reaching over.
         if place.one_cell && !place.back {
-            let b = place.home as usize % BUCKETS;
-            self.scan_bucket(b, &scan, v);
+            self.scan_bucket(place.home as usize, &scan, v);
             return;
         }
         let Some(cells) = self.cells(place, region) else {
@@ -593,7 +592,7 @@ impl<const N: usize> TensorMap<N> {
         let mut len = 0;
         let mut count = |b: usize| {
             for chain in 0..2 {
-                let mut position = self.buckets[b % BUCKETS][chain];
+                let mut position = self.buckets[b][chain];
                 while position >= self.tail {
                     let e = self.at(position);
                     len += (!e.covered && e.tensor == tensor) as usize;

@@ -9,7 +9,9 @@ use device_runtime::abi::{
     table_checksum, Instr, KernelDesc, Region, SectionRef, StreamOp, Table, TableHeader, TaskDesc,
     TensorArg, TensorDesc, MAGIC, STREAM_OP_RECORD, STREAM_OP_WAIT,
 };
-use device_runtime::expand::{Context, Expander, Step};
+use device_runtime::expand::Context;
+
+use crate::task_count::{count_tasks, TaskCount};
 use zerocopy::{FromBytes, Immutable, KnownLayout};
 
 /// How many tasks are shown unless all are asked for.
@@ -20,27 +22,8 @@ pub fn inspect(bytes: &[u8], all_tasks: bool) -> String {
     let mut out = String::new();
     dump(&mut out, bytes, all_tasks);
     match Table::parse(bytes) {
-        Ok(t) if t.program().is_empty() => {
-            let _ = writeln!(
-                out,
-                "valid: {} tasks, {} bytes of arena",
-                t.tasks().len(),
-                t.arena_size()
-            );
-        }
         Ok(t) => {
-            let expanded = match expanded_tasks(&t, None, &[]) {
-                Ok(n) => format!("{n} tasks"),
-                Err(why) => format!("a number of tasks known at run time ({why})"),
-            };
-            let _ = writeln!(
-                out,
-                "valid: {} tasks, then a program of {} instructions ({} bytes) that expands to {expanded}; {} bytes of arena",
-                t.tasks().len(),
-                t.program().len(),
-                std::mem::size_of_val(t.program()),
-                t.arena_size()
-            );
+            let _ = writeln!(out, "valid: {}", summary(&t, None, &[]));
         }
         Err(e) => {
             let _ = writeln!(out, "INVALID: {e}");
@@ -324,35 +307,39 @@ impl Context for HostExpansion<'_> {
     }
 }
 
-/// Expands `table`'s program on the host with the device's own expander,
-/// reading data from `arena` and symbols from `symbols`, and counts the
-/// tasks (the tasks section's included). Without an arena, a program that
-/// loads data cannot be counted.
+/// Counts the tasks `table` expands to (the tasks section's included),
+/// reading data from `arena` and symbols from `symbols`, in bounded work
+/// ([`count_tasks`]). An error says why the count is not one number: the
+/// expansion fails, or symbols or data the host lacks decide it.
 pub fn expanded_tasks(
     table: &Table<'_>,
     arena: Option<&[u8]>,
     symbols: &[i64],
 ) -> Result<u64, String> {
-    let mut cx = HostExpansion {
-        arena,
-        symbols,
-        next: table.tasks().len() as u64,
-        needs_data: false,
+    match count_tasks(table, arena, symbols)? {
+        TaskCount::Exact(n) => u64::try_from(n).map_err(|_| format!("{n} tasks: more than u64")),
+        count => Err(format!("{count}")),
+    }
+}
+
+/// One line on a valid table: its tasks, what its program expands to, and
+/// its size, with data from `arena` and symbols from `symbols` where given.
+pub fn summary(table: &Table<'_>, arena: Option<&[u8]>, symbols: &[i64]) -> String {
+    let bytes = std::mem::size_of_val(table.program());
+    let tasks = table.tasks().len();
+    if table.program().is_empty() {
+        return format!("{tasks} tasks, {} bytes of arena", table.arena_size());
+    }
+    let (count, limit) = match count_tasks(table, arena, symbols) {
+        Ok(count) => (count.to_string(), count.run_limit()),
+        Err(why) => (format!("tasks until the expansion fails ({why})"), None),
     };
-    let mut expander = Expander::new(table);
-    loop {
-        let pc = expander.pc();
-        match expander.step(table, &mut cx) {
-            Ok(Step::Task(_)) => cx.next += 1,
-            Ok(Step::Done) => break,
-            Ok(_) => {}
-            Err(e) => return Err(format!("instruction {pc}: {e}")),
-        }
-    }
-    if cx.needs_data {
-        return Err("it loads data that is not in the table".to_string());
-    }
-    Ok(cx.next)
+    let limit = limit.map_or(String::new(), |l| format!("; {l}"));
+    format!(
+        "{tasks} tasks, then a program of {} instructions ({bytes} bytes) that expands to {count}; {} bytes of arena{limit}",
+        table.program().len(),
+        table.arena_size()
+    )
 }
 
 fn section<'a, T: FromBytes + KnownLayout + Immutable>(

@@ -9,7 +9,8 @@
 //!   their f64 checks; [`reference`] holds the f64 math.
 //! - [`dag`]: random DAG tables and their in-order meaning (scheduling tests).
 //! - [`shim`]: runs the device runtime on host threads.
-//! - [`inspect`]: a readable dump of any table, valid or not.
+//! - [`inspect`]: a readable dump of any table, valid or not;
+//!   [`task_count`] counts a table's tasks in bounded work.
 
 pub mod dag;
 pub mod inspect;
@@ -21,5 +22,6 @@ pub mod rng;
 pub mod semantic;
 pub mod shim;
 pub mod table;
+pub mod task_count;
 pub mod workload_file;
 pub mod workloads;

@@ -57,7 +57,6 @@ pub(crate) fn moe(
     top: u32,
     threshold: f32,
 ) -> Result<Workload, WorkloadError> {
-    let p = p.or_sizes(32, 64, 64, 32);
     let (tokens, hidden, ffn) = (p.m, p.k, p.n);
     for (what, v) in [
         ("m (tokens)", tokens),

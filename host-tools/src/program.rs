@@ -58,6 +58,7 @@ use wsp_ffi::DTYPE_I32;
 use zerocopy::little_endian::U32;
 
 use crate::table::{Arena, BuildError, TableBuilder, TensorId, TensorLayout};
+use crate::task_count::{MAX_HOST_ITERATIONS, MAX_HOST_TASKS};
 
 /// A value computed on the device: constants, loop indices, symbols,
 /// elements of i32 tensors, and arithmetic on them.
@@ -603,14 +604,19 @@ impl Workload {
     /// The tasks the program expands to, computed on the host straight
     /// from the loops (the reference the device's expansion is checked
     /// against): data-dependent values are read from `arena` (e.g. after a
-    /// run), symbols from `symbols`.
+    /// run), symbols from `symbols`. It lists at most
+    /// [`MAX_HOST_TASKS`](crate::task_count::MAX_HOST_TASKS) tasks and runs
+    /// at most [`MAX_HOST_ITERATIONS`](crate::task_count::MAX_HOST_ITERATIONS)
+    /// loop iterations: past either it returns an error saying so (count a
+    /// bigger program with [`crate::task_count::count_tasks`]).
     pub fn expand(&self, arena: &Arena, symbols: &[i64]) -> Result<Vec<Expanded>, String> {
         let mut out = Vec::new();
         let mut vars = std::collections::HashMap::new();
-        let cx = RefCx {
+        let mut cx = RefCx {
             arena,
             symbols,
             layouts: self.builder.layouts(),
+            iterations: 0,
         };
         cx.nodes(&self.bodies[0], 0, &mut vars, &mut out)?;
         Ok(out)
@@ -633,6 +639,8 @@ struct RefCx<'a> {
     arena: &'a Arena,
     symbols: &'a [i64],
     layouts: &'a [TensorLayout],
+    /// Loop iterations run so far.
+    iterations: u64,
 }
 
 impl RefCx<'_> {
@@ -660,24 +668,25 @@ impl RefCx<'_> {
             }
             Expr::Bin(op, a, b) => {
                 let (a, b) = (self.eval(a, vars)?, self.eval(b, vars)?);
-                match *op {
-                    OP_ADD => a + b,
-                    OP_SUB => a - b,
-                    OP_MUL => a * b,
-                    OP_DIV => a.div_euclid(b),
-                    OP_REM => a.rem_euclid(b),
-                    OP_MIN => a.min(b),
-                    OP_MAX => a.max(b),
-                    OP_LT => (a < b) as i64,
-                    OP_LE => (a <= b) as i64,
-                    _ => (a == b) as i64,
-                }
+                let value = match *op {
+                    OP_ADD => a.checked_add(b),
+                    OP_SUB => a.checked_sub(b),
+                    OP_MUL => a.checked_mul(b),
+                    OP_DIV => a.checked_div_euclid(b),
+                    OP_REM => a.checked_rem_euclid(b),
+                    OP_MIN => Some(a.min(b)),
+                    OP_MAX => Some(a.max(b)),
+                    OP_LT => Some((a < b) as i64),
+                    OP_LE => Some((a <= b) as i64),
+                    _ => Some((a == b) as i64),
+                };
+                value.ok_or(format!("{a} and {b}: overflow or division by zero"))?
             }
         })
     }
 
     fn nodes(
-        &self,
+        &mut self,
         nodes: &[Node],
         taskset: u8,
         vars: &mut std::collections::HashMap<u32, i64>,
@@ -686,9 +695,23 @@ impl RefCx<'_> {
         for node in nodes {
             match node {
                 Node::Loop {
-                    var, count, body, ..
+                    var,
+                    count,
+                    max,
+                    body,
+                    ..
                 } => {
                     let n = self.eval(count, vars)?;
+                    if n < 0 || n > *max as i64 {
+                        return Err(format!("loop count {n} outside [0, {max}]"));
+                    }
+                    self.iterations += n as u64;
+                    if self.iterations > MAX_HOST_ITERATIONS {
+                        return Err(format!(
+                            "the loops run more than {MAX_HOST_ITERATIONS} iterations: \
+                             more than the host expands"
+                        ));
+                    }
                     for i in 0..n {
                         vars.insert(*var, i);
                         self.nodes(body, taskset, vars, out)?;
@@ -743,6 +766,12 @@ impl RefCx<'_> {
                         .iter()
                         .map(|e| self.eval(e, vars).map(|v| v as u64))
                         .collect::<Result<_, _>>()?;
+                    if out.len() == MAX_HOST_TASKS {
+                        return Err(format!(
+                            "the program expands to more than {MAX_HOST_TASKS} tasks: \
+                             more than the host lists"
+                        ));
+                    }
                     out.push(Expanded {
                         kernel: *kernel,
                         stream,

@@ -16,34 +16,42 @@ use crate::table::{Arena, Arg, BuildError, TableBuilder, TensorLayout};
 /// f32 unit roundoff.
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
-/// Sizes and seed of a workload.
+/// Sizes and seed of a workload. [`Workload::build`] builds exactly the
+/// sizes given; [`Params::of`] gives a workload's own defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
     pub m: u32,
     pub n: u32,
     pub k: u32,
     pub tile: u32,
+    /// Seeds the data only: it never changes sizes or the table.
     pub seed: u64,
 }
 
 impl Params {
-    /// These params, or for a workload whose own default sizes differ from
-    /// [`Params::default`], those sizes when none were given (same seed).
-    pub(crate) fn or_sizes(self, m: u32, n: u32, k: u32, tile: u32) -> Params {
-        if self == Params::default() {
-            Params {
-                m,
-                n,
-                k,
-                tile,
-                seed: self.seed,
-            }
-        } else {
-            self
-        }
+    /// The default sizes of the workload called `name`, with seed 1:
+    /// `gemm` 256 x 256 x 256, `mlp` 64 x 128 x 128, `streams`
+    /// 128 x 128 x 128 (all in 32-tiles), `moe` and `moe-var` 32 tokens,
+    /// 64 hidden, 64 ffn.
+    pub fn of(name: &str) -> Result<Params, WorkloadError> {
+        let (m, n, k) = match name {
+            "gemm" => (256, 256, 256),
+            "mlp" => (64, 128, 128),
+            "streams" => (128, 128, 128),
+            "moe" | "moe-var" => (32, 64, 64),
+            _ => return Err(WorkloadError::Unknown(name.to_string())),
+        };
+        Ok(Params {
+            m,
+            n,
+            k,
+            tile: 32,
+            seed: 1,
+        })
     }
 }
 
+/// `gemm`'s defaults ([`Params::of`] gives each workload's own).
 impl Default for Params {
     fn default() -> Self {
         Params {
@@ -54,6 +62,12 @@ impl Default for Params {
             seed: 1,
         }
     }
+}
+
+/// Whether the workload called `name` is built in tiles of `tile` (the MoE
+/// workloads are not: their kernels take whole rows).
+pub fn is_tiled(name: &str) -> bool {
+    !name.starts_with("moe")
 }
 
 /// The names `Workload::build` accepts.
@@ -309,7 +323,6 @@ fn gemm(p: Params) -> Result<Workload, WorkloadError> {
 /// A block that uses every kernel: Y = X x W (GEMM tiles), Z = Y + R (add),
 /// N = rmsnorm(Z) * G, P = softmax(N) per row. X is m x k, W is k x n.
 fn mlp(p: Params) -> Result<Workload, WorkloadError> {
-    let p = p.or_sizes(64, 128, 128, 32);
     check_tiling(&p, 64)?;
     if p.n > 1024 {
         return Err(WorkloadError::Params(format!(
@@ -414,7 +427,6 @@ fn mlp(p: Params) -> Result<Workload, WorkloadError> {
 /// adds also read Y1 and Y2, so their data dependencies order them too; the
 /// events show the table form a program uses when they do not.)
 fn streams(p: Params) -> Result<Workload, WorkloadError> {
-    let p = p.or_sizes(128, 128, 128, 32);
     check_tiling(&p, 64)?;
     let mut b = TableBuilder::new();
     let (a1, b1) = (b.tensor("A1", &[p.m, p.k])?, b.tensor("B1", &[p.k, p.n])?);

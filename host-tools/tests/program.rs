@@ -328,15 +328,25 @@ fn inspect_shows_the_program_as_loops_and_counts_its_tasks() {
     ] {
         assert!(text.contains(want), "{want} in:\n{text}");
     }
-    // Counting needs the symbol; with it, the device's expander counts.
-    assert!(text.contains("known at run time"), "{text}");
+    // Without the symbol, 0 to 8 iterations of 3 tasks; with it, the
+    // device's expander counts.
+    assert!(
+        text.contains("between 0 and 24 tasks (depending on symbols not bound here)"),
+        "{text}"
+    );
     let parsed = device_runtime::abi::Table::parse(&table).unwrap();
     let n = host_tools::inspect::expanded_tasks(&parsed, None, &[5]).unwrap();
     assert_eq!(n, 15);
-    // A program that loads data computed at run time is not counted.
-    let moe = host_tools::workloads::Workload::build("moe", Default::default()).unwrap();
+    // A program that loads data computed at run time is counted as far as
+    // the loops' maxima go: the GEMM and the router, then 0 to 32 tokens
+    // for each of 8 experts.
+    let params = host_tools::workloads::Params::of("moe").unwrap();
+    let moe = host_tools::workloads::Workload::build("moe", params).unwrap();
     let text = host_tools::inspect::inspect(&moe.table, false);
-    assert!(text.contains("known at run time"), "{text}");
+    assert!(
+        text.contains("between 2 and 258 tasks (depending on data read at run time)"),
+        "{text}"
+    );
     assert!(text.contains("(waits for its writers)"), "{text}");
 }
 
@@ -347,7 +357,7 @@ fn a_loop_index_key_keeps_an_expert_on_one_thread() {
     use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
     use host_tools::semantic::run_semantic_with;
     use host_tools::workloads::{Params, Workload as Named};
-    let w = Named::build("moe", Params::default()).unwrap();
+    let w = Named::build("moe", Params::of("moe").unwrap()).unwrap();
     let weights = w.tensors.iter().find(|t| t.name == "w").unwrap();
     let hidden = w.tensors.iter().find(|t| t.name == "x").unwrap().shape[1] as u64;
     let expert_bytes = hidden * weights.shape[1] as u64 * 4;
@@ -437,4 +447,162 @@ fn table_tasks_and_program_tasks_run_in_one_table() {
             "threads {threads}"
         );
     }
+}
+
+/// A small table whose loops run 2^32 - 1 x 2^32 - 1 times: `add` on one
+/// fixed tile in each iteration.
+fn huge_loops(inner: Axis) -> (Workload, Vec<u8>) {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.parallel(Axis::Dense(u32::MAX), |w, _| {
+        w.parallel(inner, |w, _| {
+            w.call(
+                ADD,
+                &[
+                    x.tile(0, 0, 16, 16),
+                    x.tile(0, 0, 16, 16),
+                    y.tile(0, 0, 16, 16),
+                ],
+                &[],
+            );
+        });
+    });
+    let table = w.finish().unwrap();
+    (w, table)
+}
+
+#[test]
+fn inspect_counts_huge_loops_without_expanding_them() {
+    let (_, table) = huge_loops(Axis::Dense(u32::MAX));
+    let text = host_tools::inspect::inspect(&table, false);
+    let n = (u32::MAX as u128) * (u32::MAX as u128);
+    assert!(text.contains(&format!("expands to {n} tasks;")), "{text}");
+    assert!(
+        text.contains("a run stops after 4294967296 tasks (task numbers are u32)"),
+        "{text}"
+    );
+    // An inner axis bound at launch: 0 to 2^32 - 1 iterations unless the
+    // symbol is given.
+    let (_, table) = huge_loops(Axis::DenseDyn {
+        symbol: 0,
+        max: u32::MAX,
+    });
+    let text = host_tools::inspect::inspect(&table, false);
+    assert!(
+        text.contains(&format!(
+            "between 0 and {n} tasks (depending on symbols not bound here)"
+        )),
+        "{text}"
+    );
+    let parsed = device_runtime::abi::Table::parse(&table).unwrap();
+    let count = host_tools::task_count::count_tasks(&parsed, None, &[3]).unwrap();
+    assert_eq!(
+        count,
+        host_tools::task_count::TaskCount::Exact(u32::MAX as u128 * 3)
+    );
+}
+
+#[test]
+fn the_host_reference_refuses_to_list_huge_expansions() {
+    use host_tools::task_count::MAX_HOST_ITERATIONS;
+    use host_tools::task_count::MAX_HOST_TASKS;
+    // 2^32 - 1 x 2^32 - 1 iterations are refused before they run.
+    let (w, table) = huge_loops(Axis::Dense(u32::MAX));
+    let parsed = device_runtime::abi::Table::parse(&table).unwrap();
+    let arena = Arena::zeroed(parsed.arena_size());
+    let e = w.expand(&arena, &[]).unwrap_err();
+    assert!(
+        e.contains(&format!("more than {MAX_HOST_ITERATIONS} iterations")),
+        "{e}"
+    );
+    // One task more than the host lists.
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.parallel(Axis::Dense(MAX_HOST_TASKS as u32), |w, _| {
+        w.call(
+            ADD,
+            &[
+                x.tile(0, 0, 16, 16),
+                x.tile(0, 0, 16, 16),
+                y.tile(0, 0, 16, 16),
+            ],
+            &[],
+        );
+    });
+    w.call(
+        ADD,
+        &[
+            x.tile(0, 0, 16, 16),
+            x.tile(0, 0, 16, 16),
+            y.tile(0, 0, 16, 16),
+        ],
+        &[],
+    );
+    w.finish().unwrap();
+    let e = w.expand(&arena, &[]).unwrap_err();
+    assert!(
+        e.contains(&format!("more than {MAX_HOST_TASKS} tasks")),
+        "{e}"
+    );
+    // Loops of no calls are bounded too.
+    let mut w = Workload::new();
+    w.parallel(Axis::Dense(u32::MAX), |w, _| {
+        w.parallel(Axis::Dense(u32::MAX), |_, _| {})
+    });
+    w.finish().unwrap();
+    let e = w.expand(&arena, &[]).unwrap_err();
+    assert!(
+        e.contains(&format!("more than {MAX_HOST_ITERATIONS} iterations")),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_when_in_a_huge_loop_counts_both_branches() {
+    use host_tools::task_count::{count_tasks, TaskCount};
+    let count = |otherwise_calls: usize| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        let add = move |w: &mut Workload| {
+            w.call(
+                ADD,
+                &[
+                    x.tile(0, 0, 16, 16),
+                    x.tile(0, 0, 16, 16),
+                    y.tile(0, 0, 16, 16),
+                ],
+                &[],
+            )
+        };
+        w.parallel(Axis::Dense(u32::MAX), |w, i| {
+            w.when(
+                (i % 3).equals(0),
+                |w| {
+                    add(w);
+                    add(w);
+                },
+                |w| (0..otherwise_calls).for_each(|_| add(w)),
+            );
+        });
+        let table = w.finish().unwrap();
+        let parsed = device_runtime::abi::Table::parse(&table).unwrap();
+        count_tasks(&parsed, None, &[]).unwrap()
+    };
+    let n = u32::MAX as u128;
+    // Which branch runs depends on the loop index, which the count does
+    // not follow: 0 to 2 tasks per iteration...
+    assert_eq!(
+        count(0),
+        TaskCount::Between {
+            lo: 0,
+            hi: 2 * n,
+            symbols: false,
+            data: false
+        }
+    );
+    // ... but 2 either way is exact.
+    assert_eq!(count(2), TaskCount::Exact(2 * n));
 }

@@ -117,3 +117,37 @@ fn bad_inputs_are_errors_not_panics() {
     )
     .is_err());
 }
+
+/// A workload's own default sizes apply unless sizes are given; a seed
+/// changes only the data, and given sizes are honoured even when they equal
+/// another workload's defaults.
+#[test]
+fn a_seed_changes_the_data_only_and_given_sizes_are_honoured() {
+    for name in NAMES {
+        let defaults = Params::of(name).unwrap();
+        let one = Workload::build(name, defaults).unwrap();
+        let two = Workload::build(
+            name,
+            Params {
+                seed: 2,
+                ..defaults
+            },
+        )
+        .unwrap();
+        assert_eq!(one.summary, two.summary, "{name}: the same sizes");
+        assert_eq!(one.table, two.table, "{name}: the same table");
+        assert_ne!(one.arena.bytes, two.arena.bytes, "{name}: other data");
+    }
+    // mlp's defaults are 64 x 128 x 128; 256 x 256 x 256 given is built.
+    let big = Params {
+        m: 256,
+        n: 256,
+        k: 256,
+        tile: 32,
+        seed: 1,
+    };
+    let mlp = Workload::build("mlp", big).unwrap();
+    assert!(mlp.summary.contains("X[256x256]"), "{}", mlp.summary);
+    assert_eq!(Params::of("mlp").unwrap().m, 64);
+    assert!(Params::of("nope").is_err());
+}

@@ -123,7 +123,7 @@ fn the_ragged_example_chooses_its_tile_size_by_length() {
 #[test]
 fn the_moe_file_is_the_builtin_moe_workload() {
     use host_tools::workloads::{Params, Workload};
-    let builtin = Workload::build("moe", Params::default()).unwrap();
+    let builtin = Workload::build("moe", Params::of("moe").unwrap()).unwrap();
     let w = example("moe").build(&[]).unwrap();
     assert!(w.table == builtin.table, "the same program and table bytes");
     assert_eq!(w.tensors, builtin.tensors);

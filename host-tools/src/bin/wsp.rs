@@ -5,14 +5,14 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use device_runtime::exec::{RunOptions, Symbols};
+use device_runtime::exec::{RunOptions, RunStats, Symbols};
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use host_tools::inspect::inspect;
 use host_tools::semantic::run_semantic_with;
 use host_tools::shim::Shim;
 use host_tools::table::Arena;
 use host_tools::workload_file::{FileWorkload, WorkloadFile};
-use host_tools::workloads::{Params, Verification, Workload, NAMES};
+use host_tools::workloads::{is_tiled, Params, Verification, Workload, NAMES};
 
 #[derive(Parser)]
 #[command(name = "wsp", about = "Build, run and inspect pto-wsp workloads")]
@@ -23,10 +23,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Build a workload, run it on the host shim and check it against the f64 reference.
+    /// Build a workload, run it on the host shim and check it against the
+    /// f64 reference; or run a built table (TABLE.bin) on the shim unchanged.
     Run {
         #[command(flatten)]
         workload: WorkloadArgs,
+        /// A table's initial data arena (default: zeroes of the table's arena size).
+        #[arg(long)]
+        arena: Option<PathBuf>,
+        /// Where to write the data arena after the run.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A table's program symbols, bound at launch by position (e.g. `--symbols 3,7`).
+        #[arg(long = "symbols", value_delimiter = ',', allow_negative_numbers = true)]
+        table_symbols: Option<Vec<i64>>,
         /// Emulated cube cores (matrix kernels).
         #[arg(long, default_value_t = 2)]
         cube: usize,
@@ -43,14 +53,15 @@ enum Command {
         /// Dispatch policy: round-robin, affinity, hash, work-stealing, shared, adaptive.
         #[arg(long, default_value = "work-stealing")]
         policy: String,
-        /// Dispatch key of the key-based policies: `task` (task index),
-        /// `scalar:N` (scalar N), `tile:ARG:DIM` (tile index of argument
-        /// ARG along dimension DIM, e.g. tile:2:0 = output row block of a
-        /// GEMM), `stream` (the task's stream) or `loop:N` (the index of
-        /// the program loop at nesting level N around the task, e.g. loop:0
-        /// = the expert of `moe`).
-        #[arg(long, default_value = "tile:2:0")]
-        key: String,
+        /// Dispatch key of the key-based policies (affinity, hash,
+        /// work-stealing, adaptive): `task` (task index), `scalar:N` (scalar
+        /// N), `tile:ARG:DIM` (tile index of argument ARG along dimension
+        /// DIM, e.g. tile:2:0 = output row block of a GEMM), `stream` (the
+        /// task's stream) or `loop:N` (the index of the program loop at
+        /// nesting level N around the task, e.g. loop:0 = the expert of
+        /// `moe`). Default: tile:2:0.
+        #[arg(long)]
+        key: Option<String>,
         /// Tasks one dispatch queue may hold (1 to 256).
         #[arg(long, default_value_t = device_runtime::sched::DISPATCH_QUEUE)]
         queue_depth: usize,
@@ -93,23 +104,30 @@ enum Command {
 
 #[derive(Args)]
 struct WorkloadArgs {
-    /// A built-in workload (gemm, mlp, streams, moe, moe-var) or a workload
-    /// file (a path ending in .toml, or to an existing file).
+    /// A built-in workload (gemm, mlp, streams, moe, moe-var), a workload
+    /// file (a path ending in .toml, or another existing file that is not a
+    /// table), or, for `wsp run` only, a built table (a path ending in .bin,
+    /// or a file that starts with the table magic).
     workload: String,
     /// A workload file's symbol value, NAME=VALUE (repeatable); unset
     /// symbols take the file's defaults.
     #[arg(long = "symbol", value_name = "NAME=VALUE")]
     symbols: Vec<String>,
+    /// A built-in workload's size m (default: the workload's own).
     #[arg(long)]
     m: Option<u32>,
+    /// A built-in workload's size n (default: the workload's own).
     #[arg(long)]
     n: Option<u32>,
+    /// A built-in workload's size k (default: the workload's own).
     #[arg(long)]
     k: Option<u32>,
+    /// A tiled built-in workload's tile size (default: 32).
     #[arg(long)]
     tile: Option<u32>,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// A built-in workload's data seed: changes the data, never the sizes (default: 1).
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
 /// A built-in workload or a workload file's.
@@ -171,9 +189,42 @@ impl Loaded {
     }
 }
 
-/// Whether `arg` names a workload file rather than a built-in workload.
-fn is_file(arg: &str) -> bool {
-    arg.ends_with(".toml") || (!NAMES.contains(&arg) && Path::new(arg).is_file())
+/// What a workload argument names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Input {
+    /// A built-in workload (or an unknown name: building it says so).
+    Named,
+    /// A workload file.
+    File,
+    /// A built table.bin.
+    Table,
+}
+
+/// Whether the file at `path` starts with the table magic.
+fn starts_with_magic(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| head == device_runtime::abi::MAGIC)
+}
+
+/// A built-in name is a workload; a path ending in `.toml` a workload
+/// file; one ending in `.bin`, or an existing file that starts with the
+/// table magic, a table; any other existing file a workload file.
+fn classify(arg: &str) -> Input {
+    let path = Path::new(arg);
+    if NAMES.contains(&arg) {
+        Input::Named
+    } else if arg.ends_with(".toml") {
+        Input::File
+    } else if arg.ends_with(".bin") || starts_with_magic(path) {
+        Input::Table
+    } else if path.is_file() {
+        Input::File
+    } else {
+        Input::Named
+    }
 }
 
 /// `NAME=VALUE` arguments.
@@ -200,42 +251,63 @@ fn load_file(path: &str, symbols: &[String]) -> Result<FileWorkload> {
 }
 
 impl WorkloadArgs {
-    fn load(&self) -> Result<Loaded> {
-        if !is_file(&self.workload) {
-            if !self.symbols.is_empty() {
-                bail!("--symbol applies to workload files, not to built-in workloads");
-            }
-            return Ok(Loaded::Named(self.build()?));
-        }
-        if self.m.or(self.n).or(self.k).or(self.tile).is_some() {
-            bail!("--m, --n, --k and --tile apply to built-in workloads; a workload file gives its own sizes");
-        }
-        Ok(Loaded::File(Box::new(load_file(
-            &self.workload,
-            &self.symbols,
-        )?)))
+    fn sizes_given(&self) -> bool {
+        self.m.or(self.n).or(self.k).or(self.tile).is_some()
     }
 
+    /// The built-in workload or workload file named; `command` is the
+    /// subcommand, for the message when it names a table.
+    fn load(&self, command: &str) -> Result<Loaded> {
+        match classify(&self.workload) {
+            Input::Table => bail!(
+                "{}: wsp {command} takes a built-in workload or a workload file, not a table \
+                 (`wsp run TABLE.bin` runs a table, `wsp inspect TABLE.bin` shows it)",
+                self.workload
+            ),
+            Input::Named => {
+                if !self.symbols.is_empty() {
+                    bail!("--symbol applies to workload files, not to built-in workloads");
+                }
+                Ok(Loaded::Named(self.build()?))
+            }
+            Input::File => {
+                if self.sizes_given() || self.seed.is_some() {
+                    bail!("--m, --n, --k, --tile and --seed apply to built-in workloads; a workload file gives its own sizes and data");
+                }
+                Ok(Loaded::File(Box::new(load_file(
+                    &self.workload,
+                    &self.symbols,
+                )?)))
+            }
+        }
+    }
+
+    /// The built-in workload: its own default sizes, except those given.
     fn build(&self) -> Result<Workload> {
-        let d = Params::default();
+        let known = || format!("building workload (known: {})", NAMES.join(", "));
+        let d = Params::of(&self.workload).with_context(known)?;
+        if self.tile.is_some() && !is_tiled(&self.workload) {
+            bail!("--tile: {} is not built in tiles", self.workload);
+        }
         let p = Params {
             m: self.m.unwrap_or(d.m),
             n: self.n.unwrap_or(d.n),
             k: self.k.unwrap_or(d.k),
             tile: self.tile.unwrap_or(d.tile),
-            seed: self.seed,
+            seed: self.seed.unwrap_or(d.seed),
         };
-        // The mlp workload picks its own small sizes unless any is given.
-        let p = if self.m.or(self.n).or(self.k).or(self.tile).is_none() {
-            Params {
-                seed: self.seed,
-                ..d
-            }
-        } else {
-            p
-        };
-        Workload::build(&self.workload, p)
-            .with_context(|| format!("building workload (known: {})", NAMES.join(", ")))
+        Workload::build(&self.workload, p).with_context(known)
+    }
+
+    /// Refuses the flags that do not apply to a table.
+    fn check_table_flags(&self) -> Result<()> {
+        if self.sizes_given() || self.seed.is_some() {
+            bail!("--m, --n, --k, --tile and --seed apply to built-in workloads; a table has its sizes and data built in");
+        }
+        if !self.symbols.is_empty() {
+            bail!("--symbol NAME=VALUE applies to workload files; bind a table's symbols by position: --symbols V0,V1,...");
+        }
+        Ok(())
     }
 }
 
@@ -256,10 +328,154 @@ fn parse_key(text: &str) -> Result<DispatchKey> {
         .map_err(|e| anyhow::anyhow!("--key {text}: {e}"))
 }
 
+/// The dispatch key `wsp run` uses when none is given.
+const DEFAULT_KEY: &str = "tile:2:0";
+
+/// The shim's machine and scheduling for one `wsp run`.
+struct RunSetup {
+    shim: Shim,
+    semantic: bool,
+}
+
+impl RunSetup {
+    /// Runs `table` on `arena` and prints the run's figures.
+    fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats> {
+        let (shim, sched) = (&self.shim, &self.shim.sched);
+        let (threads, cube, vector) = (sched.threads, shim.cube_cores, shim.vector_cores);
+        let stats = if self.semantic {
+            println!(
+                "shim      semantic time on one host thread: {threads} scheduler threads ({}), {cube} cube + {vector} vector AICores",
+                sched.policy.name()
+            );
+            let run = run_semantic_with(table, arena, &shim.core_kinds(), sched, &shim.options)?;
+            println!(
+                "ran       {} tasks, makespan {} cycles",
+                run.stats.tasks, run.makespan
+            );
+            run.stats
+        } else {
+            println!(
+                "shim      {threads} AICPU scheduler threads ({}), {cube} cube + {vector} vector AICore threads",
+                sched.policy.name()
+            );
+            let stats = shim.run(table, arena)?;
+            println!(
+                "ran       {} tasks in {:.3} ms wall",
+                stats.tasks,
+                stats.wall_micros() as f64 / 1000.0
+            );
+            stats
+        };
+        print_stats(&stats, self.semantic);
+        Ok(stats)
+    }
+}
+
+/// Per-taskset, per-thread and per-core figures, and backpressure.
+fn print_stats(stats: &RunStats, semantic: bool) {
+    println!("policy    {}", stats.policy);
+    for (set, t) in stats.tasksets.iter().enumerate() {
+        if let (1.., Some(t)) = (set, t) {
+            println!(
+                "  taskset {set} (the program's): {}, key {}, placed {} tasks",
+                t.decision, t.key, t.placed
+            );
+        }
+    }
+    println!("window    {} tasks in flight at most", stats.window);
+    let ticks = if semantic { "cycles" } else { "ns" };
+    for t in stats.threads() {
+        println!(
+            "  thread {}: placed {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
+            t.thread, t.placed, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
+        );
+    }
+    for c in stats.cores() {
+        let idle = stats.wall_ticks.saturating_sub(c.busy_ticks);
+        println!(
+            "  core {} ({:?}, thread {}): {:>5} tasks {:>12} cycles, busy {} {ticks}, idle {} {ticks}",
+            c.core, c.kind, c.thread, c.tasks, c.cycles, c.busy_ticks, idle
+        );
+    }
+    println!("  total semantic cycles {}", stats.total_cycles());
+    print_stalls(&stats.stalls);
+}
+
+/// Writes the arena after a run to `out`, if asked.
+fn write_out(out: Option<&Path>, arena: &[u8]) -> Result<()> {
+    if let Some(out) = out {
+        std::fs::write(out, arena).with_context(|| format!("writing {}", out.display()))?;
+        println!(
+            "wrote     {} (the arena after the run, {} bytes)",
+            out.display(),
+            arena.len()
+        );
+    }
+    Ok(())
+}
+
+/// `wsp run TABLE.bin`: the table unchanged on the shim, on the arena in
+/// `arena` (default zeroes), with `symbols` bound by position.
+fn run_table(
+    path: &str,
+    arena: Option<&Path>,
+    symbols: &[i64],
+    setup: &mut RunSetup,
+    out: Option<&Path>,
+) -> Result<bool> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+    let table =
+        device_runtime::abi::Table::parse(&bytes).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    let size =
+        usize::try_from(table.arena_size()).context("the table's arena does not fit in memory")?;
+    let mut data = match arena {
+        Some(a) => {
+            let data = std::fs::read(a).with_context(|| format!("reading {}", a.display()))?;
+            if data.len() != size {
+                bail!(
+                    "{}: {} bytes; the table's arena is {size} bytes",
+                    a.display(),
+                    data.len()
+                );
+            }
+            data
+        }
+        None => vec![0; size],
+    };
+    let reads = table.program_info().symbols;
+    if symbols.len() != reads {
+        bail!(
+            "--symbols: {} given; the table's program reads {reads} (bind symbols 0 to {} by position: --symbols V0,V1,...)",
+            symbols.len(),
+            reads as i64 - 1
+        );
+    }
+    setup.shim.options.symbols = Symbols::new(symbols).context("--symbols: too many symbols")?;
+    println!(
+        "table     {path}: {}",
+        host_tools::inspect::summary(&table, None, symbols)
+    );
+    match arena {
+        Some(a) => println!("arena     {} ({size} bytes)", a.display()),
+        None => println!("arena     {size} bytes of zeroes"),
+    }
+    if !symbols.is_empty() {
+        let list: Vec<String> = symbols.iter().map(i64::to_string).collect();
+        println!("symbols   {}", list.join(", "));
+    }
+    setup.run(&bytes, &mut data)?;
+    write_out(out, &data)?;
+    println!("no reference for a table: check the arena with `wsp verify WORKLOAD --arena OUT`");
+    Ok(true)
+}
+
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
         Command::Run {
             workload,
+            arena,
+            out,
+            table_symbols,
             cube,
             vector,
             semantic,
@@ -272,24 +488,49 @@ fn run(cli: Cli) -> Result<bool> {
         } => {
             let policy = PolicyKind::parse(&policy)
                 .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
+            if key.is_some() && matches!(policy, PolicyKind::RoundRobin | PolicyKind::Shared) {
+                bail!(
+                    "--key applies to the key-based policies (affinity, hash, work-stealing, adaptive); {} places tasks without one",
+                    policy.name()
+                );
+            }
             let sched = SchedConfig {
                 threads,
                 policy,
-                key: parse_key(&key)?,
+                key: parse_key(key.as_deref().unwrap_or(DEFAULT_KEY))?,
                 queue_depth,
             };
-            let w = workload.load()?;
-            let shim = Shim {
-                cube_cores: cube,
-                vector_cores: vector,
-                sched,
-                options: RunOptions {
-                    issue_depth,
-                    window,
-                    symbols: Symbols::new(w.symbols()).context("too many symbols")?,
-                    ..RunOptions::default()
+            let mut setup = RunSetup {
+                shim: Shim {
+                    cube_cores: cube,
+                    vector_cores: vector,
+                    sched,
+                    options: RunOptions {
+                        issue_depth,
+                        window,
+                        ..RunOptions::default()
+                    },
                 },
+                semantic,
             };
+            if classify(&workload.workload) == Input::Table {
+                workload.check_table_flags()?;
+                return run_table(
+                    &workload.workload,
+                    arena.as_deref(),
+                    table_symbols.as_deref().unwrap_or_default(),
+                    &mut setup,
+                    out.as_deref(),
+                );
+            }
+            if arena.is_some() {
+                bail!("--arena applies to a table (wsp run TABLE.bin); a workload builds its own arena");
+            }
+            if table_symbols.is_some() {
+                bail!("--symbols applies to a table (wsp run TABLE.bin); a workload file takes --symbol NAME=VALUE");
+            }
+            let w = workload.load("run")?;
+            setup.shim.options.symbols = Symbols::new(w.symbols()).context("too many symbols")?;
             println!("workload  {}: {}", w.name(), w.summary());
             if let Some(line) = w.symbols_line() {
                 println!("symbols   {line}");
@@ -307,66 +548,12 @@ fn run(cli: Cli) -> Result<bool> {
                 w.arena().bytes.len()
             );
             let mut arena = w.arena().clone();
-            let stats = if semantic {
-                println!(
-                    "shim      semantic time on one host thread: {threads} scheduler threads ({}), {cube} cube + {vector} vector AICores",
-                    policy.name()
-                );
-                let run = run_semantic_with(
-                    w.table(),
-                    &mut arena.bytes,
-                    &shim.core_kinds(),
-                    &sched,
-                    &shim.options,
-                )?;
-                println!(
-                    "ran       {} tasks, makespan {} cycles",
-                    run.stats.tasks, run.makespan
-                );
-                run.stats
-            } else {
-                println!(
-                    "shim      {threads} AICPU scheduler threads ({}), {cube} cube + {vector} vector AICore threads",
-                    policy.name()
-                );
-                let stats = shim.run(w.table(), &mut arena.bytes)?;
-                println!(
-                    "ran       {} tasks in {:.3} ms wall",
-                    stats.tasks,
-                    stats.wall_micros() as f64 / 1000.0
-                );
-                stats
-            };
-            println!("policy    {}", stats.policy);
-            for (set, t) in stats.tasksets.iter().enumerate() {
-                if let (1.., Some(t)) = (set, t) {
-                    println!(
-                        "  taskset {set} (the program's): {}, key {}, placed {} tasks",
-                        t.decision, t.key, t.placed
-                    );
-                }
-            }
-            println!("window    {} tasks in flight at most", stats.window);
-            let ticks = if semantic { "cycles" } else { "ns" };
-            for t in stats.threads() {
-                println!(
-                    "  thread {}: placed {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
-                    t.thread, t.placed, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
-                );
-            }
-            for c in stats.cores() {
-                let idle = stats.wall_ticks.saturating_sub(c.busy_ticks);
-                println!(
-                    "  core {} ({:?}, thread {}): {:>5} tasks {:>12} cycles, busy {} {ticks}, idle {} {ticks}",
-                    c.core, c.kind, c.thread, c.tasks, c.cycles, c.busy_ticks, idle
-                );
-            }
-            println!("  total semantic cycles {}", stats.total_cycles());
-            print_stalls(&stats.stalls);
+            let stats = setup.run(w.table(), &mut arena.bytes)?;
+            write_out(out.as_deref(), &arena.bytes)?;
             Ok(report(&w, &arena, Some(stats.tasks as usize)))
         }
         Command::Build { workload, out } => {
-            let w = workload.load()?;
+            let w = workload.load("build")?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             std::fs::write(out.join("table.bin"), w.table()).context("writing table.bin")?;
             std::fs::write(out.join("arena.bin"), &w.arena().bytes).context("writing arena.bin")?;
@@ -382,7 +569,7 @@ fn run(cli: Cli) -> Result<bool> {
             Ok(true)
         }
         Command::Verify { workload, arena } => {
-            let w = workload.load()?;
+            let w = workload.load("verify")?;
             let bytes =
                 std::fs::read(&arena).with_context(|| format!("reading {}", arena.display()))?;
             Ok(report(&w, &Arena { bytes }, None))

@@ -1,0 +1,185 @@
+//! The `wsp` binary: its flags do what they say.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn wsp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wsp"))
+        .args(args)
+        .output()
+        .expect("wsp runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The `workload` line of a run: its name and sizes.
+fn workload_line(o: &Output) -> String {
+    stdout(o)
+        .lines()
+        .find(|l| l.starts_with("workload"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A fresh directory for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_seed_keeps_each_workloads_default_sizes() {
+    for name in ["mlp", "moe"] {
+        let plain = wsp(&["run", name, "--semantic"]);
+        let seeded = wsp(&["run", name, "--semantic", "--seed", "2"]);
+        assert!(plain.status.success(), "{name}: {}", stderr(&plain));
+        assert!(
+            seeded.status.success(),
+            "{name} --seed 2: {}",
+            stderr(&seeded)
+        );
+        assert_eq!(workload_line(&plain), workload_line(&seeded), "{name}");
+    }
+}
+
+#[test]
+fn sizes_equal_to_the_gemm_defaults_are_honoured() {
+    let dir = scratch("sizes_equal_to_the_gemm_defaults_are_honoured");
+    let out = dir.to_str().unwrap();
+    let o = wsp(&["build", "mlp", "--out", out]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let small = std::fs::metadata(dir.join("arena.bin")).unwrap().len();
+    let o = wsp(&[
+        "build", "mlp", "--m", "256", "--n", "256", "--k", "256", "--out", out,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let big = std::fs::metadata(dir.join("arena.bin")).unwrap().len();
+    assert!(
+        big > small,
+        "256^3 given: arena {big} bytes, default {small}"
+    );
+}
+
+#[test]
+fn a_built_table_runs_on_the_shim_and_its_arena_verifies() {
+    let dir = scratch("a_built_table_runs_on_the_shim_and_its_arena_verifies");
+    let d = dir.to_str().unwrap();
+    let (table, arena) = (format!("{d}/table.bin"), format!("{d}/arena.bin"));
+    let out = format!("{d}/out.bin");
+    let o = wsp(&["build", "gemm", "--out", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = wsp(&["run", &table, "--arena", &arena, "--out", &out]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ran       512 tasks"), "{}", stdout(&o));
+    let o = wsp(&["verify", "gemm", "--arena", &out]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+    // The unchanged input arena does not pass: the run computed the result.
+    let o = wsp(&["verify", "gemm", "--arena", &arena]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    // Without --arena the table runs on zeroes (C = 0 x 0 = 0).
+    let o = wsp(&["run", &table, "--out", &out, "--semantic"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(&out).unwrap().iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_bad_table_is_refused_with_the_field_named() {
+    let dir = scratch("a_bad_table_is_refused_with_the_field_named");
+    let d = dir.to_str().unwrap();
+    let o = wsp(&[
+        "build", "gemm", "--m", "64", "--n", "64", "--k", "64", "--out", d,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = format!("{d}/table.bin");
+    let mut bytes = std::fs::read(&table).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xFF;
+    std::fs::write(&table, &bytes).unwrap();
+    let o = wsp(&["run", &table]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("invalid descriptor table: section `"),
+        "{}",
+        stderr(&o)
+    );
+    // A table's arena of the wrong size is refused too.
+    let o = wsp(&[
+        "build", "gemm", "--m", "64", "--n", "64", "--k", "64", "--out", d,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = wsp(&["run", &table, "--arena", &table]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("the table's arena is"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn flags_that_do_not_apply_are_errors() {
+    let dir = scratch("flags_that_do_not_apply_are_errors");
+    let d = dir.to_str().unwrap();
+    let o = wsp(&[
+        "build", "gemm", "--m", "64", "--n", "64", "--k", "64", "--out", d,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = format!("{d}/table.bin");
+    let toml = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/workloads/moe.toml"
+    );
+    for (args, why) in [
+        (
+            vec!["run", "gemm", "--arena", &table],
+            "--arena applies to a table",
+        ),
+        (
+            vec!["run", "gemm", "--symbols", "3"],
+            "--symbols applies to a table",
+        ),
+        (
+            vec!["run", &table, "--seed", "2"],
+            "--seed apply to built-in workloads",
+        ),
+        (
+            vec!["run", &table, "--m", "32"],
+            "--seed apply to built-in workloads",
+        ),
+        (
+            vec!["run", &table, "--symbol", "a=1"],
+            "bind a table's symbols by position",
+        ),
+        (
+            vec!["run", &table, "--symbols", "3"],
+            "the table's program reads 0",
+        ),
+        (
+            vec!["run", toml, "--seed", "2"],
+            "a workload file gives its own",
+        ),
+        (
+            vec!["run", "moe", "--tile", "16"],
+            "moe is not built in tiles",
+        ),
+        (
+            vec!["run", "gemm", "--policy", "round-robin", "--key", "task"],
+            "--key applies",
+        ),
+        (vec!["build", &table, "--out", d], "not a table"),
+        (vec!["verify", &table, "--arena", &table], "not a table"),
+    ] {
+        let o = wsp(&args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+    }
+}

@@ -19,11 +19,17 @@ pub const TASKS_SHOWN: usize = 20;
 
 /// The dump of `bytes`; never panics, whatever the bytes.
 pub fn inspect(bytes: &[u8], all_tasks: bool) -> String {
+    inspect_with(bytes, all_tasks, &[])
+}
+
+/// As [`inspect`], counting the program's tasks with `symbols` bound by
+/// position.
+pub fn inspect_with(bytes: &[u8], all_tasks: bool, symbols: &[i64]) -> String {
     let mut out = String::new();
     dump(&mut out, bytes, all_tasks);
     match Table::parse(bytes) {
         Ok(t) => {
-            let _ = writeln!(out, "valid: {}", summary(&t, None, &[]));
+            let _ = writeln!(out, "valid: {}", summary(&t, None, symbols));
         }
         Err(e) => {
             let _ = writeln!(out, "INVALID: {e}");

@@ -183,3 +183,51 @@ fn flags_that_do_not_apply_are_errors() {
         assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
     }
 }
+
+#[test]
+fn inspect_counts_a_tables_tasks_with_the_symbols_given() {
+    let dir = scratch("inspect_counts_a_tables_tasks_with_the_symbols_given");
+    let d = dir.to_str().unwrap();
+    let toml = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/workloads/gemm_dyn.toml"
+    );
+    let o = wsp(&["build", toml, "--out", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = format!("{d}/table.bin");
+    // mt row tiles of 4 x 4 GEMM tiles each (4 column tiles, 4 along k), mt at most 8.
+    let o = wsp(&["inspect", &table]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("between 0 and 128 tasks (depending on symbols not bound here)"),
+        "{}",
+        stdout(&o)
+    );
+    let o = wsp(&["inspect", &table, "--symbols", "4"]);
+    assert!(
+        stdout(&o).contains("expands to 64 tasks;"),
+        "{}",
+        stdout(&o)
+    );
+    let o = wsp(&["inspect", toml, "--symbol", "mt=3"]);
+    assert!(
+        stdout(&o).contains("expands to 48 tasks;"),
+        "{}",
+        stdout(&o)
+    );
+    // Each kind of input takes its own form of symbols.
+    let o = wsp(&["inspect", toml, "--symbols", "3"]);
+    assert!(
+        stderr(&o).contains("--symbols applies to a table"),
+        "{}",
+        stderr(&o)
+    );
+    let o = wsp(&["inspect", &table, "--symbol", "mt=3"]);
+    assert!(stderr(&o).contains("by position"), "{}", stderr(&o));
+    let o = wsp(&["inspect", "gemm"]);
+    assert!(
+        stderr(&o).contains("is a built-in workload"),
+        "{}",
+        stderr(&o)
+    );
+}

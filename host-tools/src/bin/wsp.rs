@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use device_runtime::exec::{RunOptions, RunStats, Symbols};
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
-use host_tools::inspect::inspect;
+use host_tools::inspect::inspect_with;
 use host_tools::semantic::run_semantic_with;
 use host_tools::shim::Shim;
 use host_tools::table::Arena;
@@ -99,6 +99,10 @@ enum Command {
         /// A workload file's symbol value, NAME=VALUE (repeatable).
         #[arg(long = "symbol", value_name = "NAME=VALUE")]
         symbols: Vec<String>,
+        /// A table's program symbols by position (e.g. `--symbols 3,7`), to
+        /// count its tasks with.
+        #[arg(long = "symbols", value_delimiter = ',', allow_negative_numbers = true)]
+        table_symbols: Option<Vec<i64>>,
     },
 }
 
@@ -578,20 +582,39 @@ fn run(cli: Cli) -> Result<bool> {
             table,
             all,
             symbols,
+            table_symbols,
         } => {
             let path = table.to_string_lossy().into_owned();
-            let (bytes, file) = if path.ends_with(".toml") {
-                let f = load_file(&path, &symbols)?;
-                (f.table.clone(), Some(f))
+            // Any file but a .toml is shown as a table, whatever its bytes.
+            let input = if path.ends_with(".toml") {
+                Input::File
+            } else if NAMES.contains(&path.as_str()) && !table.exists() {
+                Input::Named
             } else {
-                if !symbols.is_empty() {
-                    bail!("--symbol applies to workload files (FILE.toml)");
-                }
-                let bytes = std::fs::read(&table)
-                    .with_context(|| format!("reading {}", table.display()))?;
-                (bytes, None)
+                Input::Table
             };
-            let text = inspect(&bytes, all);
+            let (bytes, file, bound) = match input {
+                Input::Named => bail!(
+                    "{path} is a built-in workload: `wsp build {path} --out DIR` writes its table, then `wsp inspect DIR/table.bin`"
+                ),
+                Input::File => {
+                    if table_symbols.is_some() {
+                        bail!("--symbols applies to a table; a workload file takes --symbol NAME=VALUE");
+                    }
+                    let f = load_file(&path, &symbols)?;
+                    let bound = f.symbols.clone();
+                    (f.table.clone(), Some(f), bound)
+                }
+                Input::Table => {
+                    if !symbols.is_empty() {
+                        bail!("--symbol applies to workload files (FILE.toml); bind a table's symbols by position: --symbols V0,V1,...");
+                    }
+                    let bytes = std::fs::read(&table)
+                        .with_context(|| format!("reading {}", table.display()))?;
+                    (bytes, None, table_symbols.unwrap_or_default())
+                }
+            };
+            let text = inspect_with(&bytes, all, &bound);
             print!("{text}");
             if let Some(f) = file {
                 let w = Loaded::File(Box::new(f));

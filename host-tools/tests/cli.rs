@@ -176,6 +176,7 @@ fn flags_that_do_not_apply_are_errors() {
             "--key applies",
         ),
         (vec!["build", &table, "--out", d], "not a table"),
+        (vec!["run", "nope"], "unknown workload `nope`"),
         (vec!["verify", &table, "--arena", &table], "not a table"),
     ] {
         let o = wsp(&args);

@@ -288,8 +288,9 @@ impl WorkloadArgs {
 
     /// The built-in workload: its own default sizes, except those given.
     fn build(&self) -> Result<Workload> {
-        let known = || format!("building workload (known: {})", NAMES.join(", "));
-        let d = Params::of(&self.workload).with_context(known)?;
+        let d = Params::of(&self.workload).map_err(|e| {
+            anyhow::anyhow!("{e}; nor is it a workload file (FILE.toml) or a table (TABLE.bin)")
+        })?;
         if self.tile.is_some() && !is_tiled(&self.workload) {
             bail!("--tile: {} is not built in tiles", self.workload);
         }
@@ -300,7 +301,8 @@ impl WorkloadArgs {
             tile: self.tile.unwrap_or(d.tile),
             seed: self.seed.unwrap_or(d.seed),
         };
-        Workload::build(&self.workload, p).with_context(known)
+        Workload::build(&self.workload, p)
+            .with_context(|| format!("building workload {}", self.workload))
     }
 
     /// Refuses the flags that do not apply to a table.

@@ -41,7 +41,6 @@ pub const MAX_RUN_TASKS: u128 = 1 << 32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskCount {
     Exact(u128),
-    /// The count depends on what the host does not know.
     /// The count depends on what the host does not know or follow:
     /// symbols, data, or (neither) a `when` on loop indices.
     Between {

@@ -11,10 +11,8 @@ use super::resolve::{RAxis, RRegion, Step};
 use super::{ErrorKind, FileError, Src};
 use crate::program::Expanded;
 use crate::table::{Arena, TensorId, TensorLayout};
-
-/// Tasks the reference expands at most, and loop iterations.
-const MAX_TASKS: usize = 1 << 22;
-const MAX_ITERATIONS: u64 = 1 << 26;
+// The bounds of every host walk that lists tasks one by one.
+use crate::task_count::{MAX_HOST_ITERATIONS as MAX_ITERATIONS, MAX_HOST_TASKS as MAX_TASKS};
 
 /// A region's 2-D view: `rows` x `cols` elements from `first`, rows
 /// `stride` apart.

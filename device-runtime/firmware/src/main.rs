@@ -1,4 +1,5 @@
-//! The pto-wsp firmware for QEMU `virt` (aarch64, 8 CPUs, 512 MiB).
+//! The pto-wsp firmware for QEMU `virt` (aarch64, 8 CPUs, 512 MiB; the
+//! memory map is [`device_runtime::abi::memory_map`]).
 //!
 //! CPUs 0-3 play the AICPU, CPUs 4-7 the AICores. CPU 0 reads the launch
 //! block the host loaded at [`LAUNCH_ADDR`] (the program's symbols, the
@@ -40,6 +41,9 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use device_runtime::abi::launch::{Launch, LaunchError, LAUNCH_MAX};
+use device_runtime::abi::memory_map::{
+    ARENA_ADDR, ARENA_MAX, CPUS, LAUNCH_ADDR, LAUNCH_WINDOW, TABLE_ADDR, TABLE_MAX,
+};
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
 use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
@@ -52,14 +56,8 @@ use wsp_ffi::CoreKind;
 
 use crate::clock::CounterClock;
 
-/// Where the host loads the launch block (the 4 KiB below the table).
-const LAUNCH_ADDR: usize = 0x47ff_f000;
-/// Where the host loads the descriptor table, and its largest size.
-const TABLE_ADDR: usize = 0x4800_0000;
-const TABLE_MAX: usize = 16 << 20;
-/// Where the host loads the data arena; it may reach the end of RAM.
-const ARENA_ADDR: usize = 0x4900_0000;
-const ARENA_MAX: usize = 0x6000_0000 - ARENA_ADDR;
+// The largest launch block fits its window.
+const _: () = assert!(LAUNCH_MAX <= LAUNCH_WINDOW);
 
 const EXIT_OK: i32 = 0;
 const EXIT_RUN: i32 = 1;
@@ -69,8 +67,8 @@ const EXIT_PANIC: i32 = 101;
 
 /// CPUs that play the AICPU: 0 .. AICPUS, one scheduler thread each at most.
 const AICPUS: usize = 4;
-/// Cores that run kernels: CPUs AICPUS .. CORES. Runtime core `c` is CPU `AICPUS + c`.
-const WORKERS: usize = boot::CORES - AICPUS;
+/// Cores that run kernels: CPUs AICPUS .. CPUS. Runtime core `c` is CPU `AICPUS + c`.
+const WORKERS: usize = CPUS - AICPUS;
 /// The kind of each worker: cube and vector alternate, so that every
 /// scheduler thread of two owns one of each.
 static KINDS: [CoreKind; WORKERS] = [
@@ -237,10 +235,10 @@ extern "C" fn primary_main() -> ! {
         .unwrap_or(usize::MAX)
         .min(ARENA_MAX);
     // SAFETY: [ARENA_ADDR, +ARENA_MAX) is RAM that the memory map reserves for
-    // the arena (linker/qemu-virt.ld); nothing else in the image refers to it,
-    // so this is its only reference until the run ends. The scheduler threads
-    // turn it into tensor views only for the kernels they issue, under
-    // `IssuePort::issue`'s contract.
+    // the arena (the linker keeps the image below the launch block); nothing
+    // else in the image refers to it, so this is its only reference until the
+    // run ends. The scheduler threads turn it into tensor views only for the
+    // kernels they issue, under `IssuePort::issue`'s contract.
     let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
     let result = run_threads(table, Arena::new(arena), clock, &options, &sched);
     MAILBOXES.iter().for_each(CoreMailbox::request_exit);
@@ -373,7 +371,7 @@ fn run_threads(
     }
 }
 
-/// CPUs 1..CORES, called by the boot code with their CPU number.
+/// CPUs 1..CPUS, called by the boot code with their CPU number.
 extern "C" fn secondary_main(cpu: usize) -> ! {
     ONLINE.fetch_or(1 << cpu, Ordering::Release);
     if cpu < AICPUS {
@@ -390,8 +388,13 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
 /// Starts the CPUs a run with `threads` scheduler threads needs (1 ..
 /// threads and every worker) and waits until each has come up.
 fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
+    if let Some(found) = psci::count_cpus(CPUS) {
+        if found < CPUS {
+            return Err(StartError::TooFewCpus { found });
+        }
+    }
     let entry = boot::_start_secondary as *const () as usize as u64;
-    let needed = (1..threads).chain(AICPUS..boot::CORES);
+    let needed = (1..threads).chain(AICPUS..CPUS);
     let mut all = 0u32;
     for cpu in needed {
         // MPIDR affinity of CPU n on `virt` (up to 8 CPUs): Aff0 = n.
@@ -417,13 +420,27 @@ fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
 
 /// Why the workers did not all come up.
 enum StartError {
-    CpuOn { cpu: u64, error: psci::PsciError },
-    Offline { missing: u32 },
+    /// QEMU started the machine with `found` CPUs, fewer than [`CPUS`].
+    TooFewCpus {
+        found: usize,
+    },
+    CpuOn {
+        cpu: u64,
+        error: psci::PsciError,
+    },
+    Offline {
+        missing: u32,
+    },
 }
 
 impl Display for StartError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
+            StartError::TooFewCpus { found } => write!(
+                f,
+                "this firmware needs {CPUS} CPUs ({AICPUS} scheduler threads + {WORKERS} AICores); \
+                 QEMU started it with {found}: pass -smp {CPUS}"
+            ),
             StartError::CpuOn { cpu, error } => write!(f, "starting cpu {cpu}: {error}"),
             StartError::Offline { missing } => {
                 write!(
@@ -438,8 +455,9 @@ impl Display for StartError {
 /// Parses the table at [`TABLE_ADDR`]; its header says how long it is.
 fn load_table() -> Result<Table<'static>, TableError> {
     // SAFETY: [TABLE_ADDR, +TABLE_MAX) is RAM that the memory map reserves for
-    // the table (linker/qemu-virt.ld); QEMU's loader fills it before any core
-    // starts (zeroes if no table was given) and nothing writes it afterwards.
+    // the table (the linker keeps the image below the launch block); QEMU's
+    // loader fills it before any core starts (zeroes if no table was given)
+    // and nothing writes it afterwards.
     let header = unsafe { core::slice::from_raw_parts(TABLE_ADDR as *const u8, HEADER_SIZE) };
     let len = table_len(header)?.min(TABLE_MAX);
     // SAFETY: as above; `len` stays within the reserved window (a longer table
@@ -452,10 +470,10 @@ fn load_table() -> Result<Table<'static>, TableError> {
 /// [`LAUNCH_ADDR`]: its symbols, 1 to [`AICPUS`] scheduler threads (1 if it
 /// does not say) and its dispatch policy (round-robin if it does not say).
 fn load_launch() -> Result<(RunOptions, SchedConfig), LaunchFailure> {
-    // SAFETY: [LAUNCH_ADDR, +4 KiB) is RAM that the memory map reserves for
-    // the launch block (linker/qemu-virt.ld); QEMU's loader fills it before
-    // any core starts (zeroes if no block was given) and nothing writes it
-    // afterwards. LAUNCH_MAX is well below 4 KiB.
+    // SAFETY: [LAUNCH_ADDR, +LAUNCH_WINDOW) is RAM that the memory map
+    // reserves for the launch block (the image ends below it); QEMU's loader
+    // fills it before any core starts (zeroes if no block was given) and
+    // nothing writes it afterwards. LAUNCH_MAX fits the window (asserted).
     let bytes = unsafe { core::slice::from_raw_parts(LAUNCH_ADDR as *const u8, LAUNCH_MAX) };
     let launch = Launch::parse(bytes).map_err(LaunchFailure::Invalid)?;
     let Some(launch) = launch else {

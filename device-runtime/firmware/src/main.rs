@@ -35,10 +35,8 @@ mod boot;
 mod clock;
 mod psci;
 
-use core::cell::UnsafeCell;
 use core::fmt::Display;
-use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use device_runtime::abi::launch::{Launch, LaunchError, LAUNCH_MAX};
 use device_runtime::abi::memory_map::{
@@ -81,86 +79,57 @@ static KINDS: [CoreKind; WORKERS] = [
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
 /// The queues between the dispatcher and the scheduler threads.
 static QUEUES: Queues = Queues::new();
-/// The orchestrator of CPU 0 (about 140 KiB: too large for its stack).
-static ORCHESTRATOR: OrchestratorCell = OrchestratorCell {
-    cell: UnsafeCell::new(TableOrchestrator::for_tables()),
-    taken: AtomicBool::new(false),
-};
+/// The orchestrator of CPU 0 (about 140 KiB: too large for its stack),
+/// locked for good by [`take_orchestrator`].
+static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
+    spin::Mutex::new(TableOrchestrator::for_tables());
 /// The validated table, shared by every scheduler thread for the whole run.
-static TABLE: TableCell = TableCell {
-    cell: UnsafeCell::new(MaybeUninit::uninit()),
-    set: AtomicBool::new(false),
-};
+static TABLE: spin::Once<Table<'static>> = spin::Once::new();
 
-/// The orchestrator's static home, handed out once by [`take_orchestrator`].
-struct OrchestratorCell {
-    cell: UnsafeCell<TableOrchestrator>,
-    taken: AtomicBool,
-}
-
-// SAFETY: the cell is only reached through `take_orchestrator`, which hands
-// out its one `&mut` at most once (guarded by the atomic flag).
-unsafe impl Sync for OrchestratorCell {}
-
-/// The orchestrator, the first time; `None` after that.
+/// The orchestrator, the first time; `None` after that (its lock is never
+/// released).
 fn take_orchestrator() -> Option<&'static mut TableOrchestrator> {
-    if ORCHESTRATOR.taken.swap(true, Ordering::AcqRel) {
-        return None;
-    }
-    // SAFETY: the flag above makes this the only reference ever created.
-    Some(unsafe { &mut *ORCHESTRATOR.cell.get() })
+    ORCHESTRATOR.try_lock().map(spin::MutexGuard::leak)
 }
-
-/// The table's static home, set once by [`keep_table`].
-struct TableCell {
-    cell: UnsafeCell<MaybeUninit<Table<'static>>>,
-    set: AtomicBool,
-}
-
-// SAFETY: the cell is written once, by `keep_table` before it hands out any
-// reference (guarded by the atomic flag); afterwards it is only read, and a
-// `Table` only refers to immutable bytes.
-unsafe impl Sync for TableCell {}
 
 /// Keeps `table` for the rest of the run; `None` if one is kept already.
 fn keep_table(table: Table<'static>) -> Option<&'static Table<'static>> {
-    if TABLE.set.swap(true, Ordering::AcqRel) {
-        return None;
-    }
-    // SAFETY: the flag above makes this the only write, and no reference to
-    // the cell exists before it returns.
-    Some(unsafe { (*TABLE.cell.get()).write(table) })
+    let mut kept = false;
+    let table = TABLE.call_once(|| {
+        kept = true;
+        table
+    });
+    kept.then_some(table)
 }
 
 /// A scheduler thread (1 .. AICPUS) of the run.
 type Sched = Scheduler<'static, MailboxPlatform<'static, CounterClock>>;
+// Schedulers live on the stacks of CPU 0 (all of them, while it builds
+// them) and of the CPU serving each: they must stay small beside a stack.
+const _: () = assert!(AICPUS * core::mem::size_of::<Sched>() <= boot::STACK_SIZE / 8);
 
 /// Scheduler thread `t`, handed from CPU 0 to CPU `t` and back: CPU 0
 /// [`give`](Handoff::give)s it, CPU `t` [`serve`](Handoff::serve)s the run
 /// with it, and CPU 0 [`wait`](Handoff::wait)s for it to collect its figures.
 struct Handoff {
-    sched: UnsafeCell<MaybeUninit<Sched>>,
-    result: UnsafeCell<Option<RunError>>,
-    state: AtomicU32,
+    slot: spin::Mutex<Slot>,
+    /// The scheduler after the run, and its error if it failed.
+    served: spin::Once<(Sched, Option<RunError>)>,
 }
 
-/// [`Handoff::state`]: nothing given, given, being served, served.
-const EMPTY: u32 = 0;
-const GIVEN: u32 = 1;
-const SERVING: u32 = 2;
-const SERVED: u32 = 3;
-
-// SAFETY: the state moves EMPTY -> GIVEN (CPU 0, after writing the cell) ->
-// SERVING (CPU t, which alone uses the cells until) -> SERVED (after which
-// only CPU 0 reads them); each move publishes with Release and is observed
-// with Acquire, so exactly one CPU touches the cells at any time.
-unsafe impl Sync for Handoff {}
+/// Where a [`Handoff`]'s scheduler is before the run. (`repr(u8)`:
+/// `Empty` is a zero tag, so [`HANDOFFS`] stays in `.bss`.)
+#[repr(u8)]
+enum Slot {
+    Empty,
+    Given(Sched),
+    Taken,
+}
 
 static HANDOFFS: [Handoff; AICPUS] = [const {
     Handoff {
-        sched: UnsafeCell::new(MaybeUninit::uninit()),
-        result: UnsafeCell::new(None),
-        state: AtomicU32::new(EMPTY),
+        slot: spin::Mutex::new(Slot::Empty),
+        served: spin::Once::new(),
     }
 }; AICPUS];
 
@@ -168,48 +137,38 @@ impl Handoff {
     /// CPU 0: hands `sched` to the CPU that serves this handoff. `false`
     /// if one was given already.
     fn give(&self, sched: Sched) -> bool {
-        if self.state.load(Ordering::Acquire) != EMPTY {
+        let mut slot = self.slot.lock();
+        if !matches!(*slot, Slot::Empty) {
             return false;
         }
-        // SAFETY: in state EMPTY no other CPU touches the cell, and only CPU
-        // 0 gives; the Release store below publishes the write.
-        unsafe { (*self.sched.get()).write(sched) };
-        self.state.store(GIVEN, Ordering::Release);
+        *slot = Slot::Given(sched);
         true
     }
 
     /// CPU `t`: waits for its scheduler, serves the run with it, hands it back.
     fn serve(&self) {
-        while self
-            .state
-            .compare_exchange(GIVEN, SERVING, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        let mut sched = loop {
+            let mut slot = self.slot.lock();
+            match core::mem::replace(&mut *slot, Slot::Taken) {
+                Slot::Given(sched) => break sched,
+                other => *slot = other,
+            }
+            drop(slot);
             core::hint::spin_loop();
-        }
-        // SAFETY: in state SERVING this CPU alone uses the cells (see the
-        // `Sync` impl); the Acquire above saw `give`'s initialising write.
-        let sched = unsafe { (*self.sched.get()).assume_init_mut() };
+        };
         let result = sched.serve().err();
-        // SAFETY: as above; the Release store below publishes it to CPU 0.
-        unsafe { *self.result.get() = result };
-        self.state.store(SERVED, Ordering::Release);
+        self.served.call_once(|| (sched, result));
     }
 
     /// CPU 0: waits until the run was served; the scheduler (for its
     /// figures) and its error, if it failed.
-    fn wait(&self) -> (&Sched, Option<RunError>) {
-        while self.state.load(Ordering::Acquire) != SERVED {
-            core::hint::spin_loop();
-        }
-        // SAFETY: in state SERVED the serving CPU no longer touches the cells
-        // (its last access came before its Release store, which the Acquire
-        // above observed), and `give` initialised the scheduler.
-        unsafe { ((*self.sched.get()).assume_init_ref(), *self.result.get()) }
+    fn wait(&self) -> &(Sched, Option<RunError>) {
+        self.served.wait()
     }
 }
 
-/// Bit `cpu` is set once that CPU is up.
+/// Bit `cpu` is set once that CPU is up. (A set of flags CPU 0 polls with
+/// a time limit, not a one-time value: spin has nothing for it.)
 static ONLINE: AtomicU32 = AtomicU32::new(0);
 /// How long CPU 0 waits for the other CPUs to come up.
 const ONLINE_TIMEOUT_MS: u64 = 1000;
@@ -360,7 +319,7 @@ fn run_threads(
         let (scheduler, error) = handoff.wait();
         stats.add_thread(scheduler);
         if let Some(e) = error {
-            failure.get_or_insert(e);
+            failure.get_or_insert(*e);
         }
     }
     match (led, failure) {

@@ -58,6 +58,16 @@ pub fn run_in_qemu(table: &[u8], arena: &[u8]) -> QemuOutcome {
 
 /// [`run_in_qemu`] with a launch block (see [`launch_block`]).
 pub fn run_in_qemu_with(table: &[u8], arena: &[u8], launch: Option<Vec<u8>>) -> QemuOutcome {
+    run_in_qemu_configured(table, arena, |run| run.launch = launch)
+}
+
+/// [`run_in_qemu`] with the run changed by `configure` first (e.g. its
+/// launch block or its CPUs).
+pub fn run_in_qemu_configured(
+    table: &[u8],
+    arena: &[u8],
+    configure: impl FnOnce(&mut QemuRun),
+) -> QemuOutcome {
     let dir = std::env::temp_dir().join(format!("wsp-tests-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).expect("creating a temporary directory");
     let (table_path, arena_path) = (dir.join("table.bin"), dir.join("arena.bin"));
@@ -66,9 +76,9 @@ pub fn run_in_qemu_with(table: &[u8], arena: &[u8], launch: Option<Vec<u8>>) -> 
     let mut run = QemuRun::new(firmware());
     run.table = Some(table_path);
     run.arena = Some(arena_path);
-    run.launch = launch;
     run.capture = true;
     run.timeout_secs = 120;
+    configure(&mut run);
     let outcome = run.run().unwrap_or_else(|e| panic!("QEMU: {e}"));
     let _ = std::fs::remove_dir_all(&dir);
     outcome

@@ -14,7 +14,7 @@ use host_tools::program_examples::{self as examples, Example};
 use host_tools::shim::Shim;
 use host_tools::table::{seal, Arena};
 use host_tools::workloads::{Params, Workload};
-use wsp_tests::{launch_block, run_in_qemu, run_in_qemu_with, QemuOutcome};
+use wsp_tests::{launch_block, run_in_qemu, run_in_qemu_configured, run_in_qemu_with, QemuOutcome};
 
 /// The arena of a QEMU run that succeeded after running `tasks` tasks
 /// (`what` names the run in failure messages).
@@ -169,7 +169,7 @@ fn program_agrees(ex: &Example, table: &[u8], arena: &Arena, symbols: &[i64]) ->
     };
     let stats = shim.run(table, &mut shim_arena.bytes).unwrap();
 
-    let launch = launch_block(symbols, 0, "");
+    let launch = launch_block(symbols, 0, "").unwrap();
     let outcome = run_in_qemu_with(table, &arena.bytes, Some(launch));
     let qemu_arena = Arena {
         bytes: ran(
@@ -250,36 +250,40 @@ fn unbound_symbols_and_bad_launch_blocks_are_clear_errors_in_qemu() {
         "the program reads 1 symbols; the launch binds 0",
     );
     // A block binding no symbols is the same.
-    let outcome = run_in_qemu_with(&table, &arena.bytes, Some(launch_block(&[], 0, "")));
+    let outcome = run_in_qemu_with(
+        &table,
+        &arena.bytes,
+        Some(launch_block(&[], 0, "").unwrap()),
+    );
     fails_with(
         &outcome,
         1,
         "the program reads 1 symbols; the launch binds 0",
     );
     // Malformed blocks: bad magic, too many symbols.
-    let mut bad = launch_block(&[2], 0, "");
+    let mut bad = launch_block(&[2], 0, "").unwrap();
     bad[..4].copy_from_slice(b"WSPX");
     let outcome = run_in_qemu_with(&table, &arena.bytes, Some(bad));
     fails_with(&outcome, 4, "invalid launch block: magic 57 53 50 58");
-    let mut bad = launch_block(&[2], 0, "");
+    let mut bad = launch_block(&[2], 0, "").unwrap();
     bad[8..12].copy_from_slice(&17u32.to_le_bytes());
     let outcome = run_in_qemu_with(&table, &arena.bytes, Some(bad));
     fails_with(&outcome, 4, "invalid launch block: 17 symbols, at most 16");
     // A run that fails midway on four scheduler threads: every thread stops
     // and the error is the dispatcher's.
-    let block = launch_block(&[9], 4, "work-stealing");
+    let block = launch_block(&[9], 4, "work-stealing").unwrap();
     let outcome = run_in_qemu_with(&table, &arena.bytes, Some(block));
     fails_with(&outcome, 1, "loop count 9 outside [0, 8]");
     // Scheduling the firmware cannot do: more threads than AICPU CPUs, an
     // unknown policy.
-    let block = launch_block(&[2], 5, "");
+    let block = launch_block(&[2], 5, "").unwrap();
     let outcome = run_in_qemu_with(&table, &arena.bytes, Some(block));
     fails_with(
         &outcome,
         4,
         "launch block: 5 scheduler threads; this firmware runs 1 to 4",
     );
-    let block = launch_block(&[2], 2, "fastest");
+    let block = launch_block(&[2], 2, "fastest").unwrap();
     let outcome = run_in_qemu_with(&table, &arena.bytes, Some(block));
     fails_with(
         &outcome,
@@ -314,7 +318,7 @@ fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
         let (table, data) = random_dag(seed, TASKS);
         let expect = in_table_order(&table, &data);
         for policy in PolicyKind::ALL {
-            let block = launch_block(&[], 4, policy.name());
+            let block = launch_block(&[], 4, policy.name()).unwrap();
             let outcome = run_in_qemu_with(&table, &data.bytes, Some(block));
             let what = format!("seed {seed} {}", policy.name());
             let arena = ran(&outcome, TASKS, &what);
@@ -339,10 +343,34 @@ fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
     }
 }
 
+/// QEMU started with fewer CPUs than the firmware needs: the firmware says
+/// how many it needs and how many it got, not which PSCI call failed.
+#[test]
+fn too_few_cpus_are_named_as_such_in_qemu() {
+    let w = Workload::build(
+        "gemm",
+        Params {
+            m: 64,
+            n: 64,
+            k: 64,
+            tile: 32,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    let outcome = run_in_qemu_configured(&w.table, &w.arena.bytes, |run| run.smp = 4);
+    fails_with(
+        &outcome,
+        1,
+        "this firmware needs 8 CPUs (4 scheduler threads + 4 AICores); \
+         QEMU started it with 4: pass -smp 8",
+    );
+}
+
 /// The block `cargo xtask qemu` writes is the one the runtime reads.
 #[test]
 fn the_hosts_launch_block_is_the_runtimes() {
-    let block = launch_block(&[3, -7], 2, "hash");
+    let block = launch_block(&[3, -7], 2, "hash").unwrap();
     let launch = Launch::parse(&block).unwrap().unwrap();
     assert_eq!(launch.symbols, Symbols::new(&[3, -7]).unwrap());
     assert_eq!(launch.threads, Some(2));
@@ -351,9 +379,18 @@ fn the_hosts_launch_block_is_the_runtimes() {
     let len = launch.write(&mut written).unwrap();
     assert_eq!(&written[..len], &block[..]);
     assert_eq!(
-        Launch::parse(&launch_block(&[], 0, "best")),
+        Launch::parse(&launch_block(&[], 0, "best").unwrap()),
         Err(LaunchError::Policy(
             device_runtime::sched::PolicyError::Unknown
         ))
+    );
+    // What the block cannot hold is refused, not cut short.
+    assert_eq!(
+        launch_block(&[], 0, "a-policy-name-too-long"),
+        Err(LaunchError::BadPolicyName)
+    );
+    assert_eq!(
+        launch_block(&[0; 17], 0, ""),
+        Err(LaunchError::TooManySymbols { count: 17 })
     );
 }

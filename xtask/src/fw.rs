@@ -26,40 +26,16 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     Ok(elf_path(root))
 }
 
-/// Builds the firmware, prints its path and a size report.
+/// Builds the firmware, prints its path and a size report (`rust-size`
+/// from cargo-binutils, which `cargo xtask setup` installs).
 pub fn fw(root: &Path) -> Result<PathBuf> {
     let elf = build(root)?;
     println!("firmware: {}", elf.display());
-    match size_tool() {
-        Some(tool) => run(Command::new(tool).arg(&elf))?,
-        None => eprintln!(
-            "xtask: no llvm-size found (apt llvm or rustup component llvm-tools); no size report"
-        ),
-    }
+    run(Command::new(SIZE).args(["-A", "-x"]).arg(&elf)).with_context(|| {
+        format!("the size report needs `{SIZE}` (cargo-binutils): run `cargo xtask setup`")
+    })?;
     Ok(elf)
 }
 
-/// `llvm-size` from PATH (Debian's llvm), else the one in rustup's llvm-tools.
-fn size_tool() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join("llvm-size"))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| {
-        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-        let sysroot = output(Command::new(&rustc).args(["--print", "sysroot"])).ok()?;
-        let host = output(Command::new(&rustc).arg("-vV")).ok()?;
-        let host = host.lines().find_map(|l| l.strip_prefix("host: "))?;
-        let tool = Path::new(sysroot.trim())
-            .join("lib/rustlib")
-            .join(host)
-            .join("bin/llvm-size");
-        tool.is_file().then_some(tool)
-    })
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().context("running rustc")?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+/// cargo-binutils' `llvm-size` from the `llvm-tools` component.
+const SIZE: &str = "rust-size";

@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: the project's build, run and CI tasks.
 //!
-//! - `setup`: installs what the build needs (apt packages, rustup target and components).
+//! - `setup`: installs what the build needs (apt packages, cargo-binutils,
+//!   the rustup target and components).
 //! - `bindgen [--check]`: regenerates (or checks) the kernel bindings.
 //! - `fw`: builds the QEMU firmware and reports its size.
 //! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU.
@@ -8,6 +9,8 @@
 
 mod bindgen;
 mod ci;
+#[cfg(test)]
+mod docs_check;
 mod fw;
 mod qemu;
 mod setup;
@@ -28,7 +31,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what is missing: apt packages, the rustup target and components.
+    /// Install what is missing: apt packages, cargo-binutils, the rustup target and components.
     Setup,
     /// Regenerate ffi/src/bindings.rs from the kernel ABI header.
     Bindgen {
@@ -40,16 +43,16 @@ enum Task {
     Fw,
     /// Run a descriptor table on the firmware under QEMU; exits with the firmware's status.
     Qemu {
-        /// The descriptor table, loaded at 0x4800_0000.
+        /// The descriptor table (loaded at the firmware's table address).
         table: PathBuf,
-        /// The initial data arena, loaded at 0x4900_0000 (zeroes if absent).
+        /// The initial data arena (zeroes if absent).
         #[arg(long)]
         arena: Option<PathBuf>,
         /// Where to copy the arena the firmware writes back after a successful run.
         #[arg(long)]
         out: Option<PathBuf>,
         /// The program's symbols, bound at launch (e.g. `--symbols 3,7`),
-        /// loaded as a launch block at 0x47ff_f000; none if absent.
+        /// loaded as a launch block; none if absent.
         #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
         symbols: Option<Vec<i64>>,
         /// Scheduler threads, 1 to 4 (CPUs 0-3; CPUs 4-7 are the AICores). Default 1.
@@ -83,14 +86,17 @@ fn main() -> Result<()> {
             timeout_secs,
         } => {
             // A launch block only when something is bound or chosen.
-            let launch = (symbols.is_some() || threads.is_some() || policy.is_some()).then(|| {
-                let symbols = symbols.unwrap_or_default();
-                qemu::launch_block(
-                    &symbols,
-                    threads.unwrap_or(0),
-                    policy.as_deref().unwrap_or(""),
-                )
-            });
+            let launch = (symbols.is_some() || threads.is_some() || policy.is_some())
+                .then(|| {
+                    let symbols = symbols.unwrap_or_default();
+                    qemu::launch_block(
+                        &symbols,
+                        threads.unwrap_or(0),
+                        policy.as_deref().unwrap_or(""),
+                    )
+                })
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--symbols/--threads/--policy: {e}"))?;
             let status = run_qemu(&root, table, arena, launch, out.as_deref(), timeout_secs)?;
             std::process::exit(status)
         }

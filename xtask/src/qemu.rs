@@ -1,11 +1,11 @@
 //! Runs the pto-wsp firmware under QEMU `virt` with a descriptor table, a
 //! data arena and a launch block loaded where its memory map expects them (see
-//! `linker/qemu-virt.ld`), and collects the exit status, the output and the
+//! `device_runtime::abi::memory_map`), and collects the exit status, the output and the
 //! arena the firmware writes back (`arena.out`, a semihosting file created
 //! in QEMU's working directory, which is a fresh temporary directory).
 //!
-//! Self-contained (std only, no other module of its crate), so that other
-//! crates, e.g. integration tests, can include it with
+//! Self-contained (std and `device-runtime` only, no other module of its
+//! crate), so that other crates, e.g. integration tests, can include it with
 //! `#[path = "<root>/xtask/src/qemu.rs"] mod qemu;`.
 #![allow(dead_code)] // Each includer uses a different part of it.
 
@@ -16,14 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use device_runtime::abi::launch::{encode_block, LaunchError, LAUNCH_MAX};
+use device_runtime::abi::memory_map::{ARENA_ADDR, CPUS, LAUNCH_ADDR, RAM_MIB, TABLE_ADDR};
+
 /// The QEMU binary (Debian package `qemu-system-arm`).
 pub const QEMU: &str = "qemu-system-aarch64";
-/// Where the firmware reads the descriptor table.
-pub const TABLE_ADDR: u64 = 0x4800_0000;
-/// Where the firmware finds the data arena.
-pub const ARENA_ADDR: u64 = 0x4900_0000;
-/// Where the firmware reads the launch block (symbols).
-pub const LAUNCH_ADDR: u64 = 0x47ff_f000;
 /// The launch block's file in QEMU's working directory.
 const LAUNCH_FILE: &str = "launch.bin";
 /// The file the firmware writes the arena to after a successful run.
@@ -45,6 +42,8 @@ pub struct QemuRun {
     pub launch: Option<Vec<u8>>,
     /// Time limit, in whole seconds (at least 1: `timeout` reads 0 as none).
     pub timeout_secs: u64,
+    /// CPUs QEMU starts (`-smp`); the firmware needs [`CPUS`].
+    pub smp: usize,
     /// Capture QEMU's stdout and stderr into the outcome instead of passing
     /// them through to this process's.
     pub capture: bool,
@@ -106,6 +105,7 @@ impl QemuRun {
             arena: None,
             launch: None,
             timeout_secs: 60,
+            smp: CPUS,
             capture: false,
         }
     }
@@ -120,16 +120,9 @@ impl QemuRun {
             &self.limit_secs().to_string(),
             QEMU,
         ]);
-        cmd.args([
-            "-M",
-            "virt",
-            "-cpu",
-            "cortex-a57",
-            "-smp",
-            "8",
-            "-m",
-            "512M",
-        ]);
+        cmd.args(["-M", "virt", "-cpu", "cortex-a57"]);
+        cmd.arg("-smp").arg(self.smp.to_string());
+        cmd.arg("-m").arg(format!("{RAM_MIB}M"));
         // `-nic none`: without it QEMU looks for a NIC ROM that a minimal install lacks.
         cmd.args(["-nographic", "-nic", "none", "-semihosting", "-kernel"]);
         cmd.arg(existing(&self.firmware, "firmware")?);
@@ -190,22 +183,13 @@ impl QemuRun {
 
 /// A launch block binding `symbols`, with `threads` scheduler threads (0:
 /// the firmware's default) and the dispatch policy called `policy` (empty:
-/// the default). The layout is `device_runtime::abi::launch`'s (this file
-/// uses std only; the tests check that the runtime reads it back).
-pub fn launch_block(symbols: &[i64], threads: u32, policy: &str) -> Vec<u8> {
-    let mut b = Vec::with_capacity(32 + 8 * symbols.len());
-    b.extend_from_slice(b"WSPL");
-    b.extend_from_slice(&1u32.to_le_bytes());
-    b.extend_from_slice(&(symbols.len() as u32).to_le_bytes());
-    b.extend_from_slice(&threads.to_le_bytes());
-    let mut name = [0u8; 16];
-    let n = policy.len().min(16);
-    name[..n].copy_from_slice(&policy.as_bytes()[..n]);
-    b.extend_from_slice(&name);
-    for v in symbols {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b
+/// the default), encoded by the runtime's own
+/// [`encode_block`](device_runtime::abi::launch::encode_block). The policy
+/// name is not looked up (the firmware reports an unknown one).
+pub fn launch_block(symbols: &[i64], threads: u32, policy: &str) -> Result<Vec<u8>, LaunchError> {
+    let mut block = [0u8; LAUNCH_MAX];
+    let len = encode_block(symbols, threads, policy, &mut block)?;
+    Ok(block[..len].to_vec())
 }
 
 /// `path` made absolute, or an error naming `what` if there is no such file.
@@ -216,7 +200,7 @@ fn existing(path: &Path, what: &str) -> Result<PathBuf, QemuError> {
 }
 
 /// A generic-loader device putting `file`'s raw bytes at `addr`.
-fn loader(file: &Path, addr: u64) -> OsString {
+fn loader(file: &Path, addr: usize) -> OsString {
     // QEMU's option syntax escapes a comma in a value by doubling it.
     let file = file.to_string_lossy().replace(',', ",,");
     OsString::from(format!("loader,file={file},addr={addr:#x},force-raw=on"))

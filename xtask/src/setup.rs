@@ -8,14 +8,53 @@ use anyhow::{Context, Result};
 use crate::run;
 
 /// Debian packages: QEMU for the firmware, clang/libclang for the kernels
-/// and bindgen, llvm for `llvm-size`/`llvm-objcopy`.
-const APT_PACKAGES: [&str; 4] = ["qemu-system-arm", "clang", "libclang-dev", "llvm"];
+/// and bindgen. (The LLVM binutils come from the `llvm-tools` component,
+/// through cargo-binutils.)
+const APT_PACKAGES: [&str; 3] = ["qemu-system-arm", "clang", "libclang-dev"];
 /// `rust-src`: the firmware builds `core` from it (see [`crate::target`]).
 const COMPONENTS: [&str; 4] = ["rust-src", "llvm-tools", "rustfmt", "clippy"];
 
+/// Cargo-installed tools: `rust-size` (and `cargo size`/`cargo objcopy`)
+/// over the `llvm-tools` component, for the firmware's size report.
+const CARGO_TOOLS: [&str; 1] = ["cargo-binutils"];
+
 pub fn setup() -> Result<()> {
     apt()?;
+    cargo_tools()?;
     rustup()
+}
+
+/// Installs the [`CARGO_TOOLS`] that `cargo install --list` does not list
+/// (about a minute each, from source, with their locked dependencies).
+fn cargo_tools() -> Result<()> {
+    let cargo = || Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let out = cargo()
+        .args(["install", "--list"])
+        .output()
+        .context("running cargo install --list")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "cargo install --list failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for tool in CARGO_TOOLS {
+        if installed_crate(&listed, tool) {
+            eprintln!("setup: cargo tool {tool} present");
+        } else {
+            run(cargo().args(["install", "--locked", tool]))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `cargo install --list` output (`name vX.Y.Z:` lines, each
+/// followed by its binaries, indented) lists the crate `name`.
+fn installed_crate(listed: &str, name: &str) -> bool {
+    listed
+        .lines()
+        .filter(|l| !l.starts_with(char::is_whitespace))
+        .any(|l| l.split_whitespace().next() == Some(name))
 }
 
 fn apt() -> Result<()> {
@@ -110,4 +149,20 @@ fn installed(args: &[&str]) -> Result<Vec<String>> {
         .lines()
         .map(str::to_owned)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::installed_crate;
+
+    #[test]
+    fn installed_crates_are_read_from_cargo_install_list() {
+        let listed = "cargo-binutils v0.4.0:\n    cargo-size\n    rust-size\ncargo-fuzz v0.13.2:\n    cargo-fuzz\n";
+        assert!(installed_crate(listed, "cargo-binutils"));
+        assert!(installed_crate(listed, "cargo-fuzz"));
+        // A binary is not a crate, and a prefix is not a name.
+        assert!(!installed_crate(listed, "cargo-size"));
+        assert!(!installed_crate(listed, "cargo"));
+        assert!(!installed_crate("", "cargo-binutils"));
+    }
 }

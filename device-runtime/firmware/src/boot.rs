@@ -14,7 +14,7 @@ use core::cell::UnsafeCell;
 
 /// Cores the firmware runs on (QEMU `-smp 8`); a core with a higher
 /// MPIDR_EL1.Aff0 parks at once.
-pub const CORES: usize = 8;
+pub const CORES: usize = device_runtime::abi::memory_map::CPUS;
 /// Stack of each core.
 pub const STACK_SIZE: usize = 256 * 1024;
 // `mov` in the boot code takes the size as one immediate.

@@ -1,4 +1,5 @@
-//! The pto-wsp firmware for QEMU `virt` (aarch64, 8 CPUs, 512 MiB).
+//! The pto-wsp firmware for QEMU `virt` (aarch64, 8 CPUs, 512 MiB; the
+//! memory map is [`device_runtime::abi::memory_map`]).
 //!
 //! CPUs 0-3 play the AICPU, CPUs 4-7 the AICores. CPU 0 reads the launch
 //! block the host loaded at [`LAUNCH_ADDR`] (the program's symbols, the
@@ -34,12 +35,13 @@ mod boot;
 mod clock;
 mod psci;
 
-use core::cell::UnsafeCell;
 use core::fmt::Display;
-use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use device_runtime::abi::launch::{Launch, LaunchError, LAUNCH_MAX};
+use device_runtime::abi::memory_map::{
+    ARENA_ADDR, ARENA_MAX, CPUS, LAUNCH_ADDR, LAUNCH_WINDOW, TABLE_ADDR, TABLE_MAX,
+};
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
 use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
@@ -52,14 +54,8 @@ use wsp_ffi::CoreKind;
 
 use crate::clock::CounterClock;
 
-/// Where the host loads the launch block (the 4 KiB below the table).
-const LAUNCH_ADDR: usize = 0x47ff_f000;
-/// Where the host loads the descriptor table, and its largest size.
-const TABLE_ADDR: usize = 0x4800_0000;
-const TABLE_MAX: usize = 16 << 20;
-/// Where the host loads the data arena; it may reach the end of RAM.
-const ARENA_ADDR: usize = 0x4900_0000;
-const ARENA_MAX: usize = 0x6000_0000 - ARENA_ADDR;
+// The largest launch block fits its window.
+const _: () = assert!(LAUNCH_MAX <= LAUNCH_WINDOW);
 
 const EXIT_OK: i32 = 0;
 const EXIT_RUN: i32 = 1;
@@ -69,8 +65,8 @@ const EXIT_PANIC: i32 = 101;
 
 /// CPUs that play the AICPU: 0 .. AICPUS, one scheduler thread each at most.
 const AICPUS: usize = 4;
-/// Cores that run kernels: CPUs AICPUS .. CORES. Runtime core `c` is CPU `AICPUS + c`.
-const WORKERS: usize = boot::CORES - AICPUS;
+/// Cores that run kernels: CPUs AICPUS .. CPUS. Runtime core `c` is CPU `AICPUS + c`.
+const WORKERS: usize = CPUS - AICPUS;
 /// The kind of each worker: cube and vector alternate, so that every
 /// scheduler thread of two owns one of each.
 static KINDS: [CoreKind; WORKERS] = [
@@ -83,86 +79,57 @@ static KINDS: [CoreKind; WORKERS] = [
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
 /// The queues between the dispatcher and the scheduler threads.
 static QUEUES: Queues = Queues::new();
-/// The orchestrator of CPU 0 (about 140 KiB: too large for its stack).
-static ORCHESTRATOR: OrchestratorCell = OrchestratorCell {
-    cell: UnsafeCell::new(TableOrchestrator::for_tables()),
-    taken: AtomicBool::new(false),
-};
+/// The orchestrator of CPU 0 (about 140 KiB: too large for its stack),
+/// locked for good by [`take_orchestrator`].
+static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
+    spin::Mutex::new(TableOrchestrator::for_tables());
 /// The validated table, shared by every scheduler thread for the whole run.
-static TABLE: TableCell = TableCell {
-    cell: UnsafeCell::new(MaybeUninit::uninit()),
-    set: AtomicBool::new(false),
-};
+static TABLE: spin::Once<Table<'static>> = spin::Once::new();
 
-/// The orchestrator's static home, handed out once by [`take_orchestrator`].
-struct OrchestratorCell {
-    cell: UnsafeCell<TableOrchestrator>,
-    taken: AtomicBool,
-}
-
-// SAFETY: the cell is only reached through `take_orchestrator`, which hands
-// out its one `&mut` at most once (guarded by the atomic flag).
-unsafe impl Sync for OrchestratorCell {}
-
-/// The orchestrator, the first time; `None` after that.
+/// The orchestrator, the first time; `None` after that (its lock is never
+/// released).
 fn take_orchestrator() -> Option<&'static mut TableOrchestrator> {
-    if ORCHESTRATOR.taken.swap(true, Ordering::AcqRel) {
-        return None;
-    }
-    // SAFETY: the flag above makes this the only reference ever created.
-    Some(unsafe { &mut *ORCHESTRATOR.cell.get() })
+    ORCHESTRATOR.try_lock().map(spin::MutexGuard::leak)
 }
-
-/// The table's static home, set once by [`keep_table`].
-struct TableCell {
-    cell: UnsafeCell<MaybeUninit<Table<'static>>>,
-    set: AtomicBool,
-}
-
-// SAFETY: the cell is written once, by `keep_table` before it hands out any
-// reference (guarded by the atomic flag); afterwards it is only read, and a
-// `Table` only refers to immutable bytes.
-unsafe impl Sync for TableCell {}
 
 /// Keeps `table` for the rest of the run; `None` if one is kept already.
 fn keep_table(table: Table<'static>) -> Option<&'static Table<'static>> {
-    if TABLE.set.swap(true, Ordering::AcqRel) {
-        return None;
-    }
-    // SAFETY: the flag above makes this the only write, and no reference to
-    // the cell exists before it returns.
-    Some(unsafe { (*TABLE.cell.get()).write(table) })
+    let mut kept = false;
+    let table = TABLE.call_once(|| {
+        kept = true;
+        table
+    });
+    kept.then_some(table)
 }
 
 /// A scheduler thread (1 .. AICPUS) of the run.
 type Sched = Scheduler<'static, MailboxPlatform<'static, CounterClock>>;
+// Schedulers live on the stacks of CPU 0 (all of them, while it builds
+// them) and of the CPU serving each: they must stay small beside a stack.
+const _: () = assert!(AICPUS * core::mem::size_of::<Sched>() <= boot::STACK_SIZE / 8);
 
 /// Scheduler thread `t`, handed from CPU 0 to CPU `t` and back: CPU 0
 /// [`give`](Handoff::give)s it, CPU `t` [`serve`](Handoff::serve)s the run
 /// with it, and CPU 0 [`wait`](Handoff::wait)s for it to collect its figures.
 struct Handoff {
-    sched: UnsafeCell<MaybeUninit<Sched>>,
-    result: UnsafeCell<Option<RunError>>,
-    state: AtomicU32,
+    slot: spin::Mutex<Slot>,
+    /// The scheduler after the run, and its error if it failed.
+    served: spin::Once<(Sched, Option<RunError>)>,
 }
 
-/// [`Handoff::state`]: nothing given, given, being served, served.
-const EMPTY: u32 = 0;
-const GIVEN: u32 = 1;
-const SERVING: u32 = 2;
-const SERVED: u32 = 3;
-
-// SAFETY: the state moves EMPTY -> GIVEN (CPU 0, after writing the cell) ->
-// SERVING (CPU t, which alone uses the cells until) -> SERVED (after which
-// only CPU 0 reads them); each move publishes with Release and is observed
-// with Acquire, so exactly one CPU touches the cells at any time.
-unsafe impl Sync for Handoff {}
+/// Where a [`Handoff`]'s scheduler is before the run. (`repr(u8)`:
+/// `Empty` is a zero tag, so [`HANDOFFS`] stays in `.bss`.)
+#[repr(u8)]
+enum Slot {
+    Empty,
+    Given(Sched),
+    Taken,
+}
 
 static HANDOFFS: [Handoff; AICPUS] = [const {
     Handoff {
-        sched: UnsafeCell::new(MaybeUninit::uninit()),
-        result: UnsafeCell::new(None),
-        state: AtomicU32::new(EMPTY),
+        slot: spin::Mutex::new(Slot::Empty),
+        served: spin::Once::new(),
     }
 }; AICPUS];
 
@@ -170,48 +137,38 @@ impl Handoff {
     /// CPU 0: hands `sched` to the CPU that serves this handoff. `false`
     /// if one was given already.
     fn give(&self, sched: Sched) -> bool {
-        if self.state.load(Ordering::Acquire) != EMPTY {
+        let mut slot = self.slot.lock();
+        if !matches!(*slot, Slot::Empty) {
             return false;
         }
-        // SAFETY: in state EMPTY no other CPU touches the cell, and only CPU
-        // 0 gives; the Release store below publishes the write.
-        unsafe { (*self.sched.get()).write(sched) };
-        self.state.store(GIVEN, Ordering::Release);
+        *slot = Slot::Given(sched);
         true
     }
 
     /// CPU `t`: waits for its scheduler, serves the run with it, hands it back.
     fn serve(&self) {
-        while self
-            .state
-            .compare_exchange(GIVEN, SERVING, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        let mut sched = loop {
+            let mut slot = self.slot.lock();
+            match core::mem::replace(&mut *slot, Slot::Taken) {
+                Slot::Given(sched) => break sched,
+                other => *slot = other,
+            }
+            drop(slot);
             core::hint::spin_loop();
-        }
-        // SAFETY: in state SERVING this CPU alone uses the cells (see the
-        // `Sync` impl); the Acquire above saw `give`'s initialising write.
-        let sched = unsafe { (*self.sched.get()).assume_init_mut() };
+        };
         let result = sched.serve().err();
-        // SAFETY: as above; the Release store below publishes it to CPU 0.
-        unsafe { *self.result.get() = result };
-        self.state.store(SERVED, Ordering::Release);
+        self.served.call_once(|| (sched, result));
     }
 
     /// CPU 0: waits until the run was served; the scheduler (for its
     /// figures) and its error, if it failed.
-    fn wait(&self) -> (&Sched, Option<RunError>) {
-        while self.state.load(Ordering::Acquire) != SERVED {
-            core::hint::spin_loop();
-        }
-        // SAFETY: in state SERVED the serving CPU no longer touches the cells
-        // (its last access came before its Release store, which the Acquire
-        // above observed), and `give` initialised the scheduler.
-        unsafe { ((*self.sched.get()).assume_init_ref(), *self.result.get()) }
+    fn wait(&self) -> &(Sched, Option<RunError>) {
+        self.served.wait()
     }
 }
 
-/// Bit `cpu` is set once that CPU is up.
+/// Bit `cpu` is set once that CPU is up. (A set of flags CPU 0 polls with
+/// a time limit, not a one-time value: spin has nothing for it.)
 static ONLINE: AtomicU32 = AtomicU32::new(0);
 /// How long CPU 0 waits for the other CPUs to come up.
 const ONLINE_TIMEOUT_MS: u64 = 1000;
@@ -237,10 +194,10 @@ extern "C" fn primary_main() -> ! {
         .unwrap_or(usize::MAX)
         .min(ARENA_MAX);
     // SAFETY: [ARENA_ADDR, +ARENA_MAX) is RAM that the memory map reserves for
-    // the arena (linker/qemu-virt.ld); nothing else in the image refers to it,
-    // so this is its only reference until the run ends. The scheduler threads
-    // turn it into tensor views only for the kernels they issue, under
-    // `IssuePort::issue`'s contract.
+    // the arena (the linker keeps the image below the launch block); nothing
+    // else in the image refers to it, so this is its only reference until the
+    // run ends. The scheduler threads turn it into tensor views only for the
+    // kernels they issue, under `IssuePort::issue`'s contract.
     let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
     let result = run_threads(table, Arena::new(arena), clock, &options, &sched);
     MAILBOXES.iter().for_each(CoreMailbox::request_exit);
@@ -362,7 +319,7 @@ fn run_threads(
         let (scheduler, error) = handoff.wait();
         stats.add_thread(scheduler);
         if let Some(e) = error {
-            failure.get_or_insert(e);
+            failure.get_or_insert(*e);
         }
     }
     match (led, failure) {
@@ -373,7 +330,7 @@ fn run_threads(
     }
 }
 
-/// CPUs 1..CORES, called by the boot code with their CPU number.
+/// CPUs 1..CPUS, called by the boot code with their CPU number.
 extern "C" fn secondary_main(cpu: usize) -> ! {
     ONLINE.fetch_or(1 << cpu, Ordering::Release);
     if cpu < AICPUS {
@@ -390,8 +347,13 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
 /// Starts the CPUs a run with `threads` scheduler threads needs (1 ..
 /// threads and every worker) and waits until each has come up.
 fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
+    if let Some(found) = psci::count_cpus(CPUS) {
+        if found < CPUS {
+            return Err(StartError::TooFewCpus { found });
+        }
+    }
     let entry = boot::_start_secondary as *const () as usize as u64;
-    let needed = (1..threads).chain(AICPUS..boot::CORES);
+    let needed = (1..threads).chain(AICPUS..CPUS);
     let mut all = 0u32;
     for cpu in needed {
         // MPIDR affinity of CPU n on `virt` (up to 8 CPUs): Aff0 = n.
@@ -417,13 +379,27 @@ fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
 
 /// Why the workers did not all come up.
 enum StartError {
-    CpuOn { cpu: u64, error: psci::PsciError },
-    Offline { missing: u32 },
+    /// QEMU started the machine with `found` CPUs, fewer than [`CPUS`].
+    TooFewCpus {
+        found: usize,
+    },
+    CpuOn {
+        cpu: u64,
+        error: psci::PsciError,
+    },
+    Offline {
+        missing: u32,
+    },
 }
 
 impl Display for StartError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
+            StartError::TooFewCpus { found } => write!(
+                f,
+                "this firmware needs {CPUS} CPUs ({AICPUS} scheduler threads + {WORKERS} AICores); \
+                 QEMU started it with {found}: pass -smp {CPUS}"
+            ),
             StartError::CpuOn { cpu, error } => write!(f, "starting cpu {cpu}: {error}"),
             StartError::Offline { missing } => {
                 write!(
@@ -438,8 +414,9 @@ impl Display for StartError {
 /// Parses the table at [`TABLE_ADDR`]; its header says how long it is.
 fn load_table() -> Result<Table<'static>, TableError> {
     // SAFETY: [TABLE_ADDR, +TABLE_MAX) is RAM that the memory map reserves for
-    // the table (linker/qemu-virt.ld); QEMU's loader fills it before any core
-    // starts (zeroes if no table was given) and nothing writes it afterwards.
+    // the table (the linker keeps the image below the launch block); QEMU's
+    // loader fills it before any core starts (zeroes if no table was given)
+    // and nothing writes it afterwards.
     let header = unsafe { core::slice::from_raw_parts(TABLE_ADDR as *const u8, HEADER_SIZE) };
     let len = table_len(header)?.min(TABLE_MAX);
     // SAFETY: as above; `len` stays within the reserved window (a longer table
@@ -452,10 +429,10 @@ fn load_table() -> Result<Table<'static>, TableError> {
 /// [`LAUNCH_ADDR`]: its symbols, 1 to [`AICPUS`] scheduler threads (1 if it
 /// does not say) and its dispatch policy (round-robin if it does not say).
 fn load_launch() -> Result<(RunOptions, SchedConfig), LaunchFailure> {
-    // SAFETY: [LAUNCH_ADDR, +4 KiB) is RAM that the memory map reserves for
-    // the launch block (linker/qemu-virt.ld); QEMU's loader fills it before
-    // any core starts (zeroes if no block was given) and nothing writes it
-    // afterwards. LAUNCH_MAX is well below 4 KiB.
+    // SAFETY: [LAUNCH_ADDR, +LAUNCH_WINDOW) is RAM that the memory map
+    // reserves for the launch block (the image ends below it); QEMU's loader
+    // fills it before any core starts (zeroes if no block was given) and
+    // nothing writes it afterwards. LAUNCH_MAX fits the window (asserted).
     let bytes = unsafe { core::slice::from_raw_parts(LAUNCH_ADDR as *const u8, LAUNCH_MAX) };
     let launch = Launch::parse(bytes).map_err(LaunchFailure::Invalid)?;
     let Some(launch) = launch else {

@@ -6,6 +6,10 @@ use core::fmt;
 
 /// CPU_ON, SMC64 calling convention.
 const CPU_ON64: u64 = 0xC400_0003;
+/// AFFINITY_INFO, SMC64 calling convention.
+const AFFINITY_INFO64: u64 = 0xC400_0004;
+/// PSCI's INVALID_PARAMETERS: among others, "no such core".
+const INVALID_PARAMETERS: i64 = -2;
 
 /// A PSCI error code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,27 +31,49 @@ impl fmt::Display for PsciError {
     }
 }
 
+/// How many of the cores with MPIDR affinity 0, 1, .. `limit - 1` exist
+/// (QEMU `virt` numbers its first 8 CPUs so): the first one that PSCI
+/// AFFINITY_INFO answers with INVALID_PARAMETERS is missing. `limit` if all
+/// exist; `None` if PSCI cannot tell (e.g. a PSCI 0.1 implementation).
+/// Asking changes no core's state.
+pub fn count_cpus(limit: usize) -> Option<usize> {
+    for cpu in 0..limit {
+        match call(AFFINITY_INFO64, cpu as u64, 0, 0) {
+            // ON, OFF or ON_PENDING: the core exists.
+            0..=2 => {}
+            INVALID_PARAMETERS => return Some(cpu),
+            _ => return None,
+        }
+    }
+    Some(limit)
+}
+
 /// Powers on the core with affinity `mpidr`; it starts at `entry` (a physical
 /// address, EL1, MMU off) with `context` in x0.
 pub fn cpu_on(mpidr: u64, entry: u64, context: u64) -> Result<(), PsciError> {
+    match call(CPU_ON64, mpidr, entry, context) {
+        0 => Ok(()),
+        error => Err(PsciError(error)),
+    }
+}
+
+/// PSCI function `function` with arguments x1-x3; its x0.
+fn call(function: u64, x1: u64, x2: u64, x3: u64) -> i64 {
     let ret: i64;
-    // SAFETY: CPU_ON only starts another core at `entry`; it does not touch
-    // this core's memory or stack. The SMC calling convention lets the call
-    // clobber x0-x17, which `clobber_abi("C")` declares.
+    // SAFETY: the PSCI functions called here (CPU_ON, AFFINITY_INFO) at most
+    // start another core at an entry point; they touch neither this core's
+    // memory nor its stack. The SMC calling convention lets the call clobber
+    // x0-x17, which `clobber_abi("C")` declares.
     unsafe {
         asm!(
             "hvc #0",
-            inout("x0") CPU_ON64 => ret,
-            inout("x1") mpidr => _,
-            inout("x2") entry => _,
-            inout("x3") context => _,
+            inout("x0") function => ret,
+            inout("x1") x1 => _,
+            inout("x2") x2 => _,
+            inout("x3") x3 => _,
             clobber_abi("C"),
             options(nostack),
         );
     }
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(PsciError(ret))
-    }
+    ret
 }

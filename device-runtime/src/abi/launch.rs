@@ -14,8 +14,14 @@
 //! | 12 | u32 scheduler threads (0: the runner's default) |
 //! | 16 | 16 bytes: dispatch policy name, NUL-padded (empty: the default) |
 //! | 32 | i64 symbol values, `count` of them |
+//!
+//! [`LaunchHeader`] is the fixed part as a struct: [`Launch::parse`] reads
+//! through it and [`encode_block`] (which hosts use) writes through it.
 
 use core::fmt;
+
+use zerocopy::little_endian::{I64, U32};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::abi::program::MAX_SYMBOLS;
 use crate::exec::Symbols;
@@ -31,6 +37,76 @@ pub const LAUNCH_HEADER: usize = 32;
 pub const LAUNCH_MAX: usize = LAUNCH_HEADER + 8 * MAX_SYMBOLS;
 /// Bytes of the policy name field.
 const POLICY_FIELD: usize = 16;
+
+/// The block's fixed part as it lies in memory: little-endian fields, no
+/// padding, any alignment. The symbol values (`I64`s) follow it.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
+#[repr(C)]
+pub struct LaunchHeader {
+    /// [`LAUNCH_MAGIC`].
+    pub magic: [u8; 4],
+    /// [`LAUNCH_VERSION`].
+    pub version: U32,
+    /// How many symbol values follow, at most [`MAX_SYMBOLS`].
+    pub symbols: U32,
+    /// Scheduler threads; 0 leaves the choice to the runner.
+    pub threads: U32,
+    /// The dispatch policy's name, NUL-padded; empty leaves the choice to the runner.
+    pub policy: [u8; POLICY_FIELD],
+}
+
+const _: () = assert!(core::mem::size_of::<LaunchHeader>() == LAUNCH_HEADER);
+
+/// Writes a launch block binding `symbols`, with `threads` scheduler
+/// threads (0: the runner's default) and the dispatch policy named
+/// `policy` (empty: the default), at the start of `out`; returns its
+/// length. The name is not looked up (the device checks it), so a host can
+/// write a block for a build with other policies.
+///
+/// Errors: more than [`MAX_SYMBOLS`] symbols
+/// ([`TooManySymbols`](LaunchError::TooManySymbols)), a name that is not
+/// ASCII without NUL or longer than 16 bytes
+/// ([`BadPolicyName`](LaunchError::BadPolicyName)), or `out` shorter than
+/// the block ([`Truncated`](LaunchError::Truncated); [`LAUNCH_MAX`] bytes
+/// always suffice).
+pub fn encode_block(
+    symbols: &[i64],
+    threads: u32,
+    policy: &str,
+    out: &mut [u8],
+) -> Result<usize, LaunchError> {
+    if symbols.len() > MAX_SYMBOLS {
+        return Err(LaunchError::TooManySymbols {
+            count: u32::try_from(symbols.len()).unwrap_or(u32::MAX),
+        });
+    }
+    let name = policy.as_bytes();
+    if name.len() > POLICY_FIELD || !policy.is_ascii() || name.contains(&0) {
+        return Err(LaunchError::BadPolicyName);
+    }
+    let mut header = LaunchHeader {
+        magic: LAUNCH_MAGIC,
+        version: U32::new(LAUNCH_VERSION),
+        symbols: U32::new(symbols.len() as u32),
+        threads: U32::new(threads),
+        policy: [0; POLICY_FIELD],
+    };
+    header.policy[..name.len()].copy_from_slice(name);
+    let len = LAUNCH_HEADER + 8 * symbols.len();
+    let out_len = out.len();
+    let block = out.get_mut(..len).ok_or(LaunchError::Truncated {
+        needed: len,
+        len: out_len,
+    })?;
+    let (head, values) = block.split_at_mut(LAUNCH_HEADER);
+    head.copy_from_slice(header.as_bytes());
+    for (slot, &v) in values.chunks_exact_mut(8).zip(symbols) {
+        slot.copy_from_slice(I64::new(v).as_bytes());
+    }
+    Ok(len)
+}
 
 /// A parsed launch block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +128,8 @@ pub enum LaunchError {
     TooManySymbols {
         count: u32,
     },
-    /// The block ends before its header or its symbols do.
+    /// The block ends before its header or its symbols do (or, for
+    /// [`encode_block`], the buffer is too short for them).
     Truncated {
         needed: usize,
         len: usize,
@@ -87,10 +164,6 @@ impl fmt::Display for LaunchError {
     }
 }
 
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-}
-
 impl Launch {
     /// Parses the block at the start of `bytes` (which may run on past it).
     /// `Ok(None)` if the magic is zero: no block was loaded.
@@ -110,37 +183,31 @@ impl Launch {
         if magic != LAUNCH_MAGIC {
             return Err(LaunchError::BadMagic(magic));
         }
-        if bytes.len() < LAUNCH_HEADER {
-            return Err(truncated(LAUNCH_HEADER));
-        }
-        let version = u32_at(bytes, 4);
+        let (header, rest) =
+            LaunchHeader::ref_from_prefix(bytes).map_err(|_| truncated(LAUNCH_HEADER))?;
+        let version = header.version.get();
         if version != LAUNCH_VERSION {
             return Err(LaunchError::BadVersion(version));
         }
-        let count = u32_at(bytes, 8);
+        let count = header.symbols.get();
         if count as usize > MAX_SYMBOLS {
             return Err(LaunchError::TooManySymbols { count });
         }
         let count = count as usize;
-        let needed = LAUNCH_HEADER + 8 * count;
-        if bytes.len() < needed {
-            return Err(truncated(needed));
-        }
+        let (stored, _) = <[I64]>::ref_from_prefix_with_elems(rest, count)
+            .map_err(|_| truncated(LAUNCH_HEADER + 8 * count))?;
         let mut values = [0i64; MAX_SYMBOLS];
-        for (i, v) in values[..count].iter_mut().enumerate() {
-            let at = LAUNCH_HEADER + 8 * i;
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
-            *v = i64::from_le_bytes(b);
+        for (v, stored) in values.iter_mut().zip(stored) {
+            *v = stored.get();
         }
         let symbols = Symbols::new(&values[..count]).ok_or(LaunchError::TooManySymbols {
             count: count as u32,
         })?;
-        let threads = match u32_at(bytes, 12) {
+        let threads = match header.threads.get() {
             0 => None,
             n => Some(n as usize),
         };
-        let field = &bytes[16..16 + POLICY_FIELD];
+        let field = &header.policy;
         let len = field.iter().position(|&b| b == 0).unwrap_or(POLICY_FIELD);
         if field[len..].iter().any(|&b| b != 0) || !field[..len].is_ascii() {
             return Err(LaunchError::BadPolicyName);
@@ -158,27 +225,16 @@ impl Launch {
     }
 
     /// Writes the block into `out` and returns its length; `None` if `out`
-    /// is too short.
+    /// is too short. (See [`encode_block`].)
     pub fn write(&self, out: &mut [u8]) -> Option<usize> {
-        let count = self.symbols.len();
-        let len = LAUNCH_HEADER + 8 * count;
-        let out = out.get_mut(..len)?;
-        out.fill(0);
-        out[..4].copy_from_slice(&LAUNCH_MAGIC);
-        out[4..8].copy_from_slice(&LAUNCH_VERSION.to_le_bytes());
-        out[8..12].copy_from_slice(&(count as u32).to_le_bytes());
-        let threads = self.threads.unwrap_or(0) as u32;
-        out[12..16].copy_from_slice(&threads.to_le_bytes());
-        if let Some(policy) = self.policy {
-            let name = policy.name().as_bytes();
-            out[16..16 + name.len()].copy_from_slice(name);
+        let mut values = [0i64; MAX_SYMBOLS];
+        let count = self.symbols.len().min(MAX_SYMBOLS);
+        for (i, v) in values[..count].iter_mut().enumerate() {
+            *v = self.symbols.get(i).unwrap_or(0);
         }
-        for i in 0..count {
-            let at = LAUNCH_HEADER + 8 * i;
-            let v = self.symbols.get(i).unwrap_or(0);
-            out[at..at + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        Some(len)
+        let threads = u32::try_from(self.threads.unwrap_or(0)).ok()?;
+        let policy = self.policy.map_or("", PolicyKind::name);
+        encode_block(&values[..count], threads, policy, out).ok()
     }
 }
 
@@ -187,16 +243,57 @@ mod tests {
     use super::*;
 
     fn block(symbols: &[i64], threads: u32, policy: &str) -> std::vec::Vec<u8> {
-        let mut b = std::vec![0u8; LAUNCH_HEADER + 8 * symbols.len()];
-        b[..4].copy_from_slice(b"WSPL");
-        b[4..8].copy_from_slice(&1u32.to_le_bytes());
-        b[8..12].copy_from_slice(&(symbols.len() as u32).to_le_bytes());
-        b[12..16].copy_from_slice(&threads.to_le_bytes());
-        b[16..16 + policy.len()].copy_from_slice(policy.as_bytes());
-        for (i, v) in symbols.iter().enumerate() {
-            b[32 + 8 * i..40 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        let mut b = [0u8; LAUNCH_MAX];
+        let len = encode_block(symbols, threads, policy, &mut b).unwrap();
+        b[..len].to_vec()
+    }
+
+    /// The wire layout, written out by hand from the table in the module
+    /// docs: the encoder matches it and the parser reads it.
+    #[test]
+    fn the_layout_is_the_documented_one() {
+        // Round-robin: the one policy every build has.
+        #[rustfmt::skip]
+        let bytes: [u8; 48] = [
+            b'W', b'S', b'P', b'L', 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0,
+            b'r', b'o', b'u', b'n', b'd', b'-', b'r', b'o', b'b', b'i', b'n', 0, 0, 0, 0, 0,
+            5, 0, 0, 0, 0, 0, 0, 0, 0xf9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        ];
+        assert_eq!(block(&[5, -7], 3, "round-robin"), bytes);
+        let launch = Launch::parse(&bytes).unwrap().unwrap();
+        assert_eq!(launch.symbols, Symbols::new(&[5, -7]).unwrap());
+        assert_eq!(launch.threads, Some(3));
+        assert_eq!(launch.policy, Some(PolicyKind::RoundRobin));
+    }
+
+    #[test]
+    fn the_encoder_refuses_what_the_layout_cannot_hold() {
+        let mut out = [0u8; LAUNCH_MAX];
+        assert_eq!(
+            encode_block(&[0; MAX_SYMBOLS + 1], 0, "", &mut out),
+            Err(LaunchError::TooManySymbols { count: 17 })
+        );
+        for name in ["seventeen-letters", "caf\u{e9}", "a\0b"] {
+            assert_eq!(
+                encode_block(&[], 0, name, &mut out),
+                Err(LaunchError::BadPolicyName),
+                "{name:?}"
+            );
         }
-        b
+        assert_eq!(
+            encode_block(&[1, 2], 0, "", &mut out[..40]),
+            Err(LaunchError::Truncated {
+                needed: 48,
+                len: 40
+            })
+        );
+        // Sixteen letters fill the field without a NUL, and read back.
+        let len = encode_block(&[], 0, "sixteen-letters!", &mut out).unwrap();
+        assert_eq!(&out[16..32], b"sixteen-letters!");
+        assert_eq!(
+            Launch::parse(&out[..len]),
+            Err(LaunchError::Policy(PolicyError::Unknown))
+        );
     }
 
     #[test]

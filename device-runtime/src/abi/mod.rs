@@ -9,6 +9,7 @@ mod checksum;
 mod error;
 pub mod launch;
 mod layout;
+pub mod memory_map;
 pub mod program;
 mod region;
 mod validate;

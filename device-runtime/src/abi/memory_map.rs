@@ -1,0 +1,47 @@
+//! The memory map of the QEMU firmware (`device-runtime/firmware`) on QEMU
+//! `virt`: where the host loads the launch block, the descriptor table and
+//! the data arena, and what machine the firmware needs. The one source of
+//! these numbers: the firmware reads the windows from here, xtask passes
+//! them to QEMU's loader, and the firmware's `build.rs` generates the
+//! linker script's `MEMORY` block from them (it includes this file by path,
+//! so it uses nothing but `core`).
+//!
+//! Physical addresses (the firmware runs with the MMU off), in order:
+//!
+//! | address | what |
+//! |---|---|
+//! | [`RAM_START`] | start of RAM; QEMU puts the device tree here |
+//! | [`IMAGE_ADDR`] | the firmware image, its stacks last; it must end below the launch block |
+//! | [`LAUNCH_ADDR`] | the launch block, [`LAUNCH_WINDOW`] bytes |
+//! | [`TABLE_ADDR`] | the descriptor table, at most [`TABLE_MAX`] bytes |
+//! | [`ARENA_ADDR`] | the data arena, up to [`RAM_END`] ([`ARENA_MAX`] bytes) |
+
+/// CPUs the firmware needs (QEMU `-smp`): 4 scheduler threads (CPUs 0-3)
+/// and 4 AICores (CPUs 4-7).
+pub const CPUS: usize = 8;
+/// Start of RAM on QEMU `virt`; QEMU places the device tree here.
+pub const RAM_START: usize = 0x4000_0000;
+/// RAM size in MiB (QEMU `-m`).
+pub const RAM_MIB: usize = 512;
+/// End of RAM (exclusive).
+pub const RAM_END: usize = RAM_START + (RAM_MIB << 20);
+/// Where the firmware image is linked: RAM plus 512 KiB, where QEMU loads
+/// an AArch64 kernel.
+pub const IMAGE_ADDR: usize = 0x4008_0000;
+/// Where the host loads the launch block (the 4 KiB below the table).
+pub const LAUNCH_ADDR: usize = 0x47ff_f000;
+/// Bytes reserved for the launch block.
+pub const LAUNCH_WINDOW: usize = 0x1000;
+/// Where the host loads the descriptor table.
+pub const TABLE_ADDR: usize = 0x4800_0000;
+/// The largest descriptor table.
+pub const TABLE_MAX: usize = 16 << 20;
+/// Where the host loads the data arena; it may reach the end of RAM.
+pub const ARENA_ADDR: usize = 0x4900_0000;
+/// The largest data arena.
+pub const ARENA_MAX: usize = RAM_END - ARENA_ADDR;
+
+// The windows are in order and do not overlap.
+const _: () = assert!(RAM_START < IMAGE_ADDR && IMAGE_ADDR < LAUNCH_ADDR);
+const _: () = assert!(LAUNCH_ADDR + LAUNCH_WINDOW <= TABLE_ADDR);
+const _: () = assert!(TABLE_ADDR + TABLE_MAX <= ARENA_ADDR && ARENA_ADDR < RAM_END);

@@ -125,7 +125,7 @@ impl TaskSpec {
 }
 
 /// Why expansion stopped a run. Each names the program's pc in
-/// [`RunError::Expand`](crate::exec::RunError::Expand).
+/// [`RunError::Expand`](crate::sched::RunError::Expand).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpandError {
     /// The program reads a symbol the launch did not bind.

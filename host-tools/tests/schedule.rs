@@ -5,9 +5,9 @@
 
 use device_runtime::abi::program::*;
 use device_runtime::abi::{Section, Table};
-use device_runtime::exec::{RunError, RunOptions};
 use device_runtime::orch::StallReason;
 use device_runtime::sched::{ConfigError, DispatchKey, PolicyKind, SchedConfig};
+use device_runtime::sched::{RunError, RunOptions};
 use host_tools::program::{Axis, Expr, LowerError, Workload};
 use host_tools::semantic::{run_semantic_with, SemanticRun};
 use host_tools::shim::ShimError;

@@ -17,9 +17,8 @@
 
 use core::fmt;
 
-use crate::abi::program::MAX_SYMBOLS;
-use crate::exec::Symbols;
-use crate::sched::{PolicyError, PolicyKind};
+use super::program::MAX_SYMBOLS;
+use super::schedule::{PolicyError, PolicyKind};
 
 /// The block's first four bytes.
 pub const LAUNCH_MAGIC: [u8; 4] = *b"WSPL";
@@ -31,6 +30,43 @@ pub const LAUNCH_HEADER: usize = 32;
 pub const LAUNCH_MAX: usize = LAUNCH_HEADER + 8 * MAX_SYMBOLS;
 /// Bytes of the policy name field.
 const POLICY_FIELD: usize = 16;
+
+/// The symbols bound at a launch: up to
+/// [`MAX_SYMBOLS`] signed values,
+/// numbered from 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Symbols {
+    values: [i64; MAX_SYMBOLS],
+    len: usize,
+}
+
+impl Symbols {
+    /// Binds symbols `0 .. values.len()`; `None` if there are more than
+    /// [`MAX_SYMBOLS`].
+    pub fn new(values: &[i64]) -> Option<Self> {
+        let mut symbols = Symbols::default();
+        symbols
+            .values
+            .get_mut(..values.len())?
+            .copy_from_slice(values);
+        symbols.len = values.len();
+        Some(symbols)
+    }
+
+    /// Symbol `index`, if bound.
+    pub fn get(&self, index: usize) -> Option<i64> {
+        self.values[..self.len].get(index).copied()
+    }
+
+    /// Number of symbols bound.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
 
 /// A parsed launch block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

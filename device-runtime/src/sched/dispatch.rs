@@ -5,18 +5,16 @@
 
 use wsp_ffi::CoreKind;
 
-use super::policy::{
-    DispatchKey, DispatchPolicy, Load, Placement, Policy, Schedule, TaskInfo, MAX_THREADS,
-};
+use super::policy::{DispatchPolicy, Load, Placement, Policy, TaskInfo, MAX_THREADS};
 use super::record::Launch;
+use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats};
 use super::{
     Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING, TASKSET_SHIFT,
 };
+use crate::abi::launch::Symbols;
 use crate::abi::program::MAX_TASKSETS;
-use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD};
-use crate::exec::{
-    RunError, RunOptions, RunStats, Symbols, TableOrchestrator, TasksetStats, TASK_WINDOW,
-};
+use crate::abi::schedule::{DispatchKey, Schedule};
+use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId};
 use crate::steal_deque::Owner;

@@ -6,11 +6,11 @@ use core::marker::PhantomData;
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use super::policy::MAX_THREADS;
+use super::run::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use super::ConfigError;
 use super::{Queues, DONE_RING, FINISHED, ISSUED, RUNNING};
 use crate::abi::program::MAX_TASKSETS;
 use crate::abi::Table;
-use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use crate::expand::TaskSpec;
 use crate::platform::{Completion, Platform, MAX_CORES};
 use crate::steal_deque::{Steal, StealDeque};

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use device_runtime::exec::{RunOptions, Symbols};
+use device_runtime::abi::launch::Symbols;
+use device_runtime::sched::RunOptions;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use host_tools::inspect::inspect;
 use host_tools::semantic::run_semantic_with;

@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 
 #[path = "../../xtask/src/qemu.rs"]
 mod qemu;
+#[path = "../../xtask/src/target.rs"]
+mod target;
 
 pub use qemu::{launch_block, QemuError, QemuOutcome, QemuRun};
 
@@ -30,18 +32,20 @@ pub fn firmware() -> PathBuf {
             }
             let root = workspace_root();
             let target_dir = root.join("target").join("firmware-for-tests");
-            let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            cargo
                 .current_dir(&root)
-                .args(["build", "--release", "-p", "firmware", "--target", "aarch64-unknown-none"])
+                .args(["build", "--release", "-p", "firmware"]);
+            let status = target::for_target(&mut cargo)
                 .arg("--target-dir")
                 .arg(&target_dir)
                 .status()
                 .expect("running cargo to build the firmware");
             assert!(
                 status.success(),
-                "building the firmware failed; `cargo xtask setup` installs clang and the aarch64 target"
+                "building the firmware failed; `cargo xtask setup` installs clang and rust-src"
             );
-            target_dir.join("aarch64-unknown-none/release/firmware")
+            target_dir.join(target::TARGET).join("release/firmware")
         })
         .clone()
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::{bindgen, cargo, fw, run, setup};
+use crate::{bindgen, cargo, fw, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
@@ -26,9 +26,7 @@ const STEPS: [(&str, Step); 11] = [
             .args(DENY))
     }),
     ("clippy (firmware)", |root| {
-        run(cargo(root)
-            .args(["clippy", "-p", "firmware", "--target", fw::TARGET])
-            .args(DENY))
+        run(target::for_target(cargo(root).args(["clippy", "-p", "firmware"])).args(DENY))
     }),
     ("policy features", policy_features),
     ("bindgen --check", |root| bindgen::bindgen(root, true)),

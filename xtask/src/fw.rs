@@ -5,9 +5,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use crate::target::{self, TARGET};
 use crate::{cargo, run};
-
-pub const TARGET: &str = "aarch64-unknown-none";
 
 /// The release firmware ELF (`CARGO_TARGET_DIR` is honoured).
 pub fn elf_path(root: &Path) -> PathBuf {
@@ -18,7 +17,12 @@ pub fn elf_path(root: &Path) -> PathBuf {
 
 /// Builds the firmware (cargo rebuilds only what changed) and returns its path.
 pub fn build(root: &Path) -> Result<PathBuf> {
-    run(cargo(root).args(["build", "-p", "firmware", "--target", TARGET, "--release"]))?;
+    run(target::for_target(cargo(root).args([
+        "build",
+        "-p",
+        "firmware",
+        "--release",
+    ])))?;
     Ok(elf_path(root))
 }
 

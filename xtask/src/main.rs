@@ -11,6 +11,7 @@ mod ci;
 mod fw;
 mod qemu;
 mod setup;
+mod target;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -10,8 +10,8 @@ use crate::run;
 /// Debian packages: QEMU for the firmware, clang/libclang for the kernels
 /// and bindgen, llvm for `llvm-size`/`llvm-objcopy`.
 const APT_PACKAGES: [&str; 4] = ["qemu-system-arm", "clang", "libclang-dev", "llvm"];
-const TARGET: &str = "aarch64-unknown-none";
-const COMPONENTS: [&str; 3] = ["llvm-tools", "rustfmt", "clippy"];
+/// `rust-src`: the firmware builds `core` from it (see [`crate::target`]).
+const COMPONENTS: [&str; 4] = ["rust-src", "llvm-tools", "rustfmt", "clippy"];
 
 pub fn setup() -> Result<()> {
     apt()?;
@@ -69,23 +69,20 @@ fn as_root(args: &[&str]) -> Command {
     cmd
 }
 
-/// The target and components, for the toolchain rust-toolchain.toml selects
-/// (rustup passes it down to this process in `RUSTUP_TOOLCHAIN`).
+/// The components, for the toolchain rust-toolchain.toml selects (rustup
+/// passes it down to this process in `RUSTUP_TOOLCHAIN`). No rustup target:
+/// the firmware builds `core` from `rust-src` ([`crate::target`]).
 fn rustup() -> Result<()> {
-    let targets = installed(&["target", "list", "--installed"])?;
-    if targets.iter().any(|t| t == TARGET) {
-        eprintln!("setup: rustup target {TARGET} present");
-    } else {
-        run(Command::new("rustup").args(["target", "add", TARGET]))?;
-    }
-    // Installed components are listed with the host triple: `clippy-x86_64-unknown-linux-gnu`.
+    // Installed components are listed with the host triple
+    // (`clippy-x86_64-unknown-linux-gnu`), except those for any host (`rust-src`).
     let components = installed(&["component", "list", "--installed"])?;
     let missing: Vec<&str> = COMPONENTS
         .into_iter()
         .filter(|c| {
-            !components
-                .iter()
-                .any(|i| i.strip_prefix(c).is_some_and(|rest| rest.starts_with('-')))
+            !components.iter().any(|i| {
+                i.strip_prefix(c)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+            })
         })
         .collect();
     if missing.is_empty() {

@@ -16,7 +16,7 @@ use crate::abi::program::MAX_TASKSETS;
 use crate::abi::schedule::{DispatchKey, Schedule};
 use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
-use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId};
+use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
 
@@ -272,7 +272,7 @@ impl<'a> Dispatcher<'a> {
     /// One round: collect completions, submit, place ready tasks. Returns
     /// whether anything happened.
     pub fn step(&mut self, now: u64) -> Result<bool, RunError> {
-        let mut progress = self.collect();
+        let mut progress = self.collect()?;
         progress |= self.submit(now)?;
         progress |= self.dispatch(now)?;
         Ok(progress)
@@ -292,24 +292,40 @@ impl<'a> Dispatcher<'a> {
             .map_err(RunError::Deadlock)
     }
 
-    fn collect(&mut self) -> bool {
+    /// Takes the threads' reports (issues of stream tasks, completions) to
+    /// the orchestrator. A report the orchestrator refuses (a task not
+    /// handed out, or reported finished twice) ends the run: the threads'
+    /// view of the run no longer matches the orchestrator's.
+    fn collect(&mut self) -> Result<bool, RunError> {
         let mut any = false;
         for ring in &self.queues.done[..self.threads] {
             while let Some(entry) = ring.pop() {
                 any = true;
-                // The task was handed out by `pop_ready` and is not complete
-                // (a thread reports a task's issue before its completion).
-                if entry & ISSUED != 0 {
-                    let issued = self.orch.issued(self.base + (entry & !ISSUED));
-                    debug_assert!(issued.is_ok(), "issue of task {entry:#x}");
-                    continue;
+                let finished = entry & ISSUED == 0;
+                let task = entry & !ISSUED;
+                // `base` counts the orchestrator's earlier tasks and `task`
+                // is below 2^63: the sum cannot overflow.
+                let id = self.base + task;
+                let reported = if finished {
+                    self.orch.complete(id)
+                } else {
+                    self.orch.issued(id)
+                };
+                let refused = |why| RunError::ReportRefused {
+                    task,
+                    finished,
+                    why,
+                };
+                reported.map_err(refused)?;
+                if finished {
+                    // More completions than tasks placed: one of them names
+                    // a task that no thread was given.
+                    self.outstanding = (self.outstanding.checked_sub(1))
+                        .ok_or(refused(UsageError::NotRunning { id }))?;
                 }
-                let completed = self.orch.complete(self.base + entry);
-                debug_assert!(completed.is_ok(), "completion of task {entry}");
-                self.outstanding -= 1;
             }
         }
-        any
+        Ok(any)
     }
 
     /// The next task to submit, from the tasks section, then the program;
@@ -371,12 +387,7 @@ impl<'a> Dispatcher<'a> {
         }
     }
 
-    fn stream_op(
-        &mut self,
-        record: bool,
-        stream: u32,
-        event: u32,
-    ) -> Result<(), crate::orch::UsageError> {
+    fn stream_op(&mut self, record: bool, stream: u32, event: u32) -> Result<(), UsageError> {
         if record {
             self.orch.record_event(stream, event)
         } else {
@@ -420,6 +431,8 @@ impl<'a> Dispatcher<'a> {
                 .submit_on(now, spec.stream, spec.kernel, spec.args(), 0, &[], index)
             {
                 Ok(id) => {
+                    // Only this dispatcher submits to `orch` (it holds it
+                    // mutably for the run), so ids follow the run's numbers.
                     debug_assert_eq!(id, self.base + index);
                     let at = (index % TASK_WINDOW as u64) as usize;
                     self.keys[at] = self.key[spec.taskset as usize].of(&spec, index);
@@ -615,5 +628,81 @@ impl Context for Expansion<'_, '_> {
         // writes the element running or waiting, and later writers are not
         // submitted yet, so nothing writes these bytes during the read.
         unsafe { self.arena.read_i32(offset) }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::boxed::Box;
+    use std::vec::Vec;
+
+    use zerocopy::{FromZeros, IntoBytes};
+
+    use super::*;
+    use crate::abi::{table_checksum, TableHeader, ABI_VERSION, HEADER_SIZE, MAGIC};
+    use crate::sched::policy::RoundRobin;
+
+    /// A table with no tensors, kernels or tasks: header only.
+    fn empty_table() -> Vec<u8> {
+        let mut header = TableHeader::new_zeroed();
+        header.magic = MAGIC;
+        header.abi_version.set(ABI_VERSION);
+        header.header_size.set(HEADER_SIZE as u32);
+        header.total_len.set(HEADER_SIZE as u32);
+        let mut bytes = header.as_bytes().to_vec();
+        let crc = table_checksum(&bytes);
+        bytes[crate::abi::CHECKSUM_FIELD].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Runs the dispatcher of an empty table on one thread after `report`
+    /// was put in the thread's completion ring.
+    fn step_after(report: u64) -> Result<bool, RunError> {
+        let bytes = empty_table();
+        let table = Table::parse(&bytes).unwrap();
+        let mut arena = [0u8; 0];
+        let queues = Box::new(Queues::new());
+        let mut orch = Box::new(TableOrchestrator::for_tables());
+        let mut policy = RoundRobin::default();
+        let mut dispatcher = Dispatcher::new(
+            &table,
+            Arena::new(&mut arena),
+            &RunOptions::default(),
+            &mut orch,
+            &queues,
+            &mut policy,
+            &SchedConfig::default(),
+            &[[true, true]],
+        )
+        .unwrap();
+        assert!(queues.done[0].push(report));
+        dispatcher.step(0)
+    }
+
+    #[test]
+    fn a_report_of_a_task_not_handed_out_ends_the_run() {
+        let not_running = UsageError::NotRunning { id: 3 };
+        assert_eq!(
+            step_after(3),
+            Err(RunError::ReportRefused {
+                task: 3,
+                finished: true,
+                why: not_running,
+            })
+        );
+        let err = step_after(3 | ISSUED).unwrap_err();
+        assert_eq!(
+            err,
+            RunError::ReportRefused {
+                task: 3,
+                finished: false,
+                why: not_running,
+            }
+        );
+        let text = std::format!("{err}");
+        assert!(
+            text.contains("task 3 issued") && text.contains("not running"),
+            "{text}"
+        );
     }
 }

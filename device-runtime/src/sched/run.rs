@@ -283,6 +283,14 @@ pub enum RunError {
     /// The orchestrator refused a task that table validation (or, for a
     /// program task, expansion) accepted.
     Refused { task: u32, why: Invalid },
+    /// The orchestrator refused a scheduler thread's report about task
+    /// `task`: that it was issued (`finished: false`) or that it finished,
+    /// e.g. a task reported finished twice or never handed out.
+    ReportRefused {
+        task: u64,
+        finished: bool,
+        why: UsageError,
+    },
     /// The orchestrator refused a stream op that table validation accepted.
     StreamOpRefused { op: u32, why: UsageError },
     /// The orchestrator handed to `run` still holds tasks of an earlier run.
@@ -323,6 +331,10 @@ impl fmt::Display for RunError {
             RunError::LaunchRefused { task, core } => write!(f, "core {core} refused task {task} while idle"),
             RunError::Refused { task, why } => {
                 write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
+            }
+            RunError::ReportRefused { task, finished, why } => {
+                let report = if finished { "finished" } else { "issued" };
+                write!(f, "the orchestrator refused the report that task {task} {report}: {why}")
             }
             RunError::StreamOpRefused { op, why } => {
                 write!(f, "stream op {op} passed validation but the orchestrator refused it: {why}")

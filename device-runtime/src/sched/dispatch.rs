@@ -5,14 +5,16 @@
 
 use wsp_ffi::CoreKind;
 
-use super::policy::{DispatchPolicy, Load, Placement, Policy, TaskInfo, MAX_THREADS};
+use super::policy::{
+    check_key, DispatchPolicy, Lacks, Load, Placement, Policy, TaskInfo, MAX_THREADS,
+};
 use super::record::Launch;
 use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats};
 use super::{
     Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING, TASKSET_SHIFT,
 };
 use crate::abi::launch::Symbols;
-use crate::abi::program::MAX_TASKSETS;
+use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
 use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
@@ -148,6 +150,7 @@ impl<'a> Dispatcher<'a> {
                 max: max as usize,
             })
         })?;
+        check_run_key(table, config.key)?;
         let mut policies = [None; MAX_TASKSETS];
         let mut key = [config.key; MAX_TASKSETS];
         for set in 1..MAX_TASKSETS {
@@ -426,6 +429,11 @@ impl<'a> Dispatcher<'a> {
                     max: u32::MAX as u64 + 1,
                 });
             }
+            let set = spec.taskset;
+            let key = self.key[set as usize];
+            let key_value = key
+                .of(&spec, index, self.table)
+                .map_err(|lacks| key_error(key, set, Some(index as u32), spec.pc, lacks))?;
             match self
                 .orch
                 .submit_on(now, spec.stream, spec.kernel, spec.args(), 0, &[], index)
@@ -435,8 +443,8 @@ impl<'a> Dispatcher<'a> {
                     // mutably for the run), so ids follow the run's numbers.
                     debug_assert_eq!(id, self.base + index);
                     let at = (index % TASK_WINDOW as u64) as usize;
-                    self.keys[at] = self.key[spec.taskset as usize].of(&spec, index);
-                    self.sets[at] = spec.taskset;
+                    self.keys[at] = key_value;
+                    self.sets[at] = set;
                     // A task of the tasks section launches from the table
                     // (shared, read-only); an expanded one from its record.
                     if spec.pc.is_some() {
@@ -592,6 +600,69 @@ impl<'a> Dispatcher<'a> {
             thread.queue_high_water = figures.queue_high_water;
         }
     }
+}
+
+fn key_error(
+    key: DispatchKey,
+    taskset: u8,
+    task: Option<u32>,
+    pc: Option<u32>,
+    lacks: Lacks,
+) -> RunError {
+    RunError::KeyNotInTask {
+        key,
+        taskset,
+        task,
+        pc,
+        has: lacks.has,
+        what: lacks.what,
+    }
+}
+
+/// Checks the run's dispatch key (taskset 0's) before anything runs
+/// against every task of the tasks section and, unless the program gives
+/// calls other tasksets (then which calls are taskset 0's is known only as
+/// they expand, and each is checked then), every call of the program.
+fn check_run_key(table: &Table<'_>, key: DispatchKey) -> Result<(), RunError> {
+    let rank =
+        |tensor: u32| (table.tensors().get(tensor as usize)).map_or(0, |t| t.rank.get() as usize);
+    for (index, desc) in table.tasks().iter().enumerate() {
+        let args = table.task_args(desc);
+        let scalars = desc.num_scalars.get() as usize;
+        check_key(
+            key,
+            scalars,
+            args.len(),
+            |a| rank(args[a].tensor.get()),
+            None,
+        )
+        .map_err(|lacks| key_error(key, 0, Some(index as u32), None, lacks))?;
+    }
+    let program = table.program();
+    if program
+        .iter()
+        .any(|i| i.op == OP_DISPATCH && i.imm.get() != 0)
+    {
+        return Ok(());
+    }
+    let mut depth = 0;
+    for (pc, ins) in program.iter().enumerate() {
+        match ins.op {
+            OP_LOOP => depth += 1,
+            OP_END => depth -= 1,
+            OP_CALL => {
+                let Some(kernel) = wsp_ffi::lookup(ins.imm.get()) else {
+                    unreachable!("validation refuses calls of unknown kernels")
+                };
+                let (args, scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
+                let rank_of = |a: usize| rank(program[pc + 1 + a].imm.get());
+                check_key(key, scalars, args, rank_of, Some(depth))
+                    .map_err(|lacks| key_error(key, 0, None, Some(pc as u32), lacks))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// What the program's expansion sees of the run.

@@ -64,7 +64,9 @@ use crate::steal_deque::StealDeque;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub use dispatch::DispatchStats;
 pub use dispatch::Dispatcher;
-pub use policy::{DispatchPolicy, Load, Placement, Policy, TaskInfo, MAX_THREADS};
+pub use policy::{
+    check_key, DispatchPolicy, Lacks, Load, Placement, Policy, TaskInfo, MAX_THREADS,
+};
 use ring::Ring;
 pub use run::{
     CoreStats, RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats, ThreadStats,

@@ -7,6 +7,7 @@
 use wsp_ffi::CoreKind;
 
 use crate::abi::schedule::{DispatchKey, PolicyError, PolicyKind};
+use crate::abi::Table;
 use crate::expand::TaskSpec;
 
 /// Most scheduler threads (the device's AICPU has up to 4).
@@ -67,24 +68,74 @@ pub trait DispatchPolicy {
     }
 }
 
+/// What a task lacks for a dispatch key: it has only `has` of `what`
+/// (scalars, tensor arguments, dimensions of the named argument, or loops
+/// around its call) and the key names one past them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lacks {
+    /// How many of them the task has.
+    pub has: u32,
+    /// What they are, in words: "scalars", "tensor arguments", ...
+    pub what: &'static str,
+}
+
+/// Whether `key` names only what a task has: `scalars` scalars, `args`
+/// tensor arguments, argument `a` of rank `rank_of(a)`, and `loops` loops
+/// around its call (`None` for a task of the tasks section, whose loop
+/// keys are 0 by definition).
+pub fn check_key(
+    key: DispatchKey,
+    scalars: usize,
+    args: usize,
+    rank_of: impl Fn(usize) -> usize,
+    loops: Option<usize>,
+) -> Result<(), Lacks> {
+    let lacks = |has: usize, what| {
+        Err(Lacks {
+            has: has as u32,
+            what,
+        })
+    };
+    match key {
+        DispatchKey::TaskIndex | DispatchKey::Stream => Ok(()),
+        DispatchKey::Scalar(n) if n as usize >= scalars => lacks(scalars, "scalars"),
+        DispatchKey::Tile { arg, .. } if arg as usize >= args => lacks(args, "tensor arguments"),
+        DispatchKey::Tile { arg, dim } if dim as usize >= rank_of(arg as usize) => {
+            lacks(rank_of(arg as usize), "dimensions in that tensor argument")
+        }
+        DispatchKey::Loop(n) => match loops {
+            Some(depth) if n as usize >= depth => lacks(depth, "loops around its call"),
+            _ => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
 impl DispatchKey {
-    /// The key of `task`, the run's task number `index` (0 where the task
-    /// has no such scalar, argument or loop).
-    pub fn of(&self, task: &TaskSpec, index: u64) -> u64 {
-        match *self {
+    /// The key of `task`, the run's task number `index`, whose tensors
+    /// are `table`'s; what the task lacks if the key names a scalar,
+    /// argument, dimension or loop it does not have ([`check_key`]).
+    pub fn of(&self, task: &TaskSpec, index: u64, table: &Table<'_>) -> Result<u64, Lacks> {
+        let rank_of = |a: usize| {
+            let tensor = task.args()[a].tensor as usize;
+            table
+                .tensors()
+                .get(tensor)
+                .map_or(0, |t| t.rank.get() as usize)
+        };
+        let loops = task.pc.map(|_| task.num_loops);
+        check_key(*self, task.num_scalars, task.num_args, rank_of, loops)?;
+        Ok(match *self {
             DispatchKey::TaskIndex => index,
-            DispatchKey::Scalar(n) => task.scalars().get(n as usize).copied().unwrap_or(0),
+            DispatchKey::Scalar(n) => task.scalars()[n as usize],
             DispatchKey::Tile { arg, dim } => {
-                let Some(a) = task.args().get(arg as usize) else {
-                    return 0;
-                };
-                let d = (dim as usize).min(a.region.offset.len() - 1);
-                let extent = a.region.extent[d].max(1);
-                (a.region.offset[d] / extent) as u64
+                let region = &task.args()[arg as usize].region;
+                let (offset, extent) = (region.offset[dim as usize], region.extent[dim as usize]);
+                (offset / extent.max(1)) as u64
             }
             DispatchKey::Stream => task.stream as u64,
             DispatchKey::Loop(n) => task.loops.get(n as usize).map_or(0, |&i| i as u64),
-        }
+        })
     }
 }
 

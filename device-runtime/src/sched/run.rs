@@ -283,6 +283,19 @@ pub enum RunError {
     /// The orchestrator refused a task that table validation (or, for a
     /// program task, expansion) accepted.
     Refused { task: u32, why: Invalid },
+    /// Taskset `taskset`'s dispatch key names a scalar, tensor argument,
+    /// dimension or loop that task `task` (the program's call at
+    /// instruction `pc`) lacks: it has only `has` of `what`. Found for the
+    /// run's key (taskset 0) before anything runs where the table says
+    /// which tasks and calls it applies to, else when the task is expanded.
+    KeyNotInTask {
+        key: DispatchKey,
+        taskset: u8,
+        task: Option<u32>,
+        pc: Option<u32>,
+        has: u32,
+        what: &'static str,
+    },
     /// The orchestrator refused a scheduler thread's report about task
     /// `task`: that it was issued (`finished: false`) or that it finished,
     /// e.g. a task reported finished twice or never handed out.
@@ -331,6 +344,18 @@ impl fmt::Display for RunError {
             RunError::LaunchRefused { task, core } => write!(f, "core {core} refused task {task} while idle"),
             RunError::Refused { task, why } => {
                 write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
+            }
+            RunError::KeyNotInTask { key, taskset, task, pc, has, what } => {
+                write!(f, "dispatch key {key} (taskset {taskset}) does not fit ")?;
+                match (task, pc) {
+                    (Some(task), None) => write!(f, "task {task}")?,
+                    (None, Some(pc)) => write!(f, "the call at program instruction {pc}")?,
+                    (Some(task), Some(pc)) => {
+                        write!(f, "task {task} (the call at program instruction {pc})")?
+                    }
+                    (None, None) => f.write_str("a task")?,
+                }
+                write!(f, ", which has {has} {what}")
             }
             RunError::ReportRefused { task, finished, why } => {
                 let report = if finished { "finished" } else { "issued" };

@@ -36,6 +36,8 @@ pub struct TaskSpec {
     /// The indices of the loops around the call, outermost first (0 for
     /// loops not open, and for tasks of the tasks section).
     pub loops: [u32; MAX_LOOP_DEPTH],
+    /// The loops around the call (0 for tasks of the tasks section).
+    pub num_loops: usize,
     /// The pc of the program's call, or `None` for a task of the tasks section.
     pub pc: Option<u32>,
     /// Its taskset (`0 .. MAX_TASKSETS`; 0 for tasks of the tasks section
@@ -75,6 +77,7 @@ impl TaskSpec {
             scalars: desc.scalars.map(|s| s.get()),
             num_scalars: desc.num_scalars.get() as usize,
             loops: [0; MAX_LOOP_DEPTH],
+            num_loops: 0,
             pc: None,
             taskset: 0,
         };
@@ -125,7 +128,7 @@ impl TaskSpec {
 }
 
 /// Why expansion stopped a run. Each names the program's pc in
-/// [`RunError::Expand`](crate::exec::RunError::Expand).
+/// [`RunError::Expand`](crate::sched::RunError::Expand).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpandError {
     /// The program reads a symbol the launch did not bind.
@@ -477,6 +480,7 @@ impl Expander {
             scalars: [0; MAX_SCALARS],
             num_scalars: kernel.num_scalars as usize,
             loops: [0; MAX_LOOP_DEPTH],
+            num_loops: self.depth,
             pc: Some(self.pc as u32),
             taskset: self.taskset,
         };

@@ -1,24 +1,36 @@
 //! The pto-wsp device runtime.
 //!
 //! `no_std` and without `alloc`: every capacity is a const, documented where
-//! it is defined ([`exec::TASK_WINDOW`], [`platform::MAX_CORES`], the
+//! it is defined ([`abi::TASK_WINDOW`], [`platform::MAX_CORES`], the
 //! const generics of [`orch::Orchestrator`]). The same code
 //! runs in the host shim, in the QEMU firmware and on the AICPU; what differs
 //! per machine is behind [`platform::Platform`].
 //!
-//! - [`abi`]: the descriptor table (host -> device), parsed and validated in place.
+//! - [`abi`]: the descriptor table (host -> device), parsed and validated
+//!   in place, the launch block, the schedule encodings and the capacities
+//!   the table format is bounded by.
 //! - [`orch`]: the bounded orchestrator: task ring, TensorMap, DepList pool,
 //!   heap ring, scopes, stall statistics and deadlock reports.
-//! - [`exec`]: interprets a validated table through the orchestrator and
-//!   issues ready tasks to cores.
 //! - [`expand`]: expands the table's workload program into tasks on the
 //!   device, including from data computed by earlier tasks.
-//! - [`sched`]: scheduler threads, dispatch policies, dispatch queues and
-//!   work stealing.
+//! - [`sched`]: the dispatcher, scheduler threads, dispatch policies,
+//!   dispatch queues and work stealing; a run's options, statistics and errors.
+//! - [`exec`]: the one-thread table interpreter ([`exec::run`]).
 //! - [`platform`]: the `Platform` trait and the shared-memory mailbox platform.
 //! - [`mailbox`]: the per-core issue protocol and the core's serve loop.
 //! - [`steal_deque`]: a fixed-capacity Chase-Lev deque: a scheduler thread's
 //!   ready queue that idle threads steal single tasks from.
+//!
+//! The modules form layers; each names only the ones below it (the test
+//! `tests/layering.rs` enforces this):
+//!
+//! ```text
+//! exec
+//!  └ sched ── platform ── mailbox, steal_deque
+//!     └ expand
+//!        └ orch
+//!           └ abi
+//! ```
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 // Without `alloc` a deadlock report cannot be boxed: errors that carry one

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use device_runtime::abi::Table;
-use device_runtime::exec::RunOptions;
 use device_runtime::platform::{Clock, Completion, Platform};
+use device_runtime::sched::RunOptions;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use host_tools::semantic::run_semantic_with;
 use host_tools::shim::run_threads;

@@ -51,8 +51,8 @@
 use std::ops::{Add, Div, Mul, Rem, Sub};
 
 use device_runtime::abi::program::*;
+use device_runtime::abi::TASK_WINDOW;
 use device_runtime::abi::{Instr, Table, MAX_RANK};
-use device_runtime::exec::TASK_WINDOW;
 use device_runtime::sched::{DispatchKey, PolicyKind, Schedule};
 use wsp_ffi::DTYPE_I32;
 use zerocopy::little_endian::U32;

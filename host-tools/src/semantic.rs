@@ -12,11 +12,11 @@
 use std::cell::{Cell, RefCell};
 
 use device_runtime::abi::Table;
-use device_runtime::exec::{RunOptions, RunStats, TableOrchestrator};
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::{
     drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, Queues, SchedConfig, Scheduler,
 };
+use device_runtime::sched::{RunOptions, RunStats, TableOrchestrator};
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use crate::shim::{check_threads, thread_cores, ShimError};

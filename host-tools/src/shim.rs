@@ -7,12 +7,12 @@ use std::fmt;
 use std::time::Instant;
 
 use device_runtime::abi::{Table, TableError};
-use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform, Platform, PlatformError};
 use device_runtime::sched::{
     drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler, MAX_THREADS,
 };
+use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
 use wsp_ffi::CoreKind;
 
 /// The emulated machine.

@@ -2,10 +2,11 @@
 //! (shim and semantic time) against the host's reference expansion of the
 //! same loops, and bad programs refused with errors that say why.
 
+use device_runtime::abi::launch::Symbols;
 use device_runtime::abi::program::*;
 use device_runtime::abi::Section;
-use device_runtime::exec::{RunError, RunOptions, Symbols};
 use device_runtime::expand::ExpandError;
+use device_runtime::sched::{RunError, RunOptions};
 use host_tools::program::{Axis, Expr, LowerError, Workload};
 use host_tools::semantic::run_semantic;
 use host_tools::shim::{Shim, ShimError};

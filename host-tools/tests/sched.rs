@@ -2,11 +2,11 @@
 //! threaded shim and in deterministic semantic time, checked against the
 //! workloads' f64 references and against a sequential run of random DAGs.
 
-use device_runtime::exec::{RunError, RunOptions, RunStats};
 use device_runtime::orch::StallReason;
 use device_runtime::sched::{
     ConfigError, DispatchKey, DispatchPolicy, Load, Placement, PolicyKind, SchedConfig, TaskInfo,
 };
+use device_runtime::sched::{RunError, RunOptions, RunStats};
 use host_tools::dag::{in_table_order, random_dag};
 use host_tools::semantic::{run_semantic_custom, run_semantic_with, SemanticRun};
 use host_tools::shim::{Shim, ShimError};

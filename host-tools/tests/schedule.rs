@@ -5,9 +5,9 @@
 
 use device_runtime::abi::program::*;
 use device_runtime::abi::{Section, Table};
-use device_runtime::exec::{RunError, RunOptions};
 use device_runtime::orch::StallReason;
 use device_runtime::sched::{ConfigError, DispatchKey, PolicyKind, SchedConfig};
+use device_runtime::sched::{RunError, RunOptions};
 use host_tools::program::{Axis, Expr, LowerError, Workload};
 use host_tools::semantic::{run_semantic_with, SemanticRun};
 use host_tools::shim::ShimError;
@@ -464,4 +464,143 @@ fn a_stream_key_computed_from_the_loop_index_puts_each_batch_on_its_stream() {
         e.to_string().contains("stream 9; streams are 1 to 8"),
         "{e}"
     );
+}
+
+/// A run whose dispatch key names a scalar, argument, dimension or loop
+/// its tasks lack fails before anything runs, naming the key and the
+/// first task or call; it does not give every task key 0.
+#[test]
+fn a_run_key_that_tasks_lack_is_refused_at_the_start() {
+    let expect = |table: &[u8], size: u64, key: DispatchKey| {
+        let mut arena = Arena::zeroed(size);
+        let config = SchedConfig {
+            threads: 2,
+            policy: PolicyKind::Affinity,
+            key,
+            ..SchedConfig::default()
+        };
+        let kinds = [CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
+        let run = run_semantic_with(
+            table,
+            &mut arena.bytes,
+            &kinds,
+            &config,
+            &RunOptions::default(),
+        );
+        match run {
+            Err(ShimError::Run(e)) => *e,
+            Err(e) => panic!("{key}: {e}"),
+            Ok(run) => panic!("{key} ran {} tasks", run.stats.tasks),
+        }
+    };
+    // `wsp run gemm --key scalar:9`: tasks of the tasks section.
+    let gemm = host_tools::workloads::Workload::build("gemm", Default::default()).unwrap();
+    let size = gemm.arena.bytes.len() as u64;
+    let err = expect(&gemm.table, size, DispatchKey::Scalar(9));
+    let RunError::KeyNotInTask {
+        key,
+        taskset: 0,
+        task: Some(0),
+        pc: None,
+        what: "scalars",
+        ..
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(key, DispatchKey::Scalar(9));
+    let text = format!("{err}");
+    assert!(
+        text.contains("scalar:9") && text.contains("task 0"),
+        "{text}"
+    );
+    let err = expect(&gemm.table, size, DispatchKey::Tile { arg: 7, dim: 0 });
+    assert!(
+        matches!(
+            err,
+            RunError::KeyNotInTask {
+                what: "tensor arguments",
+                has: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    // Program calls: one loop around each `ADD` of 2-D tiles, no scalars.
+    let (table, size, _, _) = three_loops(false);
+    let call = Table::parse(&table)
+        .unwrap()
+        .program()
+        .iter()
+        .position(|i| i.op == OP_CALL);
+    let call = call.map(|pc| pc as u32);
+    for (key, has, what) in [
+        (DispatchKey::Loop(2), 2, "loops around its call"),
+        (DispatchKey::Scalar(0), 0, "scalars"),
+        (DispatchKey::Tile { arg: 3, dim: 0 }, 3, "tensor arguments"),
+        (
+            DispatchKey::Tile { arg: 2, dim: 2 },
+            2,
+            "dimensions in that tensor argument",
+        ),
+    ] {
+        let err = expect(&table, size, key);
+        let want = RunError::KeyNotInTask {
+            key,
+            taskset: 0,
+            task: None,
+            pc: call,
+            has,
+            what,
+        };
+        assert_eq!(err, want, "{key}");
+        assert!(format!("{err}").contains("program instruction"), "{err}");
+    }
+    // Keys the tasks have run.
+    for key in [DispatchKey::Loop(1), DispatchKey::Tile { arg: 2, dim: 1 }] {
+        run(
+            &table,
+            size,
+            &SchedConfig {
+                key,
+                ..sched(PolicyKind::Affinity)
+            },
+            &RunOptions::default(),
+        );
+    }
+}
+
+/// Where the program gives calls tasksets, each task's key is checked as
+/// it is expanded: a key a task lacks ends the run naming the task.
+#[test]
+fn a_taskset_key_that_a_task_lacks_ends_the_run() {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.dispatch(PolicyKind::WorkStealing, DispatchKey::Scalar(1), |w| {
+        w.parallel(Axis::Dense(4), |w, i| add_tile(w, x, y, i))
+    });
+    let table = w.finish().unwrap();
+    let mut arena = Arena::zeroed(w.arena_size());
+    let kinds = [CoreKind::Vector; 4];
+    let config = sched(PolicyKind::RoundRobin);
+    let options = RunOptions::default();
+    let Err(err) = run_semantic_with(&table, &mut arena.bytes, &kinds, &config, &options) else {
+        panic!("a key the tasks lack ran");
+    };
+    let ShimError::Run(err) = err else {
+        panic!("{err}")
+    };
+    let RunError::KeyNotInTask {
+        taskset: 1,
+        task: Some(0),
+        pc: Some(_),
+        has: 0,
+        what: "scalars",
+        ..
+    } = *err
+    else {
+        panic!("{err:?}");
+    };
 }

@@ -9,7 +9,7 @@
 //! tables and must compute the same results.
 
 use device_runtime::abi::Table;
-use device_runtime::exec::RunOptions;
+use device_runtime::sched::RunOptions;
 use device_runtime::sched::{kernel_args, Arena, DispatchKey, PolicyKind, SchedConfig};
 use host_tools::semantic::{run_semantic_with, SemanticRun};
 use host_tools::shim::Shim;

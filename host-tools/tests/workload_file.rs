@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use device_runtime::exec::{RunOptions, Symbols};
+use device_runtime::abi::launch::Symbols;
+use device_runtime::sched::RunOptions;
 use host_tools::shim::Shim;
 use host_tools::table::Arena;
 use host_tools::workload_file::{ErrorKind, FileError, FileWorkload, WorkloadFile};

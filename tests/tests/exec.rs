@@ -6,9 +6,10 @@ use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 
 use device_runtime::abi::{Access, Region, Table};
-use device_runtime::exec::{self, RunError, RunOptions, RunStats, TableOrchestrator};
+use device_runtime::exec;
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::{self, kernel_args};
+use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
 use host_tools::rng::SplitMix64;
 use host_tools::table::{Arena, Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, InOut, Out};

@@ -6,9 +6,10 @@
 //! the launch block, and match the host's reference expansion. Random DAGs
 //! run on four scheduler threads under every dispatch policy.
 
+use device_runtime::abi::launch::Symbols;
 use device_runtime::abi::launch::{Launch, LaunchError};
-use device_runtime::exec::{RunOptions, Symbols};
 use device_runtime::sched::PolicyKind;
+use device_runtime::sched::RunOptions;
 use host_tools::dag::{in_table_order, random_dag};
 use host_tools::program_examples::{self as examples, Example};
 use host_tools::shim::Shim;

@@ -43,12 +43,12 @@ use device_runtime::abi::memory_map::{
     ARENA_ADDR, ARENA_MAX, CPUS, LAUNCH_ADDR, LAUNCH_WINDOW, TABLE_ADDR, TABLE_MAX,
 };
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
-use device_runtime::exec::{RunError, RunOptions, RunStats, TableOrchestrator};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform};
 use device_runtime::sched::{
     drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
 };
+use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
 use semihosting::{print, println};
 use wsp_ffi::CoreKind;
 

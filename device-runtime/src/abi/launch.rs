@@ -23,9 +23,8 @@ use core::fmt;
 use zerocopy::little_endian::{I64, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use crate::abi::program::MAX_SYMBOLS;
-use crate::exec::Symbols;
-use crate::sched::{PolicyError, PolicyKind};
+use super::program::MAX_SYMBOLS;
+use super::schedule::{PolicyError, PolicyKind};
 
 /// The block's first four bytes.
 pub const LAUNCH_MAGIC: [u8; 4] = *b"WSPL";
@@ -106,6 +105,43 @@ pub fn encode_block(
         slot.copy_from_slice(I64::new(v).as_bytes());
     }
     Ok(len)
+}
+
+/// The symbols bound at a launch: up to
+/// [`MAX_SYMBOLS`] signed values,
+/// numbered from 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Symbols {
+    values: [i64; MAX_SYMBOLS],
+    len: usize,
+}
+
+impl Symbols {
+    /// Binds symbols `0 .. values.len()`; `None` if there are more than
+    /// [`MAX_SYMBOLS`].
+    pub fn new(values: &[i64]) -> Option<Self> {
+        let mut symbols = Symbols::default();
+        symbols
+            .values
+            .get_mut(..values.len())?
+            .copy_from_slice(values);
+        symbols.len = values.len();
+        Some(symbols)
+    }
+
+    /// Symbol `index`, if bound.
+    pub fn get(&self, index: usize) -> Option<i64> {
+        self.values[..self.len].get(index).copied()
+    }
+
+    /// Number of symbols bound.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// A parsed launch block.

@@ -9,14 +9,17 @@ mod checksum;
 mod error;
 pub mod launch;
 mod layout;
+mod limits;
 pub mod memory_map;
 pub mod program;
 mod region;
+pub mod schedule;
 mod validate;
 
 pub use checksum::{table_checksum, CHECKSUM_FIELD};
 pub use error::{Problem, Section, TableError};
 pub use layout::*;
+pub use limits::TASK_WINDOW;
 pub use program::ProgramInfo;
 pub use region::{Region, TileView};
 pub use validate::{check_region, dtype_size, table_len, Table};

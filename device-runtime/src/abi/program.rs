@@ -22,12 +22,12 @@
 //! | [`OP_SCALAR`] | `x[0]` = register | one scalar (the register's 64 bits) |
 //! | [`OP_RECORD`], [`OP_WAIT`] | `x[0]` = stream, `x[1]` = event | an event record or wait, as in the stream-ops section |
 //! | [`OP_INPUT`] | `imm` = tensor | the host provides the tensor's data at launch: `LOAD` may read it before any task writes it |
-//! | [`OP_DISPATCH`] | `imm` = taskset, `imm2` = its schedule ([`Schedule::encode`](crate::sched::policy::Schedule::encode); 0 for taskset 0) | the calls expanded after it, until the next `DISPATCH`, belong to the taskset |
+//! | [`OP_DISPATCH`] | `imm` = taskset, `imm2` = its schedule ([`Schedule::encode`](super::schedule::Schedule::encode); 0 for taskset 0) | the calls expanded after it, until the next `DISPATCH`, belong to the taskset |
 //! | [`OP_WINDOW`] | `imm` = tasks | the program's task window: at most this many tasks submitted and not retired (at most one `WINDOW`; a launch may override it) |
 //!
 //! Tasksets give parts of a workload their own dispatch policy and key
 //! (per taskset; [`MAX_TASKSETS`]). Taskset 0 is the run's own policy
-//! ([`SchedConfig`](crate::sched::SchedConfig)), and the tasks section's
+//! (the scheduler's `SchedConfig`), and the tasks section's
 //! tasks and every call before the first `DISPATCH` belong to it. Every
 //! `DISPATCH` of a taskset must give the same schedule: a taskset is one
 //! policy, with one state, for the whole run.
@@ -108,7 +108,7 @@ pub struct ProgramInfo {
     pub inputs: u8,
     /// One more than the highest symbol the program reads (0 if none).
     pub symbols: usize,
-    /// The schedule of each taskset ([`Schedule::encode`](crate::sched::policy::Schedule::encode)),
+    /// The schedule of each taskset ([`Schedule::encode`](super::schedule::Schedule::encode)),
     /// where bit `t` of `tasksets_defined` is set (taskset 0: the run's).
     pub tasksets: [u32; MAX_TASKSETS],
     pub tasksets_defined: u8,
@@ -409,7 +409,7 @@ pub(crate) fn validate(
                 let valid = if set == 0 {
                     bits == 0
                 } else {
-                    crate::sched::policy::Schedule::decode(bits).is_some()
+                    super::schedule::Schedule::decode(bits).is_some()
                 };
                 if !valid {
                     return Err(err(pc, "imm2", Problem::BadSchedule { bits }));
@@ -429,8 +429,8 @@ pub(crate) fn validate(
                     return Err(structure(pc, "a second WINDOW"));
                 }
                 let tasks = ins.imm.get();
-                if tasks == 0 || tasks as usize > crate::exec::TASK_WINDOW {
-                    let problem = range(tasks as u64, 1, crate::exec::TASK_WINDOW as u64);
+                if tasks == 0 || tasks as usize > super::TASK_WINDOW {
+                    let problem = range(tasks as u64, 1, super::TASK_WINDOW as u64);
                     return Err(err(pc, "imm", problem));
                 }
                 info.window = tasks;

@@ -6,19 +6,19 @@
 use wsp_ffi::CoreKind;
 
 use super::policy::{
-    DispatchKey, DispatchPolicy, Load, Placement, Policy, Schedule, TaskInfo, MAX_THREADS,
+    check_key, DispatchPolicy, Lacks, Load, Placement, Policy, TaskInfo, MAX_THREADS,
 };
 use super::record::Launch;
+use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats};
 use super::{
     Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING, TASKSET_SHIFT,
 };
-use crate::abi::program::MAX_TASKSETS;
-use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD};
-use crate::exec::{
-    RunError, RunOptions, RunStats, Symbols, TableOrchestrator, TasksetStats, TASK_WINDOW,
-};
+use crate::abi::launch::Symbols;
+use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_DISPATCH, OP_END, OP_LOOP};
+use crate::abi::schedule::{DispatchKey, Schedule};
+use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
-use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId};
+use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
 
@@ -150,6 +150,7 @@ impl<'a> Dispatcher<'a> {
                 max: max as usize,
             })
         })?;
+        check_run_key(table, config.key)?;
         let mut policies = [None; MAX_TASKSETS];
         let mut key = [config.key; MAX_TASKSETS];
         for set in 1..MAX_TASKSETS {
@@ -274,7 +275,7 @@ impl<'a> Dispatcher<'a> {
     /// One round: collect completions, submit, place ready tasks. Returns
     /// whether anything happened.
     pub fn step(&mut self, now: u64) -> Result<bool, RunError> {
-        let mut progress = self.collect();
+        let mut progress = self.collect()?;
         progress |= self.submit(now)?;
         progress |= self.dispatch(now)?;
         Ok(progress)
@@ -294,24 +295,40 @@ impl<'a> Dispatcher<'a> {
             .map_err(RunError::Deadlock)
     }
 
-    fn collect(&mut self) -> bool {
+    /// Takes the threads' reports (issues of stream tasks, completions) to
+    /// the orchestrator. A report the orchestrator refuses (a task not
+    /// handed out, or reported finished twice) ends the run: the threads'
+    /// view of the run no longer matches the orchestrator's.
+    fn collect(&mut self) -> Result<bool, RunError> {
         let mut any = false;
         for ring in &self.queues.done[..self.threads] {
             while let Some(entry) = ring.pop() {
                 any = true;
-                // The task was handed out by `pop_ready` and is not complete
-                // (a thread reports a task's issue before its completion).
-                if entry & ISSUED != 0 {
-                    let issued = self.orch.issued(self.base + (entry & !ISSUED));
-                    debug_assert!(issued.is_ok(), "issue of task {entry:#x}");
-                    continue;
+                let finished = entry & ISSUED == 0;
+                let task = entry & !ISSUED;
+                // `base` counts the orchestrator's earlier tasks and `task`
+                // is below 2^63: the sum cannot overflow.
+                let id = self.base + task;
+                let reported = if finished {
+                    self.orch.complete(id)
+                } else {
+                    self.orch.issued(id)
+                };
+                let refused = |why| RunError::ReportRefused {
+                    task,
+                    finished,
+                    why,
+                };
+                reported.map_err(refused)?;
+                if finished {
+                    // More completions than tasks placed: one of them names
+                    // a task that no thread was given.
+                    self.outstanding = (self.outstanding.checked_sub(1))
+                        .ok_or(refused(UsageError::NotRunning { id }))?;
                 }
-                let completed = self.orch.complete(self.base + entry);
-                debug_assert!(completed.is_ok(), "completion of task {entry}");
-                self.outstanding -= 1;
             }
         }
-        any
+        Ok(any)
     }
 
     /// The next task to submit, from the tasks section, then the program;
@@ -373,12 +390,7 @@ impl<'a> Dispatcher<'a> {
         }
     }
 
-    fn stream_op(
-        &mut self,
-        record: bool,
-        stream: u32,
-        event: u32,
-    ) -> Result<(), crate::orch::UsageError> {
+    fn stream_op(&mut self, record: bool, stream: u32, event: u32) -> Result<(), UsageError> {
         if record {
             self.orch.record_event(stream, event)
         } else {
@@ -417,15 +429,22 @@ impl<'a> Dispatcher<'a> {
                     max: u32::MAX as u64 + 1,
                 });
             }
+            let set = spec.taskset;
+            let key = self.key[set as usize];
+            let key_value = key
+                .of(&spec, index, self.table)
+                .map_err(|lacks| key_error(key, set, Some(index as u32), spec.pc, lacks))?;
             match self
                 .orch
                 .submit_on(now, spec.stream, spec.kernel, spec.args(), 0, &[], index)
             {
                 Ok(id) => {
+                    // Only this dispatcher submits to `orch` (it holds it
+                    // mutably for the run), so ids follow the run's numbers.
                     debug_assert_eq!(id, self.base + index);
                     let at = (index % TASK_WINDOW as u64) as usize;
-                    self.keys[at] = self.key[spec.taskset as usize].of(&spec, index);
-                    self.sets[at] = spec.taskset;
+                    self.keys[at] = key_value;
+                    self.sets[at] = set;
                     // A task of the tasks section launches from the table
                     // (shared, read-only); an expanded one from its record.
                     if spec.pc.is_some() {
@@ -583,6 +602,69 @@ impl<'a> Dispatcher<'a> {
     }
 }
 
+fn key_error(
+    key: DispatchKey,
+    taskset: u8,
+    task: Option<u32>,
+    pc: Option<u32>,
+    lacks: Lacks,
+) -> RunError {
+    RunError::KeyNotInTask {
+        key,
+        taskset,
+        task,
+        pc,
+        has: lacks.has,
+        what: lacks.what,
+    }
+}
+
+/// Checks the run's dispatch key (taskset 0's) before anything runs
+/// against every task of the tasks section and, unless the program gives
+/// calls other tasksets (then which calls are taskset 0's is known only as
+/// they expand, and each is checked then), every call of the program.
+fn check_run_key(table: &Table<'_>, key: DispatchKey) -> Result<(), RunError> {
+    let rank =
+        |tensor: u32| (table.tensors().get(tensor as usize)).map_or(0, |t| t.rank.get() as usize);
+    for (index, desc) in table.tasks().iter().enumerate() {
+        let args = table.task_args(desc);
+        let scalars = desc.num_scalars.get() as usize;
+        check_key(
+            key,
+            scalars,
+            args.len(),
+            |a| rank(args[a].tensor.get()),
+            None,
+        )
+        .map_err(|lacks| key_error(key, 0, Some(index as u32), None, lacks))?;
+    }
+    let program = table.program();
+    if program
+        .iter()
+        .any(|i| i.op == OP_DISPATCH && i.imm.get() != 0)
+    {
+        return Ok(());
+    }
+    let mut depth = 0;
+    for (pc, ins) in program.iter().enumerate() {
+        match ins.op {
+            OP_LOOP => depth += 1,
+            OP_END => depth -= 1,
+            OP_CALL => {
+                let Some(kernel) = wsp_ffi::lookup(ins.imm.get()) else {
+                    unreachable!("validation refuses calls of unknown kernels")
+                };
+                let (args, scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
+                let rank_of = |a: usize| rank(program[pc + 1 + a].imm.get());
+                check_key(key, scalars, args, rank_of, Some(depth))
+                    .map_err(|lacks| key_error(key, 0, None, Some(pc as u32), lacks))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// What the program's expansion sees of the run.
 struct Expansion<'x, 'a> {
     orch: &'x mut TableOrchestrator,
@@ -617,5 +699,81 @@ impl Context for Expansion<'_, '_> {
         // writes the element running or waiting, and later writers are not
         // submitted yet, so nothing writes these bytes during the read.
         unsafe { self.arena.read_i32(offset) }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::boxed::Box;
+    use std::vec::Vec;
+
+    use zerocopy::{FromZeros, IntoBytes};
+
+    use super::*;
+    use crate::abi::{table_checksum, TableHeader, ABI_VERSION, HEADER_SIZE, MAGIC};
+    use crate::sched::policy::RoundRobin;
+
+    /// A table with no tensors, kernels or tasks: header only.
+    fn empty_table() -> Vec<u8> {
+        let mut header = TableHeader::new_zeroed();
+        header.magic = MAGIC;
+        header.abi_version.set(ABI_VERSION);
+        header.header_size.set(HEADER_SIZE as u32);
+        header.total_len.set(HEADER_SIZE as u32);
+        let mut bytes = header.as_bytes().to_vec();
+        let crc = table_checksum(&bytes);
+        bytes[crate::abi::CHECKSUM_FIELD].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Runs the dispatcher of an empty table on one thread after `report`
+    /// was put in the thread's completion ring.
+    fn step_after(report: u64) -> Result<bool, RunError> {
+        let bytes = empty_table();
+        let table = Table::parse(&bytes).unwrap();
+        let mut arena = [0u8; 0];
+        let queues = Box::new(Queues::new());
+        let mut orch = Box::new(TableOrchestrator::for_tables());
+        let mut policy = RoundRobin::default();
+        let mut dispatcher = Dispatcher::new(
+            &table,
+            Arena::new(&mut arena),
+            &RunOptions::default(),
+            &mut orch,
+            &queues,
+            &mut policy,
+            &SchedConfig::default(),
+            &[[true, true]],
+        )
+        .unwrap();
+        assert!(queues.done[0].push(report));
+        dispatcher.step(0)
+    }
+
+    #[test]
+    fn a_report_of_a_task_not_handed_out_ends_the_run() {
+        let not_running = UsageError::NotRunning { id: 3 };
+        assert_eq!(
+            step_after(3),
+            Err(RunError::ReportRefused {
+                task: 3,
+                finished: true,
+                why: not_running,
+            })
+        );
+        let err = step_after(3 | ISSUED).unwrap_err();
+        assert_eq!(
+            err,
+            RunError::ReportRefused {
+                task: 3,
+                finished: false,
+                why: not_running,
+            }
+        );
+        let text = std::format!("{err}");
+        assert!(
+            text.contains("task 3 issued") && text.contains("not running"),
+            "{text}"
+        );
     }
 }

@@ -54,22 +54,25 @@ mod dispatch;
 pub mod policy;
 pub mod record;
 pub mod ring;
+mod run;
 mod thread;
 
 use crate::abi::program::MAX_TASKSETS;
-use crate::exec::TASK_WINDOW;
+pub use crate::abi::schedule::{DispatchKey, PolicyError, PolicyKind, Schedule, UnknownPolicy};
+use crate::abi::TASK_WINDOW;
 use crate::steal_deque::StealDeque;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub use dispatch::DispatchStats;
 pub use dispatch::Dispatcher;
 pub use policy::{
-    DispatchKey, DispatchPolicy, Load, Placement, Policy, PolicyError, PolicyKind, Schedule,
-    TaskInfo, UnknownPolicy, MAX_THREADS,
+    check_key, DispatchPolicy, Lacks, Load, Placement, Policy, TaskInfo, MAX_THREADS,
 };
 use ring::Ring;
+pub use run::{
+    CoreStats, RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats, ThreadStats,
+    DEPLIST_NODES, MAX_ISSUE_DEPTH, TENSORMAP_ENTRIES,
+};
 pub use thread::{kernel_args, Arena, Scheduler};
-
-use crate::exec::RunError;
 
 /// Capacity of one dispatch queue (per thread and core kind, and of the
 /// shared queue per kind). [`SchedConfig::queue_depth`] may set a lower limit.

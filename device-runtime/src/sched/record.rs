@@ -15,8 +15,7 @@
 
 use wsp_ffi::{WspKernelArgs, WspTensorView};
 
-use crate::abi::{MAX_SCALARS, MAX_TENSOR_ARGS};
-use crate::exec::TASK_WINDOW;
+use crate::abi::{MAX_SCALARS, MAX_TENSOR_ARGS, TASK_WINDOW};
 use crate::expand::NO_VIEW;
 use crate::sync::{AtomicU64, Ordering};
 

@@ -6,11 +6,11 @@ use core::marker::PhantomData;
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use super::policy::MAX_THREADS;
+use super::run::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use super::ConfigError;
 use super::{Queues, DONE_RING, FINISHED, ISSUED, RUNNING};
 use crate::abi::program::MAX_TASKSETS;
 use crate::abi::Table;
-use crate::exec::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use crate::expand::TaskSpec;
 use crate::platform::{Completion, Platform, MAX_CORES};
 use crate::steal_deque::{Steal, StealDeque};
@@ -340,7 +340,13 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                     });
                 }
                 if stream != 0 {
-                    // The stream's next task waits for this report.
+                    // The stream's next task waits for this report. The
+                    // ring has room: it holds at most one issue and one
+                    // completion report per task that the dispatcher has
+                    // not collected as finished, every such task is in the
+                    // window, and the window is at most `TASK_WINDOW`
+                    // (`Orchestrator::set_window` refuses more), so at most
+                    // `DONE_RING` = 2 * `TASK_WINDOW` reports are pending.
                     let pushed = self.queues.done[self.id].push(index as u64 | ISSUED);
                     debug_assert!(pushed, "the completion ring has room for every report");
                 }
@@ -451,6 +457,8 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             stats.busy_ticks += busy_ticks;
             self.stats.busy_ticks += busy_ticks;
             self.stats.cycles += cycles;
+            // This thread is the ring's only producer and the loop checked
+            // its length: the push cannot fail.
             let pushed = done.push(index as u64);
             debug_assert!(pushed, "room was checked before polling");
             finished = true;

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use device_runtime::exec::{RunOptions, RunStats, Symbols};
+use device_runtime::abi::launch::Symbols;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
+use device_runtime::sched::{RunOptions, RunStats};
 use host_tools::inspect::inspect_with;
 use host_tools::semantic::run_semantic_with;
 use host_tools::shim::Shim;

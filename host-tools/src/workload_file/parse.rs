@@ -153,7 +153,7 @@ impl WorkloadFile {
             .as_ref()
             .and_then(|s| s.get_ref().window.as_ref())
         {
-            let max = device_runtime::exec::TASK_WINDOW;
+            let max = device_runtime::abi::TASK_WINDOW;
             if *w.get_ref() == 0 || *w.get_ref() as usize > max {
                 return Err(r.err(
                     ErrorKind::Structure,

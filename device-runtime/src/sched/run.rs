@@ -1,0 +1,384 @@
+//! What a run is given and gives back, in every form (the one-thread
+//! [`exec::run`](crate::exec::run), the host shim's threads, the QEMU
+//! firmware): its options, the orchestrator it uses, its statistics and
+//! its errors.
+
+use core::fmt;
+
+use wsp_ffi::CoreKind;
+
+use super::{ConfigError, Dispatcher, Scheduler, MAX_THREADS};
+use crate::abi::launch::Symbols;
+use crate::abi::program::MAX_TASKSETS;
+use crate::abi::schedule::DispatchKey;
+use crate::abi::{MAX_TENSOR_ARGS, TASK_WINDOW};
+use crate::expand::ExpandError;
+use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError, UsageError};
+use crate::platform::{Platform, MAX_CORES};
+
+/// TensorMap entries of table runs: one per tensor argument (at most
+/// [`MAX_TENSOR_ARGS`]) of every task in the window, so it never stalls.
+pub const TENSORMAP_ENTRIES: usize = MAX_TENSOR_ARGS * TASK_WINDOW;
+/// DepList nodes of table runs (fan-in edges of the tasks in the window).
+pub const DEPLIST_NODES: usize = 8 * TASK_WINDOW;
+
+/// The orchestrator a table run uses (about 140 KiB: on the device, place it
+/// in a `static`). Tables carry no intermediate buffers, so its heap ring is empty.
+pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
+
+impl TableOrchestrator {
+    /// An orchestrator for [`run`].
+    pub const fn for_tables() -> Self {
+        Orchestrator::new(0)
+    }
+}
+
+/// Settings of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    /// How long one kernel may run before the run ends with an error.
+    pub kernel_timeout_ms: u64,
+    /// Tasks a scheduler thread hands one core at most: 1 (issue to idle
+    /// cores only) or 2 (also queue the next task behind a running one, in
+    /// the issue protocol's second payload buffer, so that the core starts
+    /// it without a round trip). `None` (the default): as many as the
+    /// platform takes ([`Platform::depth`]). More than it takes is a
+    /// [`ConfigError::IssueDepth`].
+    pub issue_depth: Option<usize>,
+    /// The values of the program's symbols (batch size, sequence lengths),
+    /// bound at launch: the same table runs with other values.
+    pub symbols: Symbols,
+    /// The task window: at most this many tasks submitted and not retired,
+    /// 1 ..= [`TASK_WINDOW`]. `None` (the default): the program's `WINDOW`
+    /// if it has one, else [`TASK_WINDOW`].
+    pub window: Option<usize>,
+}
+
+/// Most tasks one core holds at once (the issue protocol's payload buffers).
+pub const MAX_ISSUE_DEPTH: usize = crate::mailbox::DEPTH;
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            kernel_timeout_ms: 10_000,
+            issue_depth: None,
+            symbols: Symbols::default(),
+            window: None,
+        }
+    }
+}
+
+/// Per-core figures of a run. Ticks are the platform clock's (wall time in
+/// the shim, cycles in semantic time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoreStats {
+    /// The core's number in the run.
+    pub core: u16,
+    pub kind: CoreKind,
+    /// The scheduler thread that owns it.
+    pub thread: u8,
+    pub tasks: u32,
+    /// Semantic cycles the core's kernels reported.
+    pub cycles: u64,
+    /// Ticks from issue to observed completion, summed over its tasks.
+    pub busy_ticks: u64,
+}
+
+impl CoreStats {
+    /// A core that ran nothing (`const`, for [`RunStats::empty`]).
+    pub const IDLE: CoreStats = CoreStats {
+        core: 0,
+        kind: CoreKind::Vector,
+        thread: 0,
+        tasks: 0,
+        cycles: 0,
+        busy_ticks: 0,
+    };
+}
+
+impl Default for CoreStats {
+    fn default() -> Self {
+        Self::IDLE
+    }
+}
+
+/// Per-scheduler-thread figures of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadStats {
+    pub thread: u8,
+    /// Tasks it issued to its cores.
+    pub issued: u64,
+    /// Tasks the dispatcher placed in its queues.
+    pub placed: u64,
+    /// Of the issued tasks, those taken from the shared queue.
+    pub from_shared: u64,
+    /// Of the issued tasks, those queued behind a running task on a busy
+    /// core (issue depth 2).
+    pub queued: u64,
+    /// Steals tried on a non-empty victim queue, and those that got a task.
+    pub steal_attempts: u64,
+    pub steals: u64,
+    /// Most tasks its dispatch queues held at once.
+    pub queue_high_water: u64,
+    /// Busy ticks and reported cycles of its cores, summed.
+    pub busy_ticks: u64,
+    pub cycles: u64,
+}
+
+/// What a successful run did.
+#[derive(Clone, Copy, Debug)]
+pub struct RunStats {
+    pub tasks: u32,
+    pub wall_ticks: u64,
+    pub ticks_per_second: u64,
+    /// Backpressure: stalls and high-water marks per resource.
+    pub stalls: StallStats,
+    /// The dispatch policy's decision (its name, or what an adaptive one chose).
+    pub policy: &'static str,
+    /// The task window the run used.
+    pub window: u64,
+    /// Per taskset of the program (taskset 0: the run's policy), its
+    /// policy's decision, key and tasks placed; `None` for tasksets the
+    /// program does not define.
+    pub tasksets: [Option<TasksetStats>; MAX_TASKSETS],
+    pub(crate) num_cores: usize,
+    pub(crate) cores: [CoreStats; MAX_CORES],
+    pub(crate) num_threads: usize,
+    pub(crate) threads: [ThreadStats; MAX_THREADS],
+}
+
+/// What one taskset's policy did in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TasksetStats {
+    /// The policy's decision: its name, or what an adaptive one chose.
+    pub decision: &'static str,
+    pub key: DispatchKey,
+    /// Tasks it placed.
+    pub placed: u64,
+}
+
+impl RunStats {
+    /// Statistics of a run that has not started.
+    pub const fn empty(ticks_per_second: u64) -> Self {
+        RunStats {
+            tasks: 0,
+            wall_ticks: 0,
+            ticks_per_second,
+            stalls: StallStats::new([0; 5]),
+            policy: "",
+            window: 0,
+            tasksets: [None; MAX_TASKSETS],
+            num_cores: 0,
+            cores: [CoreStats::IDLE; MAX_CORES],
+            num_threads: 0,
+            threads: [ThreadStats {
+                thread: 0,
+                issued: 0,
+                placed: 0,
+                from_shared: 0,
+                steal_attempts: 0,
+                queued: 0,
+                steals: 0,
+                queue_high_water: 0,
+                busy_ticks: 0,
+                cycles: 0,
+            }; MAX_THREADS],
+        }
+    }
+
+    /// Per core, in the run's core order.
+    pub fn cores(&self) -> &[CoreStats] {
+        &self.cores[..self.num_cores]
+    }
+    pub fn threads(&self) -> &[ThreadStats] {
+        &self.threads[..self.num_threads]
+    }
+    pub fn wall_micros(&self) -> u64 {
+        (self.wall_ticks as u128 * 1_000_000 / self.ticks_per_second.max(1) as u128) as u64
+    }
+    pub fn total_cycles(&self) -> u64 {
+        self.cores().iter().map(|c| c.cycles).sum()
+    }
+
+    /// The statistics of a finished run.
+    pub fn collect<P: Platform>(
+        dispatcher: &Dispatcher<'_>,
+        schedulers: &[Scheduler<'_, P>],
+        ticks_per_second: u64,
+        wall_ticks: u64,
+    ) -> RunStats {
+        let mut stats = RunStats::empty(ticks_per_second);
+        stats.wall_ticks = wall_ticks;
+        dispatcher.fill_stats(&mut stats);
+        for s in schedulers {
+            stats.add_thread(s);
+        }
+        stats
+    }
+
+    /// Adds the figures of one scheduler thread and its cores (in any order).
+    pub fn add_thread<P: Platform>(&mut self, scheduler: &Scheduler<'_, P>) {
+        let t = scheduler.stats();
+        let slot = &mut self.threads[t.thread as usize];
+        let (placed, high_water) = (slot.placed, slot.queue_high_water);
+        *slot = ThreadStats {
+            placed,
+            queue_high_water: high_water,
+            ..*t
+        };
+        self.num_threads = self.num_threads.max(t.thread as usize + 1);
+        for c in scheduler.core_stats() {
+            self.cores[c.core as usize] = *c;
+            self.num_cores = self.num_cores.max(c.core as usize + 1);
+        }
+        self.tasks += t.issued as u32;
+    }
+}
+
+impl fmt::Display for RunStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tasks={} wall_us={} cycles={} per_core=",
+            self.tasks,
+            self.wall_micros(),
+            self.total_cycles()
+        )?;
+        for (i, c) in self.cores().iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(f, "{sep}{}", c.tasks)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a run ended early. Where a task is named, `task` is its number in the
+/// run: its index in the tasks section, then the program's tasks in
+/// expansion order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunError {
+    /// The arena handed to `run` is smaller than the table's `arena_size`.
+    ArenaTooSmall { needed: u64, available: u64 },
+    /// The platform has no core of the kind the task's kernel needs.
+    NoCoreForKind {
+        task: u32,
+        kernel_id: u32,
+        kind: CoreKind,
+    },
+    /// The kernel refused its arguments on the core.
+    KernelRejected {
+        task: u32,
+        kernel_id: u32,
+        core: u32,
+    },
+    /// The kernel did not finish in time; the core may still own its regions.
+    KernelTimeout {
+        task: u32,
+        kernel_id: u32,
+        core: u32,
+        waited_ms: u64,
+    },
+    /// The platform refused a launch on a core the executor saw idle.
+    LaunchRefused { task: u32, core: u32 },
+    /// The orchestrator refused a task that table validation (or, for a
+    /// program task, expansion) accepted.
+    Refused { task: u32, why: Invalid },
+    /// Taskset `taskset`'s dispatch key names a scalar, tensor argument,
+    /// dimension or loop that task `task` (the program's call at
+    /// instruction `pc`) lacks: it has only `has` of `what`. Found for the
+    /// run's key (taskset 0) before anything runs where the table says
+    /// which tasks and calls it applies to, else when the task is expanded.
+    KeyNotInTask {
+        key: DispatchKey,
+        taskset: u8,
+        task: Option<u32>,
+        pc: Option<u32>,
+        has: u32,
+        what: &'static str,
+    },
+    /// The orchestrator refused a scheduler thread's report about task
+    /// `task`: that it was issued (`finished: false`) or that it finished,
+    /// e.g. a task reported finished twice or never handed out.
+    ReportRefused {
+        task: u64,
+        finished: bool,
+        why: UsageError,
+    },
+    /// The orchestrator refused a stream op that table validation accepted.
+    StreamOpRefused { op: u32, why: UsageError },
+    /// The orchestrator handed to `run` still holds tasks of an earlier run.
+    OrchestratorBusy { in_flight: u64 },
+    /// No progress is possible; the report says why.
+    Deadlock(DeadlockReport),
+    /// A scheduling setting the runtime cannot honour.
+    Config(ConfigError),
+    /// Another scheduler thread failed; its own error says why.
+    ThreadFailed,
+    /// The program reads symbols the launch did not bind.
+    UnboundSymbols { needed: usize, bound: usize },
+    /// The program's expansion failed at instruction `pc`.
+    Expand { pc: u32, why: ExpandError },
+    /// The orchestrator refused the program's event op at `pc` (e.g. a
+    /// wait on an event not recorded before it ran).
+    ProgramEventRefused { pc: u32, why: UsageError },
+    /// A run numbers its tasks in 32 bits.
+    TooManyTasks { max: u64 },
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            RunError::ArenaTooSmall { needed, available } => {
+                write!(f, "data arena of {available} bytes, the table needs {needed}")
+            }
+            RunError::NoCoreForKind { task, kernel_id, kind } => {
+                write!(f, "task {task} calls kernel {kernel_id}, which needs a {kind:?} core; the platform has none")
+            }
+            RunError::KernelRejected { task, kernel_id, core } => {
+                write!(f, "kernel {kernel_id} rejected the arguments of task {task} on core {core}")
+            }
+            RunError::KernelTimeout { task, kernel_id, core, waited_ms } => write!(
+                f,
+                "task {task} (kernel {kernel_id}) on core {core} did not finish within {waited_ms} ms"
+            ),
+            RunError::LaunchRefused { task, core } => write!(f, "core {core} refused task {task} while idle"),
+            RunError::Refused { task, why } => {
+                write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
+            }
+            RunError::KeyNotInTask { key, taskset, task, pc, has, what } => {
+                write!(f, "dispatch key {key} (taskset {taskset}) does not fit ")?;
+                match (task, pc) {
+                    (Some(task), None) => write!(f, "task {task}")?,
+                    (None, Some(pc)) => write!(f, "the call at program instruction {pc}")?,
+                    (Some(task), Some(pc)) => {
+                        write!(f, "task {task} (the call at program instruction {pc})")?
+                    }
+                    (None, None) => f.write_str("a task")?,
+                }
+                write!(f, ", which has {has} {what}")
+            }
+            RunError::ReportRefused { task, finished, why } => {
+                let report = if finished { "finished" } else { "issued" };
+                write!(f, "the orchestrator refused the report that task {task} {report}: {why}")
+            }
+            RunError::StreamOpRefused { op, why } => {
+                write!(f, "stream op {op} passed validation but the orchestrator refused it: {why}")
+            }
+            RunError::OrchestratorBusy { in_flight } => {
+                write!(f, "the orchestrator still holds {in_flight} tasks of an earlier run")
+            }
+            RunError::Deadlock(report) => write!(f, "{report}"),
+            RunError::Config(e) => write!(f, "scheduling: {e}"),
+            RunError::ThreadFailed => f.write_str("another scheduler thread failed"),
+            RunError::UnboundSymbols { needed, bound } => write!(
+                f,
+                "the program reads {needed} symbols; the launch binds {bound}"
+            ),
+            RunError::Expand { pc, why } => write!(f, "program instruction {pc}: {why}"),
+            RunError::ProgramEventRefused { pc, why } => {
+                write!(f, "program instruction {pc}: {why}")
+            }
+            RunError::TooManyTasks { max } => write!(f, "more than {max} tasks in one run"),
+        }
+    }
+}

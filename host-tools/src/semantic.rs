@@ -251,9 +251,16 @@ mod tests {
     use super::*;
     use crate::workloads::{Params, Workload};
 
+    /// The makespan on one scheduler thread under round-robin.
     fn makespan(w: &Workload, kinds: &[CoreKind]) -> u64 {
         let mut arena = w.arena.clone();
-        let run = run_semantic(&w.table, &mut arena.bytes, kinds, &RunOptions::default()).unwrap();
+        let sched = SchedConfig {
+            threads: 1,
+            policy: device_runtime::sched::PolicyKind::RoundRobin,
+            ..SchedConfig::default()
+        };
+        let options = RunOptions::default();
+        let run = run_semantic_with(&w.table, &mut arena.bytes, kinds, &sched, &options).unwrap();
         assert!(w.verify(&arena).passed());
         run.makespan
     }

@@ -10,7 +10,8 @@ use device_runtime::abi::{Table, TableError};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform, Platform, PlatformError};
 use device_runtime::sched::{
-    drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler, MAX_THREADS,
+    core_owner, drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
+    MAX_THREADS,
 };
 use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
 use wsp_ffi::CoreKind;
@@ -37,13 +38,16 @@ impl Default for Shim {
     }
 }
 
-/// Core `c` of `cores` belongs to scheduler thread `c % threads`, so that
-/// every thread gets cores of both kinds when there are enough.
+/// The cores of each scheduler thread: core `c` of `cores` belongs to
+/// thread [`core_owner`]`(c, threads)`, as in every runner, so that every
+/// thread gets cores of both kinds when there are enough.
 pub fn thread_cores(cores: usize, threads: usize) -> Vec<Vec<usize>> {
     let threads = threads.max(1);
-    (0..threads)
-        .map(|t| (t..cores).step_by(threads).collect())
-        .collect()
+    let mut groups = vec![Vec::new(); threads];
+    for core in 0..cores {
+        groups[core_owner(core, threads)].push(core);
+    }
+    groups
 }
 
 /// Why a shim run failed.

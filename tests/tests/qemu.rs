@@ -8,8 +8,8 @@
 
 use device_runtime::abi::launch::Symbols;
 use device_runtime::abi::launch::{Launch, LaunchError};
-use device_runtime::sched::PolicyKind;
 use device_runtime::sched::RunOptions;
+use device_runtime::sched::{PolicyKind, SchedConfig};
 use host_tools::dag::{in_table_order, random_dag};
 use host_tools::program_examples::{self as examples, Example};
 use host_tools::shim::Shim;
@@ -305,6 +305,57 @@ fn figures(stdout: &str, key: &str) -> Vec<u64> {
         .split(',')
         .map(|n| n.parse().unwrap())
         .collect()
+}
+
+/// The same table with the same flags means the same schedule in the shim
+/// and in QEMU: without a launch block the firmware runs the default
+/// schedule of every runner ([`SchedConfig::default`]), and both give core
+/// `c` to thread `c % threads` over the same cores (cube cores 0 and 1,
+/// vector cores 2 and 3). A GEMM's 512 tasks are all cube tasks; affinity by
+/// task index on two threads sends task `i` to thread `i % 2`, whose one cube
+/// core is core `i % 2`: 256 tasks each on cores 0 and 1, none on 2 and 3,
+/// in both runners (the firmware used to give thread 0 cores 0 and 1, one
+/// cube and one vector, and so put the second half on core 2).
+#[test]
+fn the_shim_and_qemu_mean_the_same_schedule_by_the_same_flags() {
+    let w = Workload::build("gemm", Params::of("gemm").unwrap()).unwrap();
+    assert_eq!(w.tasks, 512);
+    let default = SchedConfig::default();
+    let outcome = run_in_qemu(&w.table, &w.arena.bytes);
+    ran(&outcome, w.tasks, "default schedule");
+    let expected = format!(
+        "threads={} policy={} ",
+        default.threads,
+        default.policy.name()
+    );
+    assert!(
+        outcome.stdout.contains(&expected),
+        "expected {expected}in:\n{}",
+        outcome.stdout
+    );
+    let shim = Shim::default();
+    assert_eq!((shim.cube_cores, shim.vector_cores), (2, 2));
+    assert_eq!(shim.sched, default);
+
+    let affinity = SchedConfig {
+        threads: 2,
+        policy: PolicyKind::Affinity,
+        ..SchedConfig::default()
+    };
+    let mut arena = w.arena.clone();
+    let stats = Shim {
+        sched: affinity,
+        ..Shim::default()
+    }
+    .run(&w.table, &mut arena.bytes)
+    .unwrap();
+    let shim_cores: Vec<u64> = stats.cores().iter().map(|c| c.tasks as u64).collect();
+    let block = launch_block(&[], 2, "affinity").unwrap();
+    let outcome = run_in_qemu_with(&w.table, &w.arena.bytes, Some(block));
+    ran(&outcome, w.tasks, "affinity");
+    let qemu_cores = figures(&outcome.stdout, "per_core");
+    assert_eq!(shim_cores, [256, 256, 0, 0], "shim");
+    assert_eq!(qemu_cores, shim_cores, "QEMU: {}", outcome.stdout);
 }
 
 /// The randomized DAG test at small size in QEMU, with four scheduler

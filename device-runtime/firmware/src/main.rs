@@ -5,14 +5,17 @@
 //! block the host loaded at [`LAUNCH_ADDR`] (the program's symbols, the
 //! number of scheduler threads and the dispatch policy; see
 //! [`device_runtime::abi::launch`]; all zeroes, as when the host loads none,
-//! mean no symbols, one thread, round-robin), starts the CPUs the run
+//! mean no symbols and the default schedule, [`SchedConfig::default`], as
+//! in the host shim), starts the CPUs the run
 //! needs, validates the descriptor table at [`TABLE_ADDR`] and runs it with
 //! the device runtime against the data arena at [`ARENA_ADDR`]: CPU 0 is
 //! the dispatcher and scheduler thread 0, CPUs 1 .. threads run scheduler
 //! threads 1 .., and it reports over semihosting. Each AICore serves its
 //! mailbox, running the kernels issued to it, until CPU 0 shuts it down.
-//! AICore CPU `4 + c` is the run's core `c`, of kind [`KINDS`]`[c]`;
-//! scheduler thread `t` of `n` owns cores `t * 4 / n .. (t + 1) * 4 / n`.
+//! The run has 2 cube cores (its cores 0 and 1) and 2 vector cores (2 and
+//! 3), numbered as the shim numbers them, and scheduler thread `t` of `n`
+//! owns the cores `c` with [`core_owner`]`(c, n) == t`, as in the shim;
+//! [`Slots`] says which AICore CPU plays which core.
 //!
 //! Output (semihosting stdout): on success the run's statistics
 //! (`tasks=.. wall_us=.. cycles=.. per_core=..`, tasks per core, then
@@ -46,7 +49,7 @@ use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform};
 use device_runtime::sched::{
-    drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
+    core_owner, drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
 };
 use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
 use semihosting::{print, println};
@@ -67,15 +70,61 @@ const EXIT_PANIC: i32 = 101;
 const AICPUS: usize = 4;
 /// Cores that run kernels: CPUs AICPUS .. CPUS. Runtime core `c` is CPU `AICPUS + c`.
 const WORKERS: usize = CPUS - AICPUS;
-/// The kind of each worker: cube and vector alternate, so that every
-/// scheduler thread of two owns one of each.
-static KINDS: [CoreKind; WORKERS] = [
+/// The kind of run core `c`: cube cores first, then vector cores, as the
+/// host shim numbers its cores, so that the same table and flags mean the
+/// same schedule in both.
+const CORE_KINDS: [CoreKind; WORKERS] = [
+    CoreKind::Cube,
     CoreKind::Cube,
     CoreKind::Vector,
-    CoreKind::Cube,
     CoreKind::Vector,
 ];
-/// One mailbox per worker, indexed like [`KINDS`].
+
+/// Which run core each worker plays when a run has `n` scheduler threads.
+/// Thread `t` owns the run cores that [`core_owner`] gives it (as in every
+/// runner), and its platform takes a contiguous slice of [`MAILBOXES`]; so
+/// worker `w` (CPU `AICPUS + w`, `MAILBOXES[w]`) plays run core `core[w]`,
+/// the workers of thread `t` being `first[t] .. first[t + 1]`.
+struct Slots {
+    core: [u16; WORKERS],
+    kind: [CoreKind; WORKERS],
+    first: [usize; AICPUS + 1],
+}
+
+impl Slots {
+    const fn new(threads: usize) -> Slots {
+        let mut slots = Slots {
+            core: [0; WORKERS],
+            kind: [CoreKind::Cube; WORKERS],
+            first: [WORKERS; AICPUS + 1],
+        };
+        let mut w = 0;
+        let mut t = 0;
+        while t < threads {
+            slots.first[t] = w;
+            let mut c = 0;
+            while c < WORKERS {
+                if core_owner(c, threads) == t {
+                    slots.core[w] = c as u16;
+                    slots.kind[w] = CORE_KINDS[c];
+                    w += 1;
+                }
+                c += 1;
+            }
+            t += 1;
+        }
+        slots
+    }
+
+    /// The workers of scheduler thread `t`.
+    fn of(&self, t: usize) -> core::ops::Range<usize> {
+        self.first[t]..self.first[t + 1]
+    }
+}
+
+/// [`Slots`] for 1 ..= [`AICPUS`] scheduler threads (index `threads - 1`).
+static SLOTS: [Slots; AICPUS] = [Slots::new(1), Slots::new(2), Slots::new(3), Slots::new(4)];
+/// One mailbox per worker ([`Slots`] says which run core it plays).
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
 /// The queues between the dispatcher and the scheduler threads.
 static QUEUES: Queues = Queues::new();
@@ -245,11 +294,6 @@ impl Display for RunFailure {
     }
 }
 
-/// The cores of scheduler thread `t` of `threads`: `start .. end`.
-fn cores_of(t: usize, threads: usize) -> core::ops::Range<usize> {
-    t * WORKERS / threads..(t + 1) * WORKERS / threads
-}
-
 /// Runs `table` with `sched.threads` scheduler threads: this CPU is the
 /// dispatcher and thread 0, CPUs 1 .. threads serve the others.
 fn run_threads(
@@ -260,19 +304,19 @@ fn run_threads(
     sched: &SchedConfig,
 ) -> Result<RunStats, RunFailure> {
     let threads = sched.threads;
-    let global: [u16; WORKERS] = core::array::from_fn(|c| c as u16);
+    let slots = &SLOTS[threads - 1];
     let mut schedulers: [Option<Sched>; AICPUS] = [const { None }; AICPUS];
     let mut kinds = [[false; 2]; AICPUS];
     for t in 0..threads {
-        let cores = cores_of(t, threads);
+        let cores = slots.of(t);
         let platform =
-            MailboxPlatform::new(&MAILBOXES[cores.clone()], &KINDS[cores.clone()], clock)
+            MailboxPlatform::new(&MAILBOXES[cores.clone()], &slots.kind[cores.clone()], clock)
                 .map_err(RunFailure::Platform)?;
         let scheduler = Scheduler::new(
             t,
             threads,
             platform,
-            &global[cores],
+            &slots.core[cores],
             table,
             arena,
             &QUEUES,
@@ -426,8 +470,9 @@ fn load_table() -> Result<Table<'static>, TableError> {
 }
 
 /// The run's options and scheduling from the launch block at
-/// [`LAUNCH_ADDR`]: its symbols, 1 to [`AICPUS`] scheduler threads (1 if it
-/// does not say) and its dispatch policy (round-robin if it does not say).
+/// [`LAUNCH_ADDR`]: its symbols, 1 to [`AICPUS`] scheduler threads and its
+/// dispatch policy; what it does not say (or all of it, without a block) is
+/// [`SchedConfig::default`], the default of every runner.
 fn load_launch() -> Result<(RunOptions, SchedConfig), LaunchFailure> {
     // SAFETY: [LAUNCH_ADDR, +LAUNCH_WINDOW) is RAM that the memory map
     // reserves for the launch block (the image ends below it); QEMU's loader
@@ -438,13 +483,13 @@ fn load_launch() -> Result<(RunOptions, SchedConfig), LaunchFailure> {
     let Some(launch) = launch else {
         return Ok((RunOptions::default(), SchedConfig::default()));
     };
-    let threads = launch.threads.unwrap_or(1);
+    let threads = launch.threads.unwrap_or(SchedConfig::default().threads);
     if threads > AICPUS {
         return Err(LaunchFailure::Threads(threads));
     }
     let sched = SchedConfig {
         threads,
-        policy: launch.policy.unwrap_or_default(),
+        policy: launch.policy.unwrap_or(SchedConfig::default().policy),
         ..SchedConfig::default()
     };
     let options = RunOptions {

@@ -742,7 +742,10 @@ mod tests {
             &mut orch,
             &queues,
             &mut policy,
-            &SchedConfig::default(),
+            &SchedConfig {
+                threads: 1,
+                ..SchedConfig::default()
+            },
             &[[true, true]],
         )
         .unwrap();

@@ -185,15 +185,43 @@ pub struct SchedConfig {
     pub queue_depth: usize,
 }
 
+/// The one default schedule of every runner (the shim, `wsp run`, the QEMU
+/// firmware without a launch block, a launch block that leaves a field to
+/// the runner): [`DEFAULT_THREADS`] threads, [`DEFAULT_POLICY`], the task
+/// index as key (every task has one, so the default key fits any table),
+/// the deepest dispatch queues.
 impl Default for SchedConfig {
     fn default() -> Self {
         SchedConfig {
-            threads: 1,
-            policy: PolicyKind::RoundRobin,
+            threads: DEFAULT_THREADS,
+            policy: DEFAULT_POLICY,
             key: DispatchKey::TaskIndex,
             queue_depth: DISPATCH_QUEUE,
         }
     }
+}
+
+/// Scheduler threads of the default schedule: two, so that a run overlaps
+/// dispatch with issue and completions reach a second thread's cores
+/// without the leader, on any machine with two AICPU threads.
+pub const DEFAULT_THREADS: usize = 2;
+
+/// The dispatch policy of the default schedule: work stealing where the
+/// build has it (placement by key, then idle threads take single tasks, so
+/// skewed loads balance), else round-robin, the one policy every build has.
+#[cfg(feature = "policy-work-stealing")]
+pub const DEFAULT_POLICY: PolicyKind = PolicyKind::WorkStealing;
+/// The dispatch policy of the default schedule: round-robin, as this build
+/// leaves work stealing out.
+#[cfg(not(feature = "policy-work-stealing"))]
+pub const DEFAULT_POLICY: PolicyKind = PolicyKind::RoundRobin;
+
+/// The scheduler thread that owns `core` when a run has `threads` threads:
+/// `core % threads`, in every runner. Runners number their cores cube cores
+/// first, then vector cores, so every thread owns cores of both kinds when
+/// there are at least as many of each as threads.
+pub const fn core_owner(core: usize, threads: usize) -> usize {
+    core % threads
 }
 
 /// A scheduling setting the runtime cannot honour.

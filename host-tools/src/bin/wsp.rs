@@ -49,10 +49,12 @@ enum Command {
         #[arg(long)]
         semantic: bool,
         /// Scheduler threads (1 to 4); core c belongs to thread c % threads.
-        #[arg(long, default_value_t = 2)]
+        /// The default is every runner's (QEMU's too): 2.
+        #[arg(long, default_value_t = SchedConfig::default().threads)]
         threads: usize,
-        /// Dispatch policy: round-robin, affinity, hash, work-stealing, shared, adaptive.
-        #[arg(long, default_value = "work-stealing")]
+        /// Dispatch policy: round-robin, affinity, hash, work-stealing, shared,
+        /// adaptive. The default is every runner's (QEMU's too).
+        #[arg(long, default_value = SchedConfig::default().policy.name())]
         policy: String,
         /// Dispatch key of the key-based policies (affinity, hash,
         /// work-stealing, adaptive): `task` (task index), `scalar:N` (scalar
@@ -60,7 +62,7 @@ enum Command {
         /// DIM, e.g. tile:2:0 = output row block of a GEMM), `stream` (the
         /// task's stream) or `loop:N` (the index of the program loop at
         /// nesting level N around the task, e.g. loop:0 = the expert of
-        /// `moe`). Default: tile:2:0.
+        /// `moe`). Default: `task`, the one key every task has.
         #[arg(long)]
         key: Option<String>,
         /// Tasks one dispatch queue may hold (1 to 256).
@@ -335,9 +337,6 @@ fn parse_key(text: &str) -> Result<DispatchKey> {
         .map_err(|e| anyhow::anyhow!("--key {text}: {e}"))
 }
 
-/// The dispatch key `wsp run` uses when none is given.
-const DEFAULT_KEY: &str = "tile:2:0";
-
 /// The shim's machine and scheduling for one `wsp run`.
 struct RunSetup {
     shim: Shim,
@@ -504,7 +503,10 @@ fn run(cli: Cli) -> Result<bool> {
             let sched = SchedConfig {
                 threads,
                 policy,
-                key: parse_key(key.as_deref().unwrap_or(DEFAULT_KEY))?,
+                key: match key.as_deref() {
+                    Some(key) => parse_key(key)?,
+                    None => SchedConfig::default().key,
+                },
                 queue_depth,
             };
             let mut setup = RunSetup {

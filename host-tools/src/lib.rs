@@ -12,6 +12,8 @@
 //! - [`inspect`]: a readable dump of any table, valid or not;
 //!   [`task_count`] counts a table's tasks in bounded work.
 
+#![warn(missing_docs)]
+
 pub mod dag;
 pub mod inspect;
 mod moe;

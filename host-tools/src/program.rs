@@ -639,8 +639,8 @@ impl Workload {
     /// from the loops (the reference the device's expansion is checked
     /// against): data-dependent values are read from `arena` (e.g. after a
     /// run), symbols from `symbols`. It lists at most
-    /// [`MAX_HOST_TASKS`](crate::task_count::MAX_HOST_TASKS) tasks and runs
-    /// at most [`MAX_HOST_ITERATIONS`](crate::task_count::MAX_HOST_ITERATIONS)
+    /// [`MAX_HOST_TASKS`] tasks and runs
+    /// at most [`MAX_HOST_ITERATIONS`]
     /// loop iterations: past either it returns an error saying so (count a
     /// bigger program with [`crate::task_count::count_tasks`]).
     pub fn expand(&self, arena: &Arena, symbols: &[i64]) -> Result<Vec<Expanded>, String> {

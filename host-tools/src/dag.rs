@@ -9,6 +9,7 @@ use wsp_ffi::{WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_GEMM_TIL
 
 use crate::rng::SplitMix64;
 use crate::table::{Arena as Data, Arg, TableBuilder};
+use zerocopy::IntoBytes;
 
 /// A random DAG: GEMM (cube) and ADD (vector) tasks on random, partially
 /// overlapping tiles of four tensors, so that every kind of dependency
@@ -70,16 +71,48 @@ pub fn random_dag(seed: u64, tasks: usize) -> (Vec<u8>, Data) {
 }
 
 /// Runs every task in table order on this thread: the meaning of the table.
+/// Panics on an invalid table or an arena shorter than its `arena_size`.
 pub fn in_table_order(table: &[u8], data: &Data) -> Vec<u8> {
     let table = Table::parse(table).unwrap();
-    let mut bytes = data.bytes.clone();
-    let arena = Arena::new(&mut bytes);
+    let len = data.bytes.len();
+    assert!(
+        len as u64 >= table.arena_size(),
+        "an arena of {len} bytes for a table that needs {}",
+        table.arena_size()
+    );
+    // A buffer of words: its bytes are aligned for every dtype (4 bytes),
+    // which a `Vec<u8>` does not promise.
+    let mut words = vec![0u32; len.div_ceil(4)];
+    let bytes = &mut words.as_mut_bytes()[..len];
+    bytes.copy_from_slice(&data.bytes);
+    let arena = Arena::new(bytes);
     for (index, task) in table.tasks().iter().enumerate() {
         let args = kernel_args(&table, &arena, index as u32);
         let kernel = wsp_ffi::lookup(task.kernel_id.get()).unwrap();
-        // SAFETY: the table is validated, so every view lies inside `bytes`,
-        // which `arena` borrows mutably; tasks run one at a time.
+        // SAFETY: `invoke` needs each view aligned, inside memory valid for
+        // its access, and unshared during the call:
+        // 1. Inside valid memory: `Table::parse` checked that every region
+        //    lies inside its tensor and every tensor inside `arena_size`
+        //    bytes, which `bytes` holds (asserted above); `arena` borrows
+        //    `bytes` mutably, so nothing else reaches them.
+        // 2. Aligned: `bytes` starts on a `u32`, and validation keeps every
+        //    tensor's offset a multiple of its element size (4).
+        // 3. Unshared: tasks run one at a time on this thread, and
+        //    validation refuses a task whose written region overlaps another
+        //    of its own arguments.
         unsafe { kernel.invoke(&args) }.unwrap();
     }
-    bytes
+    bytes.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "an arena of 0 bytes")]
+    fn an_arena_shorter_than_the_table_is_refused() {
+        let (table, _) = random_dag(1, 4);
+        in_table_order(&table, &Data::zeroed(0));
+    }
 }

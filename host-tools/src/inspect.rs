@@ -281,10 +281,14 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc]) {
 /// arena: no task is running, every iteration has completed, data comes
 /// from `arena` (without one, loads read 0 and set `needs_data`).
 pub struct HostExpansion<'x> {
+    /// The arena the program's loads read, if the host has one.
     pub arena: Option<&'x [u8]>,
+    /// The symbol values, by symbol number; a symbol past the end is unbound.
     pub symbols: &'x [i64],
     /// The number the next task gets: the caller counts tasks here.
     pub next: u64,
+    /// Set when a load found no arena (or an offset past its end) and read 0:
+    /// the expansion then depends on data the host lacks.
     pub needs_data: bool,
 }
 

@@ -6,11 +6,13 @@
 //! - [`program_examples`]: small programs, one per axis and loop kind, with
 //!   checks against the host's reference expansion (shim and QEMU tests).
 //! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
-//!   their f64 checks; [`reference`] holds the f64 math.
+//!   their f64 checks; [`reference`](mod@reference) holds the f64 math.
 //! - [`dag`]: random DAG tables and their in-order meaning (scheduling tests).
 //! - [`shim`]: runs the device runtime on host threads.
 //! - [`inspect`]: a readable dump of any table, valid or not;
 //!   [`task_count`] counts a table's tasks in bounded work.
+
+#![warn(missing_docs)]
 
 pub mod dag;
 pub mod inspect;

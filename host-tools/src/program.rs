@@ -64,6 +64,7 @@ use crate::task_count::{MAX_HOST_ITERATIONS, MAX_HOST_TASKS};
 /// elements of i32 tensors, and arithmetic on them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Expr {
+    /// A number fixed when the table is built.
     Const(i64),
     /// The index of the loop with this id.
     Var(u32),
@@ -71,6 +72,8 @@ pub enum Expr {
     Symbol(u32),
     /// An element of an i32 tensor.
     Load(TensorId, Vec<Expr>),
+    /// A binary operation, by its program opcode (`OP_ADD` ..= `OP_EQ` of
+    /// `device_runtime::abi::program`), on two values.
     Bin(u8, Box<Expr>, Box<Expr>),
 }
 
@@ -82,9 +85,11 @@ impl Expr {
     fn bin(op: u8, a: Expr, b: Expr) -> Expr {
         Expr::Bin(op, Box::new(a), Box::new(b))
     }
+    /// The smaller of `self` and `other`.
     pub fn min(self, other: impl Into<Expr>) -> Expr {
         Expr::bin(OP_MIN, self, other.into())
     }
+    /// The larger of `self` and `other`.
     pub fn max(self, other: impl Into<Expr>) -> Expr {
         Expr::bin(OP_MAX, self, other.into())
     }
@@ -138,9 +143,14 @@ binop!(Rem, rem, OP_REM);
 /// of the last two (the tile).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Region {
+    /// The tensor the region lies in.
     pub tensor: TensorId,
+    /// First index of the region per dimension, outermost first.
     pub offset: Vec<Expr>,
+    /// Extent of the second-to-last dimension (tile height; 1 for a rank-1
+    /// tensor).
     pub rows: Expr,
+    /// Extent of the last dimension (tile width).
     pub cols: Expr,
 }
 
@@ -168,12 +178,20 @@ pub enum Axis {
     /// `0 .. n`, fixed when the table is built.
     Dense(u32),
     /// `0 .. symbol`, the symbol bound at launch and at most `max`.
-    DenseDyn { symbol: u32, max: u32 },
+    DenseDyn {
+        /// The symbol number that gives the count.
+        symbol: u32,
+        /// The most iterations any binding may ask for.
+        max: u32,
+    },
     /// `0 .. lengths[at]`: a length read on the device (after the task
     /// that writes it completed), at most `max`.
     Ragged {
+        /// The i32 tensor holding the lengths.
         lengths: TensorId,
+        /// The element of `lengths` to read, one index per dimension.
         at: Vec<Expr>,
+        /// The most iterations any length may ask for.
         max: u32,
     },
 }
@@ -181,6 +199,7 @@ pub enum Axis {
 /// Loop kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoopKind {
+    /// Every iteration is expanded without waiting for the others' tasks.
     Parallel,
     /// Iteration `i + 1` is expanded after every task of iteration `i`
     /// completed.
@@ -231,39 +250,51 @@ enum Node {
 /// Why a workload cannot be lowered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LowerError {
+    /// The table builder refused a tensor, kernel or task.
     Build(BuildError),
     /// More values live at once than the program machine has registers.
     TooManyRegisters {
+        /// The program machine's registers.
         max: usize,
     },
     /// Loops nested deeper than the device's expander keeps.
     TooDeep {
+        /// The deepest nesting the expander keeps.
         max: usize,
     },
     /// A call with the wrong number of arguments or scalars.
     Call {
+        /// The kernel's registry name.
         kernel: String,
+        /// What is wrong with the call.
         why: String,
     },
     /// A load from a tensor that is not i32, or with the wrong index count.
     Load {
+        /// The tensor's name.
         tensor: String,
+        /// What is wrong with the load.
         why: String,
     },
     /// A symbol number past the device's `MAX_SYMBOLS`.
     Symbol {
+        /// The symbol number used.
         symbol: u32,
+        /// The device's `MAX_SYMBOLS`.
         max: usize,
     },
     /// A stream or event out of range.
     Stream(String),
     /// A loop variable used outside its loop.
     OutOfScope {
+        /// The loop's id.
         var: u32,
     },
     /// The program is longer than the device accepts.
     TooLong {
+        /// Instructions the program lowered to.
         instructions: usize,
+        /// The most the device accepts.
         max: usize,
     },
     /// A schedule the device cannot honour (too many tasksets, a task
@@ -331,6 +362,7 @@ impl Default for Workload {
 }
 
 impl Workload {
+    /// An empty workload: no tensors, tasks or program.
     pub fn new() -> Self {
         Workload {
             builder: TableBuilder::new(),
@@ -350,10 +382,12 @@ impl Workload {
         &mut self.builder
     }
 
+    /// The layout of a tensor of this workload.
     pub fn layout(&self, tensor: TensorId) -> &TensorLayout {
         self.builder.layout(tensor)
     }
 
+    /// The layouts of all its tensors, in declaration order.
     pub fn layouts(&self) -> &[TensorLayout] {
         self.builder.layouts()
     }
@@ -605,8 +639,8 @@ impl Workload {
     /// from the loops (the reference the device's expansion is checked
     /// against): data-dependent values are read from `arena` (e.g. after a
     /// run), symbols from `symbols`. It lists at most
-    /// [`MAX_HOST_TASKS`](crate::task_count::MAX_HOST_TASKS) tasks and runs
-    /// at most [`MAX_HOST_ITERATIONS`](crate::task_count::MAX_HOST_ITERATIONS)
+    /// [`MAX_HOST_TASKS`] tasks and runs
+    /// at most [`MAX_HOST_ITERATIONS`]
     /// loop iterations: past either it returns an error saying so (count a
     /// bigger program with [`crate::task_count::count_tasks`]).
     pub fn expand(&self, arena: &Arena, symbols: &[i64]) -> Result<Vec<Expanded>, String> {
@@ -626,10 +660,13 @@ impl Workload {
 /// A task of the host's reference expansion.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Expanded {
+    /// The kernel called.
     pub kernel: u32,
+    /// The stream it is issued on (0: none).
     pub stream: u8,
     /// Per argument: tensor, offsets (per dimension) and extents.
     pub args: Vec<(u32, [u32; MAX_RANK], [u32; MAX_RANK])>,
+    /// The scalar arguments, as the kernel receives them.
     pub scalars: Vec<u64>,
     /// Its taskset (0: the run's policy; see [`Workload::dispatch`]).
     pub taskset: u8,

@@ -34,8 +34,11 @@ pub fn add_tile(w: &mut Workload, x: TensorId, y: TensorId, row: Expr, col: Expr
 
 /// A program's workload (not yet lowered) and its tensors.
 pub struct Example {
+    /// The program, with its tensors declared.
     pub w: Workload,
+    /// The input, 64x64 f32.
     pub x: TensorId,
+    /// The output: `x + x` on the tiles the program reaches, 0 elsewhere.
     pub y: TensorId,
     /// The ragged program's softmax output.
     pub z: Option<TensorId>,

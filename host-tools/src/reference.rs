@@ -18,6 +18,7 @@ pub fn gemm(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Ve
     (c, abs)
 }
 
+/// Element-wise `a + b` (up to the shorter length).
 pub fn add(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }
@@ -52,8 +53,12 @@ pub fn softmax(x: &[f64], cols: usize) -> Vec<f64> {
 /// route_topk kernel's output, without its zero padding.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Routing {
+    /// Where each expert's entries start in `tokens` and `weights`, then
+    /// the total number of entries.
     pub indptr: Vec<usize>,
+    /// The token index of each entry.
     pub tokens: Vec<usize>,
+    /// The weight of each entry (a token's kept weights sum to 1).
     pub weights: Vec<f64>,
 }
 

@@ -41,11 +41,15 @@ const DEPTH: usize = 2;
 pub struct Launch {
     /// The run-wide core number.
     pub core: usize,
+    /// The kernel launched.
     pub kernel_id: u32,
-    /// When it was issued, started (at once on an idle core, or when the
-    /// task before it ends) and ended, in cycles.
+    /// When it was issued, in cycles.
     pub issued: u64,
+    /// When it started, in cycles: at once on an idle core, or when the
+    /// task before it on the core ends.
     pub start: u64,
+    /// When it ended, in cycles: `start` plus the kernel's cycles (a
+    /// rejected launch takes none).
     pub end: u64,
     /// Its arguments: the tensor views tell which task it was (see
     /// `device_runtime::sched::kernel_args`).
@@ -150,6 +154,7 @@ impl Platform for SemanticCores<'_> {
 /// A run in semantic time.
 #[derive(Clone, Debug)]
 pub struct SemanticRun {
+    /// The executor's counters for the run, its ticks in semantic cycles.
     pub stats: RunStats,
     /// Cycles from the first issue to the last completion.
     pub makespan: u64,

@@ -19,8 +19,11 @@ use wsp_ffi::CoreKind;
 /// The emulated machine.
 #[derive(Clone, Copy, Debug)]
 pub struct Shim {
+    /// Emulated cube cores (run-wide core numbers 0 .. `cube_cores`).
     pub cube_cores: usize,
+    /// Emulated vector cores, numbered after the cube cores.
     pub vector_cores: usize,
+    /// Settings of each run: kernel timeout, issue depth, symbols.
     pub options: RunOptions,
     /// Scheduler threads and dispatch policy. Core `c` (cube cores first,
     /// then vector cores) belongs to scheduler thread `c % threads`.
@@ -53,7 +56,9 @@ pub fn thread_cores(cores: usize, threads: usize) -> Vec<Vec<usize>> {
 /// Why a shim run failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShimError {
+    /// The table failed validation.
     Table(TableError),
+    /// The cores' mailboxes could not be put together into platforms.
     Platform(PlatformError),
     /// Boxed: a run error can carry a deadlock report of several hundred bytes.
     Run(Box<RunError>),

@@ -21,7 +21,9 @@ pub struct TensorId(pub u32);
 /// A row-major tensor (f32 or i32) as laid out in the arena.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorLayout {
+    /// The name given at declaration; the table keeps its first 16 bytes.
     pub name: String,
+    /// Size of each dimension, outermost first (rank 1 to 4).
     pub shape: Vec<u32>,
     /// `DTYPE_F32` or `DTYPE_I32` (both 4 bytes).
     pub dtype: u32,
@@ -30,6 +32,7 @@ pub struct TensorLayout {
 }
 
 impl TensorLayout {
+    /// Number of elements: the product of the shape.
     pub fn elements(&self) -> usize {
         self.shape.iter().map(|&d| d as usize).product()
     }
@@ -42,9 +45,14 @@ impl TensorLayout {
 /// One tensor argument of a task: a region of a tensor and how it is accessed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Arg {
+    /// The tensor the region lies in.
     pub tensor: TensorId,
+    /// Whether the kernel reads the region, writes it, or both.
     pub access: ArgAccess,
+    /// First index of the region per dimension (0 beyond the rank).
     pub offset: [u32; MAX_RANK],
+    /// Size of the region per dimension (1 beyond the rank); only the last
+    /// two dimensions may exceed 1.
     pub extent: [u32; MAX_RANK],
 }
 
@@ -70,19 +78,33 @@ impl Arg {
 /// Why a task could not be added.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BuildError {
+    /// A kernel id not in the kernel registry.
     UnknownKernel(u32),
+    /// A tensor id not declared on this builder.
     UnknownTensor(u32),
+    /// A task gives a kernel the wrong number of tensor arguments.
     ArgCount {
+        /// The kernel's registry name.
         kernel: &'static str,
+        /// Tensor arguments the kernel takes.
         expected: u32,
+        /// Tensor arguments the task gave.
         got: usize,
     },
+    /// A task gives a kernel the wrong number of scalars.
     ScalarCount {
+        /// The kernel's registry name.
         kernel: &'static str,
+        /// Scalars the kernel takes.
         expected: u32,
+        /// Scalars the task gave.
         got: usize,
     },
+    /// A tensor shape of rank 0 or above 4, or with a zero size (the message
+    /// names the tensor and its shape).
     BadShape(String),
+    /// The table's sections (or the entries of one) do not fit the ABI's
+    /// 32-bit offsets and counts; names which.
     TooLarge(&'static str),
     /// A stream number outside 1 ..= `MAX_STREAMS`.
     NoSuchStream(u32),
@@ -148,6 +170,7 @@ pub struct TableBuilder {
 }
 
 impl TableBuilder {
+    /// An empty table: no tensors, tasks, stream ops or program.
     pub fn new() -> Self {
         Self::default()
     }
@@ -180,18 +203,23 @@ impl TableBuilder {
         Ok(TensorId(self.tensors.len() as u32 - 1))
     }
 
+    /// The layout of a tensor declared on this builder (panics on an id it
+    /// did not return).
     pub fn layout(&self, tensor: TensorId) -> &TensorLayout {
         &self.tensors[tensor.0 as usize]
     }
 
+    /// The layouts of all tensors, in declaration order (index = `TensorId`).
     pub fn layouts(&self) -> &[TensorLayout] {
         &self.tensors
     }
 
+    /// Bytes the arena needs: the end of the last tensor declared.
     pub fn arena_size(&self) -> u64 {
         self.arena_size
     }
 
+    /// Tasks added so far (the program's calls not counted).
     pub fn num_tasks(&self) -> usize {
         self.tasks.len()
     }
@@ -397,6 +425,7 @@ fn tensor_desc(t: &TensorLayout) -> TensorDesc {
 /// The data arena of a table: tensor bytes at their arena offsets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Arena {
+    /// The arena's contents, `arena_size` bytes long.
     pub bytes: Vec<u8>,
 }
 
@@ -408,11 +437,15 @@ impl Arena {
         }
     }
 
+    /// Stores `values` (one per element, row-major) in an f32 tensor; panics
+    /// on an i32 tensor or a wrong count.
     pub fn write_f32(&mut self, tensor: &TensorLayout, values: &[f32]) {
         assert_eq!(tensor.dtype, DTYPE_F32, "tensor {} is not f32", tensor.name);
         self.write_words(tensor, values.iter().map(|v| v.to_le_bytes()), values.len());
     }
 
+    /// Stores `values` (one per element, row-major) in an i32 tensor; panics
+    /// on an f32 tensor or a wrong count.
     pub fn write_i32(&mut self, tensor: &TensorLayout, values: &[i32]) {
         assert_eq!(tensor.dtype, DTYPE_I32, "tensor {} is not i32", tensor.name);
         self.write_words(tensor, values.iter().map(|v| v.to_le_bytes()), values.len());
@@ -431,6 +464,7 @@ impl Arena {
         }
     }
 
+    /// The elements of a tensor read as i32, row-major.
     pub fn read_i32(&self, tensor: &TensorLayout) -> Vec<i32> {
         let range = tensor.byte_range();
         self.bytes[range]
@@ -439,6 +473,7 @@ impl Arena {
             .collect()
     }
 
+    /// The elements of a tensor read as f32, row-major.
     pub fn read_f32(&self, tensor: &TensorLayout) -> Vec<f32> {
         let range = tensor.byte_range();
         self.bytes[range]

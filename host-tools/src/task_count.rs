@@ -40,11 +40,14 @@ pub const MAX_RUN_TASKS: u128 = 1 << 32;
 /// How many tasks a table expands to (the tasks section's included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskCount {
+    /// Exactly this many tasks.
     Exact(u128),
     /// The count depends on what the host does not know or follow:
     /// symbols, data, or (neither) a `when` on loop indices.
     Between {
+        /// The fewest tasks it may be.
         lo: u128,
+        /// The most tasks it may be.
         hi: u128,
         /// A symbol the host was not given takes part.
         symbols: bool,

@@ -20,9 +20,14 @@ const U: f64 = 1.0 / (1u64 << 24) as f64;
 /// sizes given; [`Params::of`] gives a workload's own defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
+    /// Rows of the GEMM's output (tokens, for the MoE workloads).
     pub m: u32,
+    /// Columns of the GEMM's output (the MoE workloads' ffn size).
     pub n: u32,
+    /// The GEMM's inner dimension (the MoE workloads' hidden size).
     pub k: u32,
+    /// Edge of the square tiles of a tiled workload (see [`is_tiled`]); `m`,
+    /// `n` and `k` must be multiples of it.
     pub tile: u32,
     /// Seeds the data only: it never changes sizes or the table.
     pub seed: u64,
@@ -75,12 +80,17 @@ pub const NAMES: [&str; 5] = ["gemm", "mlp", "streams", "moe", "moe-var"];
 
 /// A built workload.
 pub struct Workload {
+    /// One of [`NAMES`].
     pub name: &'static str,
     /// One line saying what it computes.
     pub summary: String,
+    /// The descriptor table.
     pub table: Vec<u8>,
+    /// The initial arena: inputs filled in, outputs zero.
     pub arena: Arena,
+    /// The tensors' layouts, in declaration order.
     pub tensors: Vec<TensorLayout>,
+    /// Tasks a run executes, the program's included.
     pub tasks: usize,
     pub(crate) check: Box<dyn Fn(&Arena) -> Verification>,
 }
@@ -88,9 +98,14 @@ pub struct Workload {
 /// How an output compares with the f64 reference.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Verification {
+    /// The tensor checked (or what failed before any tensor could be).
     pub output: String,
+    /// Elements compared.
     pub elements: usize,
+    /// The largest |output - reference|.
     pub max_abs_err: f64,
+    /// The largest |output - reference| / |reference| over nonzero
+    /// references.
     pub max_rel_err: f64,
     /// The largest error divided by its allowed bound: at most 1 to pass.
     pub worst_error_over_bound: f64,
@@ -99,6 +114,7 @@ pub struct Verification {
 }
 
 impl Verification {
+    /// Whether every element is within its bound (a NaN never is).
     pub fn passed(&self) -> bool {
         self.worst_error_over_bound <= 1.0
     }
@@ -191,8 +207,11 @@ impl Workload {
 /// Why a workload could not be built.
 #[derive(Debug)]
 pub enum WorkloadError {
+    /// A name not in [`NAMES`].
     Unknown(String),
+    /// Sizes the workload cannot be built with; says which and why.
     Params(String),
+    /// The table builder refused a tensor or task.
     Build(BuildError),
 }
 

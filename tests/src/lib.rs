@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests in `tests/tests/`: finding the
 //! firmware and running a table in QEMU.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

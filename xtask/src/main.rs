@@ -7,6 +7,8 @@
 //! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU.
 //! - `ci`: every check, in the order CI runs them.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod bindgen;
 mod ci;
 #[cfg(test)]

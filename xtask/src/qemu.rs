@@ -184,7 +184,7 @@ impl QemuRun {
 /// A launch block binding `symbols`, with `threads` scheduler threads (0:
 /// the firmware's default) and the dispatch policy called `policy` (empty:
 /// the default), encoded by the runtime's own
-/// [`encode_block`](device_runtime::abi::launch::encode_block). The policy
+/// [`encode_block`]. The policy
 /// name is not looked up (the firmware reports an unknown one).
 pub fn launch_block(symbols: &[i64], threads: u32, policy: &str) -> Result<Vec<u8>, LaunchError> {
     let mut block = [0u8; LAUNCH_MAX];

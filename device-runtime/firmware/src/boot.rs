@@ -28,8 +28,13 @@ pub const EXIT_EXCEPTION: i32 = 3;
 #[repr(C, align(16))]
 pub struct Stacks(UnsafeCell<[[u8; STACK_SIZE]; CORES]>);
 
-// SAFETY: no Rust code reads or writes the stacks through this static; each
-// core only uses its own slice, as its stack, from the boot code below.
+// SAFETY: `Sync` lets every core see `STACKS`; that is sound because no two
+// cores ever touch the same bytes:
+// 1. No Rust code makes a reference to (or into) the cell: the only use of
+//    the static is its address, taken by the boot code below (`sym STACKS`).
+// 2. Each core sets its stack pointer to the top of its own slice, chosen by
+//    MPIDR_EL1.Aff0 (< CORES, or the core parks without a stack), and uses
+//    nothing else of the array; the exception handler reuses the same slice.
 unsafe impl Sync for Stacks {}
 
 #[link_section = ".stacks"]

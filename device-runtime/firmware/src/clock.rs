@@ -13,7 +13,9 @@ pub struct CounterClock {
 impl CounterClock {
     pub fn new() -> Self {
         let frequency: u64;
-        // SAFETY: reads a system register that EL1 may always read.
+        // SAFETY: `mrs` of CNTFRQ_EL0 only reads a register that EL1 may
+        // always read; it touches no memory, stack or flags,
+        // as the options declare.
         unsafe {
             asm!("mrs {}, cntfrq_el0", out(reg) frequency, options(nomem, nostack, preserves_flags))
         };
@@ -24,8 +26,10 @@ impl CounterClock {
 impl Clock for CounterClock {
     fn now(&self) -> u64 {
         let ticks: u64;
-        // SAFETY: reads a system register that EL1 may always read; the `isb`
-        // keeps the read from being taken early.
+        // SAFETY: `isb` and an `mrs` of CNTVCT_EL0 touch no memory, stack or
+        // flags, as the options declare, and EL1 may always read the counter
+        // (no EL2 runs to trap it). The `isb` only keeps the read from being taken
+        // early.
         unsafe {
             asm!("isb", "mrs {}, cntvct_el0", out(reg) ticks, options(nomem, nostack, preserves_flags))
         };

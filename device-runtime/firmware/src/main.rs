@@ -30,6 +30,7 @@
 #![no_std]
 #![no_main]
 #![forbid(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 // Without `alloc` a run error (which may carry a deadlock report) cannot be
 // boxed; it ends the run, so its size costs no hot path.
 #![allow(clippy::large_enum_variant, clippy::result_large_err)]
@@ -242,11 +243,18 @@ extern "C" fn primary_main() -> ! {
     let arena_len = usize::try_from(table.arena_size())
         .unwrap_or(usize::MAX)
         .min(ARENA_MAX);
-    // SAFETY: [ARENA_ADDR, +ARENA_MAX) is RAM that the memory map reserves for
-    // the arena (the linker keeps the image below the launch block); nothing
-    // else in the image refers to it, so this is its only reference until the
-    // run ends. The scheduler threads turn it into tensor views only for the
-    // kernels they issue, under `IssuePort::issue`'s contract.
+    // SAFETY: `from_raw_parts_mut` needs the bytes valid, initialized and
+    // unaliased for as long as the slice is used:
+    // 1. Valid: [ARENA_ADDR, +ARENA_MAX) is RAM that the memory map reserves
+    //    for the arena, clear of the image (the linker keeps it below the
+    //    launch block), the launch block and the table; `arena_len` is at most
+    //    ARENA_MAX, far below isize::MAX, and u8 needs no alignment.
+    // 2. Initialized: RAM reads as bytes QEMU zeroed or its loader wrote (the
+    //    host's initial arena).
+    // 3. Unaliased: nothing else in the image refers to this window, and this
+    //    is the only slice made of it until the run ends. The scheduler
+    //    threads turn it into tensor views only for the kernels they issue,
+    //    under `IssuePort::issue`'s contract.
     let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
     let result = run_threads(table, Arena::new(arena), clock, &options, &sched);
     MAILBOXES.iter().for_each(CoreMailbox::request_exit);
@@ -262,10 +270,15 @@ extern "C" fn primary_main() -> ! {
                 print!("{sep}{}", t.issued);
             }
             println!();
-            // SAFETY: the run is over: every scheduler thread has handed its
-            // scheduler back (`Handoff::wait`) and no core holds a task, so
-            // nothing uses the arena view any more; this shared slice is
-            // the only access from here on.
+            // SAFETY: `from_raw_parts` needs the bytes valid, initialized and
+            // not written while the slice lives:
+            // 1. Valid and initialized: the window and length of the arena
+            //    slice above.
+            // 2. Not written: the run is over. Every scheduler thread has
+            //    handed its scheduler back (`Handoff::wait`) and no core holds
+            //    a task, so neither the mutable arena slice nor any tensor view
+            //    is used again; this shared slice is the only access from here
+            //    until the process exits.
             let arena = unsafe { core::slice::from_raw_parts(ARENA_ADDR as *const u8, arena_len) };
             if let Err(e) = semihosting::fs::write(c"arena.out", arena) {
                 fail(EXIT_RUN, format_args!("writing arena.out: {e}"));
@@ -383,7 +396,8 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
         semihosting::eprintln!("cpu {cpu}: its mailbox is already served");
     }
     loop {
-        // SAFETY: `wfe` only waits for an event; it touches no memory.
+        // SAFETY: `wfe` only waits for an event: it touches no memory, stack
+        // or flags, as the options declare.
         unsafe { core::arch::asm!("wfe", options(nomem, nostack, preserves_flags)) };
     }
 }
@@ -457,14 +471,21 @@ impl Display for StartError {
 
 /// Parses the table at [`TABLE_ADDR`]; its header says how long it is.
 fn load_table() -> Result<Table<'static>, TableError> {
-    // SAFETY: [TABLE_ADDR, +TABLE_MAX) is RAM that the memory map reserves for
-    // the table (the linker keeps the image below the launch block); QEMU's
-    // loader fills it before any core starts (zeroes if no table was given)
-    // and nothing writes it afterwards.
+    // SAFETY: `from_raw_parts` needs the bytes valid, initialized and never
+    // written while the `'static` slice lives:
+    // 1. Valid: [TABLE_ADDR, +TABLE_MAX) is RAM that the memory map reserves
+    //    for the table, clear of the image (the linker keeps it below the
+    //    launch block); HEADER_SIZE is far below TABLE_MAX, and u8 needs no
+    //    alignment.
+    // 2. Initialized: QEMU's loader fills the window before any core starts
+    //    (RAM it does not load reads as zeroes).
+    // 3. Never written: nothing in the image refers to the window but these
+    //    two shared slices.
     let header = unsafe { core::slice::from_raw_parts(TABLE_ADDR as *const u8, HEADER_SIZE) };
     let len = table_len(header)?.min(TABLE_MAX);
-    // SAFETY: as above; `len` stays within the reserved window (a longer table
-    // is reported as truncated by `Table::parse`).
+    // SAFETY: as for `header`: `len` is capped at TABLE_MAX, so the slice
+    // stays inside the reserved window (a longer table is reported as
+    // truncated by `Table::parse`).
     let bytes = unsafe { core::slice::from_raw_parts(TABLE_ADDR as *const u8, len) };
     Table::parse(bytes)
 }
@@ -474,10 +495,15 @@ fn load_table() -> Result<Table<'static>, TableError> {
 /// dispatch policy; what it does not say (or all of it, without a block) is
 /// [`SchedConfig::default`], the default of every runner.
 fn load_launch() -> Result<(RunOptions, SchedConfig), LaunchFailure> {
-    // SAFETY: [LAUNCH_ADDR, +LAUNCH_WINDOW) is RAM that the memory map
-    // reserves for the launch block (the image ends below it); QEMU's loader
-    // fills it before any core starts (zeroes if no block was given) and
-    // nothing writes it afterwards. LAUNCH_MAX fits the window (asserted).
+    // SAFETY: `from_raw_parts` needs the bytes valid, initialized and never
+    // written while the slice lives:
+    // 1. Valid: [LAUNCH_ADDR, +LAUNCH_WINDOW) is RAM that the memory map
+    //    reserves for the launch block (the image ends below it), and
+    //    LAUNCH_MAX fits the window (asserted above); u8 needs no alignment.
+    // 2. Initialized: QEMU's loader fills the window before any core starts
+    //    (zeroes if no block was given).
+    // 3. Never written: nothing in the image refers to the window but this
+    //    shared slice.
     let bytes = unsafe { core::slice::from_raw_parts(LAUNCH_ADDR as *const u8, LAUNCH_MAX) };
     let launch = Launch::parse(bytes).map_err(LaunchFailure::Invalid)?;
     let Some(launch) = launch else {

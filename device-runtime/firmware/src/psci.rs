@@ -60,10 +60,14 @@ pub fn cpu_on(mpidr: u64, entry: u64, context: u64) -> Result<(), PsciError> {
 /// PSCI function `function` with arguments x1-x3; its x0.
 fn call(function: u64, x1: u64, x2: u64, x3: u64) -> i64 {
     let ret: i64;
-    // SAFETY: the PSCI functions called here (CPU_ON, AFFINITY_INFO) at most
-    // start another core at an entry point; they touch neither this core's
-    // memory nor its stack. The SMC calling convention lets the call clobber
-    // x0-x17, which `clobber_abi("C")` declares.
+    // SAFETY: the `hvc` traps to QEMU's PSCI implementation and returns:
+    // 1. AFFINITY_INFO only reports a core's state.
+    // 2. CPU_ON starts another core at `x2`. The one caller, `start_cpus`,
+    //    passes `boot::_start_secondary`, which gives the new core its own
+    //    stack before any Rust code runs; this core's memory and stack are
+    //    not touched.
+    // 3. The SMC calling convention lets the call clobber x0-x17, which
+    //    `clobber_abi("C")` declares; it uses no stack (`nostack`).
     unsafe {
         asm!(
             "hvc #0",

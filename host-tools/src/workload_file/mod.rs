@@ -87,7 +87,9 @@ pub enum ErrorKind {
     Symbol,
     /// A name that is no loop variable, `let` or symbol in scope.
     UnknownName,
+    /// A tensor name not declared under `[tensors]`.
     UnknownTensor,
+    /// A kernel name not in the kernel registry.
     UnknownKernel,
     /// An expression that does not parse or evaluate.
     Expression,
@@ -105,10 +107,13 @@ pub enum ErrorKind {
 /// A mistake in a workload file, with its line and column when it has one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileError {
+    /// What kind of mistake it is.
     pub kind: ErrorKind,
-    /// 1-based line and column in the file.
+    /// 1-based line in the file.
     pub line: Option<usize>,
+    /// 1-based column in the file.
     pub column: Option<usize>,
+    /// What is wrong, naming the key, tensor or value at fault.
     pub message: String,
 }
 
@@ -164,7 +169,10 @@ fn plain(kind: ErrorKind, message: String) -> FileError {
 /// A parsed and resolved workload file: build it with [`WorkloadFile::build`]
 /// for given symbol values.
 pub struct WorkloadFile {
+    /// The file's `name`, or else its file name without extension
+    /// (`workload` for parsed text).
     pub name: String,
+    /// The file's `summary`, or empty.
     pub summary: String,
     text: String,
     tensors: Vec<TensorDef>,
@@ -298,15 +306,20 @@ impl WorkloadFile {
 /// A workload file built for given symbols: its table and initial arena,
 /// and the f64 reference of the run.
 pub struct FileWorkload {
+    /// The workload file's name.
     pub name: String,
+    /// The workload file's summary.
     pub summary: String,
+    /// The descriptor table the workload lowers to.
     pub table: Vec<u8>,
     /// The initial arena.
     pub arena: Arena,
+    /// The tensors' layouts, in declaration order.
     pub tensors: Vec<TensorLayout>,
     /// The symbols' values, in index order (bind them at launch:
     /// `RunOptions::symbols`).
     pub symbols: Vec<i64>,
+    /// The symbols' names, in index order.
     pub symbol_names: Vec<String>,
     /// The tasks of the reference expansion, in program order.
     pub tasks: Vec<Expanded>,

@@ -416,7 +416,11 @@ fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
     for cpu in needed {
         // MPIDR affinity of CPU n on `virt` (up to 8 CPUs): Aff0 = n.
         let cpu = cpu as u64;
-        psci::cpu_on(cpu, entry, cpu).map_err(|e| StartError::CpuOn { cpu, error: e })?;
+        // SAFETY: `entry` is `_start_secondary`, which gives the new core
+        // its own stack (`.stacks`, indexed by the CPU number in x0) before
+        // any Rust code runs; each CPU is started once, by this loop.
+        unsafe { psci::cpu_on(cpu, entry, cpu) }
+            .map_err(|e| StartError::CpuOn { cpu, error: e })?;
         all |= 1 << cpu;
     }
     let start = clock.now();

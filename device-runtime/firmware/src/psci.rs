@@ -50,7 +50,14 @@ pub fn count_cpus(limit: usize) -> Option<usize> {
 
 /// Powers on the core with affinity `mpidr`; it starts at `entry` (a physical
 /// address, EL1, MMU off) with `context` in x0.
-pub fn cpu_on(mpidr: u64, entry: u64, context: u64) -> Result<(), PsciError> {
+///
+/// # Safety
+/// 1. `entry` is code that runs with no stack and no initialised registers
+///    besides x0: it sets up its own stack before it touches memory (as
+///    [`crate::boot::_start_secondary`] does).
+/// 2. The core with affinity `mpidr` is not running, or the call fails
+///    (PSCI answers ALREADY_ON) without effect.
+pub unsafe fn cpu_on(mpidr: u64, entry: u64, context: u64) -> Result<(), PsciError> {
     match call(CPU_ON64, mpidr, entry, context) {
         0 => Ok(()),
         error => Err(PsciError(error)),
@@ -62,9 +69,9 @@ fn call(function: u64, x1: u64, x2: u64, x3: u64) -> i64 {
     let ret: i64;
     // SAFETY: the `hvc` traps to QEMU's PSCI implementation and returns:
     // 1. AFFINITY_INFO only reports a core's state.
-    // 2. CPU_ON starts another core at `x2`. The one caller, `start_cpus`,
-    //    passes `boot::_start_secondary`, which gives the new core its own
-    //    stack before any Rust code runs; this core's memory and stack are
+    // 2. CPU_ON starts another core at `x2`; only `cpu_on` asks for it, and
+    //    its callers promise (its `# Safety`) an entry that sets up its own
+    //    stack before it touches memory; this core's memory and stack are
     //    not touched.
     // 3. The SMC calling convention lets the call clobber x0-x17, which
     //    `clobber_abi("C")` declares; it uses no stack (`nostack`).

@@ -10,9 +10,9 @@ use super::layout::{MAX_RANK, MAX_SCALARS, MAX_TENSOR_ARGS};
 use super::program::MAX_LOOP_DEPTH;
 
 /// How the dispatch key of a task is computed, for the key-based policies.
-/// A key must name what every task of its taskset has: a run whose key
-/// names a scalar, argument, dimension or loop that a task lacks fails
-/// (the scheduler's `RunError::KeyNotInTask`).
+/// A task that lacks the scalar, argument, dimension or loop its key
+/// names gets key 0; a run whose key no task of its taskset has fails (the
+/// scheduler's `RunError::KeyInNoTask`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DispatchKey {
     /// The task's number in the run (its index in the tasks section, then

@@ -284,11 +284,10 @@ pub enum RunError {
     /// program task, expansion) accepted.
     Refused { task: u32, why: Invalid },
     /// Taskset `taskset`'s dispatch key names a scalar, tensor argument,
-    /// dimension or loop that task `task` (the program's call at
-    /// instruction `pc`) lacks: it has only `has` of `what`. Found for the
-    /// run's key (taskset 0) before anything runs where the table says
-    /// which tasks and calls it applies to, else when the task is expanded.
-    KeyNotInTask {
+    /// dimension or loop that none of its tasks has (found before anything
+    /// runs). The first of them, task `task` of the tasks section or the
+    /// program's call at instruction `pc`, has only `has` of `what`.
+    KeyInNoTask {
         key: DispatchKey,
         taskset: u8,
         task: Option<u32>,
@@ -345,17 +344,13 @@ impl fmt::Display for RunError {
             RunError::Refused { task, why } => {
                 write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
             }
-            RunError::KeyNotInTask { key, taskset, task, pc, has, what } => {
-                write!(f, "dispatch key {key} (taskset {taskset}) does not fit ")?;
+            RunError::KeyInNoTask { key, taskset, task, pc, has, what } => {
+                write!(f, "dispatch key {key} (taskset {taskset}) fits none of its tasks: the first, ")?;
                 match (task, pc) {
-                    (Some(task), None) => write!(f, "task {task}")?,
-                    (None, Some(pc)) => write!(f, "the call at program instruction {pc}")?,
-                    (Some(task), Some(pc)) => {
-                        write!(f, "task {task} (the call at program instruction {pc})")?
-                    }
-                    (None, None) => f.write_str("a task")?,
+                    (Some(task), _) => write!(f, "task {task}")?,
+                    (None, pc) => write!(f, "the call at program instruction {}", pc.unwrap_or(0))?,
                 }
-                write!(f, ", which has {has} {what}")
+                write!(f, ", has {has} {what}")
             }
             RunError::ReportRefused { task, finished, why } => {
                 let report = if finished { "finished" } else { "issued" };

@@ -101,9 +101,12 @@ pub const DTYPE_I32: u32 = wsp_ffi::DTYPE_I32;
 /// What validation learned about a program that the expander needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProgramInfo {
-    /// The tensors `LOAD` reads, `data[..data_count]`.
-    pub data: [u32; MAX_DATA_TENSORS],
-    pub data_count: usize,
+    /// The tensors `LOAD` reads, `data[..data_count]` ([`ProgramInfo::data`]).
+    /// A fixed array and a count, not a `heapless::Vec`, so that the info
+    /// (and the `Table` that holds it) stays `Copy`; private, so that the
+    /// two cannot disagree.
+    data: [u32; MAX_DATA_TENSORS],
+    data_count: usize,
     /// Bit `i`: `data[i]` is an `INPUT`.
     pub inputs: u8,
     /// One more than the highest symbol the program reads (0 if none).
@@ -117,6 +120,11 @@ pub struct ProgramInfo {
 }
 
 impl ProgramInfo {
+    /// The tensors `LOAD` reads, in the order of their first `LOAD`.
+    pub fn data(&self) -> &[u32] {
+        &self.data[..self.data_count]
+    }
+
     /// The index of `tensor` among the data tensors.
     pub fn data_index(&self, tensor: u32) -> Option<usize> {
         self.data[..self.data_count]

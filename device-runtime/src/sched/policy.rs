@@ -124,8 +124,9 @@ impl DispatchKey {
                 .get(tensor)
                 .map_or(0, |t| t.rank.get() as usize)
         };
-        let loops = task.pc.map(|_| task.num_loops);
-        if check_key(*self, task.num_scalars, task.num_args, rank_of, loops).is_err() {
+        let loops = task.pc.map(|_| task.loops.len());
+        let (scalars, args) = (task.scalars.len(), task.args.len());
+        if check_key(*self, scalars, args, rank_of, loops).is_err() {
             return 0;
         }
         match *self {

@@ -27,6 +27,7 @@ pub const STEP_BUDGET: usize = 1024;
 /// One task to submit: a kernel call on tensor regions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskSpec {
+    /// The kernel it calls.
     pub kernel: KernelRef,
     /// 1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS), or 0 for none.
     pub stream: u32,
@@ -132,6 +133,7 @@ impl TaskSpec {
 
 /// Why expansion stopped a run. Each names the program's pc in
 /// [`RunError::Expand`](crate::sched::RunError::Expand).
+#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpandError {
     /// The program reads a symbol the launch did not bind.
@@ -238,7 +240,12 @@ pub trait Context {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
     /// A `LOAD` of data that `task` writes.
-    Data { tensor: u32, task: TaskId },
+    Data {
+        /// The tensor read.
+        tensor: u32,
+        /// The task that writes the element.
+        task: TaskId,
+    },
     /// The end of a sequential loop's iteration.
     Iteration,
 }
@@ -250,8 +257,11 @@ pub enum Step {
     Task(TaskSpec),
     /// Apply an event record (`record`) or wait on a stream.
     Event {
+        /// A record (`true`) or a wait.
         record: bool,
+        /// The stream.
         stream: u32,
+        /// The event.
         event: u32,
     },
     /// Nothing to do until more tasks complete.

@@ -63,6 +63,7 @@ impl Symbols {
         self.len
     }
 
+    /// Whether no symbol is bound.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -71,6 +72,7 @@ impl Symbols {
 /// A parsed launch block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
+    /// The program's symbols.
     pub symbols: Symbols,
     /// Scheduler threads; `None` leaves the choice to the runner.
     pub threads: Option<usize>,
@@ -79,6 +81,7 @@ pub struct Launch {
 }
 
 /// Why a launch block was refused.
+#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LaunchError {
     /// The first four bytes are neither [`LAUNCH_MAGIC`] nor zero.

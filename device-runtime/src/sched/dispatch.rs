@@ -263,6 +263,7 @@ impl<'a> Dispatcher<'a> {
         self.published = Some(mask);
     }
 
+    /// The queues it dispatches to.
     pub fn queues(&self) -> &'a Queues {
         self.queues
     }

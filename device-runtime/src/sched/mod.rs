@@ -178,6 +178,7 @@ impl Default for Queues {
 pub struct SchedConfig {
     /// Scheduler threads, 1 ..= [`MAX_THREADS`]; each needs at least one core.
     pub threads: usize,
+    /// Taskset 0's dispatch policy.
     pub policy: PolicyKind,
     /// How key-based policies compute a task's key.
     pub key: DispatchKey,
@@ -197,6 +198,7 @@ impl Default for SchedConfig {
 }
 
 /// A scheduling setting the runtime cannot honour.
+#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigError {
     Threads {

@@ -2,7 +2,7 @@
 //! whether idle threads may steal. One trait, so users can write their own
 //! ([`DispatchPolicy`]); the built-in ones are chosen by name at run time
 //! ([`PolicyKind`], [`Policy`]). There is no fallback: a name the build does
-//! not know is an error ([`UnknownPolicy`]).
+//! not know is an error ([`PolicyError`]).
 
 use wsp_ffi::CoreKind;
 
@@ -18,7 +18,9 @@ pub const MAX_THREADS: usize = 4;
 pub struct TaskInfo {
     /// Its number in the run (program order).
     pub index: u32,
+    /// Its kernel.
     pub kernel_id: u32,
+    /// The kind of core it runs on.
     pub kind: CoreKind,
     /// The dispatch key ([`DispatchKey`]) computed from the task.
     pub key: u64,
@@ -49,6 +51,7 @@ pub struct Load {
 /// `steals` is read by the scheduler threads whenever one has idle cores
 /// and an empty queue.
 pub trait DispatchPolicy {
+    /// The policy's name, for reports.
     fn name(&self) -> &'static str;
     /// Chooses among the `threads` threads that own cores of `task.kind`.
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement;
@@ -330,16 +333,22 @@ impl PolicyKind {
 /// A built-in policy as a value (no `alloc`, so no boxed trait objects).
 #[derive(Clone, Copy, Debug)]
 pub enum Policy {
+    /// [`RoundRobin`].
     RoundRobin(RoundRobin),
     #[cfg(feature = "policy-affinity")]
+    /// [`Affinity`].
     Affinity(Affinity),
     #[cfg(feature = "policy-hash")]
+    /// [`Hash`](struct@Hash).
     Hash(Hash),
     #[cfg(feature = "policy-work-stealing")]
+    /// [`WorkStealing`].
     WorkStealing(WorkStealing),
     #[cfg(feature = "policy-shared")]
+    /// [`SharedQueue`].
     Shared(SharedQueue),
     #[cfg(feature = "policy-adaptive")]
+    /// [`Adaptive`].
     Adaptive(Adaptive),
 }
 

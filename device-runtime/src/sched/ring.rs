@@ -95,6 +95,7 @@ impl<const N: usize> Ring<N> {
         tail.saturating_sub(head) as usize
     }
 
+    /// Whether it held nothing at some recent moment.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -27,7 +27,7 @@ pub const DEPLIST_NODES: usize = 8 * TASK_WINDOW;
 pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
 
 impl TableOrchestrator {
-    /// An orchestrator for [`run`].
+    /// An orchestrator for [`exec::run`](crate::exec::run).
     pub const fn for_tables() -> Self {
         Orchestrator::new(0)
     }
@@ -74,9 +74,11 @@ impl Default for RunOptions {
 pub struct CoreStats {
     /// The core's number in the run.
     pub core: u16,
+    /// Its kind (cube or vector).
     pub kind: CoreKind,
     /// The scheduler thread that owns it.
     pub thread: u8,
+    /// Tasks it ran.
     pub tasks: u32,
     /// Semantic cycles the core's kernels reported.
     pub cycles: u64,
@@ -105,6 +107,7 @@ impl Default for CoreStats {
 /// Per-scheduler-thread figures of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadStats {
+    /// The thread's number in the run.
     pub thread: u8,
     /// Tasks it issued to its cores.
     pub issued: u64,
@@ -117,19 +120,24 @@ pub struct ThreadStats {
     pub queued: u64,
     /// Steals tried on a non-empty victim queue, and those that got a task.
     pub steal_attempts: u64,
+    /// Steals that got a task.
     pub steals: u64,
     /// Most tasks its dispatch queues held at once.
     pub queue_high_water: u64,
     /// Busy ticks and reported cycles of its cores, summed.
     pub busy_ticks: u64,
+    /// Semantic cycles its cores' kernels reported, summed.
     pub cycles: u64,
 }
 
 /// What a successful run did.
 #[derive(Clone, Copy, Debug)]
 pub struct RunStats {
+    /// Tasks the run issued.
     pub tasks: u32,
+    /// Platform clock ticks from the start of dispatch to the end.
     pub wall_ticks: u64,
+    /// The platform clock's rate.
     pub ticks_per_second: u64,
     /// Backpressure: stalls and high-water marks per resource.
     pub stalls: StallStats,
@@ -152,6 +160,7 @@ pub struct RunStats {
 pub struct TasksetStats {
     /// The policy's decision: its name, or what an adaptive one chose.
     pub decision: &'static str,
+    /// Its dispatch key.
     pub key: DispatchKey,
     /// Tasks it placed.
     pub placed: u64,
@@ -190,12 +199,15 @@ impl RunStats {
     pub fn cores(&self) -> &[CoreStats] {
         &self.cores[..self.num_cores]
     }
+    /// Per scheduler thread, in thread order.
     pub fn threads(&self) -> &[ThreadStats] {
         &self.threads[..self.num_threads]
     }
+    /// The run's wall time in microseconds of the platform clock.
     pub fn wall_micros(&self) -> u64 {
         (self.wall_ticks as u128 * 1_000_000 / self.ticks_per_second.max(1) as u128) as u64
     }
+    /// Semantic cycles of every core, summed.
     pub fn total_cycles(&self) -> u64 {
         self.cores().iter().map(|c| c.cycles).sum()
     }
@@ -255,6 +267,7 @@ impl fmt::Display for RunStats {
 /// Why a run ended early. Where a task is named, `task` is its number in the
 /// run: its index in the tasks section, then the program's tasks in
 /// expansion order.
+#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunError {
     /// The arena handed to `run` is smaller than the table's `arena_size`.

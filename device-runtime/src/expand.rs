@@ -133,38 +133,24 @@ impl TaskSpec {
 
 /// Why expansion stopped a run. Each names the program's pc in
 /// [`RunError::Expand`](crate::sched::RunError::Expand).
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpandError {
     /// The program reads a symbol the launch did not bind.
-    UnboundSymbol {
-        symbol: u32,
-        bound: usize,
-    },
+    UnboundSymbol { symbol: u32, bound: usize },
     /// An arithmetic result does not fit in 64 bits.
     Overflow,
+    /// A `DIV` or `REM` by 0.
     DivideByZero,
     /// A loop count below 0 or above the loop's stated maximum.
-    BadCount {
-        count: i64,
-        max: u32,
-    },
+    BadCount { count: i64, max: u32 },
     /// A `LOAD` index outside the tensor.
-    IndexOutside {
-        dim: u32,
-        index: i64,
-        size: u32,
-    },
+    IndexOutside { dim: u32, index: i64, size: u32 },
     /// A `LOAD` from a tensor that is not an input and that no task has
     /// written yet: its data does not exist.
-    ReadBeforeWrite {
-        tensor: u32,
-    },
+    ReadBeforeWrite { tensor: u32 },
     /// An offset or extent register holds a value outside `0 ..= u32::MAX`.
-    BadOperand {
-        arg: u32,
-        value: i64,
-    },
+    BadOperand { arg: u32, value: i64 },
     /// Argument `arg`'s region is not a tile inside its tensor.
     BadRegion {
         arg: u32,
@@ -174,9 +160,7 @@ pub enum ExpandError {
     /// The call's arguments break its kernel's contract.
     Contract(ShapeError),
     /// A call's stream register holds no stream (0 ..= 8).
-    BadStream {
-        value: i64,
-    },
+    BadStream { value: i64 },
 }
 
 impl fmt::Display for ExpandError {

@@ -91,7 +91,7 @@ impl<P: Platform + ?Sized> Platform for &mut P {
 }
 
 /// Why a platform could not be put together.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlatformError {
     /// Mailboxes and kinds differ in number, or there are more than [`MAX_CORES`].

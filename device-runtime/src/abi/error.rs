@@ -37,7 +37,7 @@ impl Section {
 }
 
 /// What is wrong with the field.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Problem {
     /// The magic bytes are not `PTOWSP\r\n`.

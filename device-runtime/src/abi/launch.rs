@@ -81,21 +81,17 @@ pub struct Launch {
 }
 
 /// Why a launch block was refused.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LaunchError {
     /// The first four bytes are neither [`LAUNCH_MAGIC`] nor zero.
     BadMagic([u8; 4]),
+    /// A layout version other than [`LAUNCH_VERSION`].
     BadVersion(u32),
     /// More symbols than [`MAX_SYMBOLS`].
-    TooManySymbols {
-        count: u32,
-    },
+    TooManySymbols { count: u32 },
     /// The block ends before its header or its symbols do.
-    Truncated {
-        needed: usize,
-        len: usize,
-    },
+    Truncated { needed: usize, len: usize },
     /// The policy name is not NUL-padded ASCII.
     BadPolicyName,
     /// The policy is unknown or not in this build.

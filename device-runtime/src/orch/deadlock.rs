@@ -16,7 +16,7 @@ pub const REPORTED_PRODUCERS: usize = 3;
 pub const MAX_SCOPE_DEPTH: usize = 8;
 
 /// Why nothing can make progress.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeadlockCause {
     /// The task window is full of tasks an open scope holds: none can retire

@@ -27,7 +27,7 @@ impl HeapBlock {
 }
 
 /// Why an allocation failed.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeapError {
     /// Not enough contiguous room now; freeing older blocks will make room.

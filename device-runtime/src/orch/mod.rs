@@ -114,7 +114,7 @@ pub struct ReadyTask {
 }
 
 /// A submission the orchestrator refuses for good.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Invalid {
     /// More tensor arguments (`count`) than a task carries (`max`).
@@ -141,7 +141,7 @@ pub enum SubmitError {
 }
 
 /// Misuse of scopes or completions.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UsageError {
     /// More nested scopes than `max`.

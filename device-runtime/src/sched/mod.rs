@@ -198,41 +198,26 @@ impl Default for SchedConfig {
 }
 
 /// A scheduling setting the runtime cannot honour.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigError {
-    Threads {
-        threads: usize,
-        max: usize,
-    },
+    /// Scheduler threads out of 1 ..= `max`.
+    Threads { threads: usize, max: usize },
     /// Every scheduler thread needs a core to issue to.
-    ThreadWithoutCores {
-        thread: usize,
-    },
-    QueueDepth {
-        depth: usize,
-        max: usize,
-    },
+    ThreadWithoutCores { thread: usize },
+    /// A dispatch queue depth out of 1 ..= `max`.
+    QueueDepth { depth: usize, max: usize },
     /// The queues hold tasks or are claimed by another run.
     QueuesInUse,
     /// An issue depth (tasks handed to one core at once) the platform does
     /// not support.
-    IssueDepth {
-        depth: usize,
-        max: usize,
-    },
+    IssueDepth { depth: usize, max: usize },
     /// The build does not have the policy (or no policy has the name).
     Policy(PolicyError),
     /// A task window out of 1 ..= `max` (the runtime's task window).
-    Window {
-        tasks: usize,
-        max: usize,
-    },
+    Window { tasks: usize, max: usize },
     /// The build does not have the policy a program's taskset asks for.
-    TasksetPolicy {
-        taskset: u8,
-        error: PolicyError,
-    },
+    TasksetPolicy { taskset: u8, error: PolicyError },
     /// A policy chose a thread that does not exist.
     BadPlacement {
         policy: &'static str,

@@ -267,7 +267,7 @@ impl fmt::Display for RunStats {
 /// Why a run ended early. Where a task is named, `task` is its number in the
 /// run: its index in the tasks section, then the program's tasks in
 /// expansion order.
-#[allow(missing_docs)] // Each variant's fields are named by its doc or the enum's.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunError {
     /// The arena handed to `run` is smaller than the table's `arena_size`.

@@ -26,10 +26,13 @@
 //!
 //! ```text
 //! exec
-//!  └ sched ── platform ── mailbox, steal_deque
-//!     └ expand
-//!        └ orch
-//!           └ abi
+//!  └ sched
+//!     ├ expand
+//!     │  └ orch
+//!     │     └ abi
+//!     ├ platform
+//!     │  └ mailbox
+//!     └ steal_deque
 //! ```
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]

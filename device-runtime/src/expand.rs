@@ -11,6 +11,7 @@
 
 use core::fmt;
 
+use heapless::Vec;
 use wsp_ffi::{ShapeError, TileShape, WspKernelArgs, WspTensorView};
 
 use crate::abi::program::*;
@@ -24,20 +25,19 @@ use crate::orch::{KernelRef, TaskArg, TaskId};
 pub const STEP_BUDGET: usize = 1024;
 
 /// One task to submit: a kernel call on tensor regions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskSpec {
+    /// The kernel it calls.
     pub kernel: KernelRef,
     /// 1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS), or 0 for none.
     pub stream: u32,
-    pub args: [TaskArg; MAX_TENSOR_ARGS],
-    pub num_args: usize,
-    pub scalars: [u64; MAX_SCALARS],
-    pub num_scalars: usize,
-    /// The indices of the loops around the call, outermost first (0 for
-    /// loops not open, and for tasks of the tasks section).
-    pub loops: [u32; MAX_LOOP_DEPTH],
-    /// The loops around the call (0 for tasks of the tasks section).
-    pub num_loops: usize,
+    /// Its tensor arguments, as many as its kernel takes.
+    pub args: Vec<TaskArg, MAX_TENSOR_ARGS>,
+    /// Its scalars, as many as its kernel takes.
+    pub scalars: Vec<u64, MAX_SCALARS>,
+    /// The indices of the loops around the call, outermost first (none
+    /// for tasks of the tasks section).
+    pub loops: Vec<u32, MAX_LOOP_DEPTH>,
     /// The pc of the program's call, or `None` for a task of the tasks section.
     pub pc: Option<u32>,
     /// Its taskset (`0 .. MAX_TASKSETS`; 0 for tasks of the tasks section
@@ -69,47 +69,51 @@ impl TaskSpec {
         let desc = &table.tasks()[index];
         let id = desc.kernel_id.get();
         let kind = wsp_ffi::lookup(id).map_or(wsp_ffi::CoreKind::Vector, |k| k.kind);
+        // Validation bounds both counts by the capacities (`MAX_SCALARS`,
+        // `MAX_TENSOR_ARGS`), so nothing is cut off.
         let mut spec = TaskSpec {
             kernel: KernelRef { id, kind },
             stream: desc.stream.get(),
-            args: [NO_ARG; MAX_TENSOR_ARGS],
-            num_args: 0,
-            scalars: desc.scalars.map(|s| s.get()),
-            num_scalars: desc.num_scalars.get() as usize,
-            loops: [0; MAX_LOOP_DEPTH],
-            num_loops: 0,
+            args: Vec::new(),
+            scalars: Vec::from_array(desc.scalars.map(|s| s.get())),
+            loops: Vec::new(),
             pc: None,
             taskset: 0,
         };
-        for (arg, t) in spec.args.iter_mut().zip(table.task_args(desc)) {
-            *arg = TaskArg {
+        spec.scalars.truncate(desc.num_scalars.get() as usize);
+        for t in table.task_args(desc) {
+            let arg = TaskArg {
                 tensor: t.tensor.get(),
                 region: Region::of(t),
                 access: Access::from_bits_truncate(t.access.get()),
             };
-            spec.num_args += 1;
+            if spec.args.push(arg).is_err() {
+                unreachable!("validation refuses tasks with more than MAX_TENSOR_ARGS");
+            }
         }
         spec
     }
 
+    /// Its tensor arguments.
     pub fn args(&self) -> &[TaskArg] {
-        &self.args[..self.num_args]
+        &self.args
     }
 
+    /// Its scalars.
     pub fn scalars(&self) -> &[u64] {
-        &self.scalars[..self.num_scalars]
+        &self.scalars
     }
 
     /// The argument block a core gets, with tensor addresses relative to
     /// `arena_base` (the data arena's address, or 0 for offsets).
     pub fn kernel_args(&self, table: &Table<'_>, arena_base: u64) -> WspKernelArgs {
         let mut args = WspKernelArgs {
-            num_tensors: self.num_args as u32,
-            num_scalars: self.num_scalars as u32,
+            num_tensors: self.args.len() as u32,
+            num_scalars: self.scalars.len() as u32,
             tensors: [NO_VIEW; MAX_TENSOR_ARGS],
             scalars: [0; MAX_SCALARS],
         };
-        args.scalars[..self.num_scalars].copy_from_slice(self.scalars());
+        args.scalars[..self.scalars.len()].copy_from_slice(self.scalars());
         for (view, arg) in args.tensors.iter_mut().zip(self.args()) {
             let tensor = &table.tensors()[arg.tensor as usize];
             let dtype = tensor.dtype.get();
@@ -129,37 +133,24 @@ impl TaskSpec {
 
 /// Why expansion stopped a run. Each names the program's pc in
 /// [`RunError::Expand`](crate::sched::RunError::Expand).
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpandError {
     /// The program reads a symbol the launch did not bind.
-    UnboundSymbol {
-        symbol: u32,
-        bound: usize,
-    },
+    UnboundSymbol { symbol: u32, bound: usize },
     /// An arithmetic result does not fit in 64 bits.
     Overflow,
+    /// A `DIV` or `REM` by 0.
     DivideByZero,
     /// A loop count below 0 or above the loop's stated maximum.
-    BadCount {
-        count: i64,
-        max: u32,
-    },
+    BadCount { count: i64, max: u32 },
     /// A `LOAD` index outside the tensor.
-    IndexOutside {
-        dim: u32,
-        index: i64,
-        size: u32,
-    },
+    IndexOutside { dim: u32, index: i64, size: u32 },
     /// A `LOAD` from a tensor that is not an input and that no task has
     /// written yet: its data does not exist.
-    ReadBeforeWrite {
-        tensor: u32,
-    },
+    ReadBeforeWrite { tensor: u32 },
     /// An offset or extent register holds a value outside `0 ..= u32::MAX`.
-    BadOperand {
-        arg: u32,
-        value: i64,
-    },
+    BadOperand { arg: u32, value: i64 },
     /// Argument `arg`'s region is not a tile inside its tensor.
     BadRegion {
         arg: u32,
@@ -169,9 +160,7 @@ pub enum ExpandError {
     /// The call's arguments break its kernel's contract.
     Contract(ShapeError),
     /// A call's stream register holds no stream (0 ..= 8).
-    BadStream {
-        value: i64,
-    },
+    BadStream { value: i64 },
 }
 
 impl fmt::Display for ExpandError {
@@ -235,20 +224,28 @@ pub trait Context {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
     /// A `LOAD` of data that `task` writes.
-    Data { tensor: u32, task: TaskId },
+    Data {
+        /// The tensor read.
+        tensor: u32,
+        /// The task that writes the element.
+        task: TaskId,
+    },
     /// The end of a sequential loop's iteration.
     Iteration,
 }
 
 /// The result of one [`Expander::step`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Submit this task (before stepping again).
     Task(TaskSpec),
     /// Apply an event record (`record`) or wait on a stream.
     Event {
+        /// A record (`true`) or a wait.
         record: bool,
+        /// The stream.
         stream: u32,
+        /// The event.
         event: u32,
     },
     /// Nothing to do until more tasks complete.
@@ -475,18 +472,17 @@ impl Expander {
                     }
                 }
             },
-            args: [NO_ARG; MAX_TENSOR_ARGS],
-            num_args: kernel.num_tensors as usize,
-            scalars: [0; MAX_SCALARS],
-            num_scalars: kernel.num_scalars as usize,
-            loops: [0; MAX_LOOP_DEPTH],
-            num_loops: self.depth,
+            args: Vec::new(),
+            scalars: Vec::new(),
+            // At most `MAX_LOOP_DEPTH` frames are open (validation).
+            loops: self.frames[..self.depth]
+                .iter()
+                .map(|f| f.index as u32)
+                .collect(),
             pc: Some(self.pc as u32),
             taskset: self.taskset,
         };
-        for (l, frame) in spec.loops.iter_mut().zip(&self.frames[..self.depth]) {
-            *l = frame.index as u32;
-        }
+        let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
         let program = table.program();
         let mut shapes = [TileShape {
             rows: 0,
@@ -495,7 +491,7 @@ impl Expander {
         }; MAX_TENSOR_ARGS];
         let first = self.pc + 1;
         let info = table.program_info();
-        for k in 0..spec.num_args {
+        for k in 0..num_args {
             let arg = &program[first + k];
             let t = arg.imm.get();
             let tensor = &table.tensors()[t as usize];
@@ -528,20 +524,28 @@ impl Expander {
                     self.written |= 1 << i;
                 }
             }
-            spec.args[k] = TaskArg {
+            let arg = TaskArg {
                 tensor: t,
                 region,
                 access,
             };
+            // A kernel takes at most `MAX_TENSOR_ARGS` tensors and
+            // `MAX_SCALARS` scalars (the kernel ABI's capacities).
+            if spec.args.push(arg).is_err() {
+                unreachable!("a kernel with more than MAX_TENSOR_ARGS tensors");
+            }
         }
-        let scalars_at = first + spec.num_args;
-        for s in 0..spec.num_scalars {
-            spec.scalars[s] = self.read(program[scalars_at + s].x[0]) as u64;
+        let scalars_at = first + num_args;
+        for s in 0..num_scalars {
+            let value = self.read(program[scalars_at + s].x[0]) as u64;
+            if spec.scalars.push(value).is_err() {
+                unreachable!("a kernel with more than MAX_SCALARS scalars");
+            }
         }
         kernel
-            .check(&shapes[..spec.num_args], spec.scalars())
+            .check(&shapes[..num_args], spec.scalars())
             .map_err(ExpandError::Contract)?;
-        Ok((spec, scalars_at + spec.num_scalars))
+        Ok((spec, scalars_at + num_scalars))
     }
 }
 

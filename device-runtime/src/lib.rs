@@ -26,13 +26,18 @@
 //!
 //! ```text
 //! exec
-//!  └ sched ── platform ── mailbox, steal_deque
-//!     └ expand
-//!        └ orch
-//!           └ abi
+//!  └ sched
+//!     ├ expand
+//!     │  └ orch
+//!     │     └ abi
+//!     ├ platform
+//!     │  └ mailbox
+//!     └ steal_deque
 //! ```
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 // Without `alloc` a deadlock report cannot be boxed: errors that carry one
 // are large values. They end a run, so their size never costs a hot path.
 #![allow(clippy::large_enum_variant, clippy::result_large_err)]

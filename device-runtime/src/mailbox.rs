@@ -91,6 +91,7 @@ impl Default for CoreMailbox {
 
 impl CoreMailbox {
     maybe_const_fn! {
+    /// An idle mailbox (`const` outside loom, so it can live in a `static`).
     pub fn new() -> Self {
         const EMPTY: wsp_ffi::WspTensorView = wsp_ffi::WspTensorView { addr: 0, rows: 0, cols: 0, row_stride: 0, dtype: 0 };
         const PAYLOAD: Payload = Payload {
@@ -156,8 +157,11 @@ pub struct IssuePort<'a> {
 /// What a core reports for a finished task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Completion {
-    /// The kernel ran; its cost in semantic cycles.
-    Done { cycles: u64 },
+    /// The kernel ran.
+    Done {
+        /// Its cost in semantic cycles.
+        cycles: u64,
+    },
     /// The kernel refused its arguments (or the id was unknown to the core).
     Rejected,
 }
@@ -351,8 +355,8 @@ mod tests {
             // second waits for the core to acknowledge the first.
             // SAFETY: a, b, c outlive the tasks and are untouched until poll reports them.
             assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
-            // SAFETY: as above.
             assert!(
+                // SAFETY: as above.
                 !unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) },
                 "an unacknowledged task is not overwritten"
             );
@@ -367,8 +371,8 @@ mod tests {
                 // SAFETY: as above.
                 assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
                 assert_eq!(port.pending(), 2);
-                // SAFETY: as above.
                 assert!(
+                    // SAFETY: as above.
                     !unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) },
                     "a third task is refused (round {round})"
                 );

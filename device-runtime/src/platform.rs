@@ -12,7 +12,9 @@ pub const MAX_CORES: usize = 64;
 
 /// A monotonic clock and the idle hint of the platform.
 pub trait Clock {
+    /// The clock now, in ticks.
     fn now(&self) -> u64;
+    /// The clock's rate.
     fn ticks_per_second(&self) -> u64;
     /// What the scheduler does while it waits: a spin hint by default.
     fn relax(&self) {
@@ -24,7 +26,9 @@ pub trait Clock {
 /// one task at a time with up to [`Platform::depth`] tasks handed to it, and
 /// a clock.
 pub trait Platform: Clock {
+    /// Cores it drives, numbered from 0.
     fn num_cores(&self) -> usize;
+    /// The kind of `core`.
     fn core_kind(&self, core: usize) -> CoreKind;
     /// Tasks one core holds at most: the one it runs and those queued behind
     /// it, which it starts without waiting for the scheduler (the device's
@@ -87,6 +91,7 @@ impl<P: Platform + ?Sized> Platform for &mut P {
 }
 
 /// Why a platform could not be put together.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlatformError {
     /// Mailboxes and kinds differ in number, or there are more than [`MAX_CORES`].
@@ -118,6 +123,7 @@ pub struct MailboxPlatform<'m, C: Clock> {
 }
 
 impl<'m, C: Clock> MailboxPlatform<'m, C> {
+    /// A platform over one mailbox per core, of the given kinds, with `clock`.
     pub fn new(
         mailboxes: &'m [CoreMailbox],
         kinds: &'m [CoreKind],

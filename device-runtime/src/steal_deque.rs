@@ -22,7 +22,7 @@
 //! `top` and `bottom` are signed so that the owner's tentative
 //! `bottom - 1` on an empty deque cannot wrap around.
 //!
-//! All atomics come from [`crate::sync`], so the loom model check at the end
+//! All atomics come from `crate::sync`, so the loom model check at the end
 //! of this file runs the same code.
 
 use crate::sync::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -38,10 +38,12 @@ pub struct AlreadyOwned;
 /// What a steal attempt got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Steal {
+    /// The deque held nothing.
     Empty,
     /// Lost a race with the owner or another thief; the deque may still
     /// hold tasks.
     Retry,
+    /// The oldest task.
     Task(u64),
     /// The oldest task is one the caller may not take ([`StealDeque::steal_if`]).
     Declined,
@@ -115,10 +117,12 @@ impl<const N: usize> StealDeque<N> {
         (b - t).max(0) as usize
     }
 
+    /// Whether it holds no task now.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Most tasks it holds (`N`).
     pub const fn capacity(&self) -> usize {
         N
     }
@@ -215,10 +219,12 @@ impl<const N: usize> Owner<'_, N> {
         won.then_some(task)
     }
 
+    /// Tasks it holds now.
     pub fn len(&self) -> usize {
         self.deque.len()
     }
 
+    /// Whether it holds no task now.
     pub fn is_empty(&self) -> bool {
         self.deque.is_empty()
     }

@@ -12,8 +12,11 @@ use crate::{DTYPE_F32, DTYPE_I32};
 /// The shape and element type of one tensor argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileShape {
+    /// Rows.
     pub rows: u32,
+    /// Columns.
     pub cols: u32,
+    /// Element type (`WSP_DTYPE_*`).
     pub dtype: u32,
 }
 
@@ -30,7 +33,9 @@ impl From<&WspTensorView> for TileShape {
 /// A dimension of a tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dim {
+    /// The rows.
     Rows,
+    /// The columns.
     Cols,
 }
 
@@ -54,6 +59,7 @@ impl fmt::Display for Dim {
 
 /// Why a kernel would reject its arguments. Tensor arguments are numbered
 /// from 0 in the kernel's signature order.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShapeError {
     /// Wrong number of tensor arguments.

@@ -70,7 +70,9 @@ impl ArgAccess {
 /// One tensor argument of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArgSpec {
+    /// Its name in the kernel's signature.
     pub name: &'static str,
+    /// Whether the kernel reads it, writes it or both.
     pub access: ArgAccess,
     /// The element type the kernel takes (`DTYPE_F32`, `DTYPE_I32`).
     pub dtype: u32,
@@ -83,11 +85,17 @@ pub struct ArgSpec {
 /// A registered kernel.
 #[derive(Debug)]
 pub struct KernelInfo {
+    /// Its id (`WspKernelId`).
     pub id: u32,
+    /// Its name.
     pub name: &'static str,
+    /// The kind of core it runs on.
     pub kind: CoreKind,
+    /// Tensor arguments it takes.
     pub num_tensors: u32,
+    /// Scalars it takes.
     pub num_scalars: u32,
+    /// Its tensor arguments, in signature order.
     pub tensor_args: &'static [ArgSpec],
     /// Shape rules between arguments (see [`KernelInfo::check`]).
     pub(crate) equal: &'static [Equal],
@@ -99,6 +107,7 @@ pub struct KernelInfo {
 /// The kernel returned `WSP_KERNEL_REJECTED`: its arguments broke its contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelRejected {
+    /// The kernel's id.
     pub kernel: u32,
 }
 

@@ -127,15 +127,11 @@ fn affinity_keeps_each_key_on_one_thread() {
     let run = semantic(&w, 4, &config(2, PolicyKind::Affinity, ROW_BLOCK));
     // Row blocks 0..8, each 32 tasks: even blocks on thread 0, odd on 1.
     assert_eq!(issued(&run.stats), [128, 128]);
-    // Keys all equal (GEMM tasks carry no scalars, so scalar 0 reads 0):
+    // Keys all equal (GEMM tasks have no stream, so the stream key is 0):
     // every task on thread 0.
-    let run = semantic(
-        &w,
-        4,
-        &config(2, PolicyKind::Affinity, DispatchKey::Scalar(0)),
-    );
+    let run = semantic(&w, 4, &config(2, PolicyKind::Affinity, DispatchKey::Stream));
     assert_eq!(issued(&run.stats), [256, 0]);
-    let run = semantic(&w, 4, &config(2, PolicyKind::Hash, DispatchKey::Scalar(0)));
+    let run = semantic(&w, 4, &config(2, PolicyKind::Hash, DispatchKey::Stream));
     assert!(
         issued(&run.stats).contains(&256),
         "hash keeps one key together"
@@ -146,7 +142,7 @@ fn affinity_keeps_each_key_on_one_thread() {
 fn stealing_balances_a_skewed_load_and_adaptive_chooses_it() {
     let w = gemm();
     // Every task keyed 0: affinity piles all 256 on thread 0 (2 of 4 cores).
-    let skew = DispatchKey::Scalar(0);
+    let skew = DispatchKey::Stream;
     let fixed = semantic(&w, 4, &config(2, PolicyKind::Affinity, skew));
     let stolen = semantic(&w, 4, &config(2, PolicyKind::WorkStealing, skew));
     let adaptive = semantic(&w, 4, &config(2, PolicyKind::Adaptive, skew));

@@ -467,10 +467,10 @@ fn a_stream_key_computed_from_the_loop_index_puts_each_batch_on_its_stream() {
 }
 
 /// A run whose dispatch key names a scalar, argument, dimension or loop
-/// its tasks lack fails before anything runs, naming the key and the
-/// first task or call; it does not give every task key 0.
+/// that none of its tasks has fails before anything runs, naming the key
+/// and the first task or call; it does not give every task key 0.
 #[test]
-fn a_run_key_that_tasks_lack_is_refused_at_the_start() {
+fn a_run_key_that_no_task_has_is_refused_at_the_start() {
     let expect = |table: &[u8], size: u64, key: DispatchKey| {
         let mut arena = Arena::zeroed(size);
         let config = SchedConfig {
@@ -497,7 +497,7 @@ fn a_run_key_that_tasks_lack_is_refused_at_the_start() {
     let gemm = host_tools::workloads::Workload::build("gemm", Default::default()).unwrap();
     let size = gemm.arena.bytes.len() as u64;
     let err = expect(&gemm.table, size, DispatchKey::Scalar(9));
-    let RunError::KeyNotInTask {
+    let RunError::KeyInNoTask {
         key,
         taskset: 0,
         task: Some(0),
@@ -518,7 +518,7 @@ fn a_run_key_that_tasks_lack_is_refused_at_the_start() {
     assert!(
         matches!(
             err,
-            RunError::KeyNotInTask {
+            RunError::KeyInNoTask {
                 what: "tensor arguments",
                 has: 3,
                 ..
@@ -546,7 +546,7 @@ fn a_run_key_that_tasks_lack_is_refused_at_the_start() {
         ),
     ] {
         let err = expect(&table, size, key);
-        let want = RunError::KeyNotInTask {
+        let want = RunError::KeyInNoTask {
             key,
             taskset: 0,
             task: None,
@@ -571,10 +571,10 @@ fn a_run_key_that_tasks_lack_is_refused_at_the_start() {
     }
 }
 
-/// Where the program gives calls tasksets, each task's key is checked as
-/// it is expanded: a key a task lacks ends the run naming the task.
+/// A program taskset's key is checked against the calls of its
+/// `DISPATCH` the same way.
 #[test]
-fn a_taskset_key_that_a_task_lacks_ends_the_run() {
+fn a_taskset_key_that_no_call_has_is_refused_at_the_start() {
     let mut w = Workload::new();
     let x = w.tensor("x", &[64, 64]).unwrap();
     let y = w.tensor("y", &[64, 64]).unwrap();
@@ -592,9 +592,9 @@ fn a_taskset_key_that_a_task_lacks_ends_the_run() {
     let ShimError::Run(err) = err else {
         panic!("{err}")
     };
-    let RunError::KeyNotInTask {
+    let RunError::KeyInNoTask {
         taskset: 1,
-        task: Some(0),
+        task: None,
         pc: Some(_),
         has: 0,
         what: "scalars",

@@ -60,21 +60,14 @@ pub fn ci(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The packages whose docs `doc` builds. device-runtime and wsp-ffi join
-/// when their rustdoc warnings are fixed; then this becomes `--workspace
-/// --exclude firmware`.
-const DOC_PACKAGES: [&str; 3] = ["host-tools", "xtask", "wsp-tests"];
-
-/// The API docs without a rustdoc warning (a broken or ambiguous intra-doc
-/// link, a public doc linking a private item): `-D warnings` makes each an
-/// error. Dependencies are not documented, only linked to.
+/// The API docs of every host-buildable crate without a rustdoc warning (a
+/// broken or ambiguous intra-doc link, a public doc linking a private item):
+/// `-D warnings` makes each an error. Dependencies are not documented, only
+/// linked to.
 fn doc(root: &Path) -> Result<()> {
-    let mut doc = cargo(root);
-    doc.args(["doc", "--no-deps"]);
-    for package in DOC_PACKAGES {
-        doc.args(["-p", package]);
-    }
-    run(doc.env("RUSTDOCFLAGS", "-D warnings"))
+    run(cargo(root)
+        .args(["doc", "--no-deps", "--workspace", "--exclude", "firmware"])
+        .env("RUSTDOCFLAGS", "-D warnings"))
 }
 
 /// The host tests; integration tests find the firmware in `WSP_FIRMWARE`.

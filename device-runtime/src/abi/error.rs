@@ -5,17 +5,24 @@ use core::fmt;
 /// The part of a table an error points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Section {
+    /// The table header.
     Header,
+    /// The tensors section.
     Tensors,
+    /// The kernels section.
     Kernels,
+    /// The tasks section.
     Tasks,
+    /// The tensor-argument section.
     Args,
+    /// The stream-ops section.
     StreamOps,
     /// The workload program; the index is the instruction's pc.
     Program,
 }
 
 impl Section {
+    /// The section's name as in the header's fields.
     pub const fn name(self) -> &'static str {
         match self {
             Section::Header => "header",
@@ -30,6 +37,7 @@ impl Section {
 }
 
 /// What is wrong with the field.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Problem {
     /// The magic bytes are not `PTOWSP\r\n`.
@@ -85,11 +93,13 @@ pub enum Problem {
 /// A descriptor table the runtime refuses, with the place and the reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableError {
+    /// The section of the faulty entry.
     pub section: Section,
     /// Entry index within the section (0 for the header).
     pub index: u32,
     /// Field name as in the ABI structs (`dtype`, `extent[2]`, ...).
     pub field: &'static str,
+    /// What is wrong with it.
     pub problem: Problem,
 }
 

@@ -139,6 +139,7 @@ impl Symbols {
         self.len
     }
 
+    /// Whether no symbol is bound.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -147,6 +148,7 @@ impl Symbols {
 /// A parsed launch block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
+    /// The program's symbols.
     pub symbols: Symbols,
     /// Scheduler threads; `None` leaves the choice to the runner.
     pub threads: Option<usize>,
@@ -155,21 +157,18 @@ pub struct Launch {
 }
 
 /// Why a launch block was refused.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LaunchError {
     /// The first four bytes are neither [`LAUNCH_MAGIC`] nor zero.
     BadMagic([u8; 4]),
+    /// A layout version other than [`LAUNCH_VERSION`].
     BadVersion(u32),
     /// More symbols than [`MAX_SYMBOLS`].
-    TooManySymbols {
-        count: u32,
-    },
+    TooManySymbols { count: u32 },
     /// The block ends before its header or its symbols do (or, for
     /// [`encode_block`], the buffer is too short for them).
-    Truncated {
-        needed: usize,
-        len: usize,
-    },
+    Truncated { needed: usize, len: usize },
     /// The policy name is not NUL-padded ASCII.
     BadPolicyName,
     /// The policy is unknown or not in this build.

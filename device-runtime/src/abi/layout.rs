@@ -57,7 +57,9 @@ pub const STREAM_OP_WAIT: u32 = 2;
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct SectionRef {
+    /// Byte offset of the section's first entry.
     pub offset: U32,
+    /// Number of entries.
     pub count: U32,
 }
 
@@ -77,10 +79,15 @@ pub struct TableHeader {
     pub checksum: U32,
     /// Bytes of data arena the tensors need.
     pub arena_size: U64,
+    /// The tensors section.
     pub tensors: SectionRef,
+    /// The kernels section.
     pub kernels: SectionRef,
+    /// The tasks section.
     pub tasks: SectionRef,
+    /// The tensor-argument section.
     pub args: SectionRef,
+    /// The stream-ops section.
     pub stream_ops: SectionRef,
     /// The workload program: [`Instr`]s, run after the tasks section.
     pub program: SectionRef,
@@ -169,16 +176,19 @@ pub struct StreamOp {
 /// One instruction of the workload program (16 bytes). The program is a
 /// structured, register-based loop language; `op` is one of the `OP_*`
 /// constants of [`program`](super::program), which documents each one's
-/// operands. Registers are numbered `0 .. MAX_REGS`; [`NO_REG`] reads as 0.
+/// operands. Registers are numbered `0 .. MAX_REGS`; [`NO_REG`](super::program::NO_REG) reads as 0.
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct Instr {
+    /// The opcode (`OP_*`).
     pub op: u8,
     /// The destination register, or a small operand (see the opcode).
     pub r: u8,
     /// Register operands or small immediates (see the opcode).
     pub x: [u8; 6],
+    /// An immediate (see the opcode).
     pub imm: U32,
+    /// A second immediate (see the opcode).
     pub imm2: U32,
 }
 

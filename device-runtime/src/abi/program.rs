@@ -45,30 +45,55 @@
 use super::error::{Problem, Section, TableError};
 use super::layout::{Access, Instr, TensorDesc, MAX_EVENTS, MAX_RANK, MAX_STREAMS};
 
+/// Set a register to a 64-bit constant. See the table above.
 pub const OP_CONST: u8 = 1;
+/// Read a symbol bound at launch. See the table above.
 pub const OP_SYMBOL: u8 = 2;
+/// Read an i32 element of a tensor. See the table above.
 pub const OP_LOAD: u8 = 3;
+/// Add. See the table above.
 pub const OP_ADD: u8 = 4;
+/// Subtract. See the table above.
 pub const OP_SUB: u8 = 5;
+/// Multiply. See the table above.
 pub const OP_MUL: u8 = 6;
+/// Divide (Euclidean). See the table above.
 pub const OP_DIV: u8 = 7;
+/// Remainder (Euclidean). See the table above.
 pub const OP_REM: u8 = 8;
+/// Minimum. See the table above.
 pub const OP_MIN: u8 = 9;
+/// Maximum. See the table above.
 pub const OP_MAX: u8 = 10;
+/// Less than (0 or 1). See the table above.
 pub const OP_LT: u8 = 11;
+/// Less than or equal (0 or 1). See the table above.
 pub const OP_LE: u8 = 12;
+/// Equal (0 or 1). See the table above.
 pub const OP_EQ: u8 = 13;
+/// Start a counted loop. See the table above.
 pub const OP_LOOP: u8 = 16;
+/// End of a loop body. See the table above.
 pub const OP_END: u8 = 17;
+/// Skip forward unless a register is non-zero. See the table above.
 pub const OP_WHEN: u8 = 18;
+/// Jump forward. See the table above.
 pub const OP_JUMP: u8 = 19;
+/// One kernel call (a task). See the table above.
 pub const OP_CALL: u8 = 20;
+/// A tensor argument of the call before it. See the table above.
 pub const OP_ARG: u8 = 21;
+/// A scalar of the call before it. See the table above.
 pub const OP_SCALAR: u8 = 22;
+/// Record an event on a stream. See the table above.
 pub const OP_RECORD: u8 = 23;
+/// Make a stream wait for an event. See the table above.
 pub const OP_WAIT: u8 = 24;
+/// Declare a tensor the host fills at launch. See the table above.
 pub const OP_INPUT: u8 = 25;
+/// Start a taskset with its schedule. See the table above.
 pub const OP_DISPATCH: u8 = 26;
+/// The program's task window. See the table above.
 pub const OP_WINDOW: u8 = 27;
 
 /// [`OP_LOOP`] kind: iterations are independent.
@@ -101,9 +126,12 @@ pub const DTYPE_I32: u32 = wsp_ffi::DTYPE_I32;
 /// What validation learned about a program that the expander needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProgramInfo {
-    /// The tensors `LOAD` reads, `data[..data_count]`.
-    pub data: [u32; MAX_DATA_TENSORS],
-    pub data_count: usize,
+    /// The tensors `LOAD` reads, `data[..data_count]` ([`ProgramInfo::data`]).
+    /// A fixed array and a count, not a `heapless::Vec`, so that the info
+    /// (and the `Table` that holds it) stays `Copy`; private, so that the
+    /// two cannot disagree.
+    data: [u32; MAX_DATA_TENSORS],
+    data_count: usize,
     /// Bit `i`: `data[i]` is an `INPUT`.
     pub inputs: u8,
     /// One more than the highest symbol the program reads (0 if none).
@@ -111,12 +139,18 @@ pub struct ProgramInfo {
     /// The schedule of each taskset ([`Schedule::encode`](super::schedule::Schedule::encode)),
     /// where bit `t` of `tasksets_defined` is set (taskset 0: the run's).
     pub tasksets: [u32; MAX_TASKSETS],
+    /// Bit `t`: the program defines taskset `t`.
     pub tasksets_defined: u8,
     /// The program's task window (`WINDOW`), or 0 for the runtime's.
     pub window: u32,
 }
 
 impl ProgramInfo {
+    /// The tensors `LOAD` reads, in the order of their first `LOAD`.
+    pub fn data(&self) -> &[u32] {
+        &self.data[..self.data_count]
+    }
+
     /// The index of `tensor` among the data tensors.
     pub fn data_index(&self, tensor: u32) -> Option<usize> {
         self.data[..self.data_count]

@@ -5,7 +5,9 @@ use super::layout::{TensorArg, TensorDesc, MAX_RANK};
 /// A hyper-rectangle `offset[d] .. offset[d] + extent[d]` per dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
+    /// First index per dimension.
     pub offset: [u32; MAX_RANK],
+    /// Elements per dimension (1 past the tensor's rank).
     pub extent: [u32; MAX_RANK],
 }
 
@@ -39,9 +41,13 @@ impl Region {
 /// starting `first_element` elements into the tensor, rows `row_stride` apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileView {
+    /// Element index of the tile's first element in its tensor.
     pub first_element: u64,
+    /// Rows of the tile.
     pub rows: u32,
+    /// Columns of the tile.
     pub cols: u32,
+    /// Elements from one row to the next.
     pub row_stride: u32,
 }
 

@@ -10,9 +10,9 @@ use super::layout::{MAX_RANK, MAX_SCALARS, MAX_TENSOR_ARGS};
 use super::program::MAX_LOOP_DEPTH;
 
 /// How the dispatch key of a task is computed, for the key-based policies.
-/// A key must name what every task of its taskset has: a run whose key
-/// names a scalar, argument, dimension or loop that a task lacks fails
-/// (the scheduler's `RunError::KeyNotInTask`).
+/// A task that lacks the scalar, argument, dimension or loop its key
+/// names gets key 0; a run whose key no task of its taskset has fails (the
+/// scheduler's `RunError::KeyInNoTask`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DispatchKey {
     /// The task's number in the run (its index in the tasks section, then
@@ -24,7 +24,12 @@ pub enum DispatchKey {
     /// The tile index of argument `arg` along tensor dimension `dim`
     /// (region offset / region extent): a loop index, e.g. the batch or the
     /// output row block of a tiled GEMM.
-    Tile { arg: u8, dim: u8 },
+    Tile {
+        /// The tensor argument, numbered from 0.
+        arg: u8,
+        /// The dimension of its tensor, 0 outermost.
+        dim: u8,
+    },
     /// The task's stream (0 for none): with affinity, hash or stealing, a
     /// stream's tasks go to one thread, which then issues them in order
     /// without waiting for another thread's issue report.
@@ -73,7 +78,9 @@ impl DispatchKey {
 /// run's own policy and key (the scheduler's `SchedConfig`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Schedule {
+    /// The taskset's dispatch policy.
     pub policy: PolicyKind,
+    /// The taskset's dispatch key.
     pub key: DispatchKey,
 }
 
@@ -146,11 +153,17 @@ impl fmt::Display for DispatchKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PolicyKind {
     #[default]
+    /// Threads in turn.
     RoundRobin,
+    /// By key, modulo the threads.
     Affinity,
+    /// By a hash of the key.
     Hash,
+    /// By key; idle threads steal.
     WorkStealing,
+    /// One queue every thread takes from.
     Shared,
+    /// By key, switching to stealing on imbalance.
     Adaptive,
 }
 
@@ -158,7 +171,9 @@ pub enum PolicyKind {
 /// build left it out (see the `policy-*` cargo features of this crate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyError {
+    /// No built-in policy has the name.
     Unknown,
+    /// The build leaves the policy out.
     NotBuilt(PolicyKind),
 }
 
@@ -186,6 +201,7 @@ impl fmt::Display for PolicyError {
 }
 
 impl PolicyKind {
+    /// Every built-in policy, in code order.
     pub const ALL: [PolicyKind; 6] = [
         PolicyKind::RoundRobin,
         PolicyKind::Affinity,
@@ -200,6 +216,7 @@ impl PolicyKind {
         self as u8
     }
 
+    /// Its name, as `wsp run --policy` and the launch block spell it.
     pub const fn name(self) -> &'static str {
         match self {
             PolicyKind::RoundRobin => "round-robin",

@@ -199,21 +199,27 @@ impl<'a> Table<'a> {
         Ok(table)
     }
 
+    /// Bytes of data arena the tensors need.
     pub fn arena_size(&self) -> u64 {
         self.header.arena_size.get()
     }
+    /// The table's length in bytes.
     pub fn total_len(&self) -> usize {
         self.header.total_len.get() as usize
     }
+    /// The header.
     pub fn header(&self) -> &'a TableHeader {
         self.header
     }
+    /// The tensors section.
     pub fn tensors(&self) -> &'a [TensorDesc] {
         self.tensors
     }
+    /// The kernels section.
     pub fn kernels(&self) -> &'a [KernelDesc] {
         self.kernels
     }
+    /// The tasks section.
     pub fn tasks(&self) -> &'a [TaskDesc] {
         self.tasks
     }

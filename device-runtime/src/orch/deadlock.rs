@@ -16,6 +16,7 @@ pub const REPORTED_PRODUCERS: usize = 3;
 pub const MAX_SCOPE_DEPTH: usize = 8;
 
 /// Why nothing can make progress.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeadlockCause {
     /// The task window is full of tasks an open scope holds: none can retire
@@ -53,8 +54,11 @@ pub enum DeadlockCause {
 /// One blocked task as reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockedTask {
+    /// Its task id.
     pub id: u64,
+    /// Its kernel.
     pub kernel_id: u32,
+    /// Where it is in its life.
     pub state: TaskState,
     /// Unfinished producers it waits for (the first few).
     pub waits_on: [Option<u64>; REPORTED_PRODUCERS],
@@ -65,21 +69,28 @@ pub struct BlockedTask {
 /// Use of one resource when the deadlock was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Occupancy {
+    /// The resource.
     pub resource: StallReason,
+    /// Units in use.
     pub used: u64,
+    /// Units in all.
     pub capacity: u64,
 }
 
 /// The report that ends a run that cannot make progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeadlockReport {
+    /// Why nothing can progress.
     pub cause: DeadlockCause,
     /// The resource submission was waiting for, if it was stalled.
     pub stalled_on: Option<StallReason>,
+    /// Use of the task window and the pools.
     pub occupancy: [Occupancy; 4],
     /// Tasks submitted and not retired.
     pub in_flight: u64,
+    /// The oldest blocked tasks.
     pub blocked: [Option<BlockedTask>; REPORTED_TASKS],
+    /// The open scopes, outermost first: name and tasks held.
     pub scopes: [Option<(&'static str, u64)>; MAX_SCOPE_DEPTH],
 }
 

@@ -19,6 +19,7 @@ pub struct DepPool<const N: usize> {
 }
 
 impl<const N: usize> DepPool<N> {
+    /// An empty pool.
     pub const fn new() -> Self {
         let mut nodes = [Node {
             consumer: 0,
@@ -36,10 +37,12 @@ impl<const N: usize> DepPool<N> {
         }
     }
 
+    /// Nodes in use.
     pub fn used(&self) -> usize {
         self.used
     }
 
+    /// Nodes free.
     pub fn available(&self) -> usize {
         N - self.used
     }

@@ -9,7 +9,9 @@
 /// An allocation: `offset .. offset + len` in the arena.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeapBlock {
+    /// Byte offset in the arena.
     pub offset: u64,
+    /// Length in bytes.
     pub len: u64,
     /// Where the ring's tail moves when this block is freed.
     end: u64,
@@ -25,6 +27,7 @@ impl HeapBlock {
 }
 
 /// Why an allocation failed.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeapError {
     /// Not enough contiguous room now; freeing older blocks will make room.
@@ -34,6 +37,8 @@ pub enum HeapError {
 }
 
 #[derive(Clone, Copy, Debug)]
+/// A ring allocator of intermediate buffers in an arena of `capacity` bytes:
+/// blocks are freed in allocation order.
 pub struct HeapRing {
     capacity: u64,
     head: u64,
@@ -46,6 +51,7 @@ pub struct HeapRing {
 pub const HEAP_ALIGN: u64 = 64;
 
 impl HeapRing {
+    /// An empty ring over `capacity` bytes.
     pub const fn new(capacity: u64) -> Self {
         HeapRing {
             capacity: capacity - capacity % HEAP_ALIGN,
@@ -56,6 +62,7 @@ impl HeapRing {
         }
     }
 
+    /// Its size in bytes.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -65,6 +72,7 @@ impl HeapRing {
         self.used
     }
 
+    /// A block of `len` bytes after the last one, if there is room.
     pub fn alloc(&mut self, len: u64) -> Result<HeapBlock, HeapError> {
         let len = len.div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
         if len > self.capacity {

@@ -67,15 +67,20 @@ pub type TaskId = u64;
 /// The kernel a task calls and the kind of core it needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelRef {
+    /// The kernel's id in the registry.
     pub id: u32,
+    /// The kind of core it runs on.
     pub kind: CoreKind,
 }
 
 /// One tensor argument: a region of the tensor with key `tensor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskArg {
+    /// The tensor, by the caller's number (a table's tensor index).
     pub tensor: u32,
+    /// The part of the tensor the task touches.
     pub region: Region,
+    /// Whether the task reads it, writes it or both.
     pub access: Access,
 }
 
@@ -98,7 +103,9 @@ pub enum TaskState {
 /// A task handed to the caller to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadyTask {
+    /// Its id.
     pub id: TaskId,
+    /// The kernel it runs.
     pub kernel: KernelRef,
     /// The caller's own value given at submission (e.g. a table index).
     pub tag: u64,
@@ -107,26 +114,17 @@ pub struct ReadyTask {
 }
 
 /// A submission the orchestrator refuses for good.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Invalid {
-    TooManyArgs {
-        count: usize,
-        max: usize,
-    },
+    /// More tensor arguments (`count`) than a task carries (`max`).
+    TooManyArgs { count: usize, max: usize },
     /// An explicit dependency on a task that was never submitted.
-    UnknownTask {
-        id: TaskId,
-        next: TaskId,
-    },
+    UnknownTask { id: TaskId, next: TaskId },
     /// Argument `index` writes a region overlapping argument `other`.
-    ArgsOverlap {
-        index: usize,
-        other: usize,
-    },
+    ArgsOverlap { index: usize, other: usize },
     /// A stream number outside 1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS).
-    NoSuchStream {
-        stream: StreamId,
-    },
+    NoSuchStream { stream: StreamId },
 }
 
 /// Why [`Orchestrator::submit`] did not submit.
@@ -138,32 +136,26 @@ pub enum SubmitError {
     /// full report (kept out of this type so that submission results stay
     /// small on the hot path).
     Deadlock(DeadlockCause),
+    /// The task is malformed; submitting it again cannot help.
     Invalid(Invalid),
 }
 
 /// Misuse of scopes or completions.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UsageError {
-    ScopeTooDeep {
-        max: usize,
-    },
+    /// More nested scopes than `max`.
+    ScopeTooDeep { max: usize },
+    /// `scope_end` without an open scope.
     NoOpenScope,
     /// `issued` or `complete` for a task that is not running.
-    NotRunning {
-        id: TaskId,
-    },
+    NotRunning { id: TaskId },
     /// A stream number outside 1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS).
-    NoSuchStream {
-        stream: StreamId,
-    },
+    NoSuchStream { stream: StreamId },
     /// An event number outside 0 .. [`MAX_EVENTS`](crate::abi::MAX_EVENTS).
-    NoSuchEvent {
-        event: EventId,
-    },
+    NoSuchEvent { event: EventId },
     /// A wait on an event that was never recorded.
-    EventNotRecorded {
-        event: EventId,
-    },
+    EventNotRecorded { event: EventId },
 }
 
 impl fmt::Display for UsageError {
@@ -356,6 +348,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         self.window
     }
 
+    /// Stalls and high-water marks per resource so far.
     pub fn stats(&self) -> &StallStats {
         &self.stats
     }
@@ -370,6 +363,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         self.head == self.next
     }
 
+    /// Tasks submitted over the orchestrator's life (the next task's id).
     pub fn submitted(&self) -> u64 {
         self.next
     }

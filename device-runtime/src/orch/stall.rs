@@ -21,6 +21,7 @@ pub enum StallReason {
 }
 
 impl StallReason {
+    /// Every resource, in index order.
     pub const ALL: [StallReason; 5] = [
         StallReason::TaskRingFull,
         StallReason::TensorMapPoolFull,
@@ -29,6 +30,7 @@ impl StallReason {
         StallReason::ReadyQueueFull,
     ];
 
+    /// Its name, for reports.
     pub const fn name(self) -> &'static str {
         match self {
             StallReason::TaskRingFull => "TASK_RING_FULL",
@@ -67,6 +69,7 @@ pub struct ResourceStats {
 /// Stall statistics of an orchestrator.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StallStats {
+    /// Per resource, by [`StallReason`] index.
     pub resources: [ResourceStats; 5],
     /// What the submission in progress is waiting for, if anything.
     pub current: Option<StallReason>,
@@ -95,6 +98,7 @@ impl StallStats {
         }
     }
 
+    /// The figures of one resource.
     pub fn of(&self, reason: StallReason) -> &ResourceStats {
         &self.resources[reason.index()]
     }

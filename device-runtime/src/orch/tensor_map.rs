@@ -277,6 +277,7 @@ fn relation(new: &Region, old: &Region) -> (bool, bool) {
 }
 
 impl<const N: usize> TensorMap<N> {
+    /// An empty map.
     pub const fn new() -> Self {
         TensorMap {
             entries: [EMPTY; N],
@@ -412,6 +413,7 @@ impl<const N: usize> TensorMap<N> {
         (self.head - self.tail) as usize
     }
 
+    /// Entries free.
     pub fn available(&self) -> usize {
         N - self.used()
     }

@@ -150,7 +150,6 @@ impl<'a> Dispatcher<'a> {
                 max: max as usize,
             })
         })?;
-        check_run_key(table, config.key)?;
         let mut policies = [None; MAX_TASKSETS];
         let mut key = [config.key; MAX_TASKSETS];
         for set in 1..MAX_TASKSETS {
@@ -167,6 +166,7 @@ impl<'a> Dispatcher<'a> {
             policies[set] = Some(built);
             key[set] = schedule.key;
         }
+        check_keys(table, &key)?;
         let mut eligible = [[0; MAX_THREADS]; 2];
         let mut eligible_count = [0; 2];
         for (thread, kinds) in thread_kinds.iter().enumerate() {
@@ -263,6 +263,7 @@ impl<'a> Dispatcher<'a> {
         self.published = Some(mask);
     }
 
+    /// The queues it dispatches to.
     pub fn queues(&self) -> &'a Queues {
         self.queues
     }
@@ -430,10 +431,7 @@ impl<'a> Dispatcher<'a> {
                 });
             }
             let set = spec.taskset;
-            let key = self.key[set as usize];
-            let key_value = key
-                .of(&spec, index, self.table)
-                .map_err(|lacks| key_error(key, set, Some(index as u32), spec.pc, lacks))?;
+            let key_value = self.key[set as usize].of(&spec, index, self.table);
             match self
                 .orch
                 .submit_on(now, spec.stream, spec.kernel, spec.args(), 0, &[], index)
@@ -602,64 +600,67 @@ impl<'a> Dispatcher<'a> {
     }
 }
 
-fn key_error(
-    key: DispatchKey,
-    taskset: u8,
-    task: Option<u32>,
-    pc: Option<u32>,
-    lacks: Lacks,
-) -> RunError {
-    RunError::KeyNotInTask {
-        key,
-        taskset,
-        task,
-        pc,
-        has: lacks.has,
-        what: lacks.what,
-    }
-}
+/// A task (of the tasks section) or program call (pc) that lacks what a
+/// key names, and what it lacks.
+type Misfit = (Option<u32>, Option<u32>, Lacks);
 
-/// Checks the run's dispatch key (taskset 0's) before anything runs
-/// against every task of the tasks section and, unless the program gives
-/// calls other tasksets (then which calls are taskset 0's is known only as
-/// they expand, and each is checked then), every call of the program.
-fn check_run_key(table: &Table<'_>, key: DispatchKey) -> Result<(), RunError> {
+/// Checks before anything runs that each taskset's dispatch key names
+/// what at least one of its tasks has: a key that no task has (a mistyped
+/// `--key scalar:9`) would give every task key 0, one thread. A task that
+/// lacks what a key names while others have it gets key 0 (e.g. `loop:0`
+/// for the router call before the MoE expert loop). Taskset 0 holds the
+/// tasks section; a program's calls belong to the taskset of the last
+/// `DISPATCH` before them in program text (at run time a jump or a loop's
+/// next iteration may take another path: a key is refused only if no call
+/// it can apply to this way has it).
+fn check_keys(table: &Table<'_>, keys: &[DispatchKey; MAX_TASKSETS]) -> Result<(), RunError> {
+    // Per taskset: whether a task has its key, and the first that lacks it.
+    let mut fits = [false; MAX_TASKSETS];
+    let mut first: [Option<Misfit>; MAX_TASKSETS] = [None; MAX_TASKSETS];
+    let mut see = |set: usize, task, pc, fit: Result<(), Lacks>| match fit {
+        Ok(()) => fits[set] = true,
+        Err(lacks) => {
+            first[set].get_or_insert((task, pc, lacks));
+        }
+    };
     let rank =
         |tensor: u32| (table.tensors().get(tensor as usize)).map_or(0, |t| t.rank.get() as usize);
     for (index, desc) in table.tasks().iter().enumerate() {
         let args = table.task_args(desc);
         let scalars = desc.num_scalars.get() as usize;
-        check_key(
-            key,
-            scalars,
-            args.len(),
-            |a| rank(args[a].tensor.get()),
-            None,
-        )
-        .map_err(|lacks| key_error(key, 0, Some(index as u32), None, lacks))?;
+        let rank_of = |a: usize| rank(args[a].tensor.get());
+        let fit = check_key(keys[0], scalars, args.len(), rank_of, None);
+        see(0, Some(index as u32), None, fit);
     }
     let program = table.program();
-    if program
-        .iter()
-        .any(|i| i.op == OP_DISPATCH && i.imm.get() != 0)
-    {
-        return Ok(());
-    }
-    let mut depth = 0;
+    let (mut depth, mut set) = (0, 0);
     for (pc, ins) in program.iter().enumerate() {
         match ins.op {
             OP_LOOP => depth += 1,
             OP_END => depth -= 1,
+            OP_DISPATCH => set = ins.imm.get() as usize,
             OP_CALL => {
                 let Some(kernel) = wsp_ffi::lookup(ins.imm.get()) else {
                     unreachable!("validation refuses calls of unknown kernels")
                 };
                 let (args, scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
                 let rank_of = |a: usize| rank(program[pc + 1 + a].imm.get());
-                check_key(key, scalars, args, rank_of, Some(depth))
-                    .map_err(|lacks| key_error(key, 0, None, Some(pc as u32), lacks))?;
+                let fit = check_key(keys[set], scalars, args, rank_of, Some(depth));
+                see(set, None, Some(pc as u32), fit);
             }
             _ => {}
+        }
+    }
+    for (set, (&fits, first)) in fits.iter().zip(&first).enumerate() {
+        if let (false, Some((task, pc, lacks))) = (fits, *first) {
+            return Err(RunError::KeyInNoTask {
+                key: keys[set],
+                taskset: set as u8,
+                task,
+                pc,
+                has: lacks.has,
+                what: lacks.what,
+            });
         }
     }
     Ok(())

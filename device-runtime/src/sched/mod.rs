@@ -178,6 +178,7 @@ impl Default for Queues {
 pub struct SchedConfig {
     /// Scheduler threads, 1 ..= [`MAX_THREADS`]; each needs at least one core.
     pub threads: usize,
+    /// Taskset 0's dispatch policy.
     pub policy: PolicyKind,
     /// How key-based policies compute a task's key.
     pub key: DispatchKey,
@@ -225,40 +226,26 @@ pub const fn core_owner(core: usize, threads: usize) -> usize {
 }
 
 /// A scheduling setting the runtime cannot honour.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigError {
-    Threads {
-        threads: usize,
-        max: usize,
-    },
+    /// Scheduler threads out of 1 ..= `max`.
+    Threads { threads: usize, max: usize },
     /// Every scheduler thread needs a core to issue to.
-    ThreadWithoutCores {
-        thread: usize,
-    },
-    QueueDepth {
-        depth: usize,
-        max: usize,
-    },
+    ThreadWithoutCores { thread: usize },
+    /// A dispatch queue depth out of 1 ..= `max`.
+    QueueDepth { depth: usize, max: usize },
     /// The queues hold tasks or are claimed by another run.
     QueuesInUse,
     /// An issue depth (tasks handed to one core at once) the platform does
     /// not support.
-    IssueDepth {
-        depth: usize,
-        max: usize,
-    },
+    IssueDepth { depth: usize, max: usize },
     /// The build does not have the policy (or no policy has the name).
     Policy(PolicyError),
     /// A task window out of 1 ..= `max` (the runtime's task window).
-    Window {
-        tasks: usize,
-        max: usize,
-    },
+    Window { tasks: usize, max: usize },
     /// The build does not have the policy a program's taskset asks for.
-    TasksetPolicy {
-        taskset: u8,
-        error: PolicyError,
-    },
+    TasksetPolicy { taskset: u8, error: PolicyError },
     /// A policy chose a thread that does not exist.
     BadPlacement {
         policy: &'static str,

@@ -2,7 +2,7 @@
 //! whether idle threads may steal. One trait, so users can write their own
 //! ([`DispatchPolicy`]); the built-in ones are chosen by name at run time
 //! ([`PolicyKind`], [`Policy`]). There is no fallback: a name the build does
-//! not know is an error ([`UnknownPolicy`]).
+//! not know is an error ([`PolicyError`]).
 
 use wsp_ffi::CoreKind;
 
@@ -18,7 +18,9 @@ pub const MAX_THREADS: usize = 4;
 pub struct TaskInfo {
     /// Its number in the run (program order).
     pub index: u32,
+    /// Its kernel.
     pub kernel_id: u32,
+    /// The kind of core it runs on.
     pub kind: CoreKind,
     /// The dispatch key ([`DispatchKey`]) computed from the task.
     pub key: u64,
@@ -49,6 +51,7 @@ pub struct Load {
 /// `steals` is read by the scheduler threads whenever one has idle cores
 /// and an empty queue.
 pub trait DispatchPolicy {
+    /// The policy's name, for reports.
     fn name(&self) -> &'static str;
     /// Chooses among the `threads` threads that own cores of `task.kind`.
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement;
@@ -113,9 +116,10 @@ pub fn check_key(
 
 impl DispatchKey {
     /// The key of `task`, the run's task number `index`, whose tensors
-    /// are `table`'s; what the task lacks if the key names a scalar,
-    /// argument, dimension or loop it does not have ([`check_key`]).
-    pub fn of(&self, task: &TaskSpec, index: u64, table: &Table<'_>) -> Result<u64, Lacks> {
+    /// are `table`'s; 0 if the task lacks the scalar, argument, dimension
+    /// or loop the key names ([`check_key`]; a run refuses a key that no
+    /// task of its taskset has).
+    pub fn of(&self, task: &TaskSpec, index: u64, table: &Table<'_>) -> u64 {
         let rank_of = |a: usize| {
             let tensor = task.args()[a].tensor as usize;
             table
@@ -123,9 +127,12 @@ impl DispatchKey {
                 .get(tensor)
                 .map_or(0, |t| t.rank.get() as usize)
         };
-        let loops = task.pc.map(|_| task.num_loops);
-        check_key(*self, task.num_scalars, task.num_args, rank_of, loops)?;
-        Ok(match *self {
+        let loops = task.pc.map(|_| task.loops.len());
+        let (scalars, args) = (task.scalars.len(), task.args.len());
+        if check_key(*self, scalars, args, rank_of, loops).is_err() {
+            return 0;
+        }
+        match *self {
             DispatchKey::TaskIndex => index,
             DispatchKey::Scalar(n) => task.scalars()[n as usize],
             DispatchKey::Tile { arg, dim } => {
@@ -135,7 +142,7 @@ impl DispatchKey {
             }
             DispatchKey::Stream => task.stream as u64,
             DispatchKey::Loop(n) => task.loops.get(n as usize).map_or(0, |&i| i as u64),
-        })
+        }
     }
 }
 
@@ -326,16 +333,22 @@ impl PolicyKind {
 /// A built-in policy as a value (no `alloc`, so no boxed trait objects).
 #[derive(Clone, Copy, Debug)]
 pub enum Policy {
+    /// [`RoundRobin`].
     RoundRobin(RoundRobin),
     #[cfg(feature = "policy-affinity")]
+    /// [`Affinity`].
     Affinity(Affinity),
     #[cfg(feature = "policy-hash")]
+    /// [`Hash`](struct@Hash).
     Hash(Hash),
     #[cfg(feature = "policy-work-stealing")]
+    /// [`WorkStealing`].
     WorkStealing(WorkStealing),
     #[cfg(feature = "policy-shared")]
+    /// [`SharedQueue`].
     Shared(SharedQueue),
     #[cfg(feature = "policy-adaptive")]
+    /// [`Adaptive`].
     Adaptive(Adaptive),
 }
 

@@ -26,7 +26,9 @@ const WORDS: usize = 2 + 3 * MAX_TENSOR_ARGS + MAX_SCALARS;
 /// A decoded record.
 #[derive(Clone, Copy, Debug)]
 pub struct Launch {
+    /// The kernel.
     pub kernel_id: u32,
+    /// Its stream (0 for none).
     pub stream: u32,
     /// Tensor addresses are arena offsets until [`Records::read`] adds the base.
     pub args: WspKernelArgs,
@@ -39,6 +41,7 @@ pub struct Records {
 
 impl Records {
     #[cfg(not(loom))]
+    /// Empty records.
     pub const fn new() -> Self {
         Records {
             slots: [const { [const { AtomicU64::new(0) }; WORDS] }; TASK_WINDOW],

@@ -27,7 +27,7 @@ pub const DEPLIST_NODES: usize = 8 * TASK_WINDOW;
 pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
 
 impl TableOrchestrator {
-    /// An orchestrator for [`run`].
+    /// An orchestrator for [`exec::run`](crate::exec::run).
     pub const fn for_tables() -> Self {
         Orchestrator::new(0)
     }
@@ -74,9 +74,11 @@ impl Default for RunOptions {
 pub struct CoreStats {
     /// The core's number in the run.
     pub core: u16,
+    /// Its kind (cube or vector).
     pub kind: CoreKind,
     /// The scheduler thread that owns it.
     pub thread: u8,
+    /// Tasks it ran.
     pub tasks: u32,
     /// Semantic cycles the core's kernels reported.
     pub cycles: u64,
@@ -105,6 +107,7 @@ impl Default for CoreStats {
 /// Per-scheduler-thread figures of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadStats {
+    /// The thread's number in the run.
     pub thread: u8,
     /// Tasks it issued to its cores.
     pub issued: u64,
@@ -117,19 +120,24 @@ pub struct ThreadStats {
     pub queued: u64,
     /// Steals tried on a non-empty victim queue, and those that got a task.
     pub steal_attempts: u64,
+    /// Steals that got a task.
     pub steals: u64,
     /// Most tasks its dispatch queues held at once.
     pub queue_high_water: u64,
     /// Busy ticks and reported cycles of its cores, summed.
     pub busy_ticks: u64,
+    /// Semantic cycles its cores' kernels reported, summed.
     pub cycles: u64,
 }
 
 /// What a successful run did.
 #[derive(Clone, Copy, Debug)]
 pub struct RunStats {
+    /// Tasks the run issued.
     pub tasks: u32,
+    /// Platform clock ticks from the start of dispatch to the end.
     pub wall_ticks: u64,
+    /// The platform clock's rate.
     pub ticks_per_second: u64,
     /// Backpressure: stalls and high-water marks per resource.
     pub stalls: StallStats,
@@ -152,6 +160,7 @@ pub struct RunStats {
 pub struct TasksetStats {
     /// The policy's decision: its name, or what an adaptive one chose.
     pub decision: &'static str,
+    /// Its dispatch key.
     pub key: DispatchKey,
     /// Tasks it placed.
     pub placed: u64,
@@ -190,12 +199,15 @@ impl RunStats {
     pub fn cores(&self) -> &[CoreStats] {
         &self.cores[..self.num_cores]
     }
+    /// Per scheduler thread, in thread order.
     pub fn threads(&self) -> &[ThreadStats] {
         &self.threads[..self.num_threads]
     }
+    /// The run's wall time in microseconds of the platform clock.
     pub fn wall_micros(&self) -> u64 {
         (self.wall_ticks as u128 * 1_000_000 / self.ticks_per_second.max(1) as u128) as u64
     }
+    /// Semantic cycles of every core, summed.
     pub fn total_cycles(&self) -> u64 {
         self.cores().iter().map(|c| c.cycles).sum()
     }
@@ -255,6 +267,7 @@ impl fmt::Display for RunStats {
 /// Why a run ended early. Where a task is named, `task` is its number in the
 /// run: its index in the tasks section, then the program's tasks in
 /// expansion order.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunError {
     /// The arena handed to `run` is smaller than the table's `arena_size`.
@@ -284,11 +297,10 @@ pub enum RunError {
     /// program task, expansion) accepted.
     Refused { task: u32, why: Invalid },
     /// Taskset `taskset`'s dispatch key names a scalar, tensor argument,
-    /// dimension or loop that task `task` (the program's call at
-    /// instruction `pc`) lacks: it has only `has` of `what`. Found for the
-    /// run's key (taskset 0) before anything runs where the table says
-    /// which tasks and calls it applies to, else when the task is expanded.
-    KeyNotInTask {
+    /// dimension or loop that none of its tasks has (found before anything
+    /// runs). The first of them, task `task` of the tasks section or the
+    /// program's call at instruction `pc`, has only `has` of `what`.
+    KeyInNoTask {
         key: DispatchKey,
         taskset: u8,
         task: Option<u32>,
@@ -345,17 +357,13 @@ impl fmt::Display for RunError {
             RunError::Refused { task, why } => {
                 write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
             }
-            RunError::KeyNotInTask { key, taskset, task, pc, has, what } => {
-                write!(f, "dispatch key {key} (taskset {taskset}) does not fit ")?;
+            RunError::KeyInNoTask { key, taskset, task, pc, has, what } => {
+                write!(f, "dispatch key {key} (taskset {taskset}) fits none of its tasks: the first, ")?;
                 match (task, pc) {
-                    (Some(task), None) => write!(f, "task {task}")?,
-                    (None, Some(pc)) => write!(f, "the call at program instruction {pc}")?,
-                    (Some(task), Some(pc)) => {
-                        write!(f, "task {task} (the call at program instruction {pc})")?
-                    }
-                    (None, None) => f.write_str("a task")?,
+                    (Some(task), _) => write!(f, "task {task}")?,
+                    (None, pc) => write!(f, "the call at program instruction {}", pc.unwrap_or(0))?,
                 }
-                write!(f, ", which has {has} {what}")
+                write!(f, ", has {has} {what}")
             }
             RunError::ReportRefused { task, finished, why } => {
                 let report = if finished { "finished" } else { "issued" };

@@ -34,6 +34,7 @@ unsafe impl Send for Arena<'_> {}
 unsafe impl Sync for Arena<'_> {}
 
 impl<'a> Arena<'a> {
+    /// The arena of `bytes`, borrowed for the run.
     pub fn new(bytes: &'a mut [u8]) -> Self {
         Arena {
             base: bytes.as_mut_ptr() as u64,
@@ -42,10 +43,12 @@ impl<'a> Arena<'a> {
         }
     }
 
+    /// Its length in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
 
+    /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -182,14 +185,17 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         [self.kind_mask[0] != 0, self.kind_mask[1] != 0]
     }
 
+    /// The thread's figures so far.
     pub fn stats(&self) -> &ThreadStats {
         &self.stats
     }
 
+    /// Its cores' figures so far.
     pub fn core_stats(&self) -> &[CoreStats] {
         &self.cores[..self.num_cores]
     }
 
+    /// The platform of its cores.
     pub fn platform(&self) -> &P {
         &self.platform
     }

@@ -16,7 +16,7 @@
 
 pub mod dag;
 pub mod inspect;
-mod moe;
+pub mod moe;
 pub mod program;
 pub mod program_examples;
 pub mod reference;

@@ -21,6 +21,8 @@ use wsp_ffi::{
     WspKernelId_WSP_KERNEL_ROUTE_TOPK as ROUTE,
 };
 
+use device_runtime::sched::Schedule;
+
 use crate::program::{Axis, Expr, Workload as Program};
 use crate::reference::{self, Routing};
 use crate::rng::SplitMix64;
@@ -56,6 +58,20 @@ pub(crate) fn moe(
     p: Params,
     top: u32,
     threshold: f32,
+) -> Result<Workload, WorkloadError> {
+    moe_with(name, p, top, threshold, None)
+}
+
+/// [`moe`](crate::workloads::Workload::build)'s layer (`moe`: top 2,
+/// threshold 0; `moe-var`: top 4, threshold 0.15) whose expert loop, when
+/// `experts` is given, is a taskset of its own with that schedule (e.g.
+/// affinity by `loop:0`, the expert); the router's calls keep the run's.
+pub fn moe_with(
+    name: &'static str,
+    p: Params,
+    top: u32,
+    threshold: f32,
+    experts: Option<Schedule>,
 ) -> Result<Workload, WorkloadError> {
     let (tokens, hidden, ffn) = (p.m, p.k, p.n);
     for (what, v) in [
@@ -123,20 +139,26 @@ pub(crate) fn moe(
         ],
         &[Expr::from(top), Expr::Const(threshold.to_bits() as i64)],
     );
-    w.parallel(Axis::Dense(e), |w, expert| {
-        w.select(tindptr, ttokens, expert.clone(), tokens, |w, j, token| {
-            w.call(
-                EXPERT,
-                &[
-                    tx.tile(token.clone(), 0, 1, hidden),
-                    tw.tile(expert.clone() * hidden, 0, hidden, ffn),
-                    tweights.tile(0, j, 1, 1),
-                    tout.tile(token, 0, 1, ffn),
-                ],
-                &[],
-            );
-        });
-    });
+    let expert_loop = |w: &mut Program| {
+        w.parallel(Axis::Dense(e), |w, expert| {
+            w.select(tindptr, ttokens, expert.clone(), tokens, |w, j, token| {
+                w.call(
+                    EXPERT,
+                    &[
+                        tx.tile(token.clone(), 0, 1, hidden),
+                        tw.tile(expert.clone() * hidden, 0, hidden, ffn),
+                        tweights.tile(0, j, 1, 1),
+                        tout.tile(token, 0, 1, ffn),
+                    ],
+                    &[],
+                );
+            });
+        })
+    };
+    match experts {
+        Some(s) => w.dispatch(s.policy, s.key, expert_loop),
+        None => expert_loop(&mut w),
+    }
     let table = w.finish().map_err(lower)?;
 
     let mut arena = Arena::zeroed(w.arena_size());

@@ -351,13 +351,18 @@ fn inspect_shows_the_program_as_loops_and_counts_its_tasks() {
     assert!(text.contains("(waits for its writers)"), "{text}");
 }
 
-/// `DispatchKey::Loop(0)` with affinity keeps each expert of the MoE layer
-/// on one scheduler thread; the task-index key spreads them.
+/// `DispatchKey::Loop(0)` with affinity, as the expert loop's own taskset,
+/// keeps each expert of the MoE layer on one scheduler thread; the
+/// task-index key spreads them. (As the run's key, `loop:0` is refused:
+/// the router's calls sit in no loop.)
 #[test]
 fn a_loop_index_key_keeps_an_expert_on_one_thread() {
-    use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
+    use device_runtime::sched::{DispatchKey, PolicyKind, RunError, SchedConfig, Schedule};
+    use host_tools::moe::moe_with;
     use host_tools::semantic::run_semantic_with;
+    use host_tools::shim::ShimError;
     use host_tools::workloads::{Params, Workload as Named};
+    let moe = |experts| moe_with("moe", Params::of("moe").unwrap(), 2, 0.0, experts).unwrap();
     let w = Named::build("moe", Params::of("moe").unwrap()).unwrap();
     let weights = w.tensors.iter().find(|t| t.name == "w").unwrap();
     let hidden = w.tensors.iter().find(|t| t.name == "x").unwrap().shape[1] as u64;
@@ -368,11 +373,28 @@ fn a_loop_index_key_keeps_an_expert_on_one_thread() {
         CoreKind::Vector,
         CoreKind::Vector,
     ];
+    let sched = SchedConfig {
+        threads: 2,
+        policy: PolicyKind::Affinity,
+        key: DispatchKey::Loop(0),
+        ..SchedConfig::default()
+    };
+    let mut arena = w.arena.clone();
+    let refused = run_semantic_with(&w.table, &mut arena.bytes, &kinds, &sched, &options(&[]));
+    assert!(
+        matches!(
+            refused,
+            Err(ShimError::Run(ref e)) if matches!(**e, RunError::KeyNotInTask { pc: Some(_), .. })
+        ),
+        "{refused:?}"
+    );
     let threads_per_expert = |key| {
-        let sched = SchedConfig {
-            threads: 2,
+        let w = moe(Some(Schedule {
             policy: PolicyKind::Affinity,
             key,
+        }));
+        let sched = SchedConfig {
+            threads: 2,
             ..SchedConfig::default()
         };
         let mut arena = w.arena.clone();

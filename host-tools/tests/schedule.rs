@@ -467,10 +467,11 @@ fn a_stream_key_computed_from_the_loop_index_puts_each_batch_on_its_stream() {
 }
 
 /// A run whose dispatch key names a scalar, argument, dimension or loop
-/// that none of its tasks has fails before anything runs, naming the key
-/// and the first task or call; it does not give every task key 0.
+/// that one of its tasks lacks fails before anything runs, naming the key
+/// and the first task or call that lacks it; it does not give such tasks
+/// key 0.
 #[test]
-fn a_run_key_that_no_task_has_is_refused_at_the_start() {
+fn a_run_key_that_a_task_lacks_is_refused_at_the_start() {
     let expect = |table: &[u8], size: u64, key: DispatchKey| {
         let mut arena = Arena::zeroed(size);
         let config = SchedConfig {
@@ -497,7 +498,7 @@ fn a_run_key_that_no_task_has_is_refused_at_the_start() {
     let gemm = host_tools::workloads::Workload::build("gemm", Default::default()).unwrap();
     let size = gemm.arena.bytes.len() as u64;
     let err = expect(&gemm.table, size, DispatchKey::Scalar(9));
-    let RunError::KeyInNoTask {
+    let RunError::KeyNotInTask {
         key,
         taskset: 0,
         task: Some(0),
@@ -518,7 +519,7 @@ fn a_run_key_that_no_task_has_is_refused_at_the_start() {
     assert!(
         matches!(
             err,
-            RunError::KeyInNoTask {
+            RunError::KeyNotInTask {
                 what: "tensor arguments",
                 has: 3,
                 ..
@@ -526,6 +527,40 @@ fn a_run_key_that_no_task_has_is_refused_at_the_start() {
         ),
         "{err:?}"
     );
+
+    // Some tasks have it, some do not: mlp's GEMM tasks have a third tensor
+    // argument, its RMSNorm tasks only two. The run is refused (it used to
+    // give the RMSNorm tasks key 0, one thread, without a word).
+    let mlp = host_tools::workloads::Workload::build(
+        "mlp",
+        host_tools::workloads::Params::of("mlp").unwrap(),
+    )
+    .unwrap();
+    let mlp_size = mlp.arena.bytes.len() as u64;
+    let err = expect(&mlp.table, mlp_size, DispatchKey::Tile { arg: 2, dim: 0 });
+    let RunError::KeyNotInTask {
+        task: Some(task),
+        has: 2,
+        what: "tensor arguments",
+        ..
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    let lacking = Table::parse(&mlp.table).unwrap().tasks()[task as usize];
+    assert_eq!(lacking.num_args.get(), 2, "task {task}");
+    // A policy that places without a key neither computes nor checks one.
+    let mut arena = mlp.arena.clone();
+    let round_robin = SchedConfig {
+        threads: 2,
+        policy: PolicyKind::RoundRobin,
+        key: DispatchKey::Tile { arg: 2, dim: 0 },
+        ..SchedConfig::default()
+    };
+    let kinds = [CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
+    let options = RunOptions::default();
+    run_semantic_with(&mlp.table, &mut arena.bytes, &kinds, &round_robin, &options).unwrap();
+    assert!(mlp.verify(&arena).passed());
 
     // Program calls: one loop around each `ADD` of 2-D tiles, no scalars.
     let (table, size, _, _) = three_loops(false);
@@ -546,7 +581,7 @@ fn a_run_key_that_no_task_has_is_refused_at_the_start() {
         ),
     ] {
         let err = expect(&table, size, key);
-        let want = RunError::KeyInNoTask {
+        let want = RunError::KeyNotInTask {
             key,
             taskset: 0,
             task: None,
@@ -574,7 +609,7 @@ fn a_run_key_that_no_task_has_is_refused_at_the_start() {
 /// A program taskset's key is checked against the calls of its
 /// `DISPATCH` the same way.
 #[test]
-fn a_taskset_key_that_no_call_has_is_refused_at_the_start() {
+fn a_taskset_key_that_a_call_lacks_is_refused_at_the_start() {
     let mut w = Workload::new();
     let x = w.tensor("x", &[64, 64]).unwrap();
     let y = w.tensor("y", &[64, 64]).unwrap();
@@ -592,7 +627,7 @@ fn a_taskset_key_that_no_call_has_is_refused_at_the_start() {
     let ShimError::Run(err) = err else {
         panic!("{err}")
     };
-    let RunError::KeyInNoTask {
+    let RunError::KeyNotInTask {
         taskset: 1,
         task: None,
         pc: Some(_),

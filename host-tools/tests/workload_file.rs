@@ -604,7 +604,7 @@ body = [
     assert!(passes(&w, &arena), "{}", report(&w, &arena));
     let set1 = run.stats.tasksets[1].unwrap();
     assert_eq!((set1.decision, set1.placed), ("affinity", 4));
-    assert_eq!(set1.key, DispatchKey::Loop(0));
+    assert_eq!(set1.key, Some(DispatchKey::Loop(0)));
     assert_eq!(run.stats.tasksets[0].unwrap().placed, 4);
     let ring = run.stats.stalls.resources[StallReason::TaskRingFull as usize];
     assert_eq!((ring.capacity, ring.high_water), (3, 3));

@@ -150,9 +150,11 @@ impl fmt::Display for DispatchKey {
 }
 
 /// The built-in policies, by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+///
+/// No `Default`: the default schedule is the scheduler's
+/// (`sched::DEFAULT_POLICY`), which depends on the policies built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyKind {
-    #[default]
     /// Threads in turn.
     RoundRobin,
     /// By key, modulo the threads.
@@ -214,6 +216,13 @@ impl PolicyKind {
     /// Its number: its index in [`PolicyKind::ALL`].
     pub const fn code(self) -> u8 {
         self as u8
+    }
+
+    /// Whether the policy places tasks by their dispatch key (affinity,
+    /// hash, work stealing and adaptive do; round-robin and the shared
+    /// queue place without one, so a run does not compute or check it).
+    pub const fn uses_key(self) -> bool {
+        !matches!(self, PolicyKind::RoundRobin | PolicyKind::Shared)
     }
 
     /// Its name, as `wsp run --policy` and the launch block spell it.

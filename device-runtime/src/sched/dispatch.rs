@@ -50,8 +50,8 @@ pub struct Dispatcher<'a> {
     /// The policies of the program's other tasksets (`None` where the
     /// program defines none).
     policies: [Option<Policy>; MAX_TASKSETS],
-    /// Each taskset's dispatch key.
-    key: [DispatchKey; MAX_TASKSETS],
+    /// Each taskset's dispatch key; `None` if its policy places without one.
+    key: [Option<DispatchKey>; MAX_TASKSETS],
     /// Tasks placed per taskset.
     placed_in: [u64; MAX_TASKSETS],
     /// Bit `t`: taskset `t` steals, as last told to the threads.
@@ -151,7 +151,8 @@ impl<'a> Dispatcher<'a> {
             })
         })?;
         let mut policies = [None; MAX_TASKSETS];
-        let mut key = [config.key; MAX_TASKSETS];
+        // A taskset whose policy places without a key has none (`None`).
+        let mut key = [config.policy.uses_key().then_some(config.key); MAX_TASKSETS];
         for set in 1..MAX_TASKSETS {
             if info.tasksets_defined & (1 << set) == 0 {
                 continue;
@@ -164,7 +165,7 @@ impl<'a> Dispatcher<'a> {
                 })
             })?;
             policies[set] = Some(built);
-            key[set] = schedule.key;
+            key[set] = schedule.policy.uses_key().then_some(schedule.key);
         }
         check_keys(table, &key)?;
         let mut eligible = [[0; MAX_THREADS]; 2];
@@ -431,7 +432,20 @@ impl<'a> Dispatcher<'a> {
                 });
             }
             let set = spec.taskset;
-            let key_value = self.key[set as usize].of(&spec, index, self.table);
+            // A call whose taskset the up-front check could not know (a
+            // jump past a DISPATCH) is checked here.
+            let key_value = match self.key[set as usize] {
+                Some(key) => key.of(&spec, index, self.table).map_err(|lacks| {
+                    key_error(
+                        key,
+                        set,
+                        spec.pc.is_none().then_some(index as u32),
+                        spec.pc,
+                        lacks,
+                    )
+                })?,
+                None => 0,
+            };
             match self
                 .orch
                 .submit_on(now, spec.stream, spec.kernel, spec.args(), 0, &[], index)
@@ -600,37 +614,44 @@ impl<'a> Dispatcher<'a> {
     }
 }
 
-/// A task (of the tasks section) or program call (pc) that lacks what a
-/// key names, and what it lacks.
-type Misfit = (Option<u32>, Option<u32>, Lacks);
+fn key_error(
+    key: DispatchKey,
+    taskset: u8,
+    task: Option<u32>,
+    pc: Option<u32>,
+    lacks: Lacks,
+) -> RunError {
+    RunError::KeyNotInTask {
+        key,
+        taskset,
+        task,
+        pc,
+        has: lacks.has,
+        what: lacks.what,
+    }
+}
 
-/// Checks before anything runs that each taskset's dispatch key names
-/// what at least one of its tasks has: a key that no task has (a mistyped
-/// `--key scalar:9`) would give every task key 0, one thread. A task that
-/// lacks what a key names while others have it gets key 0 (e.g. `loop:0`
-/// for the router call before the MoE expert loop). Taskset 0 holds the
-/// tasks section; a program's calls belong to the taskset of the last
-/// `DISPATCH` before them in program text (at run time a jump or a loop's
-/// next iteration may take another path: a key is refused only if no call
-/// it can apply to this way has it).
-fn check_keys(table: &Table<'_>, keys: &[DispatchKey; MAX_TASKSETS]) -> Result<(), RunError> {
-    // Per taskset: whether a task has its key, and the first that lacks it.
-    let mut fits = [false; MAX_TASKSETS];
-    let mut first: [Option<Misfit>; MAX_TASKSETS] = [None; MAX_TASKSETS];
-    let mut see = |set: usize, task, pc, fit: Result<(), Lacks>| match fit {
-        Ok(()) => fits[set] = true,
-        Err(lacks) => {
-            first[set].get_or_insert((task, pc, lacks));
-        }
-    };
+/// Checks before anything runs that every task a key-based taskset places
+/// has what its key names: a key naming a scalar, argument, dimension or
+/// loop a task lacks would otherwise give that task key 0 without a word
+/// (and a mistyped `--key scalar:9` every task). Taskset 0 holds the tasks
+/// section; a program's calls belong to the taskset of the last `DISPATCH`
+/// before them in program text. (A jump may make a call expand under
+/// another taskset; the dispatcher checks each task again as it submits it.)
+fn check_keys(
+    table: &Table<'_>,
+    keys: &[Option<DispatchKey>; MAX_TASKSETS],
+) -> Result<(), RunError> {
     let rank =
         |tensor: u32| (table.tensors().get(tensor as usize)).map_or(0, |t| t.rank.get() as usize);
-    for (index, desc) in table.tasks().iter().enumerate() {
-        let args = table.task_args(desc);
-        let scalars = desc.num_scalars.get() as usize;
-        let rank_of = |a: usize| rank(args[a].tensor.get());
-        let fit = check_key(keys[0], scalars, args.len(), rank_of, None);
-        see(0, Some(index as u32), None, fit);
+    if let Some(key) = keys[0] {
+        for (index, desc) in table.tasks().iter().enumerate() {
+            let args = table.task_args(desc);
+            let scalars = desc.num_scalars.get() as usize;
+            let rank_of = |a: usize| rank(args[a].tensor.get());
+            check_key(key, scalars, args.len(), rank_of, None)
+                .map_err(|lacks| key_error(key, 0, Some(index as u32), None, lacks))?;
+        }
     }
     let program = table.program();
     let (mut depth, mut set) = (0, 0);
@@ -640,27 +661,16 @@ fn check_keys(table: &Table<'_>, keys: &[DispatchKey; MAX_TASKSETS]) -> Result<(
             OP_END => depth -= 1,
             OP_DISPATCH => set = ins.imm.get() as usize,
             OP_CALL => {
+                let Some(key) = keys[set] else { continue };
                 let Some(kernel) = wsp_ffi::lookup(ins.imm.get()) else {
                     unreachable!("validation refuses calls of unknown kernels")
                 };
                 let (args, scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
                 let rank_of = |a: usize| rank(program[pc + 1 + a].imm.get());
-                let fit = check_key(keys[set], scalars, args, rank_of, Some(depth));
-                see(set, None, Some(pc as u32), fit);
+                check_key(key, scalars, args, rank_of, Some(depth))
+                    .map_err(|lacks| key_error(key, set as u8, None, Some(pc as u32), lacks))?;
             }
             _ => {}
-        }
-    }
-    for (set, (&fits, first)) in fits.iter().zip(&first).enumerate() {
-        if let (false, Some((task, pc, lacks))) = (fits, *first) {
-            return Err(RunError::KeyInNoTask {
-                key: keys[set],
-                taskset: set as u8,
-                task,
-                pc,
-                has: lacks.has,
-                what: lacks.what,
-            });
         }
     }
     Ok(())

@@ -116,10 +116,9 @@ pub fn check_key(
 
 impl DispatchKey {
     /// The key of `task`, the run's task number `index`, whose tensors
-    /// are `table`'s; 0 if the task lacks the scalar, argument, dimension
-    /// or loop the key names ([`check_key`]; a run refuses a key that no
-    /// task of its taskset has).
-    pub fn of(&self, task: &TaskSpec, index: u64, table: &Table<'_>) -> u64 {
+    /// are `table`'s; what the task lacks if the key names a scalar,
+    /// argument, dimension or loop it does not have ([`check_key`]).
+    pub fn of(&self, task: &TaskSpec, index: u64, table: &Table<'_>) -> Result<u64, Lacks> {
         let rank_of = |a: usize| {
             let tensor = task.args()[a].tensor as usize;
             table
@@ -129,10 +128,8 @@ impl DispatchKey {
         };
         let loops = task.pc.map(|_| task.loops.len());
         let (scalars, args) = (task.scalars.len(), task.args.len());
-        if check_key(*self, scalars, args, rank_of, loops).is_err() {
-            return 0;
-        }
-        match *self {
+        check_key(*self, scalars, args, rank_of, loops)?;
+        Ok(match *self {
             DispatchKey::TaskIndex => index,
             DispatchKey::Scalar(n) => task.scalars()[n as usize],
             DispatchKey::Tile { arg, dim } => {
@@ -142,7 +139,7 @@ impl DispatchKey {
             }
             DispatchKey::Stream => task.stream as u64,
             DispatchKey::Loop(n) => task.loops.get(n as usize).map_or(0, |&i| i as u64),
-        }
+        })
     }
 }
 

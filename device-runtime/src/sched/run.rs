@@ -160,8 +160,8 @@ pub struct RunStats {
 pub struct TasksetStats {
     /// The policy's decision: its name, or what an adaptive one chose.
     pub decision: &'static str,
-    /// Its dispatch key.
-    pub key: DispatchKey,
+    /// Its dispatch key; `None` if its policy places without one.
+    pub key: Option<DispatchKey>,
     /// Tasks it placed.
     pub placed: u64,
 }
@@ -296,11 +296,13 @@ pub enum RunError {
     /// The orchestrator refused a task that table validation (or, for a
     /// program task, expansion) accepted.
     Refused { task: u32, why: Invalid },
-    /// Taskset `taskset`'s dispatch key names a scalar, tensor argument,
-    /// dimension or loop that none of its tasks has (found before anything
-    /// runs). The first of them, task `task` of the tasks section or the
-    /// program's call at instruction `pc`, has only `has` of `what`.
-    KeyInNoTask {
+    /// Taskset `taskset`'s policy places by a dispatch key that names a
+    /// scalar, tensor argument, dimension or loop that one of its tasks
+    /// does not have: task `task` of the tasks section or the task of the
+    /// program's call at instruction `pc` has only `has` of `what`. Found
+    /// before anything runs for every task and call whose taskset is known
+    /// from the table, else when the task is submitted.
+    KeyNotInTask {
         key: DispatchKey,
         taskset: u8,
         task: Option<u32>,
@@ -357,13 +359,17 @@ impl fmt::Display for RunError {
             RunError::Refused { task, why } => {
                 write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
             }
-            RunError::KeyInNoTask { key, taskset, task, pc, has, what } => {
-                write!(f, "dispatch key {key} (taskset {taskset}) fits none of its tasks: the first, ")?;
+            RunError::KeyNotInTask { key, taskset, task, pc, has, what } => {
+                write!(f, "dispatch key {key} (taskset {taskset}) does not fit ")?;
                 match (task, pc) {
                     (Some(task), _) => write!(f, "task {task}")?,
                     (None, pc) => write!(f, "the call at program instruction {}", pc.unwrap_or(0))?,
                 }
-                write!(f, ", has {has} {what}")
+                write!(
+                    f,
+                    ", which has {has} {what}; choose a key every task of the taskset has, \
+                     or give the calls that have it their own taskset (a program's DISPATCH)"
+                )
             }
             RunError::ReportRefused { task, finished, why } => {
                 let report = if finished { "finished" } else { "issued" };

@@ -61,8 +61,9 @@ enum Command {
         /// N), `tile:ARG:DIM` (tile index of argument ARG along dimension
         /// DIM, e.g. tile:2:0 = output row block of a GEMM), `stream` (the
         /// task's stream) or `loop:N` (the index of the program loop at
-        /// nesting level N around the task, e.g. loop:0 = the expert of
-        /// `moe`). Default: `task`, the one key every task has.
+        /// nesting level N around the task). Every task must have what the
+        /// key names, else the run is refused. Default: `task`, the one key
+        /// every task has.
         #[arg(long)]
         key: Option<String>,
         /// Tasks one dispatch queue may hold (1 to 256).
@@ -382,9 +383,10 @@ fn print_stats(stats: &RunStats, semantic: bool) {
     println!("policy    {}", stats.policy);
     for (set, t) in stats.tasksets.iter().enumerate() {
         if let (1.., Some(t)) = (set, t) {
+            let key = t.key.map_or("none".to_string(), |k| k.to_string());
             println!(
-                "  taskset {set} (the program's): {}, key {}, placed {} tasks",
-                t.decision, t.key, t.placed
+                "  taskset {set} (the program's): {}, key {key}, placed {} tasks",
+                t.decision, t.placed
             );
         }
     }

@@ -21,8 +21,8 @@ use crate::abi::Table;
 use crate::platform::{Platform, MAX_CORES};
 use crate::sched::policy::RoundRobin;
 use crate::sched::{
-    drive_stepped, Arena, Dispatcher, Queues, RunError, RunOptions, RunStats, SchedConfig,
-    Scheduler, TableOrchestrator,
+    drive_stepped, Arena, Dispatcher, PolicyKind, Queues, RunError, RunOptions, RunStats,
+    SchedConfig, Scheduler, TableOrchestrator,
 };
 
 /// Runs every task of `table` on `platform`, with tensor data in `arena`,
@@ -38,7 +38,11 @@ pub fn run<P: Platform>(
 ) -> Result<RunStats, RunError> {
     let queues = Queues::new();
     let mut policy = RoundRobin::default();
-    let config = SchedConfig::default();
+    let config = SchedConfig {
+        threads: 1,
+        policy: PolicyKind::RoundRobin,
+        ..SchedConfig::default()
+    };
     let num_cores = platform.num_cores().min(MAX_CORES);
     let global: [u16; MAX_CORES] = core::array::from_fn(|c| c as u16);
     let arena = Arena::new(arena);

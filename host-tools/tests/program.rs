@@ -27,7 +27,7 @@ fn run_shim(table: &[u8], arena: &mut Arena, symbols: &[i64]) -> Result<u64, Shi
         options: options(symbols),
         ..Shim::default()
     };
-    shim.run(table, &mut arena.bytes).map(|s| s.tasks as u64)
+    shim.run(table, &mut arena.bytes).map(|s| s.tasks)
 }
 
 #[test]

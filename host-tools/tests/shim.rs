@@ -1,7 +1,8 @@
 //! The host shim runs every workload correctly, and the result does not
 //! depend on how many cores run it (dependency order fixes every result).
 
-use host_tools::shim::Shim;
+use device_runtime::sched::RunError;
+use host_tools::shim::{Shim, ShimError};
 use host_tools::workloads::{Params, Workload, NAMES};
 
 fn run(w: &Workload, cube: usize, vector: usize) -> Vec<u8> {
@@ -116,6 +117,30 @@ fn bad_inputs_are_errors_not_panics() {
         }
     )
     .is_err());
+}
+
+/// An arena that does not start at a multiple of the element alignment is
+/// refused before any kernel sees a misaligned view (kernels assume
+/// naturally aligned elements; on x86 a misaligned run would even "work").
+#[test]
+fn a_misaligned_arena_is_refused() {
+    let w = Workload::build("gemm", Params::of("gemm").unwrap()).unwrap();
+    let len = w.arena.bytes.len();
+    let mut buffer = vec![0u8; len + 8];
+    // The first byte at an address 1 past a multiple of 4.
+    let skip = (5 - buffer.as_ptr() as usize % 4) % 4;
+    let skip = if skip == 0 { 4 } else { skip };
+    let arena = &mut buffer[skip..skip + len];
+    assert_eq!(arena.as_ptr() as usize % 4, 1);
+    arena.copy_from_slice(&w.arena.bytes);
+    let err = Shim::default().run(&w.table, arena).unwrap_err();
+    assert_eq!(
+        err,
+        ShimError::Run(Box::new(RunError::ArenaMisaligned {
+            align: device_runtime::abi::ARENA_ALIGN
+        }))
+    );
+    assert!(err.to_string().contains("multiple of 4 bytes"), "{err}");
 }
 
 /// A workload's own default sizes apply unless sizes are given; a seed

@@ -213,7 +213,7 @@ fn streams_run_correctly_on_threads_in_the_shim() {
             ..Shim::default()
         };
         let stats = shim.run(&bytes, &mut data.bytes).unwrap();
-        assert_eq!(stats.tasks, ROWS);
+        assert_eq!(stats.tasks, u64::from(ROWS));
         assert_eq!(output(&bytes, &data), want, "{sched:?}");
     }
 }

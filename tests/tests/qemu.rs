@@ -349,7 +349,7 @@ fn the_shim_and_qemu_mean_the_same_schedule_by_the_same_flags() {
     }
     .run(&w.table, &mut arena.bytes)
     .unwrap();
-    let shim_cores: Vec<u64> = stats.cores().iter().map(|c| c.tasks as u64).collect();
+    let shim_cores: Vec<u64> = stats.cores().iter().map(|c| c.tasks).collect();
     let block = launch_block(&[], 2, "affinity").unwrap();
     let outcome = run_in_qemu_with(&w.table, &w.arena.bytes, Some(block));
     ran(&outcome, w.tasks, "affinity");

@@ -24,12 +24,35 @@ pub struct Table<'a> {
 }
 
 /// Bytes per element of a dtype, or `None` for a dtype the ABI does not compute on.
-pub fn dtype_size(dtype: u32) -> Option<u64> {
+pub const fn dtype_size(dtype: u32) -> Option<u64> {
     match dtype {
         wsp_ffi::DTYPE_F32 | wsp_ffi::DTYPE_I32 => Some(4),
         _ => None,
     }
 }
+
+/// The alignment, in bytes, of the start of a data arena. Validation puts
+/// every tensor at an arena offset that is a multiple of its element size,
+/// and every element size divides this, so a run whose arena starts at a
+/// multiple of it gives kernels naturally aligned elements (the kernels'
+/// contract); a run refuses any other arena.
+pub const ARENA_ALIGN: u64 = 4;
+
+// Every element size divides the arena's alignment.
+const _: () = {
+    let sizes = [
+        dtype_size(wsp_ffi::DTYPE_F32),
+        dtype_size(wsp_ffi::DTYPE_I32),
+    ];
+    let mut i = 0;
+    while i < sizes.len() {
+        match sizes[i] {
+            Some(size) => assert!(ARENA_ALIGN.is_multiple_of(size)),
+            None => panic!("a computed dtype has a size"),
+        }
+        i += 1;
+    }
+};
 
 fn err(section: Section, index: usize, field: &'static str, problem: Problem) -> TableError {
     TableError::new(section, index as u32, field, problem)

@@ -16,7 +16,7 @@ use super::{
 use crate::abi::launch::Symbols;
 use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
-use crate::abi::{Region, Table, TensorDesc, STREAM_OP_RECORD, TASK_WINDOW};
+use crate::abi::{Region, Table, TensorDesc, ARENA_ALIGN, STREAM_OP_RECORD, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
@@ -108,6 +108,10 @@ impl<'a> Dispatcher<'a> {
         config: &SchedConfig,
         thread_kinds: &[[bool; 2]],
     ) -> Result<Self, RunError> {
+        // (An empty arena has no elements to misalign.)
+        if !arena.is_empty() && !arena.is_aligned(ARENA_ALIGN) {
+            return Err(RunError::ArenaMisaligned { align: ARENA_ALIGN });
+        }
         if arena.len() < table.arena_size() {
             return Err(RunError::ArenaTooSmall {
                 needed: table.arena_size(),
@@ -418,17 +422,20 @@ impl<'a> Dispatcher<'a> {
                 },
             };
             let index = self.next;
+            // Task numbers are u32 on the cores' side (queue entries, launch
+            // records, reports): a run ends with an error past 2^32 tasks
+            // rather than wrapping, before any figure names a task number.
+            if index > u32::MAX as u64 {
+                return Err(RunError::TooManyTasks {
+                    max: u32::MAX as u64 + 1,
+                });
+            }
             let kind = spec.kernel.kind;
             if self.eligible_count[kind as usize] == 0 {
                 return Err(RunError::NoCoreForKind {
                     task: index as u32,
                     kernel_id: spec.kernel.id,
                     kind,
-                });
-            }
-            if index > u32::MAX as u64 {
-                return Err(RunError::TooManyTasks {
-                    max: u32::MAX as u64 + 1,
                 });
             }
             let set = spec.taskset;

@@ -79,7 +79,7 @@ pub struct CoreStats {
     /// The scheduler thread that owns it.
     pub thread: u8,
     /// Tasks it ran.
-    pub tasks: u32,
+    pub tasks: u64,
     /// Semantic cycles the core's kernels reported.
     pub cycles: u64,
     /// Ticks from issue to observed completion, summed over its tasks.
@@ -134,7 +134,7 @@ pub struct ThreadStats {
 #[derive(Clone, Copy, Debug)]
 pub struct RunStats {
     /// Tasks the run issued.
-    pub tasks: u32,
+    pub tasks: u64,
     /// Platform clock ticks from the start of dispatch to the end.
     pub wall_ticks: u64,
     /// The platform clock's rate.
@@ -243,7 +243,7 @@ impl RunStats {
             self.cores[c.core as usize] = *c;
             self.num_cores = self.num_cores.max(c.core as usize + 1);
         }
-        self.tasks += t.issued as u32;
+        self.tasks += t.issued;
     }
 }
 
@@ -270,6 +270,10 @@ impl fmt::Display for RunStats {
 #[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunError {
+    /// The arena handed to the run does not start at a multiple of
+    /// `align` ([`ARENA_ALIGN`](crate::abi::ARENA_ALIGN)), so kernels would
+    /// get misaligned elements.
+    ArenaMisaligned { align: u64 },
     /// The arena handed to `run` is smaller than the table's `arena_size`.
     ArenaTooSmall { needed: u64, available: u64 },
     /// The platform has no core of the kind the task's kernel needs.
@@ -342,6 +346,9 @@ pub enum RunError {
 impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
+            RunError::ArenaMisaligned { align } => {
+                write!(f, "the data arena does not start at a multiple of {align} bytes")
+            }
             RunError::ArenaTooSmall { needed, available } => {
                 write!(f, "data arena of {available} bytes, the table needs {needed}")
             }

@@ -43,6 +43,11 @@ impl<'a> Arena<'a> {
         }
     }
 
+    /// Whether its first byte's address is a multiple of `align`.
+    pub fn is_aligned(&self, align: u64) -> bool {
+        self.base.is_multiple_of(align)
+    }
+
     /// Its length in bytes.
     pub fn len(&self) -> u64 {
         self.len

@@ -136,6 +136,9 @@ fn bench(root: &Path) -> Result<()> {
         .args(["bench", "-p", "device-runtime", "--bench", "issue"])
         .env("WSP_BENCH_SMOKE", "1"))?;
     run(cargo(root)
+        .args(["bench", "-p", "device-runtime", "--bench", "ring"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "scheduling"])
         .env("WSP_BENCH_SMOKE", "1"))?;
     run(cargo(root)

@@ -428,3 +428,20 @@ fn the_builder_refuses_bad_streams_and_events() {
     assert_eq!(b.wait_event(1, 2), Err(BuildError::EventNotRecorded(2)));
     assert_eq!(b.num_tasks(), 0);
 }
+
+/// Found by the `expand` fuzz target: a tensor whose span in bytes does not
+/// fit in 64 bits. Shape [2^31 + 1, 16] with strides [2^31, 1] keeps its
+/// rows apart as the validator requires, but its last element lies 2^62 +
+/// 15 elements (2^64 + 60 bytes of f32) past its first. The multiplication
+/// overflowed: a panic in debug builds, and in release a wrapped size of 64
+/// bytes that fit any arena, so regions far outside it passed validation.
+#[test]
+fn a_tensor_spanning_more_than_u64_bytes() {
+    let e = refused(|b| {
+        let t = entry::<TensorDesc>(b, |h| h.tensors.offset.get(), 0);
+        t.shape[0].set((1 << 31) + 1);
+        t.shape[1].set(16);
+        t.strides[0].set(1 << 31);
+    });
+    expect(e, Section::Tensors, 0, "arena_offset");
+}

@@ -154,18 +154,23 @@ fn nightly(root: &Path) -> std::process::Command {
     cmd
 }
 
-/// The nightly toolchain with `components`, installed if missing.
+/// The nightly toolchain with `components`, installed if missing (an
+/// installed nightly is left as it is: `rustup toolchain install` would
+/// update it).
 fn install_nightly(components: &[&str]) -> Result<()> {
-    let mut rustup = std::process::Command::new("rustup");
-    rustup.args([
-        "toolchain",
-        "install",
-        "nightly",
-        "--profile",
-        "minimal",
-        "--component",
-    ]);
-    run(rustup.arg(components.join(",")))
+    let rustup = || std::process::Command::new("rustup");
+    let have = rustup()
+        .args(["run", "nightly", "rustc", "--version"])
+        .output();
+    if !have.is_ok_and(|o| o.status.success()) {
+        run(rustup().args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+    }
+    if components.is_empty() {
+        return Ok(());
+    }
+    run(rustup()
+        .args(["component", "add", "--toolchain", "nightly"])
+        .args(components))
 }
 
 /// Miri on the unit tests of the lock-free structures (the deque, the

@@ -64,7 +64,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let text = std::fs::read_to_string(&path).unwrap();
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         let built = WorkloadFile::parse(&text).unwrap().build(&[]).unwrap();
-        table(format!("seed-{stem}"), built.table);
+        table(format!("seed-file-{stem}"), built.table);
         files.push((format!("seed-{stem}.toml"), text.into_bytes()));
     }
     for (name, text) in files {

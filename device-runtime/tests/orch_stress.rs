@@ -1,9 +1,10 @@
 //! Randomized stress of the orchestrator: random DAGs over partially
 //! overlapping regions, tiny capacities so that every ring wraps and every
 //! resource stalls, tasks completed in random order by a driver that plays a
-//! handful of cores. After each run an independent brute-force oracle checks
-//! that every task ran exactly once and after every earlier task it truly
-//! depends on (read-after-write, write-after-write, write-after-read, and
+//! handful of cores. After each run an independent oracle checks that every
+//! task ran exactly once and after every earlier task it truly depends on
+//! (read-after-write, write-after-write, write-after-read, decided from the
+//! sets of elements the regions touch, not from `Region::overlaps`; and
 //! explicit dependencies), that each stream's tasks were issued in order,
 //! and that a task waiting on an event started after every task the event
 //! stands for ended.
@@ -17,6 +18,28 @@ use device_runtime::orch::{
     DeadlockCause, KernelRef, Orchestrator, StallReason, SubmitError, TaskArg, TaskId,
 };
 use device_runtime::CoreKind;
+
+mod element_sets;
+use element_sets::{SelfCheck, Sweep, Touch};
+
+/// Elements of one tensor's index space as the oracle lays it out: row
+/// major with rows `ROW` elements apart. Every region here lies below 464
+/// in both dimensions, so distinct indices are distinct elements and the
+/// three tensors occupy disjoint ranges.
+const ROW: u64 = 512;
+const TENSOR: u64 = ROW * ROW;
+
+/// The elements an argument touches, as the oracle numbers them.
+fn touch(a: &TaskArg) -> Touch {
+    assert!(a.region.offset[0] + a.region.extent[0] <= ROW as u32);
+    assert!(a.region.offset[1] + a.region.extent[1] <= ROW as u32);
+    let base = a.tensor as u64 * TENSOR;
+    let elements = element_sets::elements(&a.region.offset, &a.region.extent, &[ROW, 1, 1, 1]);
+    Touch {
+        elements: elements.into_iter().map(|e| base + e).collect(),
+        writes: a.access.contains(Access::WRITE),
+    }
+}
 
 struct Rng(u64);
 
@@ -33,9 +56,10 @@ impl Rng {
     }
 }
 
-#[derive(Clone)]
 struct Task {
     args: Vec<TaskArg>,
+    /// The oracle's view of `args`.
+    touches: Vec<Touch>,
     deps: Vec<TaskId>,
     kind: CoreKind,
     /// 0 (none) or 1 ..= 3.
@@ -54,7 +78,7 @@ fn random_region(rng: &mut Rng, span: u64, size: u64) -> Region {
     }
 }
 
-fn random_task(rng: &mut Rng, submitted: u64) -> Task {
+fn random_task(rng: &mut Rng, submitted: u64, check: &mut SelfCheck) -> Task {
     loop {
         let n = 1 + rng.below(3) as usize;
         let args: Vec<TaskArg> = (0..n)
@@ -90,13 +114,9 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
                 }
             })
             .collect();
-        let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
-        let clash = args.iter().enumerate().any(|(i, a)| {
-            args[..i].iter().any(|b| {
-                a.tensor == b.tensor && (writes(a) || writes(b)) && a.region.overlaps(&b.region)
-            })
-        });
-        if clash {
+        // A task must not write what another of its arguments touches.
+        let touches: Vec<Touch> = args.iter().map(touch).collect();
+        if check.conflicts_with_itself(&touches) {
             continue;
         }
         let deps = if submitted > 0 && rng.below(8) == 0 {
@@ -112,6 +132,7 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
         let stream = rng.below(4) as u32;
         return Task {
             args,
+            touches,
             deps,
             kind,
             stream,
@@ -120,17 +141,8 @@ fn random_task(rng: &mut Rng, submitted: u64) -> Task {
     }
 }
 
-fn depends(a: &Task, b: &Task) -> bool {
-    let writes = |x: &TaskArg| x.access.contains(Access::WRITE);
-    a.args.iter().any(|x| {
-        b.args.iter().any(|y| {
-            x.tensor == y.tensor && (writes(x) || writes(y)) && x.region.overlaps(&y.region)
-        })
-    })
-}
-
 /// One run: returns how many stalls each resource saw.
-fn run(seed: u64, count: usize) -> [u64; 4] {
+fn run(seed: u64, count: usize, oracle: &mut (Sweep, SelfCheck)) -> [u64; 4] {
     let mut rng = Rng(seed);
     let mut o = Orchestrator::<16, 32, 10>::new(2048);
     let cores = 1 + rng.below(4) as usize;
@@ -173,7 +185,7 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
                         },
                         _ => {}
                     }
-                    random_task(&mut rng, tasks.len() as u64)
+                    random_task(&mut rng, tasks.len() as u64, &mut oracle.1)
                 }
             };
             if task.stream != 0 {
@@ -278,7 +290,9 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
         end[id as usize] = clock;
         o.complete(id).unwrap();
     }
-    // The oracle: brute force over all pairs.
+    // The oracle, task by task in program order.
+    let sweep = &mut oracle.0;
+    sweep.reset();
     for t in 0..count {
         assert!(end[t] != u64::MAX, "seed {seed}: task {t} never ran");
         let stream = tasks[t].stream;
@@ -301,13 +315,16 @@ fn run(seed: u64, count: usize) -> [u64; 4] {
                 }
             }
         }
-        for u in 0..t {
-            if depends(&tasks[u], &tasks[t]) || tasks[t].deps.contains(&(u as u64)) {
-                assert!(
-                    end[u] < start[t],
-                    "seed {seed}: task {t} started before its producer {u} ended"
-                );
-            }
+        let producers = sweep.task(&tasks[t].touches);
+        for u in producers
+            .iter()
+            .map(|&u| u as u64)
+            .chain(tasks[t].deps.iter().copied())
+        {
+            assert!(
+                end[u as usize] < start[t],
+                "seed {seed}: task {t} started before its producer {u} ended"
+            );
         }
     }
     let s = o.stats();
@@ -328,8 +345,10 @@ fn random_dags_against_a_brute_force_oracle() {
         (4000, 500)
     };
     let mut stalls = [0u64; 4];
+    let space = 3 * TENSOR as usize;
+    let mut oracle = (Sweep::new(space), SelfCheck::new(space));
     for seed in 0..seeds {
-        let s = run(seed, count);
+        let s = run(seed, count, &mut oracle);
         for (total, n) in stalls.iter_mut().zip(s) {
             *total += n;
         }

@@ -121,9 +121,40 @@ fn semantic_time_reproduces_every_policy_exactly() {
         let again = semantic(&w, 6, &sched);
         assert_eq!(first.makespan, again.makespan, "{policy:?}");
         assert_eq!(issued(&first.stats), issued(&again.stats), "{policy:?}");
-        // 256 tasks of 5120 * 8 cycles on 6 cores; chains of 4.
-        let task = w.tasks as u64;
-        assert!(first.makespan > 0 && task == 256);
+        // The cost model by hand: a 32^3 GEMM tile costs its loads of A,
+        // B and C (3 * 32 * 32), its store of C (32 * 32) and 32^3 MACs:
+        // 4096 + 32768 = 36864 cycles; scheduling costs nothing. 256 tasks
+        // (64 output tiles, chains of 4 along K) on 6 cores: some core runs
+        // at least ceil(256 / 6) = 43 tasks, and 64 chains of 4 can be
+        // packed so that none runs more (the chains are independent and
+        // far outnumber the cores): the bound is 43 * 36864.
+        assert_eq!(w.tasks, 256);
+        let task = 32 * 32 * 4 + 32 * 32 * 32;
+        assert_eq!(task, 36_864);
+        let bound = 43 * task;
+        let expected = match policy {
+            // Any free core takes the next ready task: the bound.
+            PolicyKind::RoundRobin | PolicyKind::WorkStealing | PolicyKind::Shared => bound,
+            // The row block picks the thread; no stealing. Each thread's
+            // two cores share its row blocks' chains evenly, so a core runs
+            // half of its thread's tasks: for affinity, blocks b % 3 give
+            // threads 3, 3 and 2 blocks of 32 tasks, 48 tasks a core; for
+            // the hash, the same from the counts it issued per thread.
+            PolicyKind::Affinity | PolicyKind::Hash => {
+                let most = issued(&first.stats).into_iter().max().unwrap();
+                if policy == PolicyKind::Affinity {
+                    assert_eq!(issued(&first.stats), [96, 96, 64]);
+                }
+                most.div_ceil(2) * task
+            }
+            // Starts as affinity and steals once a thread's queue runs
+            // dry: within one task of the bound, not derived further.
+            PolicyKind::Adaptive => {
+                assert!((bound..=bound + task).contains(&first.makespan));
+                first.makespan
+            }
+        };
+        assert_eq!(first.makespan, expected, "{policy:?}");
     }
 }
 

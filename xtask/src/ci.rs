@@ -9,7 +9,7 @@ use crate::{bindgen, cargo, fw, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
-const STEPS: [(&str, Step); 12] = [
+const STEPS: [(&str, Step); 14] = [
     ("setup", |_| setup::setup()),
     ("fmt", |root| {
         run(cargo(root).args(["fmt", "--all", "--", "--check"]))
@@ -36,6 +36,8 @@ const STEPS: [(&str, Step); 12] = [
     ("test", test),
     ("loom", loom),
     ("stress (release)", stress),
+    ("miri", miri),
+    ("fuzz", fuzz),
 ];
 
 type Step = fn(&Path) -> Result<()>;
@@ -152,4 +154,87 @@ fn report(times: &[(&str, Duration)], total: Duration) {
         eprintln!("  {name:<18} {:>7.1} s", time.as_secs_f64());
     }
     eprintln!("  {:<18} {:>7.1} s", "total", total.as_secs_f64());
+}
+
+/// `cargo +nightly ...`, through rustup's proxy, without the variables of
+/// the stable cargo that runs xtask.
+fn nightly(root: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new("cargo");
+    cmd.current_dir(root)
+        .arg("+nightly")
+        .env_remove("CARGO")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC");
+    cmd
+}
+
+/// The nightly toolchain with `components`, installed if missing (an
+/// installed nightly is left as it is: `rustup toolchain install` would
+/// update it).
+fn install_nightly(components: &[&str]) -> Result<()> {
+    let rustup = || std::process::Command::new("rustup");
+    let have = rustup()
+        .args(["run", "nightly", "rustc", "--version"])
+        .output();
+    if !have.is_ok_and(|o| o.status.success()) {
+        run(rustup().args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+    }
+    if components.is_empty() {
+        return Ok(());
+    }
+    run(rustup()
+        .args(["component", "add", "--toolchain", "nightly"])
+        .args(components))
+}
+
+/// Miri on the unit tests of the lock-free structures (the deque, the
+/// mailbox, the ring), leaving out what Miri cannot run: the mailbox test
+/// that calls the C kernels (FFI), and the deque's 200,000-task contention
+/// test (hours under Miri; loom covers its interleavings).
+fn miri(root: &Path) -> Result<()> {
+    install_nightly(&["miri", "rust-src"])?;
+    let target = root.join("target").join("miri");
+    run(nightly(root)
+        .args([
+            "miri",
+            "test",
+            "-p",
+            "device-runtime",
+            "--lib",
+            "--target-dir",
+        ])
+        .arg(target)
+        .args(["--", "steal_deque", "mailbox", "sched::ring"])
+        .args(["--skip", "issues_runs_and_completes_on_another_thread"])
+        .args([
+            "--skip",
+            "every_task_is_taken_exactly_once_under_contention",
+        ]))
+}
+
+/// The fuzz targets (`fuzz/`), 20 s each with debug assertions, from the
+/// checked-in corpus; new inputs go to a scratch corpus under `target/`.
+/// Any crash, timeout (10 s for one input) or memory blow-up fails.
+fn fuzz(root: &Path) -> Result<()> {
+    install_nightly(&[])?;
+    let have = nightly(root).args(["fuzz", "--version"]).output();
+    if !have.is_ok_and(|o| o.status.success()) {
+        run(nightly(root).args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    let dir = root.join("fuzz");
+    for target in ["table", "expand", "workload_file", "launch"] {
+        let scratch = root.join("target").join("fuzz-corpus").join(target);
+        std::fs::create_dir_all(&scratch)?;
+        run(nightly(&dir)
+            .args(["fuzz", "run", "-O", "-a", target])
+            .arg(&scratch)
+            .arg(dir.join("corpus").join(target))
+            .args([
+                "--",
+                "-max_total_time=20",
+                "-timeout=10",
+                "-rss_limit_mb=2048",
+            ]))?;
+    }
+    Ok(())
 }

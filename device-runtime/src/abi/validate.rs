@@ -264,17 +264,22 @@ impl<'a> Table<'a> {
         &self.args[first..first + task.num_args.get() as usize]
     }
 
-    /// Byte range of a tensor's elements in the arena (first to one past last).
+    /// Byte range of a tensor's elements in the arena (first to one past last);
+    /// `None` if it does not fit in 64 bits.
     pub fn tensor_bytes(tensor: &TensorDesc) -> Option<core::ops::Range<u64>> {
         let elem = dtype_size(tensor.dtype.get())?;
         let rank = tensor.rank.get() as usize;
-        let last: u64 = (0..rank.min(MAX_RANK))
-            .map(|d| {
-                (tensor.shape[d].get() as u64).saturating_sub(1) * tensor.strides[d].get() as u64
-            })
-            .sum();
+        let mut last = 0u64;
+        for d in 0..rank.min(MAX_RANK) {
+            // Each product is below 2^64 (two u32 factors); the sum and the
+            // size in bytes are checked.
+            let span =
+                (tensor.shape[d].get() as u64).saturating_sub(1) * tensor.strides[d].get() as u64;
+            last = last.checked_add(span)?;
+        }
+        let len = last.checked_add(1)?.checked_mul(elem)?;
         let start = tensor.arena_offset.get();
-        Some(start..start.checked_add((last + 1) * elem)?)
+        Some(start..start.checked_add(len)?)
     }
 
     fn validate_tensors(&self) -> Result<(), TableError> {

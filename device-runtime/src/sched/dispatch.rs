@@ -439,19 +439,15 @@ impl<'a> Dispatcher<'a> {
                 });
             }
             let set = spec.taskset;
-            // A call whose taskset the up-front check could not know (a
-            // jump past a DISPATCH) is checked here.
-            let key_value = match self.key[set as usize] {
-                Some(key) => key.of(&spec, index, self.table).map_err(|lacks| {
-                    key_error(
-                        key,
-                        set,
-                        spec.pc.is_none().then_some(index as u32),
-                        spec.pc,
-                        lacks,
-                    )
-                })?,
-                None => 0,
+            // Tasks of the tasks section were all checked before the run;
+            // a program call is checked here too, as a jump past a
+            // DISPATCH can put it in another taskset than its text's.
+            let key_value = match (self.key[set as usize], spec.pc) {
+                (Some(key), None) => key.value(&spec, index),
+                (Some(key), Some(pc)) => key
+                    .of(&spec, index, self.table)
+                    .map_err(|lacks| key_error(key, set, None, Some(pc), lacks))?,
+                (None, _) => 0,
             };
             match self
                 .orch

@@ -129,17 +129,25 @@ impl DispatchKey {
         let loops = task.pc.map(|_| task.loops.len());
         let (scalars, args) = (task.scalars.len(), task.args.len());
         check_key(*self, scalars, args, rank_of, loops)?;
-        Ok(match *self {
+        Ok(self.value(task, index))
+    }
+
+    /// The key of `task`, the run's task number `index`, for a task that
+    /// was checked to have what the key names (a task of the tasks
+    /// section: the run checks them all before it starts); 0 for anything
+    /// it lacks, never a panic.
+    pub fn value(&self, task: &TaskSpec, index: u64) -> u64 {
+        match *self {
             DispatchKey::TaskIndex => index,
-            DispatchKey::Scalar(n) => task.scalars()[n as usize],
-            DispatchKey::Tile { arg, dim } => {
-                let region = &task.args()[arg as usize].region;
-                let (offset, extent) = (region.offset[dim as usize], region.extent[dim as usize]);
+            DispatchKey::Scalar(n) => task.scalars().get(n as usize).copied().unwrap_or(0),
+            DispatchKey::Tile { arg, dim } => task.args().get(arg as usize).map_or(0, |a| {
+                let (offset, extent) =
+                    (a.region.offset[dim as usize], a.region.extent[dim as usize]);
                 (offset / extent.max(1)) as u64
-            }
+            }),
             DispatchKey::Stream => task.stream as u64,
             DispatchKey::Loop(n) => task.loops.get(n as usize).map_or(0, |&i| i as u64),
-        })
+        }
     }
 }
 

@@ -705,19 +705,7 @@ impl RefCx<'_> {
             }
             Expr::Bin(op, a, b) => {
                 let (a, b) = (self.eval(a, vars)?, self.eval(b, vars)?);
-                let value = match *op {
-                    OP_ADD => a.checked_add(b),
-                    OP_SUB => a.checked_sub(b),
-                    OP_MUL => a.checked_mul(b),
-                    OP_DIV => a.checked_div_euclid(b),
-                    OP_REM => a.checked_rem_euclid(b),
-                    OP_MIN => Some(a.min(b)),
-                    OP_MAX => Some(a.max(b)),
-                    OP_LT => Some((a < b) as i64),
-                    OP_LE => Some((a <= b) as i64),
-                    _ => Some((a == b) as i64),
-                };
-                value.ok_or(format!("{a} and {b}: overflow or division by zero"))?
+                arith(*op, a, b).ok_or(format!("{a} and {b}: overflow or division by zero"))?
             }
         })
     }
@@ -1185,5 +1173,24 @@ impl Lower {
         }
         scalar_regs.iter().for_each(|&r| self.free(r));
         Ok(())
+    }
+}
+
+/// `a op b` for a program's arithmetic op (`OP_ADD` .. `OP_EQ`), as the
+/// host computes it (the reference expansion, task counts, workload files):
+/// `None` on overflow or division by zero; `DIV` and `REM` are Euclidean,
+/// `LT`, `LE` and `EQ` give 0 or 1.
+pub(crate) fn arith(op: u8, a: i64, b: i64) -> Option<i64> {
+    match op {
+        OP_ADD => a.checked_add(b),
+        OP_SUB => a.checked_sub(b),
+        OP_MUL => a.checked_mul(b),
+        OP_DIV => a.checked_div_euclid(b),
+        OP_REM => a.checked_rem_euclid(b),
+        OP_MIN => Some(a.min(b)),
+        OP_MAX => Some(a.max(b)),
+        OP_LT => Some((a < b) as i64),
+        OP_LE => Some((a <= b) as i64),
+        _ => Some((a == b) as i64),
     }
 }

@@ -441,17 +441,5 @@ fn writes(op: u8) -> bool {
 
 /// `a op b` as the expander computes it; unknown where it would fail.
 fn arith(op: u8, a: i64, b: i64) -> Val {
-    let value = match op {
-        OP_ADD => a.checked_add(b),
-        OP_SUB => a.checked_sub(b),
-        OP_MUL => a.checked_mul(b),
-        OP_DIV => a.checked_div_euclid(b),
-        OP_REM => a.checked_rem_euclid(b),
-        OP_MIN => Some(a.min(b)),
-        OP_MAX => Some(a.max(b)),
-        OP_LT => Some((a < b) as i64),
-        OP_LE => Some((a <= b) as i64),
-        _ => Some((a == b) as i64),
-    };
-    value.map_or(Val::Unknown, Val::Known)
+    crate::program::arith(op, a, b).map_or(Val::Unknown, Val::Known)
 }

@@ -266,20 +266,10 @@ impl<'a> Parser<'a> {
 
 /// Integer arithmetic as the device's program machine does it.
 pub(super) fn arith(op: u8, a: i64, b: i64) -> Result<i64, &'static str> {
-    let value = match op {
-        OP_ADD => a.checked_add(b),
-        OP_SUB => a.checked_sub(b),
-        OP_MUL => a.checked_mul(b),
-        OP_DIV | OP_REM if b == 0 => return Err("division by zero"),
-        OP_DIV => a.checked_div_euclid(b),
-        OP_REM => a.checked_rem_euclid(b),
-        OP_MIN => Some(a.min(b)),
-        OP_MAX => Some(a.max(b)),
-        OP_LT => Some((a < b) as i64),
-        OP_LE => Some((a <= b) as i64),
-        _ => Some((a == b) as i64),
-    };
-    value.ok_or("arithmetic overflow")
+    if matches!(op, OP_DIV | OP_REM) && b == 0 {
+        return Err("division by zero");
+    }
+    crate::program::arith(op, a, b).ok_or("arithmetic overflow")
 }
 
 impl Resolver<'_> {

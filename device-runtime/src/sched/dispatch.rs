@@ -716,7 +716,8 @@ impl Context for Expansion<'_, '_> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(test)]
+#[cfg(not(loom))]
 mod tests {
     use std::boxed::Box;
     use std::vec::Vec;

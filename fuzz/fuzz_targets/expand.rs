@@ -6,7 +6,7 @@
 #![no_main]
 
 use device_runtime::abi::CHECKSUM_FIELD;
-use device_runtime::abi::{check_region, table_checksum, table_len, Region, Table, TensorDesc};
+use device_runtime::abi::{check_region, table_len, Region, Table, TensorDesc};
 use device_runtime::expand::{Context, Expander, Step};
 use libfuzzer_sys::fuzz_target;
 
@@ -48,8 +48,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let mut sealed = data[..total].to_vec();
-    let crc = table_checksum(&sealed);
-    sealed[CHECKSUM_FIELD].copy_from_slice(&crc.to_le_bytes());
+    host_tools::table::seal(&mut sealed);
     let Ok(table) = Table::parse(&sealed) else {
         return;
     };

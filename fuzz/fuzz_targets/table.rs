@@ -4,7 +4,7 @@
 //! the runtime reads it: every task's arguments, its spec and tile views.
 #![no_main]
 
-use device_runtime::abi::{check_region, table_checksum, table_len, Region, Table, CHECKSUM_FIELD};
+use device_runtime::abi::{check_region, table_len, Region, Table, CHECKSUM_FIELD};
 use device_runtime::expand::TaskSpec;
 use libfuzzer_sys::fuzz_target;
 
@@ -31,8 +31,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let mut sealed = data[..total].to_vec();
-    let crc = table_checksum(&sealed);
-    sealed[CHECKSUM_FIELD].copy_from_slice(&crc.to_le_bytes());
+    host_tools::table::seal(&mut sealed);
     if let Ok(table) = Table::parse(&sealed) {
         read_all(&table);
     }

@@ -10,7 +10,7 @@ use device_runtime::sched::{RunError, RunOptions};
 use host_tools::program::{Axis, Expr, LowerError, Workload};
 use host_tools::semantic::run_semantic;
 use host_tools::shim::{Shim, ShimError};
-use host_tools::table::{seal, Arena};
+use host_tools::table::{seal, Arena, TensorId};
 use wsp_ffi::{CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD};
 
 use host_tools::program_examples::{self as examples, add_tile, T};
@@ -472,6 +472,19 @@ fn table_tasks_and_program_tasks_run_in_one_table() {
     }
 }
 
+/// `y[0..16, 0..16] = x + x` on the same tile wherever it is called.
+fn add_on_one_tile(w: &mut Workload, x: TensorId, y: TensorId) {
+    w.call(
+        ADD,
+        &[
+            x.tile(0, 0, 16, 16),
+            x.tile(0, 0, 16, 16),
+            y.tile(0, 0, 16, 16),
+        ],
+        &[],
+    );
+}
+
 /// A small table whose loops run 2^32 - 1 x 2^32 - 1 times: `add` on one
 /// fixed tile in each iteration.
 fn huge_loops(inner: Axis) -> (Workload, Vec<u8>) {
@@ -480,15 +493,7 @@ fn huge_loops(inner: Axis) -> (Workload, Vec<u8>) {
     let y = w.tensor("y", &[64, 64]).unwrap();
     w.parallel(Axis::Dense(u32::MAX), |w, _| {
         w.parallel(inner, |w, _| {
-            w.call(
-                ADD,
-                &[
-                    x.tile(0, 0, 16, 16),
-                    x.tile(0, 0, 16, 16),
-                    y.tile(0, 0, 16, 16),
-                ],
-                &[],
-            );
+            add_on_one_tile(w, x, y);
         });
     });
     let table = w.finish().unwrap();
@@ -544,25 +549,9 @@ fn the_host_reference_refuses_to_list_huge_expansions() {
     let x = w.tensor("x", &[64, 64]).unwrap();
     let y = w.tensor("y", &[64, 64]).unwrap();
     w.parallel(Axis::Dense(MAX_HOST_TASKS as u32), |w, _| {
-        w.call(
-            ADD,
-            &[
-                x.tile(0, 0, 16, 16),
-                x.tile(0, 0, 16, 16),
-                y.tile(0, 0, 16, 16),
-            ],
-            &[],
-        );
+        add_on_one_tile(w, x, y);
     });
-    w.call(
-        ADD,
-        &[
-            x.tile(0, 0, 16, 16),
-            x.tile(0, 0, 16, 16),
-            y.tile(0, 0, 16, 16),
-        ],
-        &[],
-    );
+    add_on_one_tile(&mut w, x, y);
     w.finish().unwrap();
     let e = w.expand(&arena, &[]).unwrap_err();
     assert!(

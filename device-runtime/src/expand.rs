@@ -115,19 +115,29 @@ impl TaskSpec {
         };
         args.scalars[..self.scalars.len()].copy_from_slice(self.scalars());
         for (view, arg) in args.tensors.iter_mut().zip(self.args()) {
-            let tensor = &table.tensors()[arg.tensor as usize];
-            let dtype = tensor.dtype.get();
-            let tile = TileView::of(tensor, &arg.region);
-            let elem = dtype_size(dtype).unwrap_or(0);
-            *view = WspTensorView {
-                addr: arena_base + tensor.arena_offset.get() + tile.first_element * elem,
-                rows: tile.rows,
-                cols: tile.cols,
-                row_stride: tile.row_stride,
-                dtype,
-            };
+            *view = tensor_view(
+                &table.tensors()[arg.tensor as usize],
+                &arg.region,
+                arena_base,
+            );
         }
         args
+    }
+}
+
+/// The view a core gets of `region` of `tensor`, with its address relative
+/// to `arena_base` (the data arena's address, or 0 for offsets).
+#[inline]
+pub fn tensor_view(tensor: &TensorDesc, region: &Region, arena_base: u64) -> WspTensorView {
+    let dtype = tensor.dtype.get();
+    let tile = TileView::of(tensor, region);
+    let elem = dtype_size(dtype).unwrap_or(0);
+    WspTensorView {
+        addr: arena_base + tensor.arena_offset.get() + tile.first_element * elem,
+        rows: tile.rows,
+        cols: tile.cols,
+        row_stride: tile.row_stride,
+        dtype,
     }
 }
 

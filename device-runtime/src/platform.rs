@@ -16,9 +16,17 @@ pub trait Clock {
     fn now(&self) -> u64;
     /// The clock's rate.
     fn ticks_per_second(&self) -> u64;
-    /// What the scheduler does while it waits: a spin hint by default.
+    /// What the scheduler does while it waits, for its first
+    /// [`SPIN_ROUNDS`](crate::sched::SPIN_ROUNDS) idle rounds in a row: a
+    /// spin hint by default (in semantic time: jump to the next event).
     fn relax(&self) {
         core::hint::spin_loop();
+    }
+    /// What it does after that many idle rounds: give the processor away
+    /// where the host has one to give (a host thread yields; the device's
+    /// own AICPU cores keep the default, [`Clock::relax`]).
+    fn pause(&self) {
+        self.relax()
     }
 }
 
@@ -64,6 +72,9 @@ impl<C: Clock + ?Sized> Clock for &mut C {
     }
     fn relax(&self) {
         (**self).relax()
+    }
+    fn pause(&self) {
+        (**self).pause()
     }
 }
 
@@ -167,6 +178,9 @@ impl<C: Clock> Clock for MailboxPlatform<'_, C> {
     }
     fn relax(&self) {
         self.clock.relax()
+    }
+    fn pause(&self) {
+        self.clock.pause()
     }
 }
 

@@ -13,7 +13,8 @@
 //!    divided by the lower bound max(total work / cores, longest task).
 //!
 //! `cargo bench -p host-tools --bench scheduling`; `WSP_BENCH_SMOKE=1` runs
-//! small sizes once (CI).
+//! small sizes once (CI); `WSP_BENCH_ONLY=a|b|c` runs one graph;
+//! `WSP_BENCH_PROFILE=THREADS` runs only ours, once (for callgrind).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -344,8 +345,28 @@ fn main() {
         "overhead per task, empty kernels, {THREADS} threads ({CORES_PER_THREAD} empty cores each for ours); median of {samples}"
     );
     let dags = [independent(n), chain(n / 10), fan((n / 10) / (WIDTH + 1))];
+    // `WSP_BENCH_ONLY=a|b|c` runs one graph (for profiling).
+    let only = std::env::var("WSP_BENCH_ONLY").ok();
     for dag in &dags {
+        if let Some(only) = &only {
+            if !dag.name.starts_with(&format!("({only})")) {
+                continue;
+            }
+        }
         let tasks = dag.graph.fanin.len();
+        // `WSP_BENCH_PROFILE=THREADS` runs ours once on that many threads
+        // (for callgrind: instructions per task of the whole path).
+        if let Some(threads) = std::env::var("WSP_BENCH_PROFILE")
+            .ok()
+            .and_then(|t| t.parse().ok())
+        {
+            let ns = ours_on(dag, PolicyKind::WorkStealing, threads);
+            println!(
+                "{:<20} {tasks:>8} tasks  ours {ns:>6.1} ns on {threads} threads",
+                dag.name
+            );
+            continue;
+        }
         let ws = median(samples, || ours(dag, PolicyKind::WorkStealing));
         let rr = median(samples, || ours_on(dag, PolicyKind::RoundRobin, 1));
         let ry = median(samples, || rayon_peer(dag, &pool));

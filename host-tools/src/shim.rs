@@ -88,7 +88,9 @@ impl From<ConfigError> for ShimError {
     }
 }
 
-/// Nanoseconds since the shim started; idles by yielding the host thread.
+/// Nanoseconds since the shim started; idles by spinning a little, then
+/// yielding the host thread (the shim's cores are host threads too, and
+/// the host may have fewer processors than threads).
 #[derive(Clone, Copy)]
 struct HostClock(Instant);
 
@@ -100,6 +102,9 @@ impl Clock for HostClock {
         1_000_000_000
     }
     fn relax(&self) {
+        std::hint::spin_loop();
+    }
+    fn pause(&self) {
         std::thread::yield_now();
     }
 }

@@ -99,7 +99,20 @@ fn every_policy_runs_every_workload_on_several_threads_in_the_shim() {
                         assert_eq!(t.from_shared, t.issued, "{name} x{threads}");
                     }
                 } else {
-                    assert_eq!(placed, w.tasks as u64, "{name} {policy:?} x{threads}");
+                    // A task is placed by the dispatcher or, under a policy
+                    // that keeps released tasks, queued by the thread that
+                    // released it: never both, never neither.
+                    let released: u64 = stats.threads().iter().map(|t| t.released).sum();
+                    assert_eq!(
+                        placed + released,
+                        w.tasks as u64,
+                        "{name} {policy:?} x{threads}"
+                    );
+                    if policy == PolicyKind::WorkStealing {
+                        assert!(released > 0, "{name}: chains stay with their threads");
+                    } else if policy != PolicyKind::Adaptive {
+                        assert_eq!(released, 0, "{policy:?} places every task");
+                    }
                 }
                 for t in stats.threads() {
                     assert!(t.steals <= t.steal_attempts);
@@ -426,4 +439,33 @@ fn random_dags_match_a_sequential_run_under_every_policy() {
             );
         }
     }
+}
+
+/// The issue path builds a table task's kernel arguments straight from its
+/// descriptors; the dispatcher and the expander build them through a
+/// `TaskSpec`. Both must give a core the same views and scalars.
+#[test]
+fn the_issue_path_builds_the_same_kernel_arguments_as_a_task_spec() {
+    use device_runtime::abi::Table;
+    use device_runtime::expand::TaskSpec;
+    use device_runtime::sched::{kernel_args, Arena};
+    let mut checked = 0;
+    // (moe's tasks come from its program, launched from records.)
+    for name in ["gemm", "mlp", "streams"] {
+        let w = Workload::build(name, Params::of(name).unwrap()).unwrap();
+        let table = Table::parse(&w.table).unwrap();
+        let mut bytes = w.arena.bytes.clone();
+        let arena = Arena::new(&mut bytes);
+        checked += table.tasks().len();
+        for task in 0..table.tasks().len() {
+            let direct = kernel_args(&table, &arena, task as u32);
+            let spec = TaskSpec::of_task(&table, task).kernel_args(&table, arena.base());
+            assert_eq!(
+                format!("{direct:?}"),
+                format!("{spec:?}"),
+                "{name} task {task}"
+            );
+        }
+    }
+    assert!(checked > 100, "{checked} tasks");
 }

@@ -2,18 +2,27 @@
 //! dependency graph in statically sized memory, with backpressure instead of
 //! failure and a report instead of a hang.
 //!
-//! One thread owns the graph: the AICPU thread that submits tasks also
-//! receives their completions (from the platform's polls) and calls
-//! [`Orchestrator::complete`]. Fan-in counters and fan-out lists therefore
-//! need no atomics: the reference runtime's atomic fan-in and scope
-//! reference counts exist because its scheduler threads complete tasks
-//! concurrently with the orchestrator; here completions reach the owner as
-//! events, which also makes every run deterministic for a given event order.
+//! One thread owns the orchestrator: it submits tasks and infers their
+//! dependencies. Completions reach it in one of two ways, chosen by how
+//! tasks are submitted:
+//! - owner completes ([`Orchestrator::submit`], [`Orchestrator::submit_on`]):
+//!   the owner also receives every completion and calls
+//!   [`Orchestrator::complete`], which releases the task's consumers from
+//!   plain fan-in counters and DepList fan-out lists; deterministic for a
+//!   given event order, for single-threaded embedders;
+//! - threads release ([`Orchestrator::submit_linked`]): edges go into a
+//!   [`ReleaseGraph`] of atomic fan-in counters and fan-out lists, whose
+//!   consumers the thread that sees a completion releases itself; the
+//!   owner only learns of the completion later ([`Orchestrator::finished`])
+//!   to retire the task. The scheduler runs tables this way, so that no
+//!   completion waits for the submitting thread before its dependents run.
 //!
 //! Resources, each with a documented capacity:
 //! - task ring (`TASKS` slots, the task window): allocated and retired in order;
 //! - TensorMap (`TMAP` entries, [`tensor_map::BUCKETS`] buckets): dependency inference;
-//! - DepList pool (`DEPS` nodes): fan-out edges;
+//! - DepList pool (`DEPS` nodes): fan-out edges (owner completes), or the
+//!   release graph's edge ring (threads release; reclaimed, like the
+//!   TensorMap, as the tasks that own the edges retire);
 //! - heap ring (a byte capacity given at construction): intermediate buffers.
 //!
 //! A task's slot, heap block and TensorMap entries are reclaimed together
@@ -40,6 +49,7 @@
 pub mod deadlock;
 pub mod dep_pool;
 pub mod heap_ring;
+pub mod release;
 pub mod stall;
 pub mod stream;
 pub mod tensor_map;
@@ -53,6 +63,7 @@ pub use deadlock::{BlockedTask, DeadlockCause, DeadlockReport, Occupancy, MAX_SC
 use deadlock::{REPORTED_PRODUCERS, REPORTED_TASKS};
 use dep_pool::{DepPool, NIL};
 pub use heap_ring::{HeapBlock, HeapError, HeapRing};
+pub use release::ReleaseGraph;
 pub use stall::{ResourceStats, StallReason, StallStats};
 use stream::{is_stream, Streams};
 pub use stream::{EventId, StreamId};
@@ -234,6 +245,9 @@ struct Slot {
     stream: StreamId,
     /// The next task of its stream, held back until this one is issued.
     stream_next: TaskId,
+    /// Release-graph edge position after this task's edges: reclaimed up
+    /// to it when the task retires ([`Orchestrator::submit_linked`]).
+    edges_end: u64,
 }
 
 const NONE: TaskId = u64::MAX;
@@ -255,6 +269,7 @@ const FREE_SLOT: Slot = Slot {
     tmap_end: 0,
     stream: 0,
     stream_next: NONE,
+    edges_end: 0,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -294,6 +309,10 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     /// Tasks that may be in flight at once: `TASKS`, or fewer
     /// ([`Orchestrator::set_window`]).
     window: u64,
+    /// Release-graph edges allocated so far (a ring position).
+    edge_alloc: u64,
+    /// Release-graph edges reclaimed so far: those of retired tasks.
+    edge_free: u64,
 }
 
 impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASKS, TMAP, DEPS> {
@@ -326,6 +345,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             found: [0; 16],
             streams: Streams::new(),
             window: TASKS as u64,
+            edge_alloc: 0,
+            edge_free: 0,
         }
     }
 
@@ -346,6 +367,20 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// The task window ([`Orchestrator::set_window`]).
     pub fn window(&self) -> u64 {
         self.window
+    }
+
+    /// Whether a submission now would stall on a full task window (and,
+    /// if so, counts the stall as the submission would, or returns the
+    /// scope deadlock it would report): lets a submitter skip building a
+    /// task it cannot submit yet.
+    pub fn window_full(&mut self, now: u64) -> Result<bool, SubmitError> {
+        if self.in_flight() < self.window {
+            return Ok(false);
+        }
+        match self.stall_or_scope::<()>(StallReason::TaskRingFull, now) {
+            Err(SubmitError::Stall(_)) => Ok(true),
+            other => other.map(|()| true),
+        }
     }
 
     /// Stalls and high-water marks per resource so far.
@@ -434,7 +469,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         extra_deps: &[TaskId],
         tag: u64,
     ) -> Result<TaskId, SubmitError> {
-        self.submit_in(now, 0, kernel, args, heap_bytes, extra_deps, tag)
+        self.submit_in::<0>(now, 0, kernel, args, heap_bytes, extra_deps, tag, None)
+            .map(|(id, _)| id)
     }
 
     /// Submits a task on `stream` (1 ..= [`MAX_STREAMS`](crate::abi::MAX_STREAMS),
@@ -452,15 +488,50 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         extra_deps: &[TaskId],
         tag: u64,
     ) -> Result<TaskId, SubmitError> {
-        self.submit_in(now, stream, kernel, args, heap_bytes, extra_deps, tag)
+        self.submit_in::<0>(now, stream, kernel, args, heap_bytes, extra_deps, tag, None)
+            .map(|(id, _)| id)
     }
 
-    /// The body of [`Orchestrator::submit`] and [`Orchestrator::submit_on`],
-    /// inlined into each: `submit` then pays nothing for streams (its
-    /// constant stream 0 folds the stream code away) and no extra call.
+    /// Submits a task for a run whose scheduler threads release dependents
+    /// themselves: like [`Orchestrator::submit_on`] (no heap block, no
+    /// explicit dependencies), but the edges from its unfinished producers
+    /// (and its stream's previous task, until issued) go into `graph`,
+    /// where the threads that observe their completions release it
+    /// ([`ReleaseGraph::complete`], [`ReleaseGraph::issued`]) and hand
+    /// `release_tag` on to be queued. Returns the task's id and whether it
+    /// is ready at once (then the caller queues it). Report each finished
+    /// task with [`Orchestrator::finished`], not `complete`; use one
+    /// protocol for the orchestrator's whole life between drains.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_linked<const E: usize>(
+        &mut self,
+        graph: &ReleaseGraph<TASKS, E>,
+        now: u64,
+        stream: StreamId,
+        kernel: KernelRef,
+        args: &[TaskArg],
+        tag: u64,
+        release_tag: u64,
+    ) -> Result<(TaskId, bool), SubmitError> {
+        let linked = Some((graph, release_tag));
+        self.submit_in(now, stream, kernel, args, 0, &[], tag, linked)
+            .map(|(id, ready)| (id, ready.unwrap_or(false)))
+    }
+
+    /// Edges of the release graph (of `E` nodes) free for new links.
+    fn edges_available<const E: usize>(&self) -> u64 {
+        E as u64 - (self.edge_alloc - self.edge_free)
+    }
+
+    /// The body of [`Orchestrator::submit`], [`Orchestrator::submit_on`]
+    /// and [`Orchestrator::submit_linked`], inlined into each: `submit`
+    /// then pays nothing for streams (its constant stream 0 folds the
+    /// stream code away) and no extra call, and the owner-completes forms
+    /// nothing for the release graph (`linked` is a constant `None`).
+    /// With `linked`, returns whether the task is ready now.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn submit_in(
+    fn submit_in<const E: usize>(
         &mut self,
         now: u64,
         stream: StreamId,
@@ -469,7 +540,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         heap_bytes: u64,
         extra_deps: &[TaskId],
         tag: u64,
-    ) -> Result<TaskId, SubmitError> {
+        linked: Option<(&ReleaseGraph<TASKS, E>, u64)>,
+    ) -> Result<(TaskId, Option<bool>), SubmitError> {
         if stream != 0 && !is_stream(stream) {
             return Err(SubmitError::Invalid(Invalid::NoSuchStream { stream }));
         }
@@ -529,14 +601,18 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // edge per task in flight cannot run out: wire in one pass while
         // committing. Otherwise count the edges first, so that a stall
         // changes nothing.
-        let one_pass = self.deps.available() as u64 >= self.in_flight();
+        let available = match linked {
+            None => self.deps.available() as u64,
+            Some(_) => self.edges_available::<E>(),
+        };
+        let one_pass = available >= self.in_flight();
         let mut edges = 0;
         if !one_pass {
             // More edges than the whole pool is no deadlock: the count is of
             // producers still running, and each one that completes frees its
             // edges and drops out of the count.
-            edges = self.wire(id, stream, args, places, extra_deps, false);
-            if (self.deps.available() as u64) < edges {
+            edges = self.wire::<E>(id, stream, args, places, extra_deps, None);
+            if available < edges {
                 return self.stall(StallReason::DepListPoolFull, now);
             }
         }
@@ -563,27 +639,61 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             stream,
             ..FREE_SLOT
         };
+        let at = (id % TASKS as u64) as usize;
+        let mut linked_edges = 0u32;
+        if let Some((graph, release_tag)) = linked {
+            graph.open(at, release_tag);
+        }
         if !one_pass && edges as usize <= self.found.len() && self.tmap.cover_pending() {
             // The counting pass saw every producer and covered entry: wire
             // from its lists.
             for &p in &self.found[..edges as usize] {
-                let pushed = self
-                    .deps
-                    .push(&mut self.slots[(p % TASKS as u64) as usize].fanout, id);
-                debug_assert!(pushed, "room was checked before committing");
+                let producer = (p % TASKS as u64) as usize;
+                match linked {
+                    None => {
+                        let pushed = self.deps.push(&mut self.slots[producer].fanout, id);
+                        debug_assert!(pushed, "room was checked before committing");
+                    }
+                    Some((graph, _)) => {
+                        let edge = (self.edge_alloc % E as u64) as usize;
+                        if graph.link(producer, at, edge) {
+                            self.edge_alloc += 1;
+                            linked_edges += 1;
+                        }
+                    }
+                }
             }
             self.slot_mut(id).fanin += edges as u32;
         } else {
-            self.wire(id, stream, args, places, extra_deps, true);
+            let graph = linked.map(|(graph, _)| graph);
+            let count = self.wire(id, stream, args, places, extra_deps, Some(graph));
+            if graph.is_some() {
+                linked_edges = count as u32;
+            }
         }
         if stream != 0 {
             // Held back until the stream's previous task is issued. A task
             // at or past `head` has not retired; one that completed was issued.
             let before = self.streams.last(stream);
-            let waiting = |s: TaskState| s != TaskState::Issued && s != TaskState::Completed;
-            if before != NONE && before >= self.head && waiting(self.slot(before).state) {
-                self.slot_mut(before).stream_next = id;
-                self.slot_mut(id).fanin += 1;
+            if before != NONE && before >= self.head {
+                match linked {
+                    None => {
+                        let waiting =
+                            |s: TaskState| s != TaskState::Issued && s != TaskState::Completed;
+                        if waiting(self.slot(before).state) {
+                            self.slot_mut(before).stream_next = id;
+                            self.slot_mut(id).fanin += 1;
+                        }
+                    }
+                    Some((graph, _)) => {
+                        let b = (before % TASKS as u64) as usize;
+                        if self.slot(before).state != TaskState::Completed
+                            && graph.link_stream(b, at)
+                        {
+                            linked_edges += 1;
+                        }
+                    }
+                }
             }
             self.streams.submitted(stream, id);
         }
@@ -592,21 +702,40 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             let inserted = self.tmap.insert(place, a.tensor, a.region, writes(a), id);
             debug_assert!(inserted, "TensorMap room was checked before committing");
         }
-        self.slot_mut(id).tmap_end = self.tmap.end();
-        self.release(id);
+        let tmap_end = self.tmap.end();
+        let edge_alloc = self.edge_alloc;
+        let slot = self.slot_mut(id);
+        slot.tmap_end = tmap_end;
+        slot.edges_end = edge_alloc;
+        let ready = match linked {
+            None => {
+                self.release(id);
+                None
+            }
+            Some((graph, _)) => {
+                let ready = graph.arm(at, linked_edges);
+                if ready {
+                    self.slot_mut(id).state = TaskState::Running;
+                }
+                Some(ready)
+            }
+        };
         self.stats.used(StallReason::TaskRingFull, self.in_flight());
         self.stats
             .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
-        self.stats
-            .used(StallReason::DepListPoolFull, self.deps.used() as u64);
+        let edges_used = match linked {
+            None => self.deps.used() as u64,
+            Some(_) => self.edge_alloc - self.edge_free,
+        };
+        self.stats.used(StallReason::DepListPoolFull, edges_used);
         self.stats.used(StallReason::HeapRingFull, self.heap.used());
-        Ok(id)
+        Ok((id, ready))
     }
 
     /// A full task ring, TensorMap or heap ring frees space only when the
     /// oldest task retires; if an open scope holds it, nothing can retire
     /// before the scope ends, which cannot happen while submission waits.
-    fn stall_or_scope(&mut self, reason: StallReason, now: u64) -> Result<TaskId, SubmitError> {
+    fn stall_or_scope<T>(&mut self, reason: StallReason, now: u64) -> Result<T, SubmitError> {
         if self.head < self.next && self.slot(self.head).held {
             self.stats.stalled(reason, now);
             return Err(SubmitError::Deadlock(self.scope_deadlock(reason)));
@@ -614,25 +743,28 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         self.stall(reason, now)
     }
 
-    fn stall(&mut self, reason: StallReason, now: u64) -> Result<TaskId, SubmitError> {
+    fn stall<T>(&mut self, reason: StallReason, now: u64) -> Result<T, SubmitError> {
         self.stats.stalled(reason, now);
         Err(SubmitError::Stall(reason))
     }
 
     /// Finds the distinct live producers of task `id` (submitted or about to
-    /// be) and, when `commit`, records an edge from each and counts it in the
-    /// task's fan-in. Returns their number. A fresh mark per pass dedups
-    /// producers met through several arguments (a stalled submission is
-    /// retried with the same id, so the mark cannot derive from the id).
+    /// be) and, when `commit` is given, records an edge from each: in the
+    /// DepList pool and the task's fan-in when it is `Some(None)`, in the
+    /// release graph when `Some(Some(graph))`. Returns their number (with
+    /// a graph, the number linked: producers that completed meanwhile get
+    /// no edge). A fresh mark per pass dedups producers met through several
+    /// arguments (a stalled submission is retried with the same id, so the
+    /// mark cannot derive from the id).
     #[inline(always)]
-    fn wire(
+    fn wire<const E: usize>(
         &mut self,
         id: TaskId,
         stream: StreamId,
         args: &[TaskArg],
         places: &[Place],
         extra_deps: &[TaskId],
-        commit: bool,
+        commit: Option<Option<&ReleaseGraph<TASKS, E>>>,
     ) -> u64 {
         self.pass += 1;
         let mark = self.pass;
@@ -645,13 +777,21 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             next: self.next,
             id,
             mark,
-            commit,
+            commit: commit.is_some(),
+            graph: commit.flatten(),
+            edge_alloc: &mut self.edge_alloc,
             count: 0,
         };
         for (a, place) in args.iter().zip(places) {
             let writes = a.access.contains(Access::WRITE);
-            self.tmap
-                .scan(place, a.tensor, &a.region, writes, commit, &mut wiring);
+            self.tmap.scan(
+                place,
+                a.tensor,
+                &a.region,
+                writes,
+                commit.is_some(),
+                &mut wiring,
+            );
         }
         for &p in extra_deps {
             if wiring.live(p) {
@@ -664,7 +804,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
         }
         let count = wiring.count;
-        if commit {
+        if matches!(commit, Some(None)) {
             self.slot_mut(id).fanin += count as u32;
         }
         count
@@ -794,6 +934,19 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Ok(())
     }
 
+    /// Task `id`, submitted with [`Orchestrator::submit_linked`], finished
+    /// and its completer released its consumers in the graph: marks it
+    /// completed and retires what it can. Refused for a task not submitted,
+    /// retired or reported before.
+    pub fn finished(&mut self, id: TaskId) -> Result<(), UsageError> {
+        if id < self.head || id >= self.next || self.slot(id).state == TaskState::Completed {
+            return Err(UsageError::NotRunning { id });
+        }
+        self.slot_mut(id).state = TaskState::Completed;
+        self.retire();
+        Ok(())
+    }
+
     /// Retires completed tasks from the oldest on, until one is still live
     /// or held by a scope; reclaims their slots, heap and TensorMap entries.
     fn retire(&mut self) {
@@ -802,8 +955,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             if slot.state != TaskState::Completed || slot.held {
                 break;
             }
-            let (tmap_end, heap) = (slot.tmap_end, slot.heap);
+            let (tmap_end, heap, edges_end) = (slot.tmap_end, slot.heap, slot.edges_end);
             self.tmap.release_until(tmap_end);
+            // Its release-graph edges: its producers' lists were walked
+            // before it could run, so no thread reads them any more.
+            self.edge_free = self.edge_free.max(edges_end);
             self.heap.free(heap);
             self.head += 1;
         }
@@ -880,6 +1036,42 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
     }
 
+    /// [`Orchestrator::check_progress`] for a run on a release graph: a
+    /// task the graph released (queued, running, or being queued by the
+    /// thread that released it) will complete, so that is progress;
+    /// otherwise, if tasks wait and nothing in flight can finish, the
+    /// report says why.
+    pub fn check_progress_linked<const E: usize>(
+        &self,
+        graph: &ReleaseGraph<TASKS, E>,
+    ) -> Result<(), DeadlockReport> {
+        let slot = |id: TaskId| (id % TASKS as u64) as usize;
+        let mut waiting = false;
+        for id in self.head..self.next {
+            if self.slot(id).state == TaskState::Completed {
+                continue;
+            }
+            if graph.released(slot(id)) {
+                return Ok(());
+            }
+            waiting = true;
+        }
+        let report = |cause| self.report_linked(cause, graph);
+        match self.stats.current {
+            Some(
+                reason @ (StallReason::TaskRingFull
+                | StallReason::TensorMapPoolFull
+                | StallReason::HeapRingFull),
+            ) if self.head < self.next && self.slot(self.head).held => {
+                Err(report(self.scope_deadlock(reason)))
+            }
+            Some(_) if self.is_drained() => Ok(()),
+            Some(_) => Err(report(DeadlockCause::Stuck)),
+            None if waiting => Err(report(DeadlockCause::Stuck)),
+            None => Ok(()),
+        }
+    }
+
     /// `pool` is full and its oldest task is held: by the outermost open
     /// scope that began at or before it.
     fn scope_deadlock(&self, pool: StallReason) -> DeadlockCause {
@@ -904,6 +1096,24 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
     /// The full report for `cause` in the orchestrator's current state.
     pub fn report(&self, cause: DeadlockCause) -> DeadlockReport {
+        self.report_in::<0>(cause, None)
+    }
+
+    /// [`Orchestrator::report`] for tasks submitted with
+    /// [`Orchestrator::submit_linked`]: what each waits on, from `graph`.
+    pub fn report_linked<const E: usize>(
+        &self,
+        cause: DeadlockCause,
+        graph: &ReleaseGraph<TASKS, E>,
+    ) -> DeadlockReport {
+        self.report_in(cause, Some(graph))
+    }
+
+    fn report_in<const E: usize>(
+        &self,
+        cause: DeadlockCause,
+        graph: Option<&ReleaseGraph<TASKS, E>>,
+    ) -> DeadlockReport {
         let occupancy = |resource, used: u64, capacity: u64| Occupancy {
             resource,
             used,
@@ -948,9 +1158,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // Producers are the older live tasks whose fan-out lists name
             // it, and its stream's previous task until that is issued.
             for p in self.head..id {
-                let named = |p: TaskId| {
-                    self.slot(p).stream_next == id
-                        || self.deps.iter(self.slot(p).fanout).any(|c| c == id)
+                let at = |t: TaskId| (t % TASKS as u64) as usize;
+                let named = |p: TaskId| match graph {
+                    Some(graph) => graph.waits_for(at(id), at(p)),
+                    None => {
+                        self.slot(p).stream_next == id
+                            || self.deps.iter(self.slot(p).fanout).any(|c| c == id)
+                    }
                 };
                 if self.is_live(p) && named(p) {
                     if let Some(w) = task.waits_on.get_mut(task.producers as usize) {
@@ -970,7 +1184,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
 /// One dependency pass of [`Orchestrator::wire`]: counts the distinct live
 /// producers of task `id` and, when `commit`, records an edge from each.
-struct Wiring<'a, const TASKS: usize, const DEPS: usize> {
+struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
     slots: &'a mut [Slot; TASKS],
     deps: &'a mut DepPool<DEPS>,
     found: &'a mut [TaskId; 16],
@@ -979,10 +1193,13 @@ struct Wiring<'a, const TASKS: usize, const DEPS: usize> {
     id: TaskId,
     mark: u64,
     commit: bool,
+    /// Committing into the release graph rather than the DepList pool.
+    graph: Option<&'a ReleaseGraph<TASKS, E>>,
+    edge_alloc: &'a mut u64,
     count: u64,
 }
 
-impl<const TASKS: usize, const DEPS: usize> Wiring<'_, TASKS, DEPS> {
+impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DEPS, E> {
     /// An event wait: a dependency on every live task of `stream` below `bound`.
     fn stream_tasks(&mut self, stream: StreamId, bound: TaskId) {
         for p in self.head..bound.min(self.next) {
@@ -993,7 +1210,7 @@ impl<const TASKS: usize, const DEPS: usize> Wiring<'_, TASKS, DEPS> {
     }
 }
 
-impl<const TASKS: usize, const DEPS: usize> Visitor for Wiring<'_, TASKS, DEPS> {
+impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Wiring<'_, TASKS, DEPS, E> {
     #[inline(always)]
     fn live(&self, task: TaskId) -> bool {
         live(self.slots, self.head, self.next, task)
@@ -1006,6 +1223,17 @@ impl<const TASKS: usize, const DEPS: usize> Visitor for Wiring<'_, TASKS, DEPS> 
             return;
         }
         producer.marked_by = self.mark;
+        if let Some(graph) = self.graph {
+            // Only edges the graph took count: a producer that completed
+            // meanwhile (unknown to the orchestrator yet) gets none.
+            let edge = (*self.edge_alloc % E as u64) as usize;
+            let at = (self.id % TASKS as u64) as usize;
+            if graph.link((p % TASKS as u64) as usize, at, edge) {
+                *self.edge_alloc += 1;
+                self.count += 1;
+            }
+            return;
+        }
         if let Some(slot) = self.found.get_mut(self.count as usize) {
             *slot = p;
         }

@@ -1,7 +1,9 @@
 //! The dispatcher: submits a table's tasks, then the tasks its program
-//! expands to, to the orchestrator in program order, writes a launch record
-//! for each expanded one, collects completions from the scheduler threads, and
-//! places ready tasks in dispatch queues by the run's policy.
+//! expands to, to the orchestrator in program order (which links them into
+//! the release graph), writes a launch record for each expanded one, places
+//! tasks that are ready at once, and those a thread released but did not
+//! keep, in dispatch queues by the run's policy, and collects the threads'
+//! completion reports so that the orchestrator retires the tasks.
 
 use wsp_ffi::CoreKind;
 
@@ -10,15 +12,15 @@ use super::policy::{
 };
 use super::record::Launch;
 use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats};
-use super::{
-    Arena, ConfigError, Queues, SchedConfig, DISPATCH_QUEUE, ISSUED, RUNNING, TASKSET_SHIFT,
-};
+use super::{Arena, ConfigError, Entry, Queues, SchedConfig, DISPATCH_QUEUE, RELEASED, RUNNING};
 use crate::abi::launch::Symbols;
 use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
 use crate::abi::{Region, Table, TensorDesc, ARENA_ALIGN, STREAM_OP_RECORD, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
-use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
+use heapless::Deque;
+
+use crate::orch::{ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
 
@@ -54,8 +56,9 @@ pub struct Dispatcher<'a> {
     key: [Option<DispatchKey>; MAX_TASKSETS],
     /// Tasks placed per taskset.
     placed_in: [u64; MAX_TASKSETS],
-    /// Bit `t`: taskset `t` steals, as last told to the threads.
-    published: Option<u8>,
+    /// Bit `t`: taskset `t` steals; bit `8 + t`: it keeps released tasks;
+    /// as last told to the threads.
+    published: Option<u16>,
     depth: usize,
     threads: usize,
     /// Per kind, the threads that own cores of it.
@@ -78,13 +81,21 @@ pub struct Dispatcher<'a> {
     expanded: bool,
     /// The last expansion step ran out of budget.
     yielded: bool,
-    /// The dispatch key and taskset of each task of the window, by task number.
+    /// A task finished since the last submission (which may have stalled).
+    retired: bool,
+    /// [`Load::starved`] when the policies last observed the load.
+    observed_starved: u64,
+    /// The dispatch key, taskset and kernel of each task of the window, by
+    /// task number.
     keys: [u64; TASK_WINDOW],
     sets: [u8; TASK_WINDOW],
-    /// Tasks placed and not yet collected as finished.
-    outstanding: u64,
+    kernels: [u32; TASK_WINDOW],
+    /// Per kind, ready tasks to place, oldest first: those ready when
+    /// submitted and those threads released without keeping them (at most
+    /// the window's tasks).
+    to_place: [Deque<Entry, TASK_WINDOW>; 2],
     /// Per kind, a ready task whose queue was full, and where it goes.
-    held: [Option<(ReadyTask, Target)>; 2],
+    held: [Option<(Entry, Target)>; 2],
     ready_queue: ResourceStats,
     stalled_since: Option<u64>,
     per_thread: [DispatchStats; MAX_THREADS],
@@ -234,9 +245,12 @@ impl<'a> Dispatcher<'a> {
             pending: None,
             expanded: false,
             yielded: false,
+            retired: false,
+            observed_starved: 0,
             keys: [0; TASK_WINDOW],
             sets: [0; TASK_WINDOW],
-            outstanding: 0,
+            kernels: [0; TASK_WINDOW],
+            to_place: [const { Deque::new() }; 2],
             held: [None; 2],
             ready_queue: ResourceStats {
                 capacity: config.queue_depth as u64,
@@ -249,22 +263,31 @@ impl<'a> Dispatcher<'a> {
         Ok(dispatcher)
     }
 
-    /// Tells the threads which tasksets they may steal from now (stores
-    /// only what changed: this runs after every dispatch round).
+    /// Tells the threads which tasksets they may steal from now, and which
+    /// released tasks they keep (stores only what changed: this runs after
+    /// every dispatch round).
     fn publish_steals(&mut self) {
-        let mut mask = self.policy.steals() as u8;
+        let (mut steals, mut keeps) = (
+            self.policy.steals() as u8,
+            self.policy.keeps_released() as u8,
+        );
         for (set, policy) in self.policies.iter().enumerate() {
-            if policy.as_ref().is_some_and(|p| p.steals()) {
-                mask |= 1 << set;
+            if let Some(p) = policy {
+                steals |= (p.steals() as u8) << set;
+                keeps |= (p.keeps_released() as u8) << set;
             }
         }
+        let mask = steals as u16 | (keeps as u16) << 8;
         if Some(mask) == self.published {
             return;
         }
         for (set, flag) in self.queues.steals.iter().enumerate() {
-            flag.store(mask & (1 << set) != 0, Ordering::Release);
+            flag.store(steals & (1 << set) != 0, Ordering::Release);
         }
-        self.queues.stealing.store(mask != 0, Ordering::Release);
+        for (set, flag) in self.queues.keeps.iter().enumerate() {
+            flag.store(keeps & (1 << set) != 0, Ordering::Release);
+        }
+        self.queues.stealing.store(steals != 0, Ordering::Release);
         self.published = Some(mask);
     }
 
@@ -291,50 +314,57 @@ impl<'a> Dispatcher<'a> {
     /// queued or running, nothing can ever complete, and the orchestrator
     /// proves whether that is the end or a deadlock.
     pub fn check_progress(&self) -> Result<(), RunError> {
-        let held = self.held.iter().flatten().count() as u64;
-        if self.outstanding + held > 0 {
+        let unplaced = self.to_place.iter().any(|q| !q.is_empty());
+        if unplaced || self.held.iter().any(Option::is_some) {
             return Ok(());
         }
-        let has_cores = [self.eligible_count[0] > 0, self.eligible_count[1] > 0];
+        // Tasks of a kind without cores were refused at submission.
         self.orch
-            .check_progress(0, has_cores)
+            .check_progress_linked(&self.queues.graph)
             .map_err(RunError::Deadlock)
     }
 
-    /// Takes the threads' reports (issues of stream tasks, completions) to
-    /// the orchestrator. A report the orchestrator refuses (a task not
-    /// handed out, or reported finished twice) ends the run: the threads'
-    /// view of the run no longer matches the orchestrator's.
+    /// Takes the threads' reports: completions to the orchestrator, which
+    /// retires the tasks (their dependents were released already), and
+    /// released tasks that a thread did not keep to be placed. A report the
+    /// orchestrator refuses (a task not submitted, or reported finished
+    /// twice) ends the run: the threads' view of the run no longer matches
+    /// the orchestrator's.
     fn collect(&mut self) -> Result<bool, RunError> {
         let mut any = false;
-        for ring in &self.queues.done[..self.threads] {
-            while let Some(entry) = ring.pop() {
+        let queues = self.queues;
+        for ring in &queues.done[..self.threads] {
+            while let Some(report) = ring.pop() {
                 any = true;
-                let finished = entry & ISSUED == 0;
-                let task = entry & !ISSUED;
+                let finished = report & RELEASED == 0;
+                let entry = Entry(report & !RELEASED);
+                let task = entry.task() as u64;
                 // `base` counts the orchestrator's earlier tasks and `task`
-                // is below 2^63: the sum cannot overflow.
+                // is below 2^32: the sum cannot overflow.
                 let id = self.base + task;
-                let reported = if finished {
-                    self.orch.complete(id)
-                } else {
-                    self.orch.issued(id)
-                };
                 let refused = |why| RunError::ReportRefused {
                     task,
                     finished,
                     why,
                 };
-                reported.map_err(refused)?;
                 if finished {
-                    // More completions than tasks placed: one of them names
-                    // a task that no thread was given.
-                    self.outstanding = (self.outstanding.checked_sub(1))
-                        .ok_or(refused(UsageError::NotRunning { id }))?;
+                    self.orch.finished(id).map_err(refused)?;
+                    self.retired = true;
+                } else if !self.orch.is_live(id) || entry.slot() != self.slot_of(task) {
+                    return Err(refused(UsageError::NotRunning { id }));
+                } else {
+                    let pushed = self.to_place[entry.kind()].push_back(entry);
+                    // At most one release per task of the window.
+                    debug_assert!(pushed.is_ok(), "to_place holds the window");
                 }
             }
         }
         Ok(any)
+    }
+
+    /// The release-graph slot of the run's task `task`.
+    fn slot_of(&self, task: u64) -> usize {
+        ((self.base + task) % TASK_WINDOW as u64) as usize
     }
 
     /// The next task to submit, from the tasks section, then the program;
@@ -406,8 +436,23 @@ impl<'a> Dispatcher<'a> {
 
     /// Submits tasks in order until one stalls or none is left for now.
     fn submit(&mut self, now: u64) -> Result<bool, RunError> {
+        // A stalled submission waits for room, which only a retirement
+        // makes: no retry (a whole submission's checks) before one.
+        if self.pending.is_some() && !core::mem::take(&mut self.retired) {
+            return Ok(false);
+        }
         let mut submitted = false;
         loop {
+            // Stalling before the task is built costs less than after.
+            match self.orch.window_full(now) {
+                Ok(false) => {}
+                Ok(true) => break,
+                Err(SubmitError::Deadlock(cause)) => {
+                    let report = self.orch.report_linked(cause, &self.queues.graph);
+                    return Err(RunError::Deadlock(report));
+                }
+                Err(_) => unreachable!("a full window stalls or deadlocks"),
+            }
             let spec = match self.pending.take() {
                 Some(spec) => spec,
                 None => match self.next_task()? {
@@ -449,26 +494,47 @@ impl<'a> Dispatcher<'a> {
                     .map_err(|lacks| key_error(key, set, None, Some(pc), lacks))?,
                 (None, _) => 0,
             };
-            match self
-                .orch
-                .submit_on(now, spec.stream, spec.kernel, spec.args(), 0, &[], index)
-            {
-                Ok(id) => {
+            let entry = Entry::new(index as u32, set, kind, self.slot_of(index));
+            let at = (index % TASK_WINDOW as u64) as usize;
+            // What threads and the policy read of the task, written before
+            // the submission, after which a thread may release it at any
+            // time. Only when the slot's previous task has retired (no one
+            // reads its words any more): otherwise the window is full and
+            // the submission stalls (or reports a scope deadlock).
+            let room = self.orch.in_flight() < TASK_WINDOW as u64;
+            if room {
+                self.keys[at] = key_value;
+                self.sets[at] = set;
+                self.kernels[at] = spec.kernel.id;
+                // A task of the tasks section launches from the table
+                // (shared, read-only); an expanded one from its record.
+                if spec.pc.is_some() {
+                    let launch = Launch {
+                        kernel_id: spec.kernel.id,
+                        stream: spec.stream,
+                        args: spec.kernel_args(self.table, 0),
+                    };
+                    self.queues.records.write(index, &launch);
+                }
+            }
+            let graph = &self.queues.graph;
+            match self.orch.submit_linked(
+                graph,
+                now,
+                spec.stream,
+                spec.kernel,
+                spec.args(),
+                index,
+                entry.0,
+            ) {
+                Ok((id, ready)) => {
                     // Only this dispatcher submits to `orch` (it holds it
                     // mutably for the run), so ids follow the run's numbers.
                     debug_assert_eq!(id, self.base + index);
-                    let at = (index % TASK_WINDOW as u64) as usize;
-                    self.keys[at] = key_value;
-                    self.sets[at] = set;
-                    // A task of the tasks section launches from the table
-                    // (shared, read-only); an expanded one from its record.
-                    if spec.pc.is_some() {
-                        let launch = Launch {
-                            kernel_id: spec.kernel.id,
-                            stream: spec.stream,
-                            args: spec.kernel_args(self.table, 0),
-                        };
-                        self.queues.records.write(index, &launch);
+                    debug_assert!(room, "the window is at most TASK_WINDOW");
+                    if ready {
+                        let pushed = self.to_place[kind as usize].push_back(entry);
+                        debug_assert!(pushed.is_ok(), "to_place holds the window");
                     }
                     self.next += 1;
                     submitted = true;
@@ -478,7 +544,8 @@ impl<'a> Dispatcher<'a> {
                     break;
                 }
                 Err(SubmitError::Deadlock(cause)) => {
-                    return Err(RunError::Deadlock(self.orch.report(cause)))
+                    let report = self.orch.report_linked(cause, &self.queues.graph);
+                    return Err(RunError::Deadlock(report));
                 }
                 // Validation refuses every table task the orchestrator
                 // would, and expansion checks each program task's regions;
@@ -504,10 +571,10 @@ impl<'a> Dispatcher<'a> {
                 let (task, target) = match self.held[k].take() {
                     Some(held) => held,
                     None => {
-                        let Some(task) = self.orch.pop_ready(kind) else {
+                        let Some(task) = self.to_place[k].pop_front() else {
                             break;
                         };
-                        (task, self.place(&task, kind)?)
+                        (task, self.place(task, kind)?)
                     }
                 };
                 let (owner, thread) = match target {
@@ -517,9 +584,8 @@ impl<'a> Dispatcher<'a> {
                 let Some(owner) = owner.as_mut() else {
                     unreachable!("every queue is claimed in `new`")
                 };
-                let set = self.sets[(task.tag % TASK_WINDOW as u64) as usize];
-                let entry = task.tag | (set as u64) << TASKSET_SHIFT;
-                if owner.len() >= self.depth || owner.push(entry).is_err() {
+                let set = task.taskset();
+                if owner.len() >= self.depth || owner.push(task.0).is_err() {
                     self.held[k] = Some((task, target));
                     if self.stalled_since.is_none() {
                         self.ready_queue.stalls += 1;
@@ -538,13 +604,20 @@ impl<'a> Dispatcher<'a> {
                 if let Some(since) = self.stalled_since.take() {
                     self.ready_queue.stall_ticks += now.saturating_sub(since);
                 }
-                self.placed_in[set as usize] += 1;
-                self.outstanding += 1;
+                self.placed_in[set] += 1;
                 placed = true;
             }
         }
+        // Policies look again when the load changed: tasks were placed or
+        // threads starved. (Reading every queue's length reads lines the
+        // other threads write: not on every idle round.)
+        let starved = self.queues.starved.load(Ordering::Relaxed);
+        if !placed && starved == self.observed_starved {
+            return Ok(false);
+        }
+        self.observed_starved = starved;
         let mut load = Load {
-            starved: self.queues.starved.load(Ordering::Relaxed),
+            starved,
             ..Load::default()
         };
         for (queued, ready) in load.queued.iter_mut().zip(&self.queues.ready) {
@@ -558,12 +631,12 @@ impl<'a> Dispatcher<'a> {
         Ok(placed)
     }
 
-    fn place(&mut self, task: &ReadyTask, kind: CoreKind) -> Result<Target, RunError> {
+    fn place(&mut self, task: Entry, kind: CoreKind) -> Result<Target, RunError> {
         let k = kind as usize;
-        let at = (task.tag % TASK_WINDOW as u64) as usize;
+        let at = task.task() as usize % TASK_WINDOW;
         let info = TaskInfo {
-            index: task.tag as u32,
-            kernel_id: task.kernel.id,
+            index: task.task(),
+            kernel_id: self.kernels[at],
             kind,
             key: self.keys[at],
         };
@@ -779,7 +852,8 @@ mod tests {
                 why: not_running,
             })
         );
-        let err = step_after(3 | ISSUED).unwrap_err();
+        // A release of a task never submitted.
+        let err = step_after(3 | RELEASED).unwrap_err();
         assert_eq!(
             err,
             RunError::ReportRefused {
@@ -790,7 +864,7 @@ mod tests {
         );
         let text = std::format!("{err}");
         assert!(
-            text.contains("task 3 issued") && text.contains("not running"),
+            text.contains("task 3 was released") && text.contains("not running"),
             "{text}"
         );
     }

@@ -3,39 +3,55 @@
 //! A run has one [`Dispatcher`] and 1 ..= [`MAX_THREADS`] scheduler threads
 //! ([`Scheduler`]), each owning a set of cores (cube and vector) through its
 //! own [`Platform`](crate::platform::Platform). The dispatcher owns the
-//! orchestrator: it submits the table's tasks, takes their completions and
-//! places every ready task, by the run's [`DispatchPolicy`], in the dispatch
-//! queue of one thread that owns cores of the task's kind, or in the shared
-//! queue. A scheduler thread takes tasks from its queue (oldest first), then
-//! from the shared queue, and, when the policy allows stealing and it still
-//! has idle cores, single tasks from other threads' queues; it issues them to
-//! its idle cores, polls its cores, and hands completions back to the
-//! dispatcher through its completion ring. For a task on a stream it also
-//! reports the issue itself through that ring: the orchestrator holds a
-//! stream's next task back until then, so that a stream's tasks are issued
-//! in order across threads, core kinds and steals, yet may overlap.
+//! orchestrator: it submits the table's tasks, which the orchestrator links
+//! into the release graph ([`crate::orch::release`]: atomic fan-in counters
+//! and fan-out lists), and places every task that is ready when submitted,
+//! by the run's [`DispatchPolicy`], in the dispatch queue of one thread that
+//! owns cores of the task's kind, or in the shared queue.
+//!
+//! Completions do not travel back before their dependents can run: the
+//! scheduler thread that sees a task finish releases its consumers in the
+//! graph itself. A task it releases stays in that thread's own queue when
+//! the policy keeps released tasks ([`DispatchPolicy::keeps_released`]:
+//! work stealing), so a chain stays on one thread and its cores; otherwise
+//! the thread hands it to the dispatcher, which places it by the policy.
+//! The thread then reports the finished task through its completion ring,
+//! and the dispatcher has the orchestrator retire it (reclaim its window
+//! slot, TensorMap entries and edges) later, off the critical path.
+//!
+//! A scheduler thread takes the oldest task of its own queue, then of the
+//! dispatcher's queue for it, then of the shared queue, and, when the
+//! policy allows stealing and it still has idle cores, single tasks from
+//! other threads' queues; it issues them to its idle cores and polls them.
+//! A task on a stream releases the stream's next task when it is issued
+//! (the graph's stream edge), so a stream issues in order across threads,
+//! core kinds and steals, yet its tasks may overlap.
 //!
 //! A workload program may split its tasks into tasksets
 //! ([`crate::abi::program::OP_DISPATCH`]), each placed by its own policy
-//! and key; taskset 0 uses the run's. A dispatch-queue entry carries its
-//! task's taskset, and a thief takes the oldest task of another thread's
-//! queue only if that taskset's policy steals now
-//! ([`StealDeque::steal_if`]): a task of a non-stealing taskset at the
-//! front of a queue holds thieves back until its owner takes it.
+//! and key; taskset 0 uses the run's. A queue entry carries its task's
+//! taskset, and a thief takes the oldest task of another thread's queue
+//! only if that taskset's policy steals now ([`StealDeque::steal_if`]): a
+//! task of a non-stealing taskset at the front of a queue holds thieves
+//! back until its owner takes it.
 //!
 //! ```text
-//!  dispatcher (thread 0)                         scheduler thread t
-//!  orchestrator ─ ready ─► policy ─► queue[t][kind] ─► idle core of kind
-//!        ▲                       └──► shared[kind] ─┘        │
-//!        └──────────────── done[t] ◄───────────────── poll ◄─┘
+//!  dispatcher (thread 0)                      scheduler thread t
+//!  orchestrator ─ link ─► release graph ◄──────── complete ◄── poll ◄─┐
+//!      │ ready now                           │ released (kept)        │
+//!      ▼                                     ▼                        │
+//!  policy ─► queue[t][kind] ──────────► own queue[t][kind] ─► idle core
+//!      ▲   └► shared[kind] ───────────────────────────────────┘
+//!      └── released (not kept), finished ◄── done[t] ◄────────────────┘
 //! ```
 //!
-//! All queues live in one [`Queues`] (a `static` on the device): dispatch
-//! queues are [`StealDeque`]s owned by the dispatcher, whose
-//! [`steal`](StealDeque::steal) end serves both the thread a queue belongs
-//! to and thieves; completion rings are single-producer single-consumer.
-//! A full dispatch queue stalls dispatch (`READY_QUEUE_FULL`) until the
-//! thread takes from it.
+//! All queues and the graph live in one [`Queues`] (a `static` on the
+//! device): dispatch queues are [`StealDeque`]s owned by the dispatcher, a
+//! thread's own queues by the thread; their [`steal`](StealDeque::steal)
+//! end serves the thread they are for and thieves alike. Completion rings
+//! are single-producer single-consumer. A full dispatch queue stalls
+//! dispatch (`READY_QUEUE_FULL`) until the thread takes from it; a thread
+//! whose own queue is full hands released tasks to the dispatcher.
 //!
 //! The code is written as steps that never block, so the same dispatcher,
 //! scheduler and policy code runs
@@ -45,10 +61,13 @@
 //!   [`exec::run`](crate::exec::run) with one thread, the deterministic
 //!   semantic-time mode of the shim with several).
 //!
-//! Nothing waits without bound: a kernel that overruns its timeout ends the
-//! run with a report, a run that cannot progress is proven stuck by the
-//! orchestrator (when nothing is queued or running), and a failing thread
-//! aborts the others, which drain their cores and stop.
+//! A thread with nothing to do spins for [`SPIN_ROUNDS`] rounds, then
+//! pauses on every further idle round ([`Clock::pause`](crate::platform::Clock::pause):
+//! a host thread yields its processor). Nothing waits without bound: a
+//! kernel that overruns its timeout ends the run with a report, a run that
+//! cannot progress is proven stuck by the orchestrator (when no task in
+//! flight has been released), and a failing thread aborts the others,
+//! which drain their cores and stop.
 
 mod dispatch;
 pub mod policy;
@@ -78,18 +97,61 @@ pub use thread::{kernel_args, Arena, Scheduler};
 /// shared queue per kind). [`SchedConfig::queue_depth`] may set a lower limit.
 pub const DISPATCH_QUEUE: usize = 256;
 
-/// Capacity of a thread's completion ring: two entries (issued, finished)
-/// per task of the window.
+/// Capacity of a thread's completion ring: two entries (released,
+/// finished) per task of the window.
 const DONE_RING: usize = 2 * TASK_WINDOW;
 
-/// A dispatch-queue entry is the task's number in the run (below 2^32)
-/// with its taskset in the bits from here up, so that a thief can tell
-/// whether the taskset's policy lets it take the task.
-const TASKSET_SHIFT: u32 = 32;
+/// Edge nodes of the release graph: eight fan-in edges per task of the
+/// window on average (a submission that finds fewer free stalls on
+/// `DEPLIST_POOL_FULL` until older tasks retire).
+pub const GRAPH_EDGES: usize = 8 * TASK_WINDOW;
 
-/// Marks a completion-ring entry as "this stream task was issued" rather
-/// than "finished": the dispatcher then lets the stream's next task go.
-const ISSUED: u64 = 1 << 63;
+/// The release graph of table runs.
+pub type TableGraph = crate::orch::ReleaseGraph<TASK_WINDOW, GRAPH_EDGES>;
+
+/// A queue entry (and a release-graph tag) packs a task's number in the
+/// run (below 2^32), its taskset from [`TASKSET_SHIFT`], its core kind at
+/// [`KIND_SHIFT`] and its release-graph slot from [`SLOT_SHIFT`]: a thief
+/// can tell whether the taskset's policy lets it take the task, and the
+/// thread that completes it finds its slot without asking the dispatcher.
+const TASKSET_SHIFT: u32 = 32;
+const KIND_SHIFT: u32 = 40;
+const SLOT_SHIFT: u32 = 48;
+const _: () = assert!(
+    TASK_WINDOW <= 1 << 15,
+    "slots fit in the entry below RELEASED"
+);
+
+/// An entry's fields (see [`TASKSET_SHIFT`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry(u64);
+
+impl Entry {
+    fn new(task: u32, taskset: u8, kind: wsp_ffi::CoreKind, slot: usize) -> Self {
+        Entry(
+            task as u64
+                | (taskset as u64) << TASKSET_SHIFT
+                | (kind as u64) << KIND_SHIFT
+                | (slot as u64) << SLOT_SHIFT,
+        )
+    }
+    fn task(self) -> u32 {
+        self.0 as u32
+    }
+    fn taskset(self) -> usize {
+        (self.0 >> TASKSET_SHIFT) as u8 as usize % MAX_TASKSETS
+    }
+    fn kind(self) -> usize {
+        ((self.0 >> KIND_SHIFT) & 1) as usize
+    }
+    fn slot(self) -> usize {
+        ((self.0 >> SLOT_SHIFT) & 0x7fff) as usize
+    }
+}
+
+/// Marks a completion-ring entry as "this thread released the task and
+/// leaves it to the dispatcher to place" rather than "finished".
+const RELEASED: u64 = 1 << 63;
 
 const RUNNING: u32 = 0;
 const FINISHED: u32 = 1;
@@ -98,7 +160,13 @@ const ABORTED: u32 = 2;
 /// The queues between the dispatcher and the scheduler threads, and the
 /// tasks' launch records (about 70 KiB; on the device, a `static`).
 pub struct Queues {
+    /// Per thread and kind, the tasks the dispatcher placed there.
     ready: [[StealDeque<DISPATCH_QUEUE>; 2]; MAX_THREADS],
+    /// Per thread and kind, the tasks the thread released itself (owned by
+    /// the thread: it pushes and pops the newest; thieves take the oldest).
+    local: [[StealDeque<DISPATCH_QUEUE>; 2]; MAX_THREADS],
+    /// Fan-in and fan-out of the window's tasks, released by the threads.
+    graph: TableGraph,
     shared: [StealDeque<DISPATCH_QUEUE>; 2],
     /// Per thread, the run's numbers of finished tasks, and of stream tasks
     /// just issued (marked [`ISSUED`]). Never full: every entry is one of at
@@ -110,6 +178,9 @@ pub struct Queues {
     stealing: AtomicBool,
     /// Per taskset, whether its policy lets idle threads steal its tasks now.
     steals: [AtomicBool; MAX_TASKSETS],
+    /// Per taskset, whether a thread that releases one of its tasks keeps
+    /// it in its own queue (else the dispatcher places it by the policy).
+    keeps: [AtomicBool; MAX_TASKSETS],
     /// [`Load::starved`].
     starved: AtomicU64,
     /// What each task of the window launches.
@@ -122,11 +193,14 @@ impl Queues {
     pub const fn new() -> Self {
         Queues {
             ready: [const { [const { StealDeque::new() }; 2] }; MAX_THREADS],
+            local: [const { [const { StealDeque::new() }; 2] }; MAX_THREADS],
+            graph: TableGraph::new(),
             shared: [const { StealDeque::new() }; 2],
             done: [const { Ring::new() }; MAX_THREADS],
             state: AtomicU32::new(RUNNING),
             stealing: AtomicBool::new(false),
             steals: [const { AtomicBool::new(false) }; MAX_TASKSETS],
+            keeps: [const { AtomicBool::new(false) }; MAX_TASKSETS],
             starved: AtomicU64::new(0),
             records: record::Records::new(),
         }
@@ -137,11 +211,14 @@ impl Queues {
     pub fn new() -> Self {
         Queues {
             ready: core::array::from_fn(|_| core::array::from_fn(|_| StealDeque::new())),
+            local: core::array::from_fn(|_| core::array::from_fn(|_| StealDeque::new())),
+            graph: TableGraph::new(),
             shared: core::array::from_fn(|_| StealDeque::new()),
             done: core::array::from_fn(|_| Ring::new()),
             state: AtomicU32::new(RUNNING),
             stealing: AtomicBool::new(false),
             steals: core::array::from_fn(|_| AtomicBool::new(false)),
+            keeps: core::array::from_fn(|_| AtomicBool::new(false)),
             starved: AtomicU64::new(0),
             records: record::Records::new(),
         }
@@ -201,6 +278,15 @@ impl Default for SchedConfig {
         }
     }
 }
+
+/// Idle rounds in a row that a scheduler thread spins through
+/// ([`Clock::relax`](crate::platform::Clock::relax)) before it pauses
+/// ([`Clock::pause`](crate::platform::Clock::pause): a host thread yields)
+/// on every further idle round: a task that arrives within a few
+/// microseconds is taken at once, and a thread that waits longer does not
+/// take a processor from the threads that have work when the host has
+/// fewer processors than threads.
+pub const SPIN_ROUNDS: u32 = 64;
 
 /// Scheduler threads of the default schedule: two, so that a run overlaps
 /// dispatch with issue and completions reach a second thread's cores
@@ -336,7 +422,7 @@ pub fn drive_leader<P: crate::platform::Platform>(
             }
             let now = scheduler.now();
             let mut progress = dispatcher.step(now)?;
-            progress |= scheduler.step()?;
+            progress |= scheduler.step_at(now)?;
             if !progress {
                 dispatcher.check_progress()?;
                 scheduler.check_timeouts()?;

@@ -55,13 +55,24 @@ pub trait DispatchPolicy {
     fn name(&self) -> &'static str;
     /// Chooses among the `threads` threads that own cores of `task.kind`.
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement;
-    /// Called by the dispatcher after every dispatch round, also when no
-    /// task was ready, with `queued[t]` the tasks in thread `t`'s dispatch
-    /// queues (both kinds): lets a policy change its mind while the tasks
-    /// it already placed run (an adaptive policy sees starvation only then).
+    /// Called by the dispatcher after every dispatch round in which it
+    /// placed tasks or threads starved again ([`Load::starved`] grew), also
+    /// when no task was ready, with `queued[t]` the tasks in thread `t`'s
+    /// dispatch queues (both kinds): lets a policy change its mind while
+    /// the tasks it already placed run (an adaptive policy sees starvation
+    /// only then).
     fn observe(&mut self, _load: &Load) {}
     /// Whether an idle thread may take single tasks from others' queues now.
     fn steals(&self) -> bool {
+        false
+    }
+    /// Whether a scheduler thread that releases a task (its last producer
+    /// completed there) keeps it in its own queue rather than handing it to
+    /// the dispatcher to place by [`DispatchPolicy::place`]. Keeping is
+    /// work-first: a chain stays on one thread and its cores, and no
+    /// completion waits for the dispatcher's thread; only policies that
+    /// balance by stealing anyway say yes. Asked after every dispatch round.
+    fn keeps_released(&self) -> bool {
         false
     }
     /// What the policy decided, for reports (adaptive policies change
@@ -221,9 +232,11 @@ impl DispatchPolicy for Hash {
     }
 }
 
-/// Tasks are placed by key, like [`Affinity`] (locality first); a thread
-/// whose cores are idle and whose queue is empty steals single tasks from
-/// the others.
+/// Tasks ready when submitted are placed by key, like [`Affinity`]
+/// (locality first); a task released by a completion stays with the thread
+/// that observed the completion (work-first: a chain stays on one thread
+/// and its cores); a thread whose cores are idle and whose queues are empty
+/// steals single tasks from the others.
 #[cfg(feature = "policy-work-stealing")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WorkStealing;
@@ -237,6 +250,9 @@ impl DispatchPolicy for WorkStealing {
         by_key(task, threads)
     }
     fn steals(&self) -> bool {
+        true
+    }
+    fn keeps_released(&self) -> bool {
         true
     }
 }
@@ -302,6 +318,9 @@ impl DispatchPolicy for Adaptive {
         }
     }
     fn steals(&self) -> bool {
+        self.stealing
+    }
+    fn keeps_released(&self) -> bool {
         self.stealing
     }
     fn decision(&self) -> &'static str {
@@ -397,6 +416,9 @@ impl DispatchPolicy for Policy {
     }
     fn steals(&self) -> bool {
         self.inner_ref().steals()
+    }
+    fn keeps_released(&self) -> bool {
+        self.inner_ref().keeps_released()
     }
     fn decision(&self) -> &'static str {
         self.inner_ref().decision()

@@ -113,6 +113,9 @@ pub struct ThreadStats {
     pub issued: u64,
     /// Tasks the dispatcher placed in its queues.
     pub placed: u64,
+    /// Tasks it released (their last producer finished on its cores) and
+    /// kept in its own queue, without the dispatcher.
+    pub released: u64,
     /// Of the issued tasks, those taken from the shared queue.
     pub from_shared: u64,
     /// Of the issued tasks, those queued behind a running task on a busy
@@ -184,6 +187,7 @@ impl RunStats {
                 thread: 0,
                 issued: 0,
                 placed: 0,
+                released: 0,
                 from_shared: 0,
                 steal_attempts: 0,
                 queued: 0,
@@ -379,7 +383,7 @@ impl fmt::Display for RunError {
                 )
             }
             RunError::ReportRefused { task, finished, why } => {
-                let report = if finished { "finished" } else { "issued" };
+                let report = if finished { "finished" } else { "was released" };
                 write!(f, "the orchestrator refused the report that task {task} {report}: {why}")
             }
             RunError::StreamOpRefused { op, why } => {

@@ -1,5 +1,8 @@
-//! A scheduler thread: takes tasks from the dispatch queues, issues them to
-//! its idle cores, polls its cores and hands completions to the dispatcher.
+//! A scheduler thread: takes tasks from its queues (then the shared queue,
+//! then other threads'), issues them to its idle cores, polls its cores,
+//! releases the dependents of the tasks it sees finish (keeping them in its
+//! own queue or handing them to the dispatcher, as the policy says) and
+//! reports the finished tasks to the dispatcher, which retires them.
 
 use core::marker::PhantomData;
 
@@ -8,12 +11,12 @@ use wsp_ffi::{CoreKind, WspKernelArgs};
 use super::policy::MAX_THREADS;
 use super::run::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use super::ConfigError;
-use super::{Queues, DONE_RING, FINISHED, ISSUED, RUNNING};
-use crate::abi::program::MAX_TASKSETS;
+use super::{Entry, Queues, DISPATCH_QUEUE, DONE_RING, FINISHED, RELEASED, RUNNING};
 use crate::abi::Table;
-use crate::expand::TaskSpec;
+use crate::abi::{Region, MAX_SCALARS, MAX_TENSOR_ARGS};
+use crate::expand::{tensor_view, NO_VIEW};
 use crate::platform::{Completion, Platform, MAX_CORES};
-use crate::steal_deque::{Steal, StealDeque};
+use crate::steal_deque::{Owner, Steal, StealDeque};
 use crate::sync::Ordering;
 
 /// The data arena of a run, borrowed mutably for `'a` and shared by the
@@ -87,7 +90,31 @@ impl<'a> Arena<'a> {
 /// tensors in `arena`: the views a core gets. Building them is safe; running
 /// a kernel on them is not (see [`Platform::launch`]).
 pub fn kernel_args(table: &Table<'_>, arena: &Arena<'_>, task: u32) -> WspKernelArgs {
-    TaskSpec::of_task(table, task as usize).kernel_args(table, arena.base)
+    // Straight from the descriptors (the issue path): what
+    // `TaskSpec::of_task(..).kernel_args(..)` gives, without building and
+    // copying the spec (a test checks the two agree).
+    let desc = &table.tasks()[task as usize];
+    let targs = table.task_args(desc);
+    // Validation bounds both counts by the capacities.
+    let scalars = (desc.num_scalars.get() as usize).min(MAX_SCALARS);
+    let mut args = WspKernelArgs {
+        num_tensors: targs.len() as u32,
+        num_scalars: scalars as u32,
+        tensors: [NO_VIEW; MAX_TENSOR_ARGS],
+        scalars: [0; MAX_SCALARS],
+    };
+    for (out, s) in args.scalars.iter_mut().zip(&desc.scalars[..scalars]) {
+        *out = s.get();
+    }
+    let tensors = table.tensors();
+    for (view, t) in args.tensors.iter_mut().zip(targs) {
+        *view = tensor_view(
+            &tensors[t.tensor.get() as usize],
+            &Region::of(t),
+            arena.base,
+        );
+    }
+    args
 }
 
 /// How many times a take retries a deque whose `top` it lost to another
@@ -109,9 +136,14 @@ pub struct Scheduler<'a, P: Platform> {
     kind_mask: [u64; 2],
     /// Cores holding no task.
     idle: u64,
+    /// Per kind, the owner end of its own queue: the tasks it released
+    /// (it pushes there; it takes the oldest, as thieves do, which keeps
+    /// program order first, as in the dispatcher's queues).
+    local: [Owner<'a, DISPATCH_QUEUE>; 2],
     /// Per core, the tasks it holds in launch order (a ring of
-    /// [`MAX_ISSUE_DEPTH`]): `core_task[core][(core_head[core] + i) % 2]`.
-    core_task: [[u32; MAX_ISSUE_DEPTH]; MAX_CORES],
+    /// [`MAX_ISSUE_DEPTH`]): `core_task[core][(core_head[core] + i) % 2]`,
+    /// as queue entries ([`Entry`]).
+    core_task: [[Entry; MAX_ISSUE_DEPTH]; MAX_CORES],
     core_head: [u8; MAX_CORES],
     core_held: [u8; MAX_CORES],
     /// When the core's oldest task started (was launched to an idle core,
@@ -121,6 +153,8 @@ pub struct Scheduler<'a, P: Platform> {
     /// running one (see [`RunOptions::issue_depth`]).
     depth: usize,
     next_core: u32,
+    /// Rounds in a row that found nothing to do (see [`Scheduler::relax`]).
+    idle_rounds: u32,
     timeout_ticks: u64,
     stats: ThreadStats,
     cores: [CoreStats; MAX_CORES],
@@ -159,7 +193,18 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             cores[core].thread = id as u8;
         }
         let tps = platform.ticks_per_second();
+        let threads_err = ConfigError::Threads {
+            threads: id + 1,
+            max: MAX_THREADS,
+        };
+        let own = queues.local.get(id).ok_or(threads_err)?;
+        let claim = |k: usize| own[k].claim_owner().map_err(|_| ConfigError::QueuesInUse);
+        let local = [claim(0)?, claim(1)?];
+        if local.iter().any(|q| !q.is_empty()) {
+            return Err(ConfigError::QueuesInUse);
+        }
         Ok(Scheduler {
+            local,
             id,
             threads: threads.min(MAX_THREADS),
             queues,
@@ -169,12 +214,13 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             global: ids,
             idle: kind_mask[0] | kind_mask[1],
             kind_mask,
-            core_task: [[0; MAX_ISSUE_DEPTH]; MAX_CORES],
+            core_task: [[Entry(0); MAX_ISSUE_DEPTH]; MAX_CORES],
             core_head: [0; MAX_CORES],
             core_held: [0; MAX_CORES],
             core_started: [0; MAX_CORES],
             depth,
             next_core: 0,
+            idle_rounds: 0,
             timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
             stats: ThreadStats {
                 thread: id as u8,
@@ -209,8 +255,16 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         self.platform.now()
     }
 
-    pub(super) fn relax(&self) {
-        self.platform.relax()
+    /// Waits a moment after a round with nothing to do: spins for
+    /// [`SPIN_ROUNDS`](super::SPIN_ROUNDS) such rounds in a row, then
+    /// pauses (yields the host processor where there is a host).
+    pub(super) fn relax(&mut self) {
+        if self.idle_rounds < super::SPIN_ROUNDS {
+            self.idle_rounds += 1;
+            self.platform.relax()
+        } else {
+            self.platform.pause()
+        }
     }
 
     fn busy(&self) -> u64 {
@@ -220,8 +274,20 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// One round: poll cores, issue to idle ones. Returns whether anything
     /// happened.
     pub fn step(&mut self) -> Result<bool, RunError> {
-        let mut progress = self.poll_cores()?;
-        progress |= self.issue()?;
+        let now = self.platform.now();
+        self.step_at(now)
+    }
+
+    /// [`Scheduler::step`] at time `now`, read from its clock by the
+    /// caller: one reading per round times every completion and issue of
+    /// the round (a clock read can cost as much as handling a task; in
+    /// semantic time the clock only moves in `relax`, so this is exact).
+    pub(super) fn step_at(&mut self, now: u64) -> Result<bool, RunError> {
+        let mut progress = self.poll_cores(now)?;
+        progress |= self.issue(now)?;
+        if progress {
+            self.idle_rounds = 0;
+        }
         Ok(progress)
     }
 
@@ -256,10 +322,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     fn take_from(
         deque: &StealDeque<{ super::DISPATCH_QUEUE }>,
         take: impl Fn(u64) -> bool,
-    ) -> Option<u32> {
+    ) -> Option<Entry> {
         for _ in 0..RETRIES {
             match deque.steal_if(&take) {
-                Steal::Task(task) => return Some(task as u32),
+                Steal::Task(task) => return Some(Entry(task)),
                 Steal::Empty | Steal::Declined => return None,
                 Steal::Retry => {}
             }
@@ -267,14 +333,21 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         None
     }
 
-    /// The next task for a `kind` core: own queue, shared queue, then (if
-    /// the policy allows) one task stolen from another thread. To queue
-    /// behind a busy core (`behind`), only from its own queue: a task that
+    /// The next task for a `kind` core: the oldest it released itself, the
+    /// oldest the dispatcher placed with it, the shared queue, then (if the policy
+    /// allows) one task stolen from another thread. To queue behind a busy
+    /// core (`behind`), only from the dispatcher's queue for it: a task that
     /// another thread could start now should not wait behind a running one.
-    fn take(&mut self, kind: CoreKind, behind: bool) -> Option<u32> {
+    fn take(&mut self, kind: CoreKind, behind: bool) -> Option<Entry> {
         let k = kind as usize;
         let queues = self.queues;
         let any = |_| true;
+        // Not behind a busy core: another thread could start the task now.
+        if !behind {
+            if let Some(task) = Self::take_from(&queues.local[self.id][k], any) {
+                return Some(task);
+            }
+        }
         if let Some(task) = Self::take_from(&queues.ready[self.id][k], any) {
             return Some(task);
         }
@@ -287,24 +360,23 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         }
         // Only tasks of a taskset whose policy steals now may be stolen.
         let stealing = queues.stealing.load(Ordering::Acquire);
-        let stealable = |entry: u64| {
-            let set = (entry >> super::TASKSET_SHIFT) as usize % MAX_TASKSETS;
-            queues.steals[set].load(Ordering::Acquire)
-        };
+        let stealable = |entry: u64| queues.steals[Entry(entry).taskset()].load(Ordering::Acquire);
         let mut backlog = false;
         for step in 1..self.threads {
-            let victim = &queues.ready[(self.id + step) % self.threads][k];
-            if victim.is_empty() {
-                continue;
-            }
-            backlog = true;
-            if !stealing {
-                break;
-            }
-            self.stats.steal_attempts += 1;
-            if let Some(task) = Self::take_from(victim, stealable) {
-                self.stats.steals += 1;
-                return Some(task);
+            let other = (self.id + step) % self.threads;
+            for victim in [&queues.local[other][k], &queues.ready[other][k]] {
+                if victim.is_empty() {
+                    continue;
+                }
+                backlog = true;
+                if !stealing {
+                    break;
+                }
+                self.stats.steal_attempts += 1;
+                if let Some(task) = Self::take_from(victim, stealable) {
+                    self.stats.steals += 1;
+                    return Some(task);
+                }
             }
         }
         if backlog {
@@ -316,7 +388,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
 
     /// Issues queued tasks to idle cores of their kind, then (with an issue
     /// depth of 2) behind busy cores that can queue one.
-    fn issue(&mut self) -> Result<bool, RunError> {
+    fn issue(&mut self, now: u64) -> Result<bool, RunError> {
         let mut issued = false;
         for kind in [CoreKind::Cube, CoreKind::Vector] {
             loop {
@@ -332,9 +404,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 } else {
                     break;
                 };
-                let Some(index) = self.take(kind, behind) else {
+                let Some(entry) = self.take(kind, behind) else {
                     break;
                 };
+                let index = entry.task();
                 self.next_core = (core as u32 + 1) % 64;
                 let (args, kernel_id, stream) = self.launch_of(index);
                 // SAFETY: the table is validated and the dispatcher checked
@@ -351,22 +424,18 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                     });
                 }
                 if stream != 0 {
-                    // The stream's next task waits for this report. The
-                    // ring has room: it holds at most one issue and one
-                    // completion report per task that the dispatcher has
-                    // not collected as finished, every such task is in the
-                    // window, and the window is at most `TASK_WINDOW`
-                    // (`Orchestrator::set_window` refuses more), so at most
-                    // `DONE_RING` = 2 * `TASK_WINDOW` reports are pending.
-                    let pushed = self.queues.done[self.id].push(index as u64 | ISSUED);
-                    debug_assert!(pushed, "the completion ring has room for every report");
+                    // The stream's next task waited for this issue.
+                    let queues = self.queues;
+                    queues
+                        .graph
+                        .issued(entry.slot(), |tag| self.keep_or_hand_on(tag));
                 }
                 let held = self.core_held[core] as usize;
                 if held == 0 {
-                    self.core_started[core] = self.platform.now();
+                    self.core_started[core] = now;
                 }
                 let at = (self.core_head[core] as usize + held) % MAX_ISSUE_DEPTH;
-                self.core_task[core][at] = index;
+                self.core_task[core][at] = entry;
                 self.core_held[core] += 1;
                 self.idle &= !(1 << core);
                 self.stats.issued += 1;
@@ -419,8 +488,30 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         None
     }
 
+    /// A task this thread released: into its own queue if the taskset's
+    /// policy keeps released tasks, it has cores of the task's kind and the
+    /// queue has room; else to the dispatcher, to place by the policy. The
+    /// completion ring has room: it holds at most one release and one
+    /// completion report per task that the dispatcher has not collected as
+    /// finished, every such task is in the window, and the window is at
+    /// most `TASK_WINDOW` (`Orchestrator::set_window` refuses more), so at
+    /// most `DONE_RING` = 2 * `TASK_WINDOW` reports are pending.
+    fn keep_or_hand_on(&mut self, tag: u64) {
+        let entry = Entry(tag);
+        let kind = entry.kind();
+        if self.kind_mask[kind] != 0
+            && self.queues.keeps[entry.taskset()].load(Ordering::Relaxed)
+            && self.local[kind].push(tag).is_ok()
+        {
+            self.stats.released += 1;
+            return;
+        }
+        let pushed = self.queues.done[self.id].push(tag | RELEASED);
+        debug_assert!(pushed, "the completion ring has room for every report");
+    }
+
     /// Takes the oldest task `core` holds off its ring, after its completion.
-    fn retire_oldest(&mut self, core: usize, now: u64) -> u32 {
+    fn retire_oldest(&mut self, core: usize, now: u64) -> Entry {
         let index = self.core_task[core][self.core_head[core] as usize];
         self.core_head[core] = ((self.core_head[core] as usize + 1) % MAX_ISSUE_DEPTH) as u8;
         self.core_held[core] -= 1;
@@ -434,11 +525,13 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         index
     }
 
-    /// Collects finished tasks and hands them to the dispatcher.
-    fn poll_cores(&mut self) -> Result<bool, RunError> {
+    /// Collects finished tasks, releases their dependents and reports them
+    /// to the dispatcher.
+    fn poll_cores(&mut self, now: u64) -> Result<bool, RunError> {
         let mut finished = false;
         let mut busy = self.busy();
-        let done = &self.queues.done[self.id];
+        let queues = self.queues;
+        let done = &queues.done[self.id];
         // Never full (it holds at most two reports per uncollected task of
         // the window, and has room for that); checked anyway, so that no
         // completion is taken from a core without room to hand it on.
@@ -448,9 +541,9 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             let Some(completion) = self.platform.poll(core) else {
                 continue;
             };
-            let now = self.platform.now();
             let started = self.core_started[core];
-            let index = self.retire_oldest(core, now);
+            let entry = self.retire_oldest(core, now);
+            let index = entry.task();
             let cycles = match completion {
                 Completion::Done { cycles } => cycles,
                 Completion::Rejected => {
@@ -468,10 +561,12 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             stats.busy_ticks += busy_ticks;
             self.stats.busy_ticks += busy_ticks;
             self.stats.cycles += cycles;
-            // This thread is the ring's only producer and the loop checked
-            // its length: the push cannot fail.
-            let pushed = done.push(index as u64);
-            debug_assert!(pushed, "room was checked before polling");
+            queues
+                .graph
+                .complete(entry.slot(), |tag| self.keep_or_hand_on(tag));
+            // Room: see `keep_or_hand_on`.
+            let pushed = done.push(entry.0);
+            debug_assert!(pushed, "the completion ring has room for every report");
             finished = true;
             // The task queued behind it may have finished too: poll again.
             if self.core_held[core] > 0 {
@@ -490,7 +585,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             busy &= busy - 1;
             let waited = now.wrapping_sub(self.core_started[core]);
             if waited > self.timeout_ticks {
-                let task = self.core_task[core][self.core_head[core] as usize];
+                let task = self.core_task[core][self.core_head[core] as usize].task();
                 let tps = self.platform.ticks_per_second().max(1);
                 return Err(RunError::KernelTimeout {
                     task,

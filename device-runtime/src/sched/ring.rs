@@ -21,17 +21,39 @@
 use crate::sync::{AtomicU64, Ordering};
 
 /// `N` slots (a power of two).
+///
+/// Each end keeps, on its own cache line, the last value it read of the
+/// other end's position, and reads the other end's line again only when
+/// that stale view says the ring is full (producer) or empty (consumer):
+/// a value then costs one transfer of its slot's line and, in bursts,
+/// rarely one of a position's.
 #[repr(C, align(64))]
 pub struct Ring<const N: usize> {
-    /// Next position the consumer reads.
-    head: AtomicU64,
-    /// Next position the producer writes; on its own cache line.
-    tail: Line<AtomicU64>,
+    /// Next position the consumer reads, and the consumer's view of `tail`.
+    head: Line<Position>,
+    /// Next position the producer writes, and the producer's view of `head`.
+    tail: Line<Position>,
     slots: [AtomicU64; N],
+}
+
+/// One end's position and its last reading of the other end's.
+struct Position {
+    at: AtomicU64,
+    /// Only this end reads and writes it (`Relaxed`).
+    seen: AtomicU64,
 }
 
 #[repr(align(64))]
 struct Line<T>(T);
+
+crate::sync::maybe_const_fn! {
+    fn position() -> Line<Position> {
+        Line(Position {
+            at: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+        })
+    }
+}
 
 impl<const N: usize> Ring<N> {
     const POWER_OF_TWO: () = assert!(N.is_power_of_two(), "ring capacity must be a power of two");
@@ -42,8 +64,8 @@ impl<const N: usize> Ring<N> {
         #[allow(clippy::let_unit_value)]
         let _ = Self::POWER_OF_TWO;
         Ring {
-            head: AtomicU64::new(0),
-            tail: Line(AtomicU64::new(0)),
+            head: position(),
+            tail: position(),
             slots: [const { AtomicU64::new(0) }; N],
         }
     }
@@ -54,8 +76,8 @@ impl<const N: usize> Ring<N> {
         #[allow(clippy::let_unit_value)]
         let _ = Self::POWER_OF_TWO;
         Ring {
-            head: AtomicU64::new(0),
-            tail: Line(AtomicU64::new(0)),
+            head: position(),
+            tail: position(),
             slots: core::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -66,32 +88,42 @@ impl<const N: usize> Ring<N> {
 
     /// Producer: appends `value`; `false` (and nothing changes) when full.
     pub fn push(&self, value: u64) -> bool {
-        let tail = self.tail.0.load(Ordering::Relaxed);
-        let head = self.head.load(Ordering::Acquire);
-        if tail - head >= N as u64 {
-            return false;
+        let end = &self.tail.0;
+        let tail = end.at.load(Ordering::Relaxed);
+        if tail - end.seen.load(Ordering::Relaxed) >= N as u64 {
+            // Full as last seen: look at the consumer's position again.
+            let head = self.head.0.at.load(Ordering::Acquire);
+            end.seen.store(head, Ordering::Relaxed);
+            if tail - head >= N as u64 {
+                return false;
+            }
         }
         self.slot(tail).store(value, Ordering::Relaxed);
-        self.tail.0.store(tail + 1, Ordering::Release);
+        end.at.store(tail + 1, Ordering::Release);
         true
     }
 
     /// Consumer: the oldest value, if any.
     pub fn pop(&self) -> Option<u64> {
-        let head = self.head.load(Ordering::Relaxed);
-        let tail = self.tail.0.load(Ordering::Acquire);
-        if head == tail {
-            return None;
+        let end = &self.head.0;
+        let head = end.at.load(Ordering::Relaxed);
+        if head == end.seen.load(Ordering::Relaxed) {
+            // Empty as last seen: look at the producer's position again.
+            let tail = self.tail.0.at.load(Ordering::Acquire);
+            end.seen.store(tail, Ordering::Relaxed);
+            if head == tail {
+                return None;
+            }
         }
         let value = self.slot(head).load(Ordering::Relaxed);
-        self.head.store(head + 1, Ordering::Release);
+        end.at.store(head + 1, Ordering::Release);
         Some(value)
     }
 
     /// Values in the ring at some recent moment.
     pub fn len(&self) -> usize {
-        let tail = self.tail.0.load(Ordering::Acquire);
-        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.0.at.load(Ordering::Acquire);
+        let head = self.head.0.at.load(Ordering::Acquire);
         tail.saturating_sub(head) as usize
     }
 

@@ -323,6 +323,11 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         deque: &StealDeque<{ super::DISPATCH_QUEUE }>,
         take: impl Fn(u64) -> bool,
     ) -> Option<Entry> {
+        // A look at the two positions first: a steal from an empty deque
+        // would still pay its full fence.
+        if deque.is_empty() {
+            return None;
+        }
         for _ in 0..RETRIES {
             match deque.steal_if(&take) {
                 Steal::Task(task) => return Some(Entry(task)),
@@ -533,9 +538,13 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         let queues = self.queues;
         let done = &queues.done[self.id];
         // Never full (it holds at most two reports per uncollected task of
-        // the window, and has room for that); checked anyway, so that no
+        // the window, and has room for that); checked anyway, once a round
+        // (the check reads the dispatcher's position), so that no
         // completion is taken from a core without room to hand it on.
-        while busy != 0 && done.len() < DONE_RING {
+        if busy != 0 && done.len() + 2 * self.num_cores > DONE_RING {
+            return Ok(false);
+        }
+        while busy != 0 {
             let core = busy.trailing_zeros() as usize;
             busy &= busy - 1;
             let Some(completion) = self.platform.poll(core) else {

@@ -26,17 +26,20 @@ use crate::sched::{
 };
 
 /// Runs every task of `table` on `platform`, with tensor data in `arena`,
-/// using `orch` (which must hold no tasks) for dependency tracking: one
+/// using `orch` (which must hold no tasks) for dependency tracking and
+/// `queues` (empty: new, or after a finished run or a reset): one
 /// scheduler thread (the caller) driving every core of the platform, in
-/// ready order (round-robin over one thread).
+/// ready order (round-robin over one thread). Both are large (their sizes
+/// grow with [`TASK_WINDOW`](crate::abi::TASK_WINDOW)): keep them in a
+/// `static` or on the heap, not on a small stack.
 pub fn run<P: Platform>(
     table: &Table<'_>,
     arena: &mut [u8],
     platform: &mut P,
     orch: &mut TableOrchestrator,
+    queues: &Queues,
     options: &RunOptions,
 ) -> Result<RunStats, RunError> {
-    let queues = Queues::new();
     let mut policy = RoundRobin::default();
     let config = SchedConfig {
         threads: 1,
@@ -54,7 +57,7 @@ pub fn run<P: Platform>(
         &global[..num_cores],
         table,
         arena,
-        &queues,
+        queues,
         options,
     )
     .map_err(RunError::Config)?;
@@ -64,7 +67,7 @@ pub fn run<P: Platform>(
         arena,
         options,
         orch,
-        &queues,
+        queues,
         &mut policy,
         &config,
         &kinds,

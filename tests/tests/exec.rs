@@ -386,7 +386,7 @@ fn an_arena_smaller_than_the_table_needs() {
     );
 }
 
-/// `exec::run` with a fresh orchestrator.
+/// `exec::run` with a fresh orchestrator and queues.
 #[allow(clippy::result_large_err)] // the device's error type, unboxed by design
 fn run<P: Platform>(
     table: &Table<'_>,
@@ -395,5 +395,6 @@ fn run<P: Platform>(
     options: &RunOptions,
 ) -> Result<RunStats, RunError> {
     let mut orch = Box::new(TableOrchestrator::for_tables());
-    exec::run(table, arena, platform, &mut orch, options)
+    let queues = Box::new(device_runtime::sched::Queues::new());
+    exec::run(table, arena, platform, &mut orch, &queues, options)
 }

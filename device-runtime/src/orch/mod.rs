@@ -715,7 +715,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             Some((graph, _)) => {
                 let ready = graph.arm(at, linked_edges);
                 if ready {
-                    self.slot_mut(id).state = TaskState::Running;
+                    self.push_ready(id);
                 }
                 Some(ready)
             }
@@ -817,6 +817,24 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         if slot.fanin > 0 {
             return;
         }
+        self.push_ready(id);
+    }
+
+    /// Task `id`, submitted with [`Orchestrator::submit_linked`], was
+    /// released in the graph by a thread that leaves it to the caller to
+    /// place: into the ready list of its kind, for
+    /// [`Orchestrator::pop_ready`]. Refused for a task not waiting.
+    pub fn released(&mut self, id: TaskId) -> Result<(), UsageError> {
+        if id < self.head || id >= self.next || self.slot(id).state != TaskState::Pending {
+            return Err(UsageError::NotRunning { id });
+        }
+        self.push_ready(id);
+        Ok(())
+    }
+
+    /// Appends `id` to the ready list of its kind.
+    fn push_ready(&mut self, id: TaskId) {
+        let slot = self.slot_mut(id);
         slot.state = TaskState::Ready;
         slot.ready_next = NONE;
         let kind = slot.kernel.kind as usize;

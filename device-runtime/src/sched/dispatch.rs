@@ -18,9 +18,7 @@ use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
 use crate::abi::{Region, Table, TensorDesc, ARENA_ALIGN, STREAM_OP_RECORD, TASK_WINDOW};
 use crate::expand::{Context, Expander, Step, TaskSpec};
-use heapless::Deque;
-
-use crate::orch::{ResourceStats, StallReason, SubmitError, TaskId, UsageError};
+use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
 
@@ -85,17 +83,8 @@ pub struct Dispatcher<'a> {
     retired: bool,
     /// [`Load::starved`] when the policies last observed the load.
     observed_starved: u64,
-    /// The dispatch key, taskset and kernel of each task of the window, by
-    /// task number.
-    keys: [u64; TASK_WINDOW],
-    sets: [u8; TASK_WINDOW],
-    kernels: [u32; TASK_WINDOW],
-    /// Per kind, ready tasks to place, oldest first: those ready when
-    /// submitted and those threads released without keeping them (at most
-    /// the window's tasks).
-    to_place: [Deque<Entry, TASK_WINDOW>; 2],
     /// Per kind, a ready task whose queue was full, and where it goes.
-    held: [Option<(Entry, Target)>; 2],
+    held: [Option<(ReadyTask, Target)>; 2],
     ready_queue: ResourceStats,
     stalled_since: Option<u64>,
     per_thread: [DispatchStats; MAX_THREADS],
@@ -247,10 +236,6 @@ impl<'a> Dispatcher<'a> {
             yielded: false,
             retired: false,
             observed_starved: 0,
-            keys: [0; TASK_WINDOW],
-            sets: [0; TASK_WINDOW],
-            kernels: [0; TASK_WINDOW],
-            to_place: [const { Deque::new() }; 2],
             held: [None; 2],
             ready_queue: ResourceStats {
                 capacity: config.queue_depth as u64,
@@ -314,8 +299,7 @@ impl<'a> Dispatcher<'a> {
     /// queued or running, nothing can ever complete, and the orchestrator
     /// proves whether that is the end or a deadlock.
     pub fn check_progress(&self) -> Result<(), RunError> {
-        let unplaced = self.to_place.iter().any(|q| !q.is_empty());
-        if unplaced || self.held.iter().any(Option::is_some) {
+        if self.held.iter().any(Option::is_some) {
             return Ok(());
         }
         // Tasks of a kind without cores were refused at submission.
@@ -350,12 +334,11 @@ impl<'a> Dispatcher<'a> {
                 if finished {
                     self.orch.finished(id).map_err(refused)?;
                     self.retired = true;
-                } else if !self.orch.is_live(id) || entry.slot() != self.slot_of(task) {
+                } else if entry.slot() != self.slot_of(task) {
                     return Err(refused(UsageError::NotRunning { id }));
                 } else {
-                    let pushed = self.to_place[entry.kind()].push_back(entry);
-                    // At most one release per task of the window.
-                    debug_assert!(pushed.is_ok(), "to_place holds the window");
+                    // Into the orchestrator's ready list, to place.
+                    self.orch.released(id).map_err(refused)?;
                 }
             }
         }
@@ -495,7 +478,6 @@ impl<'a> Dispatcher<'a> {
                 (None, _) => 0,
             };
             let entry = Entry::new(index as u32, set, kind, self.slot_of(index));
-            let at = (index % TASK_WINDOW as u64) as usize;
             // What threads and the policy read of the task, written before
             // the submission, after which a thread may release it at any
             // time. Only when the slot's previous task has retired (no one
@@ -503,9 +485,7 @@ impl<'a> Dispatcher<'a> {
             // the submission stalls (or reports a scope deadlock).
             let room = self.orch.in_flight() < TASK_WINDOW as u64;
             if room {
-                self.keys[at] = key_value;
-                self.sets[at] = set;
-                self.kernels[at] = spec.kernel.id;
+                self.queues.records.set_key(index, key_value);
                 // A task of the tasks section launches from the table
                 // (shared, read-only); an expanded one from its record.
                 if spec.pc.is_some() {
@@ -524,18 +504,16 @@ impl<'a> Dispatcher<'a> {
                 spec.stream,
                 spec.kernel,
                 spec.args(),
-                index,
+                entry.0,
                 entry.0,
             ) {
-                Ok((id, ready)) => {
+                // Ready at once or not, it is the orchestrator's or the
+                // graph's to hand out now.
+                Ok((id, _)) => {
                     // Only this dispatcher submits to `orch` (it holds it
                     // mutably for the run), so ids follow the run's numbers.
                     debug_assert_eq!(id, self.base + index);
                     debug_assert!(room, "the window is at most TASK_WINDOW");
-                    if ready {
-                        let pushed = self.to_place[kind as usize].push_back(entry);
-                        debug_assert!(pushed.is_ok(), "to_place holds the window");
-                    }
                     self.next += 1;
                     submitted = true;
                 }
@@ -571,10 +549,10 @@ impl<'a> Dispatcher<'a> {
                 let (task, target) = match self.held[k].take() {
                     Some(held) => held,
                     None => {
-                        let Some(task) = self.to_place[k].pop_front() else {
+                        let Some(task) = self.orch.pop_ready(kind) else {
                             break;
                         };
-                        (task, self.place(task, kind)?)
+                        (task, self.place(&task, kind)?)
                     }
                 };
                 let (owner, thread) = match target {
@@ -584,8 +562,9 @@ impl<'a> Dispatcher<'a> {
                 let Some(owner) = owner.as_mut() else {
                     unreachable!("every queue is claimed in `new`")
                 };
-                let set = task.taskset();
-                if owner.len() >= self.depth || owner.push(task.0).is_err() {
+                let entry = Entry(task.tag);
+                let set = entry.taskset();
+                if owner.len() >= self.depth || owner.push(task.tag).is_err() {
                     self.held[k] = Some((task, target));
                     if self.stalled_since.is_none() {
                         self.ready_queue.stalls += 1;
@@ -631,16 +610,16 @@ impl<'a> Dispatcher<'a> {
         Ok(placed)
     }
 
-    fn place(&mut self, task: Entry, kind: CoreKind) -> Result<Target, RunError> {
+    fn place(&mut self, task: &ReadyTask, kind: CoreKind) -> Result<Target, RunError> {
         let k = kind as usize;
-        let at = task.task() as usize % TASK_WINDOW;
+        let entry = Entry(task.tag);
         let info = TaskInfo {
-            index: task.task(),
-            kernel_id: self.kernels[at],
+            index: entry.task(),
+            kernel_id: task.kernel.id,
             kind,
-            key: self.keys[at],
+            key: self.queues.records.key(entry.task() as u64),
         };
-        let policy: &mut dyn DispatchPolicy = match &mut self.policies[self.sets[at] as usize] {
+        let policy: &mut dyn DispatchPolicy = match &mut self.policies[entry.taskset()] {
             Some(p) => p,
             None => &mut *self.policy,
         };

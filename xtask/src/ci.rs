@@ -143,6 +143,7 @@ fn bench(root: &Path) -> Result<()> {
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "scheduling"])
         .env("WSP_BENCH_SMOKE", "1"))?;
+    crate::qemu_bench::qemu_bench(root, crate::qemu_bench::SMOKE_TASKS, 1, 1)?;
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "expansion"])
         .env("WSP_BENCH_SMOKE", "1"))

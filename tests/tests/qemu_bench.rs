@@ -2,7 +2,8 @@
 //! `empty-kernels` runs the table's tasks without calling their kernels
 //! (the arena comes back as it went in, where a normal run changes it),
 //! `baseline=N` gets N tasks through the cores without a table, both print
-//! their timer ticks, and an unknown word is a clear error.
+//! their timer ticks (the same every time when QEMU counts instructions),
+//! and an unknown word is a clear error.
 
 use host_tools::table::{Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, Out};
@@ -117,4 +118,21 @@ fn unknown_measuring_words_are_clear_errors_in_qemu() {
             outcome.stdout
         );
     }
+}
+
+#[test]
+fn under_icount_the_baseline_takes_the_same_ticks_every_time_in_qemu() {
+    let ticks = |tasks: u64| {
+        let outcome = run_in_qemu_configured(&[], &[], |run| {
+            (run.table, run.arena) = (None, None);
+            run.icount = true;
+            run.args = vec![format!("baseline={tasks}")];
+        });
+        let (ran, ticks) = bench_line(&outcome);
+        assert_eq!(ran, tasks);
+        ticks
+    };
+    let once = ticks(2000);
+    assert_eq!(once, ticks(2000), "instructions, not the host's clock");
+    assert!(ticks(4000) > once, "more tasks, more instructions");
 }

@@ -86,6 +86,10 @@ enum Task {
         /// Runs of each graph and of its baseline; the least time counts.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
         samples: u32,
+        /// What the firmware's timer counts: emulated instructions
+        /// (reproducible) or the host's clock (varies with the host's load).
+        #[arg(long, value_enum, default_value_t = qemu_bench::Clock::Icount)]
+        clock: qemu_bench::Clock,
     },
     /// Run every check CI runs: setup, fmt, clippy, bindgen, firmware, tests.
     Ci,
@@ -126,13 +130,14 @@ fn main() -> Result<()> {
             smoke,
             threads,
             samples,
+            clock,
         } => {
             let (tasks, samples) = if smoke {
                 (qemu_bench::SMOKE_TASKS, 1)
             } else {
                 (tasks, samples)
             };
-            qemu_bench::qemu_bench(&root, tasks, threads, samples)
+            qemu_bench::qemu_bench(&root, tasks, threads, samples, clock)
         }
         Task::Ci => ci::ci(&root),
     }

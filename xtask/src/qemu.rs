@@ -51,6 +51,12 @@ pub struct QemuRun {
     /// firmware's measuring modes (`empty-kernels`, `baseline=N`); none for
     /// a normal run.
     pub args: Vec<String>,
+    /// Run the CPUs one at a time (single-threaded TCG, switching at the
+    /// firmware's `yield` spin hints) with the virtual clock counting
+    /// instructions (`-icount shift=0`: 1 ns each), so that the timer
+    /// measures emulated work whatever the host's load; otherwise each CPU
+    /// has a host thread and the timer follows the host's clock.
+    pub icount: bool,
 }
 
 /// How a run ended.
@@ -112,6 +118,7 @@ impl QemuRun {
             smp: CPUS,
             capture: false,
             args: Vec::new(),
+            icount: false,
         }
     }
 
@@ -130,6 +137,14 @@ impl QemuRun {
         cmd.arg("-m").arg(format!("{RAM_MIB}M"));
         // `-nic none`: without it QEMU looks for a NIC ROM that a minimal install lacks.
         cmd.args(["-nographic", "-nic", "none"]);
+        if self.icount {
+            cmd.args([
+                "-accel",
+                "tcg,thread=single",
+                "-icount",
+                "shift=0,sleep=off",
+            ]);
+        }
         if self.args.is_empty() {
             cmd.arg("-semihosting");
         } else {

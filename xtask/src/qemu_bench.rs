@@ -9,14 +9,17 @@
 //! without calling its kernel), through the firmware's normal entry points
 //! (dispatcher and scheduler threads, `drive_leader` / `Scheduler::serve`).
 //! The baseline is the firmware's `baseline=N` mode with the graph's task
-//! count: CPU 0 issues N tasks to the same 4 AICores through the same
-//! mailboxes with launch + poll only (no table, no dependency tracking, no
-//! dispatch), the least any runner must spend to get N tasks through them.
-//! Both report ticks of the generic timer (CNTVCT_EL0) over the run; the
-//! ratio is the graph's ticks per task over the baseline's.
+//! count: CPU 0 issues N tasks to the AICores the graphs' tasks run on (the
+//! vector cores: every task is an ADD) through the same mailboxes with
+//! launch + poll only (no table, no dependency tracking, no dispatch), the
+//! least any runner must spend to get N tasks through them. Both report
+//! ticks of the generic timer (CNTVCT_EL0) over the run; the ratio is the
+//! graph's ticks per task over the baseline's.
 //!
-//! QEMU's clock is the host's (TCG), so the ticks measure emulated code on
-//! a host that may be busy: compare ratios, not absolute figures.
+//! By default ([`Clock::Icount`]) QEMU counts emulated instructions as its
+//! time, so the figures are the same from run to run whatever the host's
+//! load; [`Clock::Host`] measures with the host's clock instead. Either
+//! way they measure emulated code: compare ratios, not absolute figures.
 
 use std::path::Path;
 
@@ -25,6 +28,8 @@ use host_tools::table::{Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, Out};
 use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
 
+use device_runtime::abi::memory_map::TABLE_MAX;
+
 use crate::fw;
 use crate::qemu::{launch_block, QemuRun};
 
@@ -32,7 +37,7 @@ use crate::qemu::{launch_block, QemuRun};
 const WIDTH: u32 = 256;
 /// Independent tasks of a full run; the chain has a tenth of them and the
 /// fan-out/fan-in rounds about as many (the host bench's proportions).
-pub const TASKS: u32 = 20_000;
+pub const TASKS: u32 = 50_000;
 /// Independent tasks of a smoke run.
 pub const SMOKE_TASKS: u32 = 3_000;
 /// Time limit of one QEMU run, in seconds.
@@ -135,6 +140,7 @@ fn parse_bench(stdout: &str) -> Option<Bench> {
 /// Runs the firmware with `args` (and `table`, if any) and reads its bench
 /// line, checking that it ran `tasks` tasks.
 fn run(
+    clock: Clock,
     firmware: &Path,
     dir: &Path,
     table: Option<&[u8]>,
@@ -155,6 +161,7 @@ fn run(
         launch,
         args: args.clone(),
         timeout_secs: RUN_SECS,
+        icount: clock == Clock::Icount,
         capture: true,
         ..QemuRun::new(firmware)
     };
@@ -176,12 +183,28 @@ fn run(
     Ok(bench)
 }
 
+/// What the firmware's timer counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clock {
+    /// Emulated instructions: QEMU runs the CPUs one at a time, switching
+    /// at the firmware's spin hints, and its virtual clock advances 1 ns
+    /// per instruction (`-icount shift=0`), so a run takes the same ticks
+    /// whatever the host's load. Ticks per task count the instructions of
+    /// every CPU (the waiting ones' few per turn included), 16 per tick.
+    Icount,
+    /// The host's clock: each CPU has a host thread (QEMU's default), so
+    /// the figures include the host's scheduling of those threads and vary
+    /// with its load (much, on a host with fewer free cores than the 5 or
+    /// more CPUs a run keeps busy).
+    Host,
+}
+
 /// Builds the firmware, runs the three graphs with empty kernels and their
 /// baselines `samples` times each (alternating, so that a change in the
 /// host's load hits both), and prints a table of the least ticks per task
 /// and their ratios. `tasks`: independent tasks (the other graphs scale
 /// with it); `threads`: scheduler threads.
-pub fn qemu_bench(root: &Path, tasks: u32, threads: u32, samples: u32) -> Result<()> {
+pub fn qemu_bench(root: &Path, tasks: u32, threads: u32, samples: u32, clock: Clock) -> Result<()> {
     if samples == 0 {
         bail!("--samples 0: at least 1");
     }
@@ -197,6 +220,13 @@ pub fn qemu_bench(root: &Path, tasks: u32, threads: u32, samples: u32) -> Result
         chain(tasks / 10)?,
         fan((tasks / 10) / (WIDTH + 1))?,
     ];
+    if let Some(big) = graphs.iter().find(|g| g.table.len() > TABLE_MAX) {
+        bail!(
+            "--tasks {tasks}: the table of {} takes {} bytes; the firmware's table window holds {TABLE_MAX}",
+            big.name,
+            big.table.len()
+        );
+    }
     let launch = launch_block(&[], threads, "").map_err(|e| anyhow::anyhow!("--threads: {e}"))?;
     let dir = std::env::temp_dir().join(format!("wsp-qemu-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -208,6 +238,7 @@ pub fn qemu_bench(root: &Path, tasks: u32, threads: u32, samples: u32) -> Result
             let mut base = Vec::new();
             for _ in 0..samples {
                 ours.push(run(
+                    clock,
                     &firmware,
                     &dir,
                     Some(&graph.table),
@@ -216,6 +247,7 @@ pub fn qemu_bench(root: &Path, tasks: u32, threads: u32, samples: u32) -> Result
                     graph.tasks,
                 )?);
                 base.push(run(
+                    clock,
                     &firmware,
                     &dir,
                     None,
@@ -230,14 +262,25 @@ pub fn qemu_bench(root: &Path, tasks: u32, threads: u32, samples: u32) -> Result
     let _ = std::fs::remove_dir_all(&dir);
     let measured = measured?;
     let freq = measured[0].0.freq;
+    let (unit, clock) = match clock {
+        Clock::Icount => ("instr", "icount: 1 virtual ns per instruction"),
+        Clock::Host => ("ns", "host clock"),
+    };
     println!(
         "firmware in QEMU, empty kernels, {threads} scheduler thread(s); timer {freq} Hz \
-         (CNTFRQ_EL0); least of {samples} sample(s); baseline: launch + poll only, \
-         CPU 0 to the same 4 cores"
+         (CNTFRQ_EL0), {clock}; least of {samples} sample(s); baseline: launch + poll \
+         only, CPU 0 to the vector cores"
     );
     println!(
         "{:<20} {:>6} {:>11} {:>8} {:>11} {:>8} {:>7} {:>11}",
-        "graph", "tasks", "ticks/task", "ns/task", "base ticks", "base ns", "ratio", "max/min"
+        "graph",
+        "tasks",
+        "ticks/task",
+        format!("{unit}/task"),
+        "base ticks",
+        format!("base {unit}"),
+        "ratio",
+        "max/min"
     );
     for (graph, (ours, base)) in graphs.iter().zip(measured) {
         println!(

@@ -7,10 +7,11 @@
 //!   overhead per task: submission, dependency tracking, dispatch, issue
 //!   through the mailboxes and completion. The arena is left as it was.
 //! - `baseline=N` (implies `empty-kernels`): no table runs. CPU 0 issues `N`
-//!   tasks to the run's 4 cores through the same mailboxes and platform
-//!   ([`MailboxPlatform`]: launch + poll only, up to the mailbox depth per
-//!   core, no dependency tracking or orchestration), the cheapest way to get
-//!   `N` tasks through the same cores.
+//!   ADD tasks to the run's cores of ADD's kind (the vector cores, those
+//!   the tasks of the bench's graphs run on) through the same mailboxes and
+//!   platform ([`MailboxPlatform`]: launch + poll only, up to the mailbox
+//!   depth per core, no dependency tracking or orchestration), the cheapest
+//!   way to get `N` tasks through the same cores.
 //!
 //! Either mode ends its output with `bench tasks=.. ticks=.. freq=..`
 //! before `RESULT OK`: ticks of the generic timer (CNTVCT_EL0, at `freq`
@@ -88,10 +89,10 @@ impl Display for ArgError {
     }
 }
 
-/// Issues `tasks` empty tasks to every core of `platform` in turn, each
-/// core up to its mailbox depth, and polls them until all have completed:
-/// launch + poll only. Returns the ticks it took, or the core that rejected
-/// a task.
+/// Issues `tasks` empty ADD tasks to every core of `platform` of ADD's
+/// kind in turn, each core up to its mailbox depth, and polls them until
+/// all have completed: launch + poll only. Returns the ticks it took, or
+/// why a task did not run.
 pub fn baseline<C: Clock>(
     platform: &mut MailboxPlatform<'_, C>,
     tasks: u64,
@@ -110,14 +111,27 @@ pub fn baseline<C: Clock>(
         tensors: [NO_VIEW; wsp_ffi::WSP_MAX_TENSOR_ARGS as usize],
         scalars: [0; wsp_ffi::WSP_MAX_SCALARS as usize],
     };
-    let cores = platform.num_cores();
+    let kind = wsp_ffi::lookup(ADD).ok_or(BaselineError::NoCores)?.kind;
+    let mut cores = [0usize; device_runtime::platform::MAX_CORES];
+    let mut count = 0;
+    for core in 0..platform.num_cores() {
+        if platform.core_kind(core) == kind {
+            cores[count] = core;
+            count += 1;
+        }
+    }
+    if count == 0 {
+        return Err(BaselineError::NoCores);
+    }
+    let cores = &cores[..count];
     let (mut issued, mut done) = (0u64, 0u64);
     let start = platform.now();
     while done < tasks {
-        for core in 0..cores {
+        let before = (issued, done);
+        for &core in cores {
             while let Some(completion) = platform.poll(core) {
                 if completion == Completion::Rejected {
-                    return Err(BaselineError { core });
+                    return Err(BaselineError::Rejected { core });
                 }
                 done += 1;
             }
@@ -126,23 +140,31 @@ pub fn baseline<C: Clock>(
                 issued += 1;
             }
         }
+        if (issued, done) == before {
+            // Nothing moved: wait for the cores, as the scheduler does.
+            platform.relax();
+        }
     }
     Ok(platform.now().wrapping_sub(start))
 }
 
-/// A core rejected a baseline task (its kernel ran: not in the measuring mode).
+/// Why the baseline did not run.
 #[derive(Debug)]
-pub struct BaselineError {
-    core: usize,
+pub enum BaselineError {
+    /// The platform has no core that runs ADD.
+    NoCores,
+    /// A core rejected a task (its kernel ran: not in the measuring mode).
+    Rejected { core: usize },
 }
 
 impl Display for BaselineError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "baseline: core {} rejected a task (its kernel ran)",
-            self.core
-        )
+        match self {
+            BaselineError::NoCores => f.write_str("baseline: no core runs ADD"),
+            BaselineError::Rejected { core } => {
+                write!(f, "baseline: core {core} rejected a task (its kernel ran)")
+            }
+        }
     }
 }
 

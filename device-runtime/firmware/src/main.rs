@@ -213,7 +213,7 @@ impl Handoff {
                 other => *slot = other,
             }
             drop(slot);
-            core::hint::spin_loop();
+            clock::relax();
         };
         let result = sched.serve().err();
         self.served.call_once(|| (sched, result));
@@ -222,7 +222,12 @@ impl Handoff {
     /// CPU 0: waits until the run was served; the scheduler (for its
     /// figures) and its error, if it failed.
     fn wait(&self) -> &(Sched, Option<RunError>) {
-        self.served.wait()
+        loop {
+            if let Some(served) = self.served.get() {
+                return served;
+            }
+            clock::relax();
+        }
     }
 }
 
@@ -438,9 +443,9 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
         let mailbox = &MAILBOXES[cpu - AICPUS];
         let served = if MODE.wait().empty_kernels() {
             // The measuring mode: every task finishes at once, in 0 cycles.
-            serve_with(mailbox, core::hint::spin_loop, |_, _| 0)
+            serve_with(mailbox, clock::relax, |_, _| 0)
         } else {
-            serve(mailbox, core::hint::spin_loop)
+            serve(mailbox, clock::relax)
         };
         if served.is_err() {
             semihosting::eprintln!("cpu {cpu}: its mailbox is already served");
@@ -486,7 +491,7 @@ fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
                 missing: all & !online,
             });
         }
-        core::hint::spin_loop();
+        clock::relax();
     }
 }
 

@@ -258,6 +258,27 @@ pub struct AlreadyServed;
 /// (a spin hint, a yield, or `wfe`). Returns the number of tasks it ran. A
 /// mailbox serves one run: after the exit its `task` register stays [`EXIT`].
 pub fn serve(mailbox: &CoreMailbox, relax: impl Fn()) -> Result<u32, AlreadyServed> {
+    serve_with(mailbox, relax, |kernel_id, args| {
+        match wsp_ffi::lookup(kernel_id) {
+            // SAFETY: `serve_with` passes the arguments of a task the scheduler
+            // issued, whose `issue` contract makes the views valid and unshared
+            // until the task is reported.
+            Some(info) => unsafe { info.invoke(args) }.unwrap_or(WSP_KERNEL_REJECTED),
+            None => WSP_KERNEL_REJECTED,
+        }
+    })
+}
+
+/// As [`serve`], with `run` in place of the kernel registry: `run(kernel_id,
+/// args)` runs each issued task and returns its cycles, or
+/// [`WSP_KERNEL_REJECTED`]. The views in `args` are valid and unshared for
+/// the call (the scheduler's [`IssuePort::issue`] contract). The firmware's
+/// measuring mode passes a `run` that returns 0 at once (empty kernels).
+pub fn serve_with(
+    mailbox: &CoreMailbox,
+    relax: impl Fn(),
+    mut run: impl FnMut(u32, &WspKernelArgs) -> u64,
+) -> Result<u32, AlreadyServed> {
     if mailbox.core_claimed.swap(true, Ordering::Acquire) {
         return Err(AlreadyServed);
     }
@@ -282,12 +303,7 @@ pub fn serve(mailbox: &CoreMailbox, relax: impl Fn()) -> Result<u32, AlreadyServ
         // (Release/Acquire) and does not write this buffer until it has seen
         // FIN `task`.
         let payload = buffer.with(|p| unsafe { *p });
-        let result = match wsp_ffi::lookup(payload.kernel_id) {
-            // SAFETY: the scheduler's `issue` contract makes the views
-            // valid and unshared for this task.
-            Some(info) => unsafe { info.invoke(&payload.args) }.unwrap_or(WSP_KERNEL_REJECTED),
-            None => WSP_KERNEL_REJECTED,
-        };
+        let result = run(payload.kernel_id, &payload.args);
         // SAFETY: as above; the scheduler reads the result only after FIN.
         buffer.with_mut(|p| unsafe { (*p).result = result });
         mailbox.cond.store(task | FIN, Ordering::Release);
@@ -393,6 +409,41 @@ mod tests {
             assert!(!port.can_issue(), "an exited core takes nothing");
         });
         assert!(c.iter().all(|&x| x == 3.5));
+    }
+
+    #[test]
+    fn serve_with_runs_its_own_function_instead_of_the_kernel() {
+        let mailbox = CoreMailbox::new();
+        // An ADD whose views name no memory: the registry would reject it.
+        let args = WspKernelArgs {
+            num_tensors: 0,
+            num_scalars: 0,
+            tensors: [view(&mut [], 1); 4],
+            scalars: [0; 4],
+        };
+        std::thread::scope(|s| {
+            let mut port = mailbox.claim_issue().expect("first claim");
+            let core = s.spawn(|| {
+                let mut seen = Vec::new();
+                let served = serve_with(&mailbox, std::thread::yield_now, |id, args| {
+                    seen.push((id, args.num_tensors));
+                    7
+                });
+                (served, seen)
+            });
+            for _ in 0..3 {
+                while !port.can_issue() {
+                    std::thread::yield_now();
+                }
+                // SAFETY: the views name no memory and `run` reads none.
+                assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
+                assert_eq!(wait(&mut port), Completion::Done { cycles: 7 });
+            }
+            mailbox.request_exit();
+            let (served, seen) = core.join().unwrap();
+            assert_eq!(served, Ok(3));
+            assert_eq!(seen, vec![(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, 0); 3]);
+        });
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::{bindgen, cargo, fw, run, setup, target};
+use crate::{bindgen, cargo, fw, qemu_bench, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
@@ -143,6 +143,13 @@ fn bench(root: &Path) -> Result<()> {
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "scheduling"])
         .env("WSP_BENCH_SMOKE", "1"))?;
+    qemu_bench::qemu_bench(
+        root,
+        qemu_bench::SMOKE_TASKS,
+        1,
+        1,
+        qemu_bench::Clock::Icount,
+    )?;
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "expansion"])
         .env("WSP_BENCH_SMOKE", "1"))

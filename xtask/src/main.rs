@@ -5,6 +5,7 @@
 //! - `bindgen [--check]`: regenerates (or checks) the kernel bindings.
 //! - `fw`: builds the QEMU firmware and reports its size.
 //! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU.
+//! - `qemu-bench`: the firmware's overhead per task in QEMU, against a baseline.
 //! - `ci`: every check, in the order CI runs them.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -15,6 +16,7 @@ mod ci;
 mod docs_check;
 mod fw;
 mod qemu;
+mod qemu_bench;
 mod setup;
 mod target;
 
@@ -68,6 +70,27 @@ enum Task {
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
     },
+    /// Per-task overhead of the firmware in QEMU (empty kernels) on three
+    /// graphs, as a ratio to a launch + poll loop in the same image.
+    QemuBench {
+        /// Independent tasks; the chain and the fan-out/fan-in rounds scale with it.
+        #[arg(long, default_value_t = qemu_bench::TASKS)]
+        tasks: u32,
+        /// Small sizes (as CI's bench smoke step runs), instead of --tasks.
+        #[arg(long, conflicts_with = "tasks")]
+        smoke: bool,
+        /// Scheduler threads, 1 to 4. With 1 the graphs use the CPUs the
+        /// baseline uses (CPU 0 and the 4 AICores).
+        #[arg(long, default_value_t = 1)]
+        threads: u32,
+        /// Runs of each graph and of its baseline; the least time counts.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        samples: u32,
+        /// What the firmware's timer counts: emulated instructions
+        /// (reproducible) or the host's clock (varies with the host's load).
+        #[arg(long, value_enum, default_value_t = qemu_bench::Clock::Icount)]
+        clock: qemu_bench::Clock,
+    },
     /// Run every check CI runs: setup, fmt, clippy, bindgen, firmware, tests.
     Ci,
 }
@@ -101,6 +124,20 @@ fn main() -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("--symbols/--threads/--policy: {e}"))?;
             let status = run_qemu(&root, table, arena, launch, out.as_deref(), timeout_secs)?;
             std::process::exit(status)
+        }
+        Task::QemuBench {
+            tasks,
+            smoke,
+            threads,
+            samples,
+            clock,
+        } => {
+            let (tasks, samples) = if smoke {
+                (qemu_bench::SMOKE_TASKS, 1)
+            } else {
+                (tasks, samples)
+            };
+            qemu_bench::qemu_bench(&root, tasks, threads, samples, clock)
         }
         Task::Ci => ci::ci(&root),
     }

@@ -47,6 +47,16 @@ pub struct QemuRun {
     /// Capture QEMU's stdout and stderr into the outcome instead of passing
     /// them through to this process's.
     pub capture: bool,
+    /// Words on the semihosting command line after the image's name: the
+    /// firmware's measuring modes (`empty-kernels`, `baseline=N`); none for
+    /// a normal run.
+    pub args: Vec<String>,
+    /// Run the CPUs one at a time (single-threaded TCG, switching at the
+    /// firmware's `yield` spin hints) with the virtual clock counting
+    /// instructions (`-icount shift=0`: 1 ns each), so that the timer
+    /// measures emulated work whatever the host's load; otherwise each CPU
+    /// has a host thread and the timer follows the host's clock.
+    pub icount: bool,
 }
 
 /// How a run ended.
@@ -107,6 +117,8 @@ impl QemuRun {
             timeout_secs: 60,
             smp: CPUS,
             capture: false,
+            args: Vec::new(),
+            icount: false,
         }
     }
 
@@ -124,7 +136,28 @@ impl QemuRun {
         cmd.arg("-smp").arg(self.smp.to_string());
         cmd.arg("-m").arg(format!("{RAM_MIB}M"));
         // `-nic none`: without it QEMU looks for a NIC ROM that a minimal install lacks.
-        cmd.args(["-nographic", "-nic", "none", "-semihosting", "-kernel"]);
+        cmd.args(["-nographic", "-nic", "none"]);
+        if self.icount {
+            cmd.args([
+                "-accel",
+                "tcg,thread=single",
+                "-icount",
+                "shift=0,sleep=off",
+            ]);
+        }
+        if self.args.is_empty() {
+            cmd.arg("-semihosting");
+        } else {
+            // The first word is the image's name, as in QEMU's default
+            // command line; a comma in a value is doubled.
+            let mut config = String::from("enable=on,target=native,arg=firmware");
+            for arg in &self.args {
+                config.push_str(",arg=");
+                config.push_str(&arg.replace(',', ",,"));
+            }
+            cmd.arg("-semihosting-config").arg(config);
+        }
+        cmd.arg("-kernel");
         cmd.arg(existing(&self.firmware, "firmware")?);
         for (file, addr, what) in [
             (&self.table, TABLE_ADDR, "table"),

@@ -38,4 +38,16 @@ impl Clock for CounterClock {
     fn ticks_per_second(&self) -> u64 {
         self.frequency
     }
+    fn relax(&self) {
+        relax();
+    }
+}
+
+/// The spin hint of every wait for another CPU: `yield`, which QEMU's
+/// single-threaded TCG (`cargo xtask qemu-bench`) takes as the cue to run
+/// the next CPU; elsewhere it is only a hint.
+pub fn relax() {
+    // SAFETY: `yield` is a hint: it touches no memory, stack or flags, as
+    // the options declare.
+    unsafe { asm!("yield", options(nomem, nostack, preserves_flags)) };
 }

@@ -24,9 +24,14 @@
 //! the arena is written to the semihosting file `arena.out` (QEMU's working
 //! directory).
 //!
+//! Measuring modes ([`bench`]): words on the semihosting command line make
+//! the AICores skip the kernels (`empty-kernels`) or replace the table with
+//! a launch + poll loop (`baseline=N`), and add a `bench ..` line of timer
+//! ticks to the output.
+//!
 //! Exit status: 0 success, 1 runtime error (cores, platform, run, writing
 //! `arena.out`), 2 invalid table, 3 CPU exception ([`boot::EXIT_EXCEPTION`]),
-//! 4 invalid launch block, 101 panic.
+//! 4 invalid launch block or command line, 101 panic.
 #![no_std]
 #![no_main]
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -35,6 +40,7 @@
 // boxed; it ends the run, so its size costs no hot path.
 #![allow(clippy::large_enum_variant, clippy::result_large_err)]
 
+mod bench;
 mod boot;
 mod clock;
 mod psci;
@@ -47,7 +53,7 @@ use device_runtime::abi::memory_map::{
     ARENA_ADDR, ARENA_MAX, CPUS, LAUNCH_ADDR, LAUNCH_WINDOW, TABLE_ADDR, TABLE_MAX,
 };
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
-use device_runtime::mailbox::{serve, CoreMailbox};
+use device_runtime::mailbox::{serve, serve_with, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform};
 use device_runtime::sched::{
     core_owner, drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
@@ -56,6 +62,7 @@ use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
 use semihosting::{print, println};
 use wsp_ffi::CoreKind;
 
+use crate::bench::Mode;
 use crate::clock::CounterClock;
 
 // The largest launch block fits its window.
@@ -135,6 +142,8 @@ static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
     spin::Mutex::new(TableOrchestrator::for_tables());
 /// The validated table, shared by every scheduler thread for the whole run.
 static TABLE: spin::Once<Table<'static>> = spin::Once::new();
+/// The run's mode, set by CPU 0 before it starts the others.
+static MODE: spin::Once<Mode> = spin::Once::new();
 
 /// The orchestrator, the first time; `None` after that (its lock is never
 /// released).
@@ -204,7 +213,7 @@ impl Handoff {
                 other => *slot = other,
             }
             drop(slot);
-            core::hint::spin_loop();
+            clock::relax();
         };
         let result = sched.serve().err();
         self.served.call_once(|| (sched, result));
@@ -213,7 +222,12 @@ impl Handoff {
     /// CPU 0: waits until the run was served; the scheduler (for its
     /// figures) and its error, if it failed.
     fn wait(&self) -> &(Sched, Option<RunError>) {
-        self.served.wait()
+        loop {
+            if let Some(served) = self.served.get() {
+                return served;
+            }
+            clock::relax();
+        }
     }
 }
 
@@ -226,6 +240,13 @@ const ONLINE_TIMEOUT_MS: u64 = 1000;
 /// CPU 0, called by the boot code with a stack, FP on and `.bss` zeroed.
 extern "C" fn primary_main() -> ! {
     let clock = CounterClock::new();
+    let mode = match bench::mode() {
+        Ok(mode) => *MODE.call_once(|| mode),
+        Err(e) => fail(EXIT_LAUNCH, e),
+    };
+    if let Mode::Baseline { tasks } = mode {
+        run_baseline(clock, tasks);
+    }
     let (options, sched) = match load_launch() {
         Ok(launch) => launch,
         Err(e) => fail(EXIT_LAUNCH, e),
@@ -270,6 +291,9 @@ extern "C" fn primary_main() -> ! {
                 print!("{sep}{}", t.issued);
             }
             println!();
+            if mode.empty_kernels() {
+                bench::report(stats.tasks, stats.wall_ticks, stats.ticks_per_second);
+            }
             // SAFETY: `from_raw_parts` needs the bytes valid, initialized and
             // not written while the slice lives:
             // 1. Valid and initialized: the window and length of the arena
@@ -283,6 +307,29 @@ extern "C" fn primary_main() -> ! {
             if let Err(e) = semihosting::fs::write(c"arena.out", arena) {
                 fail(EXIT_RUN, format_args!("writing arena.out: {e}"));
             }
+            println!("RESULT OK");
+            semihosting::process::exit(EXIT_OK)
+        }
+        Err(e) => fail(EXIT_RUN, e),
+    }
+}
+
+/// The `baseline=N` mode: `tasks` tasks through every core with launch +
+/// poll only ([`bench::baseline`]), then the bench line.
+fn run_baseline(clock: CounterClock, tasks: u64) -> ! {
+    if let Err(e) = start_cpus(&clock, 1) {
+        fail(EXIT_RUN, e);
+    }
+    let slots = &SLOTS[0];
+    let mut platform = match MailboxPlatform::new(&MAILBOXES, &slots.kind, clock) {
+        Ok(platform) => platform,
+        Err(e) => fail(EXIT_RUN, format_args!("platform: {e}")),
+    };
+    let ticks = bench::baseline(&mut platform, tasks);
+    platform.shutdown();
+    match ticks {
+        Ok(ticks) => {
+            bench::report(tasks, ticks, clock.ticks_per_second());
             println!("RESULT OK");
             semihosting::process::exit(EXIT_OK)
         }
@@ -392,8 +439,17 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
     ONLINE.fetch_or(1 << cpu, Ordering::Release);
     if cpu < AICPUS {
         HANDOFFS[cpu].serve();
-    } else if serve(&MAILBOXES[cpu - AICPUS], core::hint::spin_loop).is_err() {
-        semihosting::eprintln!("cpu {cpu}: its mailbox is already served");
+    } else {
+        let mailbox = &MAILBOXES[cpu - AICPUS];
+        let served = if MODE.wait().empty_kernels() {
+            // The measuring mode: every task finishes at once, in 0 cycles.
+            serve_with(mailbox, clock::relax, |_, _| 0)
+        } else {
+            serve(mailbox, clock::relax)
+        };
+        if served.is_err() {
+            semihosting::eprintln!("cpu {cpu}: its mailbox is already served");
+        }
     }
     loop {
         // SAFETY: `wfe` only waits for an event: it touches no memory, stack
@@ -435,7 +491,7 @@ fn start_cpus(clock: &CounterClock, threads: usize) -> Result<(), StartError> {
                 missing: all & !online,
             });
         }
-        core::hint::spin_loop();
+        clock::relax();
     }
 }
 

@@ -64,8 +64,10 @@ use crate::abi::{Region, MAX_RANK};
 /// Buckets of the TensorMap (a power of two); entries hash by tensor and cell.
 pub const BUCKETS: usize = 1024;
 
-/// Cell-shape slots (a power of two): tensor `t` uses slot `t % SHAPES`.
+/// Cell-shape slots (a power of two, at most 256): tensor `t` uses slot
+/// `t % SHAPES`.
 pub const SHAPES: usize = 256;
+const _: () = assert!(SHAPES.is_power_of_two() && SHAPES <= 256);
 
 /// Most cells one lookup probes before it scans every bucket instead (a
 /// probe costs a hash and two chain heads; a scan of every bucket costs
@@ -129,6 +131,9 @@ struct Shape {
     /// Position of the newest wide entry. Below the tail, lookups need not
     /// probe the wide bucket.
     wide: u64,
+    /// The later of `crossing` and `wide`: below the tail, a region inside
+    /// one cell is [`Place::SIMPLE`].
+    odd: u64,
 }
 
 const UNUSED: Shape = Shape {
@@ -137,6 +142,7 @@ const UNUSED: Shape = Shape {
     newest: NONE,
     crossing: NONE,
     wide: NONE,
+    odd: NONE,
 };
 
 /// The cell masks for tiles of `extent` elements: per dimension, the bits
@@ -187,16 +193,23 @@ pub struct TensorMap<const N: usize> {
 /// mixes it; a collision costs time only.
 #[inline(always)]
 fn bucket(tensor: u32, cell: [u32; MAX_RANK]) -> usize {
-    let key = (tensor as u64).rotate_left(48) ^ pair(&cell, 0) ^ pair(&cell, 1).rotate_left(16);
+    bucket_of_word(tensor, word(cell))
+}
+
+/// [`bucket`] of a cell given as a [`word`].
+#[inline(always)]
+fn bucket_of_word(tensor: u32, cell: u128) -> usize {
+    let (low, high) = (cell as u64, (cell >> 64) as u64);
+    let key = (tensor as u64).rotate_left(48) ^ low ^ high.rotate_left(16);
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> BUCKET_SHIFT) as usize
 }
 
-/// Dimensions `2i` and `2i + 1` of `a` in one word, for bitwise operations
-/// on two dimensions at once (one load each, where the compiler would not
-/// vectorize four).
+/// Every dimension of `a` in one integer, for bitwise operations on all
+/// of them at once (where the compiler would load and combine them one
+/// by one).
 #[inline(always)]
-fn pair(a: &[u32; MAX_RANK], i: usize) -> u64 {
-    a[2 * i] as u64 | (a[2 * i + 1] as u64) << 32
+fn word(a: [u32; MAX_RANK]) -> u128 {
+    zerocopy::transmute!(a)
 }
 
 /// Cells of one lookup: the first and last cell of a box, and the cell mask.
@@ -228,22 +241,44 @@ pub struct Place {
     /// hot path.)
     home: u16,
     /// Its tensor's cell-shape slot.
-    slot: u16,
-    /// The region lies inside its origin cell.
-    one_cell: bool,
+    slot: u8,
+    /// What the region is and what its lookup must probe: [`Place::SIMPLE`]
+    /// and the other flags, one bit each, so that a place is stored and
+    /// tested in one go.
+    flags: u8,
+}
+
+impl Place {
+    /// The region lies inside its origin cell, and no wide or crossing
+    /// entry of its slot is live: its lookup scans its home bucket only,
+    /// and its entry changes nothing in the slot's shape (the common case,
+    /// a tile).
+    const SIMPLE: u8 = 1;
     /// The region is exactly its origin cell. Two exact regions of a tensor
     /// overlap iff they are the same cell (the live entries of a tensor were
     /// all placed with the same shape), and then each covers the other.
-    exact: bool,
+    const EXACT: u8 = 2;
+    /// The region lies inside its origin cell.
+    const ONE_CELL: u8 = 4;
     /// The region is larger than a cell in some dimension.
-    wide: bool,
+    const WIDE: u8 = 8;
     /// The region is narrow and reaches over its origin cell's boundary.
-    crossing: bool,
+    const CROSSING: u8 = 16;
     /// A live entry of the slot reaches over its origin cell's boundary:
     /// lookups probe back a cell in every dimension.
-    back: bool,
+    const BACK: u8 = 32;
     /// A wide entry of the slot is live: lookups probe the wide bucket.
-    wide_live: bool,
+    const WIDE_LIVE: u8 = 64;
+
+    #[inline(always)]
+    fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// The region is exactly its origin cell ([`Place::EXACT`]).
+    pub fn exact(&self) -> bool {
+        self.has(Place::EXACT)
+    }
 }
 
 /// One argument's scan of the TensorMap ([`TensorMap::scan`]).
@@ -297,39 +332,53 @@ impl<const N: usize> TensorMap<N> {
     #[inline(always)]
     pub fn place(&mut self, tensor: u32, region: &Region) -> Place {
         let slot = tensor as usize % SHAPES;
+        let (offset, extent) = (word(region.offset), word(region.extent));
+        let tail = self.tail;
         let shape = &mut self.shapes[slot];
-        if shape.newest < self.tail {
+        // A region whose extent is the shape's cell would fit it anew to
+        // the same shape: skip the refit.
+        if shape.newest < tail && extent != word(shape.size) {
             shape.mask = fit(region.extent);
             shape.size = shape.mask.map(|m| !m + 1);
         }
         // This submission's entries get positions from the head on, and the
         // tail passes the head only when all of them are reclaimed.
         shape.newest = self.head;
+        // The common case, a tile that is exactly one cell (its offset has
+        // no bits inside a cell and its extent is the cell's) of a tensor
+        // with no wide or crossing entry live.
+        let inexact = offset & !word(shape.mask) | extent ^ word(shape.size);
+        if inexact == 0 && shape.odd < tail {
+            return Place {
+                home: bucket_of_word(tensor, offset) as u16,
+                slot: slot as u8,
+                flags: Place::SIMPLE | Place::EXACT | Place::ONE_CELL,
+            };
+        }
         self.place_in(slot, tensor, region)
     }
 
-    /// [`TensorMap::place`] with the slot's current shape.
-    #[inline(always)]
+    /// [`TensorMap::place`] with the slot's current shape (out of line: the
+    /// common case does not come here).
+    #[inline(never)]
     fn place_in(&self, slot: usize, tensor: u32, region: &Region) -> Place {
         let shape = &self.shapes[slot];
-        let (back, wide_live) = (shape.crossing >= self.tail, shape.wide >= self.tail);
         // The common case, a tile that is exactly one cell: its offset has
         // no bits inside a cell and its extent is the cell's.
-        let mut inexact = 0;
-        for i in 0..MAX_RANK / 2 {
-            inexact |= pair(&region.offset, i) & !pair(&shape.mask, i)
-                | pair(&region.extent, i) ^ pair(&shape.size, i);
-        }
+        let inexact =
+            word(region.offset) & !word(shape.mask) | word(region.extent) ^ word(shape.size);
+        let simple = shape.odd < self.tail;
+        let (back, wide_live) = (shape.crossing >= self.tail, shape.wide >= self.tail);
+        let live_flags = if simple {
+            0
+        } else {
+            (back as u8 * Place::BACK) | (wide_live as u8 * Place::WIDE_LIVE)
+        };
         if inexact == 0 {
             return Place {
                 home: bucket(tensor, region.offset) as u16,
-                slot: slot as u16,
-                one_cell: true,
-                exact: true,
-                wide: false,
-                crossing: false,
-                back,
-                wide_live,
+                slot: slot as u8,
+                flags: Place::EXACT | Place::ONE_CELL | (simple as u8 * Place::SIMPLE) | live_flags,
             };
         }
         // Bit tricks, OR-ed over the dimensions, branch-free: the first and
@@ -346,15 +395,15 @@ impl<const N: usize> TensorMap<N> {
         }
         let cell = core::array::from_fn(|d| region.offset[d] & shape.mask[d]);
         let (crossing, large) = (spread != 0, largest != 0);
+        let flag = |on: bool, flag: u8| on as u8 * flag;
         Place {
             home: bucket(tensor, if large { WIDE } else { cell }) as u16,
-            slot: slot as u16,
-            one_cell: !crossing,
-            exact: false,
-            wide: large,
-            crossing: crossing & !large,
-            back,
-            wide_live,
+            slot: slot as u8,
+            flags: flag(simple & !crossing, Place::SIMPLE)
+                | flag(!crossing, Place::ONE_CELL)
+                | flag(large, Place::WIDE)
+                | flag(crossing & !large, Place::CROSSING)
+                | live_flags,
         }
     }
 
@@ -371,7 +420,7 @@ impl<const N: usize> TensorMap<N> {
             let (first, step) = (region.offset[d], !mask[d] + 1);
             let last = first.saturating_add(region.extent[d].max(1) - 1);
             lo[d] = first & mask[d];
-            if place.back {
+            if place.has(Place::BACK) {
                 lo[d] = lo[d].saturating_sub(step);
             }
             hi[d] = last & mask[d];
@@ -388,7 +437,7 @@ impl<const N: usize> TensorMap<N> {
             (0..BUCKETS).for_each(f);
             return;
         };
-        if place.wide_live {
+        if place.has(Place::WIDE_LIVE) {
             f(bucket(tensor, WIDE));
         }
         let mut cell = cells.0;
@@ -457,17 +506,22 @@ impl<const N: usize> TensorMap<N> {
         let scan = Scan {
             tensor,
             region,
-            exact: place.exact,
+            exact: place.has(Place::EXACT),
             writes,
             mark_now,
         };
+        // The common case: a tile inside one cell, no entry reaching over,
+        // no wide entry.
+        if place.has(Place::SIMPLE) {
+            self.scan_bucket(place.home as usize, &scan, v);
+            return;
+        }
         // The wide bucket (a wide argument's home), as `probe` does.
-        if place.wide_live {
+        if place.has(Place::WIDE_LIVE) {
             let b = bucket(tensor, WIDE);
             self.scan_bucket(b, &scan, v);
         }
-        // The common case: a tile inside one cell, no entry reaching over.
-        if place.one_cell && !place.back {
+        if place.has(Place::ONE_CELL) && !place.has(Place::BACK) {
             self.scan_bucket(place.home as usize, &scan, v);
             return;
         }
@@ -568,18 +622,21 @@ impl<const N: usize> TensorMap<N> {
         }
         let position = self.head;
         self.head += 1;
-        let shape = &mut self.shapes[place.slot as usize % SHAPES];
-        if place.wide {
-            shape.wide = position;
-        } else if place.crossing {
-            shape.crossing = position;
+        if place.flags & (Place::WIDE | Place::CROSSING) != 0 {
+            let shape = &mut self.shapes[place.slot as usize % SHAPES];
+            if place.has(Place::WIDE) {
+                shape.wide = position;
+            } else {
+                shape.crossing = position;
+            }
+            shape.odd = position;
         }
         let head = &mut self.buckets[place.home as usize % BUCKETS][writes as usize];
         let next = core::mem::replace(head, position);
         *self.at_mut(position) = Entry {
             tensor,
             covered: false,
-            exact: place.exact,
+            exact: place.has(Place::EXACT),
             region,
             task,
             next,
@@ -648,7 +705,7 @@ mod tests {
         let mut map = TensorMap::<16>::new();
         for (task, start) in [(1, 4 * i), (2, 4 * j)] {
             let place = map.place(5, &tile(start));
-            assert!(place.exact);
+            assert!(place.exact());
             let mut found = Found(Vec::new());
             map.begin();
             map.scan(&place, 5, &tile(start), true, true, &mut found);

@@ -485,14 +485,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 next: self.next,
             }));
         }
-        let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
-        for (index, a) in args.iter().enumerate() {
-            for (other, b) in args.iter().enumerate().take(index) {
-                if a.tensor == b.tensor && (writes(a) || writes(b)) && a.region.overlaps(&b.region)
-                {
-                    return Err(SubmitError::Invalid(Invalid::ArgsOverlap { index, other }));
-                }
-            }
+        if let Some((index, other)) = overlapping_args(args) {
+            return Err(SubmitError::Invalid(Invalid::ArgsOverlap { index, other }));
         }
         let heap_capacity = self.heap.capacity();
         if heap_bytes > heap_capacity {
@@ -521,9 +515,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         let id = self.next;
         let mut places = [Place::default(); MAX_TENSOR_ARGS];
-        for (place, a) in places.iter_mut().zip(args) {
-            *place = self.tmap.place(a.tensor, &a.region);
-        }
+        place_args(&mut self.tmap, args, &mut places);
         let places = &places[..args.len()];
         // Each producer is a distinct live task, so a pool with room for one
         // edge per task in flight cannot run out: wire in one pass while
@@ -574,7 +566,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             self.slot_mut(id).fanin += edges as u32;
         } else {
-            self.wire(id, stream, args, places, extra_deps, true);
+            edges = self.wire(id, stream, args, places, extra_deps, true);
         }
         if stream != 0 {
             // Held back until the stream's previous task is issued. A task
@@ -588,18 +580,23 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             self.streams.submitted(stream, id);
         }
         self.next += 1;
-        for (a, place) in args.iter().zip(places) {
-            let inserted = self.tmap.insert(place, a.tensor, a.region, writes(a), id);
-            debug_assert!(inserted, "TensorMap room was checked before committing");
-        }
+        insert_args(&mut self.tmap, args, places, id);
         self.slot_mut(id).tmap_end = self.tmap.end();
         self.release(id);
+        // High-water marks: a pool's use grows only by what this
+        // submission took from it.
         self.stats.used(StallReason::TaskRingFull, self.in_flight());
-        self.stats
-            .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
-        self.stats
-            .used(StallReason::DepListPoolFull, self.deps.used() as u64);
-        self.stats.used(StallReason::HeapRingFull, self.heap.used());
+        if !args.is_empty() {
+            self.stats
+                .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
+        }
+        if edges > 0 {
+            self.stats
+                .used(StallReason::DepListPoolFull, self.deps.used() as u64);
+        }
+        if heap_bytes > 0 {
+            self.stats.used(StallReason::HeapRingFull, self.heap.used());
+        }
         Ok(id)
     }
 
@@ -1015,6 +1012,50 @@ impl<const TASKS: usize, const DEPS: usize> Visitor for Wiring<'_, TASKS, DEPS> 
             debug_assert!(pushed, "room was checked before committing");
         }
     }
+}
+
+/// Places every argument in the TensorMap ([`TensorMap::place`]).
+#[inline(always)]
+fn place_args<const N: usize>(
+    tmap: &mut TensorMap<N>,
+    args: &[TaskArg],
+    places: &mut [Place; MAX_TENSOR_ARGS],
+) {
+    for (place, a) in places.iter_mut().zip(args) {
+        *place = tmap.place(a.tensor, &a.region);
+    }
+}
+
+/// Inserts every argument of task `id` at its place (room was checked).
+#[inline(always)]
+fn insert_args<const N: usize>(
+    tmap: &mut TensorMap<N>,
+    args: &[TaskArg],
+    places: &[Place],
+    id: TaskId,
+) {
+    for (a, place) in args.iter().zip(places) {
+        let writes = a.access.contains(Access::WRITE);
+        let inserted = tmap.insert(place, a.tensor, a.region, writes, id);
+        debug_assert!(inserted, "TensorMap room was checked before committing");
+    }
+}
+
+/// The first argument (`index`, with the `other` it overlaps) that writes
+/// a region overlapping an earlier argument's or is overlapped by an earlier
+/// write, if any.
+#[inline(always)]
+fn overlapping_args(args: &[TaskArg]) -> Option<(usize, usize)> {
+    let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
+    for index in 1..args.len() {
+        let a = &args[index];
+        for (other, b) in args[..index].iter().enumerate() {
+            if a.tensor == b.tensor && (writes(a) || writes(b)) && a.region.overlaps(&b.region) {
+                return Some((index, other));
+            }
+        }
+    }
+    None
 }
 
 /// Whether task `id` was submitted, has not retired and has not completed.

@@ -544,17 +544,19 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // Commit: the slot, the edges from live producers, the TensorMap entries.
         self.stats.end(now);
         let held = self.depth > 0;
-        *self.slot_mut(id) = Slot {
-            id,
-            kernel,
-            tag,
-            state: TaskState::Pending,
-            fanin: 1,
-            heap,
-            held,
-            stream,
-            ..FREE_SLOT
-        };
+        // The slot's other fields are as its last task left them and need
+        // no reset: `fanout` and `stream_next` are emptied when a task
+        // completes, `ready_next` is set when it becomes ready, `tmap_end`
+        // below, and `marked_by` only ever matches a pass of its own.
+        let slot = self.slot_mut(id);
+        slot.id = id;
+        slot.kernel = kernel;
+        slot.tag = tag;
+        slot.state = TaskState::Pending;
+        slot.fanin = 1;
+        slot.heap = heap;
+        slot.held = held;
+        slot.stream = stream;
         if !one_pass && edges as usize <= self.found.len() && self.tmap.cover_pending() {
             // The counting pass saw every producer and covered entry: wire
             // from its lists.

@@ -1023,8 +1023,12 @@ fn place_args<const N: usize>(
     args: &[TaskArg],
     places: &mut [Place; MAX_TENSOR_ARGS],
 ) {
-    for (place, a) in places.iter_mut().zip(args) {
-        *place = tmap.place(a.tensor, &a.region);
+    // Over the fixed array with an early exit rather than a zip: the
+    // compiler unrolls it and drops the iterator's set-up.
+    #[allow(clippy::needless_range_loop)] // Unrolls, where an iterator would not.
+    for i in 0..MAX_TENSOR_ARGS {
+        let Some(a) = args.get(i) else { break };
+        places[i] = tmap.place(a.tensor, &a.region);
     }
 }
 
@@ -1036,7 +1040,10 @@ fn insert_args<const N: usize>(
     places: &[Place],
     id: TaskId,
 ) {
-    for (a, place) in args.iter().zip(places) {
+    for i in 0..MAX_TENSOR_ARGS {
+        let (Some(a), Some(place)) = (args.get(i), places.get(i)) else {
+            break;
+        };
         let writes = a.access.contains(Access::WRITE);
         let inserted = tmap.insert(place, a.tensor, a.region, writes, id);
         debug_assert!(inserted, "TensorMap room was checked before committing");

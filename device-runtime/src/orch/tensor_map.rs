@@ -543,6 +543,16 @@ impl<const N: usize> TensorMap<N> {
 
     #[inline(always)]
     fn scan_bucket(&mut self, b: usize, scan: &Scan, v: &mut impl Visitor) {
+        // A write also waits for readers; any access waits for writers.
+        if scan.writes {
+            self.scan_chain(b, 0, scan, v);
+        }
+        self.scan_chain(b, 1, scan, v);
+    }
+
+    /// [`TensorMap::scan_bucket`] of the readers' (0) or writers' (1) chain.
+    #[inline(always)]
+    fn scan_chain(&mut self, b: usize, chain: usize, scan: &Scan, v: &mut impl Visitor) {
         let Scan {
             tensor,
             region,
@@ -550,46 +560,43 @@ impl<const N: usize> TensorMap<N> {
             writes,
             mark_now,
         } = *scan;
-        // A write also waits for readers; any access waits for writers.
-        for chain in (!writes) as usize..2 {
-            let mut prev = NONE;
-            let mut position = self.buckets[b % BUCKETS][chain];
-            while position >= self.tail {
-                let e = self.at(position);
-                let next = e.next;
-                let keep = !e.covered && v.live(e.task);
-                let (overlap, covered) = if keep && e.tensor == tensor {
-                    if exact && e.exact {
-                        let same = e.region.offset == region.offset;
-                        (same, same)
+        let mut prev = NONE;
+        let mut position = self.buckets[b % BUCKETS][chain];
+        while position >= self.tail {
+            let e = self.at(position);
+            let next = e.next;
+            let keep = !e.covered && v.live(e.task);
+            let (overlap, covered) = if keep && e.tensor == tensor {
+                if exact && e.exact {
+                    let same = e.region.offset == region.offset;
+                    (same, same)
+                } else {
+                    relation(region, &e.region)
+                }
+            } else {
+                (false, false)
+            };
+            if overlap {
+                v.conflict(e.task);
+                if writes && covered {
+                    if mark_now {
+                        self.at_mut(position).covered = true;
                     } else {
-                        relation(region, &e.region)
-                    }
-                } else {
-                    (false, false)
-                };
-                if overlap {
-                    v.conflict(e.task);
-                    if writes && covered {
-                        if mark_now {
-                            self.at_mut(position).covered = true;
-                        } else {
-                            if let Some(p) = self.pending.get_mut(self.pending_len) {
-                                *p = position;
-                            }
-                            self.pending_len += 1;
+                        if let Some(p) = self.pending.get_mut(self.pending_len) {
+                            *p = position;
                         }
+                        self.pending_len += 1;
                     }
                 }
-                if keep {
-                    prev = position;
-                } else if prev == NONE {
-                    self.buckets[b % BUCKETS][chain] = next;
-                } else {
-                    self.at_mut(prev).next = next;
-                }
-                position = next;
             }
+            if keep {
+                prev = position;
+            } else if prev == NONE {
+                self.buckets[b % BUCKETS][chain] = next;
+            } else {
+                self.at_mut(prev).next = next;
+            }
+            position = next;
         }
     }
 

@@ -1032,7 +1032,8 @@ fn place_args<const N: usize>(
     }
 }
 
-/// Inserts every argument of task `id` at its place (room was checked).
+/// Inserts every argument of task `id` at its place (room was checked
+/// before anything changed).
 #[inline(always)]
 fn insert_args<const N: usize>(
     tmap: &mut TensorMap<N>,
@@ -1044,9 +1045,13 @@ fn insert_args<const N: usize>(
         let (Some(a), Some(place)) = (args.get(i), places.get(i)) else {
             break;
         };
-        let writes = a.access.contains(Access::WRITE);
-        let inserted = tmap.insert(place, a.tensor, a.region, writes, id);
-        debug_assert!(inserted, "TensorMap room was checked before committing");
+        tmap.push(
+            place,
+            a.tensor,
+            a.region,
+            a.access.contains(Access::WRITE),
+            id,
+        );
     }
 }
 

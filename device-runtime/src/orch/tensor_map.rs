@@ -627,6 +627,23 @@ impl<const N: usize> TensorMap<N> {
         if self.used() == N {
             return false;
         }
+        self.push(place, tensor, region, writes, task);
+        true
+    }
+
+    /// [`TensorMap::insert`] for a caller that checked the room
+    /// ([`TensorMap::available`]) before: a full ring would overwrite
+    /// its oldest live entry.
+    #[inline(always)]
+    pub(crate) fn push(
+        &mut self,
+        place: &Place,
+        tensor: u32,
+        region: Region,
+        writes: bool,
+        task: u64,
+    ) {
+        debug_assert!(self.used() < N, "TensorMap room was checked");
         let position = self.head;
         self.head += 1;
         if place.flags & (Place::WIDE | Place::CROSSING) != 0 {
@@ -648,7 +665,6 @@ impl<const N: usize> TensorMap<N> {
             task,
             next,
         };
-        true
     }
 
     /// Entries of `tensor` a lookup of `region` would still visit: live

@@ -647,7 +647,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             commit,
             count: 0,
         };
-        for (a, place) in args.iter().zip(places) {
+        for i in 0..MAX_TENSOR_ARGS {
+            let (Some(a), Some(place)) = (args.get(i), places.get(i)) else {
+                break;
+            };
             let writes = a.access.contains(Access::WRITE);
             self.tmap
                 .scan(place, a.tensor, &a.region, writes, commit, &mut wiring);

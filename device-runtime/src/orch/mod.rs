@@ -527,7 +527,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // More edges than the whole pool is no deadlock: the count is of
             // producers still running, and each one that completes frees its
             // edges and drops out of the count.
-            edges = self.wire(id, stream, args, places, extra_deps, false);
+            edges = self.count_edges(id, stream, args, places, extra_deps);
             if (self.deps.available() as u64) < edges {
                 return self.stall(StallReason::DepListPoolFull, now);
             }
@@ -560,13 +560,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         if !one_pass && edges as usize <= self.found.len() && self.tmap.cover_pending() {
             // The counting pass saw every producer and covered entry: wire
             // from its lists.
-            for &p in &self.found[..edges as usize] {
-                let pushed = self
-                    .deps
-                    .push(&mut self.slots[(p % TASKS as u64) as usize].fanout, id);
-                debug_assert!(pushed, "room was checked before committing");
-            }
-            self.slot_mut(id).fanin += edges as u32;
+            self.wire_found(id, edges);
         } else {
             edges = self.wire(id, stream, args, places, extra_deps, true);
         }
@@ -600,6 +594,35 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             self.stats.used(StallReason::HeapRingFull, self.heap.used());
         }
         Ok(id)
+    }
+
+    /// The counting pass of a submission whose edges might not fit the
+    /// DepList pool ([`Orchestrator::wire`] without committing). Out of
+    /// line: rare, and inlined it would be a second copy of the pass in
+    /// every submission.
+    #[inline(never)]
+    fn count_edges(
+        &mut self,
+        id: TaskId,
+        stream: StreamId,
+        args: &[TaskArg],
+        places: &[Place],
+        extra_deps: &[TaskId],
+    ) -> u64 {
+        self.wire(id, stream, args, places, extra_deps, false)
+    }
+
+    /// Records an edge to task `id` from each of the `edges` producers the
+    /// counting pass found (all of them: `edges` fits the `found` list).
+    #[inline(never)]
+    fn wire_found(&mut self, id: TaskId, edges: u64) {
+        for &p in &self.found[..edges as usize] {
+            let pushed = self
+                .deps
+                .push(&mut self.slots[(p % TASKS as u64) as usize].fanout, id);
+            debug_assert!(pushed, "room was checked before committing");
+        }
+        self.slot_mut(id).fanin += edges as u32;
     }
 
     /// A full task ring, TensorMap or heap ring frees space only when the

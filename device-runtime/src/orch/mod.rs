@@ -1049,9 +1049,10 @@ fn place_args<const N: usize>(
     args: &[TaskArg],
     places: &mut [Place; MAX_TENSOR_ARGS],
 ) {
-    // Over the fixed array with an early exit rather than a zip: the
-    // compiler unrolls it and drops the iterator's set-up.
-    #[allow(clippy::needless_range_loop)] // Unrolls, where an iterator would not.
+    // An indexed loop with an early exit rather than a zip of two slices:
+    // inlined into a submission, its counter costs less than the zip's
+    // set-up and state.
+    #[allow(clippy::needless_range_loop)] // Measured cheaper than the iterator.
     for i in 0..MAX_TENSOR_ARGS {
         let Some(a) = args.get(i) else { break };
         places[i] = tmap.place(a.tensor, &a.region);

@@ -232,23 +232,43 @@ fn next_cell(cell: &mut [u32; MAX_RANK], (lo, hi, mask): &Cells) -> bool {
 /// Where one argument's entry goes and what its lookup probes, computed
 /// once per submission by [`TensorMap::place`] (for the counting scan, the
 /// committing scan and the insert).
+///
+/// One word, so that a place is built, stored and tested in a register:
+/// bits 0..16 are the bucket of the entry (its tensor's and origin cell's,
+/// or its tensor's wide bucket), bits 16..24 its tensor's cell-shape slot,
+/// bits 24..32 what the region is and what its lookup must probe
+/// (`SIMPLE` and the other flags below, one bit each). Bucket and slot
+/// numbers are below [`BUCKETS`] and [`SHAPES`]; indexing with `% BUCKETS`
+/// and `% SHAPES` tells the compiler so, which drops bounds checks from the
+/// hot path.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Place {
-    /// The bucket of the entry: its tensor's and origin cell's, or its
-    /// tensor's wide bucket. (Bucket and slot numbers are below
-    /// [`BUCKETS`] and [`SHAPES`]; indexing with `% BUCKETS` and
-    /// `% SHAPES` tells the compiler so, which drops bounds checks from the
-    /// hot path.)
-    home: u16,
-    /// Its tensor's cell-shape slot.
-    slot: u8,
-    /// What the region is and what its lookup must probe: [`Place::SIMPLE`]
-    /// and the other flags, one bit each, so that a place is stored and
-    /// tested in one go.
-    flags: u8,
-}
+pub struct Place(u32);
+
+const _: () = assert!(BUCKETS <= 1 << 16, "a bucket number fits 16 bits");
 
 impl Place {
+    #[inline(always)]
+    fn new(home: usize, slot: usize, flags: u8) -> Place {
+        Place(home as u32 | (slot as u32) << 16 | (flags as u32) << 24)
+    }
+
+    /// The bucket of the entry.
+    #[inline(always)]
+    fn home(&self) -> usize {
+        (self.0 & 0xffff) as usize % BUCKETS
+    }
+
+    /// The cell-shape slot of its tensor.
+    #[inline(always)]
+    fn slot(&self) -> usize {
+        (self.0 >> 16 & 0xff) as usize % SHAPES
+    }
+
+    #[inline(always)]
+    fn flags(&self) -> u8 {
+        (self.0 >> 24) as u8
+    }
+
     /// The region lies inside its origin cell, and no wide or crossing
     /// entry of its slot is live: its lookup scans its home bucket only,
     /// and its entry changes nothing in the slot's shape (the common case,
@@ -272,10 +292,10 @@ impl Place {
 
     #[inline(always)]
     fn has(&self, flag: u8) -> bool {
-        self.flags & flag != 0
+        self.flags() & flag != 0
     }
 
-    /// The region is exactly its origin cell ([`Place::EXACT`]).
+    /// The region is exactly its origin cell (`EXACT`).
     pub fn exact(&self) -> bool {
         self.has(Place::EXACT)
     }
@@ -349,11 +369,8 @@ impl<const N: usize> TensorMap<N> {
         // with no wide or crossing entry live.
         let inexact = offset & !word(shape.mask) | extent ^ word(shape.size);
         if inexact == 0 && shape.odd < tail {
-            return Place {
-                home: bucket_of_word(tensor, offset) as u16,
-                slot: slot as u8,
-                flags: Place::SIMPLE | Place::EXACT | Place::ONE_CELL,
-            };
+            let home = bucket_of_word(tensor, offset);
+            return Place::new(home, slot, Place::SIMPLE | Place::EXACT | Place::ONE_CELL);
         }
         self.place_in(slot, tensor, region)
     }
@@ -375,11 +392,9 @@ impl<const N: usize> TensorMap<N> {
             (back as u8 * Place::BACK) | (wide_live as u8 * Place::WIDE_LIVE)
         };
         if inexact == 0 {
-            return Place {
-                home: bucket(tensor, region.offset) as u16,
-                slot: slot as u8,
-                flags: Place::EXACT | Place::ONE_CELL | (simple as u8 * Place::SIMPLE) | live_flags,
-            };
+            let flags =
+                Place::EXACT | Place::ONE_CELL | (simple as u8 * Place::SIMPLE) | live_flags;
+            return Place::new(bucket(tensor, region.offset), slot, flags);
         }
         // Bit tricks, OR-ed over the dimensions, branch-free: the first and
         // last element lie in different cells iff they differ above the cell
@@ -396,15 +411,12 @@ impl<const N: usize> TensorMap<N> {
         let cell = core::array::from_fn(|d| region.offset[d] & shape.mask[d]);
         let (crossing, large) = (spread != 0, largest != 0);
         let flag = |on: bool, flag: u8| on as u8 * flag;
-        Place {
-            home: bucket(tensor, if large { WIDE } else { cell }) as u16,
-            slot: slot as u8,
-            flags: flag(simple & !crossing, Place::SIMPLE)
-                | flag(!crossing, Place::ONE_CELL)
-                | flag(large, Place::WIDE)
-                | flag(crossing & !large, Place::CROSSING)
-                | live_flags,
-        }
+        let flags = flag(simple & !crossing, Place::SIMPLE)
+            | flag(!crossing, Place::ONE_CELL)
+            | flag(large, Place::WIDE)
+            | flag(crossing & !large, Place::CROSSING)
+            | live_flags;
+        Place::new(bucket(tensor, if large { WIDE } else { cell }), slot, flags)
     }
 
     /// The box of cells where an entry overlapping `region` can have its
@@ -413,7 +425,7 @@ impl<const N: usize> TensorMap<N> {
     fn cells(&self, place: &Place, region: &Region) -> Option<Cells> {
         // A narrow entry spans at most two cells per dimension: its
         // origin's and the next.
-        let mask = self.shapes[place.slot as usize % SHAPES].mask;
+        let mask = self.shapes[place.slot()].mask;
         let (mut lo, mut hi) = ([0u32; MAX_RANK], [0u32; MAX_RANK]);
         let mut count = 1u64;
         for d in 0..MAX_RANK {
@@ -513,7 +525,7 @@ impl<const N: usize> TensorMap<N> {
         // The common case: a tile inside one cell, no entry reaching over,
         // no wide entry.
         if place.has(Place::SIMPLE) {
-            self.scan_bucket(place.home as usize, &scan, v);
+            self.scan_bucket(place.home(), &scan, v);
             return;
         }
         // The wide bucket (a wide argument's home), as `probe` does.
@@ -522,7 +534,7 @@ impl<const N: usize> TensorMap<N> {
             self.scan_bucket(b, &scan, v);
         }
         if place.has(Place::ONE_CELL) && !place.has(Place::BACK) {
-            self.scan_bucket(place.home as usize, &scan, v);
+            self.scan_bucket(place.home(), &scan, v);
             return;
         }
         let Some(cells) = self.cells(place, region) else {
@@ -646,8 +658,8 @@ impl<const N: usize> TensorMap<N> {
         debug_assert!(self.used() < N, "TensorMap room was checked");
         let position = self.head;
         self.head += 1;
-        if place.flags & (Place::WIDE | Place::CROSSING) != 0 {
-            let shape = &mut self.shapes[place.slot as usize % SHAPES];
+        if place.flags() & (Place::WIDE | Place::CROSSING) != 0 {
+            let shape = &mut self.shapes[place.slot()];
             if place.has(Place::WIDE) {
                 shape.wide = position;
             } else {
@@ -655,7 +667,7 @@ impl<const N: usize> TensorMap<N> {
             }
             shape.odd = position;
         }
-        let head = &mut self.buckets[place.home as usize % BUCKETS][writes as usize];
+        let head = &mut self.buckets[place.home()][writes as usize];
         let next = core::mem::replace(head, position);
         *self.at_mut(position) = Entry {
             tensor,

@@ -394,13 +394,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     pub fn pending_writer(&mut self, tensor: u32, region: &Region) -> Option<TaskId> {
         struct Writers<'s, const T: usize> {
             slots: &'s [Slot; T],
-            head: TaskId,
             next: TaskId,
             found: Option<TaskId>,
         }
         impl<const T: usize> Visitor for Writers<'_, T> {
             fn live(&self, task: TaskId) -> bool {
-                live(self.slots, self.head, self.next, task)
+                live(self.slots, self.next, task)
             }
             fn conflict(&mut self, task: TaskId) {
                 self.found = Some(self.found.map_or(task, |f| f.min(task)));
@@ -408,7 +407,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         let mut v = Writers {
             slots: &self.slots,
-            head: self.head,
             next: self.next,
             found: None,
         };
@@ -1021,7 +1019,7 @@ impl<const TASKS: usize, const DEPS: usize> Wiring<'_, TASKS, DEPS> {
 impl<const TASKS: usize, const DEPS: usize> Visitor for Wiring<'_, TASKS, DEPS> {
     #[inline(always)]
     fn live(&self, task: TaskId) -> bool {
-        live(self.slots, self.head, self.next, task)
+        live(self.slots, self.next, task)
     }
 
     #[inline(always)]
@@ -1100,7 +1098,11 @@ fn overlapping_args(args: &[TaskArg]) -> Option<(usize, usize)> {
 }
 
 /// Whether task `id` was submitted, has not retired and has not completed.
-fn live<const T: usize>(slots: &[Slot; T], head: TaskId, next: TaskId, id: TaskId) -> bool {
+/// Its slot tells: a slot holds the id of a submitted task (so `id < next`),
+/// and a retired task is completed or its slot holds a newer task.
+#[inline(always)]
+fn live<const T: usize>(slots: &[Slot; T], next: TaskId, id: TaskId) -> bool {
     let slot = &slots[(id % T as u64) as usize];
-    id >= head && id < next && slot.id == id && slot.state != TaskState::Completed
+    debug_assert!(slot.id != id || id < next, "a slot holds a submitted task");
+    slot.id == id && slot.state != TaskState::Completed
 }

@@ -749,11 +749,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Ok(())
     }
 
-    /// Handed out and not completed (issued or not).
+    /// Handed out and not completed (issued or not). As in [`live`], the
+    /// slot tells: it holds `id` only if `id` was submitted, and not if it
+    /// retired unless it completed.
     fn is_running(&self, id: TaskId) -> bool {
-        id >= self.head
-            && id < self.next
-            && matches!(self.slot(id).state, TaskState::Running | TaskState::Issued)
+        let slot = self.slot(id);
+        slot.id == id && matches!(slot.state, TaskState::Running | TaskState::Issued)
     }
 
     /// Lets the task held back behind `id` on its stream go.

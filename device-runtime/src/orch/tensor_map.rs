@@ -20,10 +20,11 @@
 //!
 //! Two things keep chains short, so lookups stay cheap: a scan unlinks the
 //! entries of completed tasks it meets (a dependency on a finished task is
-//! already met), and a new write marks older entries whose region it fully
-//! covers, which the next scan unlinks (later tasks reach those through the
-//! new writer, which waits for them). Unlinking shortens chains; the ring
-//! space comes back when the task retires.
+//! already met), and a new write unlinks the older entries whose region it
+//! fully covers (later tasks reach those through the new writer, which
+//! waits for them): at once when its scan commits, or, after a counting
+//! scan, by marking them for the next scan to unlink. Unlinking shortens
+//! chains; the ring space comes back when the task retires.
 //!
 //! Entries are found by place, not only by tensor. A tensor's elements are
 //! split into cells, boxes whose extent is a power of two in every
@@ -309,7 +310,7 @@ struct Scan<'r> {
     /// [`Place::exact`].
     exact: bool,
     writes: bool,
-    /// Mark covered entries at once (the submission is committing).
+    /// Unlink covered entries at once (the submission is committing).
     mark_now: bool,
 }
 
@@ -503,7 +504,7 @@ impl<const N: usize> TensorMap<N> {
     /// [`Visitor::live`] are unlinked; for every live one whose region
     /// overlaps it calls [`Visitor::conflict`].
     /// When the argument writes, live overlapping entries its region covers
-    /// are remembered for [`TensorMap::cover_pending`], or marked at once
+    /// are remembered for [`TensorMap::cover_pending`], or unlinked at once
     /// when `mark_now` (the submission is committing).
     #[inline(always)]
     pub fn scan(
@@ -588,11 +589,14 @@ impl<const N: usize> TensorMap<N> {
             } else {
                 (false, false)
             };
+            let mut keep = keep;
             if overlap {
                 v.conflict(e.task);
                 if writes && covered {
                     if mark_now {
-                        self.at_mut(position).covered = true;
+                        // Covered by the committing write: later tasks reach
+                        // it through the new writer, so unlink it now.
+                        keep = false;
                     } else {
                         if let Some(p) = self.pending.get_mut(self.pending_len) {
                             *p = position;
@@ -755,5 +759,29 @@ mod tests {
         map.scan(&place, 5, &tile(4 * j), true, true, &mut found);
         assert_eq!(found.0, [2]);
         assert_eq!(map.chain_len(5, &tile(4 * j)), 1, "task 1's entry only");
+    }
+
+    #[test]
+    fn a_committing_write_unlinks_the_entries_it_covers() {
+        let mut map = TensorMap::<16>::new();
+        for task in 1..=3 {
+            let place = map.place(5, &tile(0));
+            let mut found = Found(Vec::new());
+            map.begin();
+            map.scan(&place, 5, &tile(0), true, true, &mut found);
+            let earlier: &[u64] = if task == 1 { &[] } else { &[task - 1] };
+            assert_eq!(found.0, earlier, "each write waits for the one before");
+            assert!(map.insert(&place, 5, tile(0), true, task));
+        }
+        // Each write covered the one before and unlinked it: the writers'
+        // chain links task 3's entry alone, not the covered ones.
+        let home = map.place(5, &tile(0)).home();
+        let mut links = Vec::new();
+        let mut position = map.buckets[home][1];
+        while position >= map.tail {
+            links.push(map.at(position).task);
+            position = map.at(position).next;
+        }
+        assert_eq!(links, [3]);
     }
 }

@@ -803,6 +803,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     }
 
     /// Task `id` finished: releases its consumers and retires what it can.
+    #[inline]
     pub fn complete(&mut self, id: TaskId) -> Result<(), UsageError> {
         if !self.is_running(id) {
             return Err(UsageError::NotRunning { id });

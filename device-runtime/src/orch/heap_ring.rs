@@ -107,16 +107,27 @@ impl HeapRing {
     }
 
     /// Frees the oldest live block, which must be `block` (retirement order).
+    #[inline(always)]
     pub fn free(&mut self, block: HeapBlock) {
-        if block.len == 0 || self.live == 0 {
+        // Most tasks ask for no heap: freeing their empty block is one test,
+        // and the ring's fields stay out of the caller's loop.
+        if block.len != 0 {
+            self.free_until(block.end);
+        }
+    }
+
+    /// Frees the oldest live block, which ends at `end`.
+    #[inline(never)]
+    fn free_until(&mut self, end: u64) {
+        if self.live == 0 {
             return;
         }
-        let freed = if block.end >= self.tail {
-            block.end - self.tail
+        let freed = if end >= self.tail {
+            end - self.tail
         } else {
-            self.capacity - self.tail + block.end
+            self.capacity - self.tail + end
         };
-        self.tail = block.end;
+        self.tail = end;
         self.live -= 1;
         self.used = self.used.saturating_sub(freed);
         if self.live == 0 {

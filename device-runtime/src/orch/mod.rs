@@ -429,13 +429,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     pub fn pending_writer(&mut self, tensor: u32, region: &Region) -> Option<TaskId> {
         struct Writers<'s, const T: usize> {
             slots: &'s [Slot; T],
-            head: TaskId,
             next: TaskId,
             found: Option<TaskId>,
         }
         impl<const T: usize> Visitor for Writers<'_, T> {
             fn live(&self, task: TaskId) -> bool {
-                live(self.slots, self.head, self.next, task)
+                live(self.slots, self.next, task)
             }
             fn conflict(&mut self, task: TaskId) {
                 self.found = Some(self.found.map_or(task, |f| f.min(task)));
@@ -443,7 +442,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         let mut v = Writers {
             slots: &self.slots,
-            head: self.head,
             next: self.next,
             found: None,
         };
@@ -557,14 +555,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 next: self.next,
             }));
         }
-        let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
-        for (index, a) in args.iter().enumerate() {
-            for (other, b) in args.iter().enumerate().take(index) {
-                if a.tensor == b.tensor && (writes(a) || writes(b)) && a.region.overlaps(&b.region)
-                {
-                    return Err(SubmitError::Invalid(Invalid::ArgsOverlap { index, other }));
-                }
-            }
+        if let Some((index, other)) = overlapping_args(args) {
+            return Err(SubmitError::Invalid(Invalid::ArgsOverlap { index, other }));
         }
         let heap_capacity = self.heap.capacity();
         if heap_bytes > heap_capacity {
@@ -593,9 +585,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         let id = self.next;
         let mut places = [Place::default(); MAX_TENSOR_ARGS];
-        for (place, a) in places.iter_mut().zip(args) {
-            *place = self.tmap.place(a.tensor, &a.region);
-        }
+        place_args(&mut self.tmap, args, &mut places);
         let places = &places[..args.len()];
         // Each producer is a distinct live task, so a pool with room for one
         // edge per task in flight cannot run out: wire in one pass while
@@ -611,7 +601,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // More edges than the whole pool is no deadlock: the count is of
             // producers still running, and each one that completes frees its
             // edges and drops out of the count.
-            edges = self.wire::<E>(id, stream, args, places, extra_deps, None);
+            edges = self.count_edges::<E>(id, stream, args, places, extra_deps);
             if available < edges {
                 return self.stall(StallReason::DepListPoolFull, now);
             }
@@ -628,47 +618,34 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // Commit: the slot, the edges from live producers, the TensorMap entries.
         self.stats.end(now);
         let held = self.depth > 0;
-        *self.slot_mut(id) = Slot {
-            id,
-            kernel,
-            tag,
-            state: TaskState::Pending,
-            fanin: 1,
-            heap,
-            held,
-            stream,
-            ..FREE_SLOT
-        };
+        // The slot's other fields are as its last task left them and need
+        // no reset: `fanout` and `stream_next` are emptied when a task
+        // completes (and stay empty when the release graph holds the
+        // edges), `ready_next` is set when it becomes ready, `tmap_end` and
+        // `edges_end` below, and `marked_by` only ever matches a pass of its own.
+        let slot = self.slot_mut(id);
+        slot.id = id;
+        slot.kernel = kernel;
+        slot.tag = tag;
+        slot.state = TaskState::Pending;
+        slot.fanin = 1;
+        slot.heap = heap;
+        slot.held = held;
+        slot.stream = stream;
         let at = (id % TASKS as u64) as usize;
-        let mut linked_edges = 0u32;
+        let graph = linked.map(|(graph, _)| graph);
         if let Some((graph, release_tag)) = linked {
             graph.open(at, release_tag);
         }
+        let mut linked_edges = 0u32;
         if !one_pass && edges as usize <= self.found.len() && self.tmap.cover_pending() {
             // The counting pass saw every producer and covered entry: wire
             // from its lists.
-            for &p in &self.found[..edges as usize] {
-                let producer = (p % TASKS as u64) as usize;
-                match linked {
-                    None => {
-                        let pushed = self.deps.push(&mut self.slots[producer].fanout, id);
-                        debug_assert!(pushed, "room was checked before committing");
-                    }
-                    Some((graph, _)) => {
-                        let edge = (self.edge_alloc % E as u64) as usize;
-                        if graph.link(producer, at, edge) {
-                            self.edge_alloc += 1;
-                            linked_edges += 1;
-                        }
-                    }
-                }
-            }
-            self.slot_mut(id).fanin += edges as u32;
+            linked_edges = self.wire_found(id, edges, graph);
         } else {
-            let graph = linked.map(|(graph, _)| graph);
-            let count = self.wire(id, stream, args, places, extra_deps, Some(graph));
+            edges = self.wire(id, stream, args, places, extra_deps, Some(graph));
             if graph.is_some() {
-                linked_edges = count as u32;
+                linked_edges = edges as u32;
             }
         }
         if stream != 0 {
@@ -698,10 +675,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             self.streams.submitted(stream, id);
         }
         self.next += 1;
-        for (a, place) in args.iter().zip(places) {
-            let inserted = self.tmap.insert(place, a.tensor, a.region, writes(a), id);
-            debug_assert!(inserted, "TensorMap room was checked before committing");
-        }
+        insert_args(&mut self.tmap, args, places, id);
         let tmap_end = self.tmap.end();
         let edge_alloc = self.edge_alloc;
         let slot = self.slot_mut(id);
@@ -720,16 +694,75 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 Some(ready)
             }
         };
+        // High-water marks: a pool's use grows only by what this
+        // submission took from it.
         self.stats.used(StallReason::TaskRingFull, self.in_flight());
-        self.stats
-            .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
-        let edges_used = match linked {
-            None => self.deps.used() as u64,
-            Some(_) => self.edge_alloc - self.edge_free,
-        };
-        self.stats.used(StallReason::DepListPoolFull, edges_used);
-        self.stats.used(StallReason::HeapRingFull, self.heap.used());
+        if !args.is_empty() {
+            self.stats
+                .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
+        }
+        if edges > 0 {
+            let edges_used = match linked {
+                None => self.deps.used() as u64,
+                Some(_) => self.edge_alloc - self.edge_free,
+            };
+            self.stats.used(StallReason::DepListPoolFull, edges_used);
+        }
+        if heap_bytes > 0 {
+            self.stats.used(StallReason::HeapRingFull, self.heap.used());
+        }
         Ok((id, ready))
+    }
+
+    /// The counting pass of a submission whose edges might not fit the
+    /// DepList pool ([`Orchestrator::wire`] without committing). Out of
+    /// line: rare, and inlined it would be a second copy of the pass in
+    /// every submission.
+    #[inline(never)]
+    fn count_edges<const E: usize>(
+        &mut self,
+        id: TaskId,
+        stream: StreamId,
+        args: &[TaskArg],
+        places: &[Place],
+        extra_deps: &[TaskId],
+    ) -> u64 {
+        self.wire::<E>(id, stream, args, places, extra_deps, None)
+    }
+
+    /// Records an edge to task `id` from each of the `edges` producers the
+    /// counting pass found (all of them: `edges` fits the `found` list):
+    /// in the DepList pool, or in `graph` if given. Returns the edges the
+    /// graph took (producers that completed meanwhile get none).
+    #[inline(never)]
+    fn wire_found<const E: usize>(
+        &mut self,
+        id: TaskId,
+        edges: u64,
+        graph: Option<&ReleaseGraph<TASKS, E>>,
+    ) -> u32 {
+        let at = (id % TASKS as u64) as usize;
+        let mut linked = 0;
+        for &p in &self.found[..edges as usize] {
+            let producer = (p % TASKS as u64) as usize;
+            match graph {
+                None => {
+                    let pushed = self.deps.push(&mut self.slots[producer].fanout, id);
+                    debug_assert!(pushed, "room was checked before committing");
+                }
+                Some(graph) => {
+                    let edge = (self.edge_alloc % E as u64) as usize;
+                    if graph.link(producer, at, edge) {
+                        self.edge_alloc += 1;
+                        linked += 1;
+                    }
+                }
+            }
+        }
+        if graph.is_none() {
+            self.slot_mut(id).fanin += edges as u32;
+        }
+        linked
     }
 
     /// A full task ring, TensorMap or heap ring frees space only when the
@@ -782,7 +815,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             edge_alloc: &mut self.edge_alloc,
             count: 0,
         };
-        for (a, place) in args.iter().zip(places) {
+        for i in 0..MAX_TENSOR_ARGS {
+            let (Some(a), Some(place)) = (args.get(i), places.get(i)) else {
+                break;
+            };
             let writes = a.access.contains(Access::WRITE);
             self.tmap.scan(
                 place,
@@ -884,11 +920,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Ok(())
     }
 
-    /// Handed out and not completed (issued or not).
+    /// Handed out and not completed (issued or not). As in [`live`], the
+    /// slot tells: it holds `id` only if `id` was submitted, and not if it
+    /// retired unless it completed.
     fn is_running(&self, id: TaskId) -> bool {
-        id >= self.head
-            && id < self.next
-            && matches!(self.slot(id).state, TaskState::Running | TaskState::Issued)
+        let slot = self.slot(id);
+        slot.id == id && matches!(slot.state, TaskState::Running | TaskState::Issued)
     }
 
     /// Lets the task held back behind `id` on its stream go.
@@ -937,6 +974,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     }
 
     /// Task `id` finished: releases its consumers and retires what it can.
+    #[inline]
     pub fn complete(&mut self, id: TaskId) -> Result<(), UsageError> {
         if !self.is_running(id) {
             return Err(UsageError::NotRunning { id });
@@ -1231,7 +1269,7 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DE
 impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Wiring<'_, TASKS, DEPS, E> {
     #[inline(always)]
     fn live(&self, task: TaskId) -> bool {
-        live(self.slots, self.head, self.next, task)
+        live(self.slots, self.next, task)
     }
 
     #[inline(always)]
@@ -1263,8 +1301,69 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Wiring<'
     }
 }
 
+/// Places every argument in the TensorMap ([`TensorMap::place`]).
+#[inline(always)]
+fn place_args<const N: usize>(
+    tmap: &mut TensorMap<N>,
+    args: &[TaskArg],
+    places: &mut [Place; MAX_TENSOR_ARGS],
+) {
+    // An indexed loop with an early exit rather than a zip of two slices:
+    // inlined into a submission, its counter costs less than the zip's
+    // set-up and state.
+    #[allow(clippy::needless_range_loop)] // Measured cheaper than the iterator.
+    for i in 0..MAX_TENSOR_ARGS {
+        let Some(a) = args.get(i) else { break };
+        places[i] = tmap.place(a.tensor, &a.region);
+    }
+}
+
+/// Inserts every argument of task `id` at its place (room was checked
+/// before anything changed).
+#[inline(always)]
+fn insert_args<const N: usize>(
+    tmap: &mut TensorMap<N>,
+    args: &[TaskArg],
+    places: &[Place],
+    id: TaskId,
+) {
+    for i in 0..MAX_TENSOR_ARGS {
+        let (Some(a), Some(place)) = (args.get(i), places.get(i)) else {
+            break;
+        };
+        tmap.push(
+            place,
+            a.tensor,
+            a.region,
+            a.access.contains(Access::WRITE),
+            id,
+        );
+    }
+}
+
+/// The first argument (`index`, with the `other` it overlaps) that writes
+/// a region overlapping an earlier argument's or is overlapped by an earlier
+/// write, if any.
+#[inline(always)]
+fn overlapping_args(args: &[TaskArg]) -> Option<(usize, usize)> {
+    let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
+    for index in 1..args.len() {
+        let a = &args[index];
+        for (other, b) in args[..index].iter().enumerate() {
+            if a.tensor == b.tensor && (writes(a) || writes(b)) && a.region.overlaps(&b.region) {
+                return Some((index, other));
+            }
+        }
+    }
+    None
+}
+
 /// Whether task `id` was submitted, has not retired and has not completed.
-fn live<const T: usize>(slots: &[Slot; T], head: TaskId, next: TaskId, id: TaskId) -> bool {
+/// Its slot tells: a slot holds the id of a submitted task (so `id < next`),
+/// and a retired task is completed or its slot holds a newer task.
+#[inline(always)]
+fn live<const T: usize>(slots: &[Slot; T], next: TaskId, id: TaskId) -> bool {
     let slot = &slots[(id % T as u64) as usize];
-    id >= head && id < next && slot.id == id && slot.state != TaskState::Completed
+    debug_assert!(slot.id != id || id < next, "a slot holds a submitted task");
+    slot.id == id && slot.state != TaskState::Completed
 }

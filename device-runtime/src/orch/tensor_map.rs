@@ -20,10 +20,11 @@
 //!
 //! Two things keep chains short, so lookups stay cheap: a scan unlinks the
 //! entries of completed tasks it meets (a dependency on a finished task is
-//! already met), and a new write marks older entries whose region it fully
-//! covers, which the next scan unlinks (later tasks reach those through the
-//! new writer, which waits for them). Unlinking shortens chains; the ring
-//! space comes back when the task retires.
+//! already met), and a new write unlinks the older entries whose region it
+//! fully covers (later tasks reach those through the new writer, which
+//! waits for them): at once when its scan commits, or, after a counting
+//! scan, by marking them for the next scan to unlink. Unlinking shortens
+//! chains; the ring space comes back when the task retires.
 //!
 //! Entries are found by place, not only by tensor. A tensor's elements are
 //! split into cells, boxes whose extent is a power of two in every
@@ -64,8 +65,10 @@ use crate::abi::{Region, MAX_RANK};
 /// Buckets of the TensorMap (a power of two); entries hash by tensor and cell.
 pub const BUCKETS: usize = 1024;
 
-/// Cell-shape slots (a power of two): tensor `t` uses slot `t % SHAPES`.
+/// Cell-shape slots (a power of two, at most 256): tensor `t` uses slot
+/// `t % SHAPES`.
 pub const SHAPES: usize = 256;
+const _: () = assert!(SHAPES.is_power_of_two() && SHAPES <= 256);
 
 /// Most cells one lookup probes before it scans every bucket instead (a
 /// probe costs a hash and two chain heads; a scan of every bucket costs
@@ -129,6 +132,9 @@ struct Shape {
     /// Position of the newest wide entry. Below the tail, lookups need not
     /// probe the wide bucket.
     wide: u64,
+    /// The later of `crossing` and `wide`: below the tail, a region inside
+    /// one cell is [`Place::SIMPLE`].
+    odd: u64,
 }
 
 const UNUSED: Shape = Shape {
@@ -137,6 +143,7 @@ const UNUSED: Shape = Shape {
     newest: NONE,
     crossing: NONE,
     wide: NONE,
+    odd: NONE,
 };
 
 /// The cell masks for tiles of `extent` elements: per dimension, the bits
@@ -187,16 +194,23 @@ pub struct TensorMap<const N: usize> {
 /// mixes it; a collision costs time only.
 #[inline(always)]
 fn bucket(tensor: u32, cell: [u32; MAX_RANK]) -> usize {
-    let key = (tensor as u64).rotate_left(48) ^ pair(&cell, 0) ^ pair(&cell, 1).rotate_left(16);
+    bucket_of_word(tensor, word(cell))
+}
+
+/// [`bucket`] of a cell given as a [`word`].
+#[inline(always)]
+fn bucket_of_word(tensor: u32, cell: u128) -> usize {
+    let (low, high) = (cell as u64, (cell >> 64) as u64);
+    let key = (tensor as u64).rotate_left(48) ^ low ^ high.rotate_left(16);
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> BUCKET_SHIFT) as usize
 }
 
-/// Dimensions `2i` and `2i + 1` of `a` in one word, for bitwise operations
-/// on two dimensions at once (one load each, where the compiler would not
-/// vectorize four).
+/// Every dimension of `a` in one integer, for bitwise operations on all
+/// of them at once (where the compiler would load and combine them one
+/// by one).
 #[inline(always)]
-fn pair(a: &[u32; MAX_RANK], i: usize) -> u64 {
-    a[2 * i] as u64 | (a[2 * i + 1] as u64) << 32
+fn word(a: [u32; MAX_RANK]) -> u128 {
+    zerocopy::transmute!(a)
 }
 
 /// Cells of one lookup: the first and last cell of a box, and the cell mask.
@@ -219,31 +233,73 @@ fn next_cell(cell: &mut [u32; MAX_RANK], (lo, hi, mask): &Cells) -> bool {
 /// Where one argument's entry goes and what its lookup probes, computed
 /// once per submission by [`TensorMap::place`] (for the counting scan, the
 /// committing scan and the insert).
+///
+/// One word, so that a place is built, stored and tested in a register:
+/// bits 0..16 are the bucket of the entry (its tensor's and origin cell's,
+/// or its tensor's wide bucket), bits 16..24 its tensor's cell-shape slot,
+/// bits 24..32 what the region is and what its lookup must probe
+/// (`SIMPLE` and the other flags below, one bit each). Bucket and slot
+/// numbers are below [`BUCKETS`] and [`SHAPES`]; indexing with `% BUCKETS`
+/// and `% SHAPES` tells the compiler so, which drops bounds checks from the
+/// hot path.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Place {
-    /// The bucket of the entry: its tensor's and origin cell's, or its
-    /// tensor's wide bucket. (Bucket and slot numbers are below
-    /// [`BUCKETS`] and [`SHAPES`]; indexing with `% BUCKETS` and
-    /// `% SHAPES` tells the compiler so, which drops bounds checks from the
-    /// hot path.)
-    home: u16,
-    /// Its tensor's cell-shape slot.
-    slot: u16,
-    /// The region lies inside its origin cell.
-    one_cell: bool,
+pub struct Place(u32);
+
+const _: () = assert!(BUCKETS <= 1 << 16, "a bucket number fits 16 bits");
+
+impl Place {
+    #[inline(always)]
+    fn new(home: usize, slot: usize, flags: u8) -> Place {
+        Place(home as u32 | (slot as u32) << 16 | (flags as u32) << 24)
+    }
+
+    /// The bucket of the entry.
+    #[inline(always)]
+    fn home(&self) -> usize {
+        (self.0 & 0xffff) as usize % BUCKETS
+    }
+
+    /// The cell-shape slot of its tensor.
+    #[inline(always)]
+    fn slot(&self) -> usize {
+        (self.0 >> 16 & 0xff) as usize % SHAPES
+    }
+
+    #[inline(always)]
+    fn flags(&self) -> u8 {
+        (self.0 >> 24) as u8
+    }
+
+    /// The region lies inside its origin cell, and no wide or crossing
+    /// entry of its slot is live: its lookup scans its home bucket only,
+    /// and its entry changes nothing in the slot's shape (the common case,
+    /// a tile).
+    const SIMPLE: u8 = 1;
     /// The region is exactly its origin cell. Two exact regions of a tensor
     /// overlap iff they are the same cell (the live entries of a tensor were
     /// all placed with the same shape), and then each covers the other.
-    exact: bool,
+    const EXACT: u8 = 2;
+    /// The region lies inside its origin cell.
+    const ONE_CELL: u8 = 4;
     /// The region is larger than a cell in some dimension.
-    wide: bool,
+    const WIDE: u8 = 8;
     /// The region is narrow and reaches over its origin cell's boundary.
-    crossing: bool,
+    const CROSSING: u8 = 16;
     /// A live entry of the slot reaches over its origin cell's boundary:
     /// lookups probe back a cell in every dimension.
-    back: bool,
+    const BACK: u8 = 32;
     /// A wide entry of the slot is live: lookups probe the wide bucket.
-    wide_live: bool,
+    const WIDE_LIVE: u8 = 64;
+
+    #[inline(always)]
+    fn has(&self, flag: u8) -> bool {
+        self.flags() & flag != 0
+    }
+
+    /// The region is exactly its origin cell (`EXACT`).
+    pub fn exact(&self) -> bool {
+        self.has(Place::EXACT)
+    }
 }
 
 /// One argument's scan of the TensorMap ([`TensorMap::scan`]).
@@ -254,7 +310,7 @@ struct Scan<'r> {
     /// [`Place::exact`].
     exact: bool,
     writes: bool,
-    /// Mark covered entries at once (the submission is committing).
+    /// Unlink covered entries at once (the submission is committing).
     mark_now: bool,
 }
 
@@ -297,40 +353,49 @@ impl<const N: usize> TensorMap<N> {
     #[inline(always)]
     pub fn place(&mut self, tensor: u32, region: &Region) -> Place {
         let slot = tensor as usize % SHAPES;
+        let (offset, extent) = (word(region.offset), word(region.extent));
+        let tail = self.tail;
         let shape = &mut self.shapes[slot];
-        if shape.newest < self.tail {
+        // A region whose extent is the shape's cell would fit it anew to
+        // the same shape: skip the refit.
+        if shape.newest < tail && extent != word(shape.size) {
             shape.mask = fit(region.extent);
             shape.size = shape.mask.map(|m| !m + 1);
         }
         // This submission's entries get positions from the head on, and the
         // tail passes the head only when all of them are reclaimed.
         shape.newest = self.head;
+        // The common case, a tile that is exactly one cell (its offset has
+        // no bits inside a cell and its extent is the cell's) of a tensor
+        // with no wide or crossing entry live.
+        let inexact = offset & !word(shape.mask) | extent ^ word(shape.size);
+        if inexact == 0 && shape.odd < tail {
+            let home = bucket_of_word(tensor, offset);
+            return Place::new(home, slot, Place::SIMPLE | Place::EXACT | Place::ONE_CELL);
+        }
         self.place_in(slot, tensor, region)
     }
 
-    /// [`TensorMap::place`] with the slot's current shape.
-    #[inline(always)]
+    /// [`TensorMap::place`] with the slot's current shape (out of line: the
+    /// common case does not come here).
+    #[inline(never)]
     fn place_in(&self, slot: usize, tensor: u32, region: &Region) -> Place {
         let shape = &self.shapes[slot];
-        let (back, wide_live) = (shape.crossing >= self.tail, shape.wide >= self.tail);
         // The common case, a tile that is exactly one cell: its offset has
         // no bits inside a cell and its extent is the cell's.
-        let mut inexact = 0;
-        for i in 0..MAX_RANK / 2 {
-            inexact |= pair(&region.offset, i) & !pair(&shape.mask, i)
-                | pair(&region.extent, i) ^ pair(&shape.size, i);
-        }
+        let inexact =
+            word(region.offset) & !word(shape.mask) | word(region.extent) ^ word(shape.size);
+        let simple = shape.odd < self.tail;
+        let (back, wide_live) = (shape.crossing >= self.tail, shape.wide >= self.tail);
+        let live_flags = if simple {
+            0
+        } else {
+            (back as u8 * Place::BACK) | (wide_live as u8 * Place::WIDE_LIVE)
+        };
         if inexact == 0 {
-            return Place {
-                home: bucket(tensor, region.offset) as u16,
-                slot: slot as u16,
-                one_cell: true,
-                exact: true,
-                wide: false,
-                crossing: false,
-                back,
-                wide_live,
-            };
+            let flags =
+                Place::EXACT | Place::ONE_CELL | (simple as u8 * Place::SIMPLE) | live_flags;
+            return Place::new(bucket(tensor, region.offset), slot, flags);
         }
         // Bit tricks, OR-ed over the dimensions, branch-free: the first and
         // last element lie in different cells iff they differ above the cell
@@ -346,16 +411,13 @@ impl<const N: usize> TensorMap<N> {
         }
         let cell = core::array::from_fn(|d| region.offset[d] & shape.mask[d]);
         let (crossing, large) = (spread != 0, largest != 0);
-        Place {
-            home: bucket(tensor, if large { WIDE } else { cell }) as u16,
-            slot: slot as u16,
-            one_cell: !crossing,
-            exact: false,
-            wide: large,
-            crossing: crossing & !large,
-            back,
-            wide_live,
-        }
+        let flag = |on: bool, flag: u8| on as u8 * flag;
+        let flags = flag(simple & !crossing, Place::SIMPLE)
+            | flag(!crossing, Place::ONE_CELL)
+            | flag(large, Place::WIDE)
+            | flag(crossing & !large, Place::CROSSING)
+            | live_flags;
+        Place::new(bucket(tensor, if large { WIDE } else { cell }), slot, flags)
     }
 
     /// The box of cells where an entry overlapping `region` can have its
@@ -364,14 +426,14 @@ impl<const N: usize> TensorMap<N> {
     fn cells(&self, place: &Place, region: &Region) -> Option<Cells> {
         // A narrow entry spans at most two cells per dimension: its
         // origin's and the next.
-        let mask = self.shapes[place.slot as usize % SHAPES].mask;
+        let mask = self.shapes[place.slot()].mask;
         let (mut lo, mut hi) = ([0u32; MAX_RANK], [0u32; MAX_RANK]);
         let mut count = 1u64;
         for d in 0..MAX_RANK {
             let (first, step) = (region.offset[d], !mask[d] + 1);
             let last = first.saturating_add(region.extent[d].max(1) - 1);
             lo[d] = first & mask[d];
-            if place.back {
+            if place.has(Place::BACK) {
                 lo[d] = lo[d].saturating_sub(step);
             }
             hi[d] = last & mask[d];
@@ -388,7 +450,7 @@ impl<const N: usize> TensorMap<N> {
             (0..BUCKETS).for_each(f);
             return;
         };
-        if place.wide_live {
+        if place.has(Place::WIDE_LIVE) {
             f(bucket(tensor, WIDE));
         }
         let mut cell = cells.0;
@@ -442,7 +504,7 @@ impl<const N: usize> TensorMap<N> {
     /// [`Visitor::live`] are unlinked; for every live one whose region
     /// overlaps it calls [`Visitor::conflict`].
     /// When the argument writes, live overlapping entries its region covers
-    /// are remembered for [`TensorMap::cover_pending`], or marked at once
+    /// are remembered for [`TensorMap::cover_pending`], or unlinked at once
     /// when `mark_now` (the submission is committing).
     #[inline(always)]
     pub fn scan(
@@ -457,18 +519,23 @@ impl<const N: usize> TensorMap<N> {
         let scan = Scan {
             tensor,
             region,
-            exact: place.exact,
+            exact: place.has(Place::EXACT),
             writes,
             mark_now,
         };
+        // The common case: a tile inside one cell, no entry reaching over,
+        // no wide entry.
+        if place.has(Place::SIMPLE) {
+            self.scan_bucket(place.home(), &scan, v);
+            return;
+        }
         // The wide bucket (a wide argument's home), as `probe` does.
-        if place.wide_live {
+        if place.has(Place::WIDE_LIVE) {
             let b = bucket(tensor, WIDE);
             self.scan_bucket(b, &scan, v);
         }
-        // The common case: a tile inside one cell, no entry reaching over.
-        if place.one_cell && !place.back {
-            self.scan_bucket(place.home as usize, &scan, v);
+        if place.has(Place::ONE_CELL) && !place.has(Place::BACK) {
+            self.scan_bucket(place.home(), &scan, v);
             return;
         }
         let Some(cells) = self.cells(place, region) else {
@@ -489,6 +556,16 @@ impl<const N: usize> TensorMap<N> {
 
     #[inline(always)]
     fn scan_bucket(&mut self, b: usize, scan: &Scan, v: &mut impl Visitor) {
+        // A write also waits for readers; any access waits for writers.
+        if scan.writes {
+            self.scan_chain(b, 0, scan, v);
+        }
+        self.scan_chain(b, 1, scan, v);
+    }
+
+    /// [`TensorMap::scan_bucket`] of the readers' (0) or writers' (1) chain.
+    #[inline(always)]
+    fn scan_chain(&mut self, b: usize, chain: usize, scan: &Scan, v: &mut impl Visitor) {
         let Scan {
             tensor,
             region,
@@ -496,46 +573,46 @@ impl<const N: usize> TensorMap<N> {
             writes,
             mark_now,
         } = *scan;
-        // A write also waits for readers; any access waits for writers.
-        for chain in (!writes) as usize..2 {
-            let mut prev = NONE;
-            let mut position = self.buckets[b % BUCKETS][chain];
-            while position >= self.tail {
-                let e = self.at(position);
-                let next = e.next;
-                let keep = !e.covered && v.live(e.task);
-                let (overlap, covered) = if keep && e.tensor == tensor {
-                    if exact && e.exact {
-                        let same = e.region.offset == region.offset;
-                        (same, same)
+        let mut prev = NONE;
+        let mut position = self.buckets[b % BUCKETS][chain];
+        while position >= self.tail {
+            let e = self.at(position);
+            let next = e.next;
+            let keep = !e.covered && v.live(e.task);
+            let (overlap, covered) = if keep && e.tensor == tensor {
+                if exact && e.exact {
+                    let same = e.region.offset == region.offset;
+                    (same, same)
+                } else {
+                    relation(region, &e.region)
+                }
+            } else {
+                (false, false)
+            };
+            let mut keep = keep;
+            if overlap {
+                v.conflict(e.task);
+                if writes && covered {
+                    if mark_now {
+                        // Covered by the committing write: later tasks reach
+                        // it through the new writer, so unlink it now.
+                        keep = false;
                     } else {
-                        relation(region, &e.region)
-                    }
-                } else {
-                    (false, false)
-                };
-                if overlap {
-                    v.conflict(e.task);
-                    if writes && covered {
-                        if mark_now {
-                            self.at_mut(position).covered = true;
-                        } else {
-                            if let Some(p) = self.pending.get_mut(self.pending_len) {
-                                *p = position;
-                            }
-                            self.pending_len += 1;
+                        if let Some(p) = self.pending.get_mut(self.pending_len) {
+                            *p = position;
                         }
+                        self.pending_len += 1;
                     }
                 }
-                if keep {
-                    prev = position;
-                } else if prev == NONE {
-                    self.buckets[b % BUCKETS][chain] = next;
-                } else {
-                    self.at_mut(prev).next = next;
-                }
-                position = next;
             }
+            if keep {
+                prev = position;
+            } else if prev == NONE {
+                self.buckets[b % BUCKETS][chain] = next;
+            } else {
+                self.at_mut(prev).next = next;
+            }
+            position = next;
         }
     }
 
@@ -566,25 +643,44 @@ impl<const N: usize> TensorMap<N> {
         if self.used() == N {
             return false;
         }
+        self.push(place, tensor, region, writes, task);
+        true
+    }
+
+    /// [`TensorMap::insert`] for a caller that checked the room
+    /// ([`TensorMap::available`]) before: a full ring would overwrite
+    /// its oldest live entry.
+    #[inline(always)]
+    pub(crate) fn push(
+        &mut self,
+        place: &Place,
+        tensor: u32,
+        region: Region,
+        writes: bool,
+        task: u64,
+    ) {
+        debug_assert!(self.used() < N, "TensorMap room was checked");
         let position = self.head;
         self.head += 1;
-        let shape = &mut self.shapes[place.slot as usize % SHAPES];
-        if place.wide {
-            shape.wide = position;
-        } else if place.crossing {
-            shape.crossing = position;
+        if place.flags() & (Place::WIDE | Place::CROSSING) != 0 {
+            let shape = &mut self.shapes[place.slot()];
+            if place.has(Place::WIDE) {
+                shape.wide = position;
+            } else {
+                shape.crossing = position;
+            }
+            shape.odd = position;
         }
-        let head = &mut self.buckets[place.home as usize % BUCKETS][writes as usize];
+        let head = &mut self.buckets[place.home()][writes as usize];
         let next = core::mem::replace(head, position);
         *self.at_mut(position) = Entry {
             tensor,
             covered: false,
-            exact: place.exact,
+            exact: place.has(Place::EXACT),
             region,
             task,
             next,
         };
-        true
     }
 
     /// Entries of `tensor` a lookup of `region` would still visit: live
@@ -648,7 +744,7 @@ mod tests {
         let mut map = TensorMap::<16>::new();
         for (task, start) in [(1, 4 * i), (2, 4 * j)] {
             let place = map.place(5, &tile(start));
-            assert!(place.exact);
+            assert!(place.exact());
             let mut found = Found(Vec::new());
             map.begin();
             map.scan(&place, 5, &tile(start), true, true, &mut found);
@@ -663,5 +759,29 @@ mod tests {
         map.scan(&place, 5, &tile(4 * j), true, true, &mut found);
         assert_eq!(found.0, [2]);
         assert_eq!(map.chain_len(5, &tile(4 * j)), 1, "task 1's entry only");
+    }
+
+    #[test]
+    fn a_committing_write_unlinks_the_entries_it_covers() {
+        let mut map = TensorMap::<16>::new();
+        for task in 1..=3 {
+            let place = map.place(5, &tile(0));
+            let mut found = Found(Vec::new());
+            map.begin();
+            map.scan(&place, 5, &tile(0), true, true, &mut found);
+            let earlier: &[u64] = if task == 1 { &[] } else { &[task - 1] };
+            assert_eq!(found.0, earlier, "each write waits for the one before");
+            assert!(map.insert(&place, 5, tile(0), true, task));
+        }
+        // Each write covered the one before and unlinked it: the writers'
+        // chain links task 3's entry alone, not the covered ones.
+        let home = map.place(5, &tile(0)).home();
+        let mut links = Vec::new();
+        let mut position = map.buckets[home][1];
+        while position >= map.tail {
+            links.push(map.at(position).task);
+            position = map.at(position).next;
+        }
+        assert_eq!(links, [3]);
     }
 }

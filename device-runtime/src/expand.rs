@@ -64,6 +64,22 @@ const NO_ARG: TaskArg = TaskArg {
 };
 
 impl TaskSpec {
+    /// A task of no arguments, to fill with [`Expander::step_into`].
+    pub const fn empty() -> TaskSpec {
+        TaskSpec {
+            kernel: KernelRef {
+                id: 0,
+                kind: wsp_ffi::CoreKind::Vector,
+            },
+            stream: 0,
+            args: Vec::new(),
+            scalars: Vec::new(),
+            loops: Vec::new(),
+            pc: None,
+            taskset: 0,
+        }
+    }
+
     /// Task `index` of the table's tasks section.
     pub fn of_task(table: &Table<'_>, index: usize) -> TaskSpec {
         let desc = &table.tasks()[index];
@@ -256,16 +272,84 @@ pub enum Step {
     Done,
 }
 
+/// The result of one [`Expander::step_into`]: a [`Step`] whose task, if
+/// any, is in the caller's [`TaskSpec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Submit the task written to the caller's spec (before stepping again).
+    Task,
+    /// Apply an event record (`record`) or wait on a stream.
+    Event {
+        /// A record (`true`) or a wait.
+        record: bool,
+        /// The stream.
+        stream: u32,
+        /// The event.
+        event: u32,
+    },
+    /// Nothing to do until more tasks complete.
+    Wait(Wait),
+    /// The step budget ran out; step again.
+    Yield,
+    /// The program has ended.
+    Done,
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Frame {
     /// pc of the LOOP.
     pc: u32,
+    /// The register of the loop's variable.
+    reg: u8,
     count: i64,
     index: i64,
     sequential: bool,
     /// Number of the first task of the current iteration.
     first: u64,
 }
+
+/// The last call whose arguments passed their kernel's contract: a call
+/// of the same kernel with the same shapes and scalars passes too, so the
+/// expander checks each distinct combination once in a row, not once per
+/// task (the contract depends on nothing else).
+#[derive(Clone, Copy, Debug)]
+struct Checked {
+    /// The kernel's id, then rows, cols and dtype of each tensor argument.
+    words: [u32; 1 + 3 * MAX_TENSOR_ARGS],
+    scalars: [u64; MAX_SCALARS],
+}
+
+impl Checked {
+    #[inline(always)]
+    fn new(
+        kernel: u32,
+        shapes: &[TileShape; MAX_TENSOR_ARGS],
+        scalars: [u64; MAX_SCALARS],
+    ) -> Self {
+        let mut words = [kernel; 1 + 3 * MAX_TENSOR_ARGS];
+        for (k, shape) in shapes.iter().enumerate() {
+            words[1 + 3 * k] = shape.rows;
+            words[2 + 3 * k] = shape.cols;
+            words[3 + 3 * k] = shape.dtype;
+        }
+        Checked { words, scalars }
+    }
+
+    /// Whether both are the same call: one comparison of all words, no
+    /// branch per word.
+    #[inline(always)]
+    fn same(&self, other: &Checked) -> bool {
+        let words = (self.words.iter().zip(&other.words)).fold(0, |d, (a, b)| d | (a ^ b));
+        let scalars = (self.scalars.iter().zip(&other.scalars)).fold(0, |d, (a, b)| d | (a ^ b));
+        words as u64 | scalars == 0
+    }
+}
+
+const NO_SHAPE: TileShape = TileShape {
+    rows: 0,
+    cols: 0,
+    dtype: 0,
+};
 
 /// The program machine of one run.
 #[derive(Clone, Debug)]
@@ -275,10 +359,15 @@ pub struct Expander {
     frames: [Frame; MAX_LOOP_DEPTH],
     depth: usize,
     /// Bit `i`: data tensor `i` ([`ProgramInfo::data`]) has been written by
-    /// a submitted task.
+    /// a submitted task (the bit of an `INPUT` may stay clear: its data is
+    /// there from the start).
     written: u8,
     /// The taskset of the next call (the last `DISPATCH`).
     taskset: u8,
+    /// The last call that passed its contract check, if any.
+    checked: Option<Checked>,
+    /// The kernel of the last call, if any.
+    kernel: Option<&'static wsp_ffi::KernelInfo>,
 }
 
 impl Expander {
@@ -303,6 +392,8 @@ impl Expander {
             depth: 0,
             written,
             taskset: 0,
+            checked: None,
+            kernel: None,
         }
     }
 
@@ -311,43 +402,87 @@ impl Expander {
         self.pc as u32
     }
 
+    #[inline(always)]
     fn read(&self, r: u8) -> i64 {
-        self.regs.get(r as usize).copied().unwrap_or(0)
+        // Without a branch: `NO_REG` (and any other number past the
+        // registers, which validation refuses) reads as 0.
+        let value = self.regs[r as usize % MAX_REGS];
+        if (r as usize) < MAX_REGS {
+            value
+        } else {
+            0
+        }
     }
 
     /// Runs instructions until a task, an event op, a wait, the end of the
     /// program, or [`STEP_BUDGET`] instructions. A step that waits changes
     /// nothing: stepping again retries the same instruction.
+    ///
+    /// [`step_into`](Self::step_into) does the same without moving the
+    /// task: the faster form for a caller that keeps one spec to fill.
     pub fn step(&mut self, table: &Table<'_>, cx: &mut impl Context) -> Result<Step, ExpandError> {
+        let mut spec = TaskSpec::empty();
+        Ok(match self.step_into(table, cx, &mut spec)? {
+            Next::Task => Step::Task(spec),
+            Next::Event {
+                record,
+                stream,
+                event,
+            } => Step::Event {
+                record,
+                stream,
+                event,
+            },
+            Next::Wait(wait) => Step::Wait(wait),
+            Next::Yield => Step::Yield,
+            Next::Done => Step::Done,
+        })
+    }
+
+    /// [`step`](Self::step), writing the task, when there is one
+    /// ([`Next::Task`]), to `spec` (every field of it) instead of returning
+    /// it. Any other result, and an error, may leave `spec` changed.
+    pub fn step_into(
+        &mut self,
+        table: &Table<'_>,
+        cx: &mut impl Context,
+        spec: &mut TaskSpec,
+    ) -> Result<Next, ExpandError> {
         let program = table.program();
         for _ in 0..STEP_BUDGET {
             let Some(ins) = program.get(self.pc) else {
-                return Ok(Step::Done);
+                return Ok(Next::Done);
             };
-            let (a, b) = (self.read(ins.x[0]), self.read(ins.x[1]));
             let r = ins.r as usize;
             match ins.op {
                 OP_CONST => {
-                    self.regs[r] = (ins.imm.get() as u64 | (ins.imm2.get() as u64) << 32) as i64;
+                    self.set(
+                        r,
+                        (ins.imm.get() as u64 | (ins.imm2.get() as u64) << 32) as i64,
+                    );
                 }
                 OP_SYMBOL => {
                     let symbol = ins.imm.get();
-                    self.regs[r] =
-                        cx.symbol(symbol as usize)
-                            .ok_or(ExpandError::UnboundSymbol {
-                                symbol,
-                                bound: (0..MAX_SYMBOLS)
-                                    .take_while(|&i| cx.symbol(i).is_some())
-                                    .count(),
-                            })?;
+                    let value = cx
+                        .symbol(symbol as usize)
+                        .ok_or(ExpandError::UnboundSymbol {
+                            symbol,
+                            bound: (0..MAX_SYMBOLS)
+                                .take_while(|&i| cx.symbol(i).is_some())
+                                .count(),
+                        })?;
+                    self.set(r, value);
                 }
                 OP_LOAD => match self.load(table, ins, cx)? {
-                    Ok(value) => self.regs[r] = value as i64,
-                    Err(wait) => return Ok(Step::Wait(wait)),
+                    Ok(value) => self.set(r, value as i64),
+                    Err(wait) => return Ok(Next::Wait(wait)),
                 },
-                OP_ADD..=OP_EQ => self.regs[r] = arith(ins.op, a, b)?,
+                OP_ADD..=OP_EQ => {
+                    let value = arith(ins.op, self.read(ins.x[0]), self.read(ins.x[1]))?;
+                    self.set(r, value);
+                }
                 OP_LOOP => {
-                    let max = ins.imm2.get();
+                    let (a, max) = (self.read(ins.x[0]), ins.imm2.get());
                     if a < 0 || a > max as i64 {
                         return Err(ExpandError::BadCount { count: a, max });
                     }
@@ -355,48 +490,62 @@ impl Expander {
                         self.pc = ins.imm.get() as usize + 1;
                         continue;
                     }
-                    self.frames[self.depth] = Frame {
+                    // Validation nests loops at most `MAX_LOOP_DEPTH` deep.
+                    let Some(frame) = self.frames.get_mut(self.depth) else {
+                        unreachable!("loops nested deeper than MAX_LOOP_DEPTH");
+                    };
+                    *frame = Frame {
                         pc: self.pc as u32,
+                        reg: ins.r,
                         count: a,
                         index: 0,
                         sequential: ins.x[1] == LOOP_SEQUENTIAL,
                         first: cx.next_task(),
                     };
                     self.depth += 1;
-                    self.regs[r] = 0;
+                    self.set(r, 0);
                 }
                 OP_END => {
-                    let frame = self.frames[self.depth - 1];
+                    // Validation matches every END with an open LOOP.
+                    let Some(frame) = self.depth.checked_sub(1).and_then(|d| self.frames.get(d))
+                    else {
+                        unreachable!("END without a LOOP");
+                    };
                     if frame.index + 1 < frame.count {
                         if frame.sequential && !cx.completed_since(frame.first) {
-                            return Ok(Step::Wait(Wait::Iteration));
+                            return Ok(Next::Wait(Wait::Iteration));
                         }
+                        let next = cx.next_task();
                         let frame = &mut self.frames[self.depth - 1];
                         frame.index += 1;
-                        frame.first = cx.next_task();
-                        self.regs[program[frame.pc as usize].r as usize] = frame.index;
-                        self.pc = frame.pc as usize + 1;
+                        frame.first = next;
+                        let (reg, index, pc) = (frame.reg as usize, frame.index, frame.pc);
+                        self.set(reg, index);
+                        self.pc = pc as usize + 1;
                         continue;
                     }
                     self.depth -= 1;
                 }
-                OP_WHEN if a == 0 => {
-                    self.pc = ins.imm.get() as usize;
-                    continue;
+                OP_WHEN => {
+                    if self.read(ins.x[0]) == 0 {
+                        self.pc = ins.imm.get() as usize;
+                        continue;
+                    }
                 }
-                OP_WHEN => {}
                 OP_JUMP => {
                     self.pc = ins.imm.get() as usize;
                     continue;
                 }
                 OP_CALL => {
-                    let (spec, end) = self.call(table, ins)?;
-                    self.pc = end;
-                    return Ok(Step::Task(spec));
+                    self.pc = match self.call_fast(table, ins, spec) {
+                        Some(end) => end,
+                        None => self.call(table, ins, spec)?,
+                    };
+                    return Ok(Next::Task);
                 }
                 OP_RECORD | OP_WAIT => {
                     self.pc += 1;
-                    return Ok(Step::Event {
+                    return Ok(Next::Event {
                         record: ins.op == OP_RECORD,
                         stream: ins.x[0] as u32,
                         event: ins.x[1] as u32,
@@ -409,7 +558,15 @@ impl Expander {
             }
             self.pc += 1;
         }
-        Ok(Step::Yield)
+        Ok(Next::Yield)
+    }
+
+    /// Sets register `r` (validated to be one: `0 .. MAX_REGS`).
+    #[inline(always)]
+    fn set(&mut self, r: usize, value: i64) {
+        if let Some(reg) = self.regs.get_mut(r) {
+            *reg = value;
+        }
     }
 
     /// The element a `LOAD` reads, or what it must wait for.
@@ -453,65 +610,227 @@ impl Expander {
         Ok(Ok(cx.read_i32(tensor, element)))
     }
 
-    /// The task of the `CALL` at the pc, and the pc after its operands.
-    fn call(&mut self, table: &Table<'_>, ins: &Instr) -> Result<(TaskSpec, usize), ExpandError> {
+    /// The hot path of a `CALL`: writes its task to `spec` and returns the
+    /// pc after its operands, as [`call`](Self::call) does, or returns
+    /// `None` where any check fails, leaving the expander as it was (then
+    /// `call` names the problem). It reads the operands once, writes the
+    /// task in place and checks regions without building errors.
+    #[inline(always)]
+    fn call_fast(&mut self, table: &Table<'_>, ins: &Instr, spec: &mut TaskSpec) -> Option<usize> {
         let id = ins.imm.get();
-        let kernel = wsp_ffi::lookup(id).expect("validation checks every call's kernel");
-        let mut spec = TaskSpec {
-            kernel: KernelRef {
-                id,
-                kind: kernel.kind,
-            },
-            stream: match ins.x[1] {
-                NO_REG => ins.x[0] as u32,
-                r => {
-                    let value = self.read(r);
-                    match u32::try_from(value) {
-                        Ok(s) if s as usize <= crate::abi::MAX_STREAMS => s,
-                        _ => return Err(ExpandError::BadStream { value }),
-                    }
+        let kernel = match self.kernel {
+            Some(k) if k.id == id => k,
+            _ => wsp_ffi::lookup(id)?,
+        };
+        self.kernel = Some(kernel);
+        let stream = match ins.x[1] {
+            NO_REG => ins.x[0] as u32,
+            r => {
+                let value = self.read(r);
+                if !(0..=crate::abi::MAX_STREAMS as i64).contains(&value) {
+                    return None;
                 }
-            },
-            args: Vec::new(),
-            scalars: Vec::new(),
-            // At most `MAX_LOOP_DEPTH` frames are open (validation).
-            loops: self.frames[..self.depth]
-                .iter()
-                .map(|f| f.index as u32)
-                .collect(),
-            pc: Some(self.pc as u32),
-            taskset: self.taskset,
+                value as u32
+            }
         };
         let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
-        let program = table.program();
-        let mut shapes = [TileShape {
-            rows: 0,
-            cols: 0,
-            dtype: 0,
-        }; MAX_TENSOR_ARGS];
+        if num_args > MAX_TENSOR_ARGS || num_scalars > MAX_SCALARS {
+            return None;
+        }
         let first = self.pc + 1;
+        let end = first + num_args + num_scalars;
+        let (args, scalars) = table.program().get(first..end)?.split_at(num_args);
+        if spec.args.len() != num_args {
+            spec.args.clear();
+            spec.args.resize(num_args, NO_ARG).ok()?;
+        }
+        let mut shapes = [NO_SHAPE; MAX_TENSOR_ARGS];
+        let mut written = self.written;
+        // One straight run of code per number of arguments.
+        let ok = match num_args {
+            0 => true,
+            1 => self.args_of::<1>(table, args, &mut spec.args, &mut shapes, &mut written)?,
+            2 => self.args_of::<2>(table, args, &mut spec.args, &mut shapes, &mut written)?,
+            3 => self.args_of::<3>(table, args, &mut spec.args, &mut shapes, &mut written)?,
+            4 => self.args_of::<4>(table, args, &mut spec.args, &mut shapes, &mut written)?,
+            _ => return None,
+        };
+        if !ok {
+            return None;
+        }
+        if spec.scalars.len() != num_scalars {
+            spec.scalars.clear();
+            spec.scalars.resize(num_scalars, 0).ok()?;
+        }
+        let mut values = [0u64; MAX_SCALARS];
+        for ((ins, scalar), value) in scalars.iter().zip(spec.scalars.iter_mut()).zip(&mut values) {
+            *scalar = self.read(ins.x[0]) as u64;
+            *value = *scalar;
+        }
+        let checked = Checked::new(id, &shapes, values);
+        if !self.checked.as_ref().is_some_and(|c| c.same(&checked)) {
+            kernel.check(&shapes[..num_args], spec.scalars()).ok()?;
+            self.checked = Some(checked);
+        }
+        let frames = self.frames.get(..self.depth)?;
+        if spec.loops.len() != frames.len() {
+            spec.loops.clear();
+            spec.loops.resize(frames.len(), 0).ok()?;
+        }
+        for (index, frame) in spec.loops.iter_mut().zip(frames) {
+            *index = frame.index as u32;
+        }
+        spec.kernel = KernelRef {
+            id,
+            kind: kernel.kind,
+        };
+        spec.stream = stream;
+        spec.pc = Some(self.pc as u32);
+        spec.taskset = self.taskset;
+        self.written = written;
+        Some(end)
+    }
+
+    /// Fills `out` with the `N` arguments of a call (its `ARG`s, `args`) and
+    /// `shapes` with their tile shapes, and marks in `written` the data
+    /// tensors they write; whether every region is a tile inside its
+    /// tensor (`None` if an operand is not as validation leaves it).
+    #[inline(always)]
+    fn args_of<const N: usize>(
+        &self,
+        table: &Table<'_>,
+        args: &[Instr],
+        out: &mut [TaskArg],
+        shapes: &mut [TileShape; MAX_TENSOR_ARGS],
+        written: &mut u8,
+    ) -> Option<bool> {
+        let args: &[Instr; N] = args.try_into().ok()?;
+        let out: &mut [TaskArg; N] = out.try_into().ok()?;
         let info = table.program_info();
-        for k in 0..num_args {
-            let arg = &program[first + k];
+        // Data tensors count as written once a task writes them; inputs
+        // have data from the start. Once all have, there is nothing to mark.
+        let all = (1u16 << info.data().len()) - 1;
+        let marked = (*written | info.inputs) as u16 == all;
+        let mut ok = true;
+        for k in 0..N.min(MAX_TENSOR_ARGS) {
+            let ins = &args[k];
+            let t = ins.imm.get();
+            let tensor = table.tensors().get(t as usize)?;
+            let rank = tensor.rank.get() as usize;
+            let access = Access::from_bits_truncate(ins.r as u32);
+            if !marked && access.contains(Access::WRITE) {
+                if let Some(i) = info.data_index(t) {
+                    *written |= 1 << i;
+                }
+            }
+            let arg = &mut out[k];
+            arg.tensor = t;
+            arg.access = access;
+            arg.region = NO_ARG.region;
+            let region = &mut arg.region;
+            // One straight run of code per rank: no loop, no bounds checks.
+            ok &= match rank {
+                1 => self.region_of::<1>(ins, tensor, region),
+                2 => self.region_of::<2>(ins, tensor, region),
+                3 => self.region_of::<3>(ins, tensor, region),
+                4 => self.region_of::<4>(ins, tensor, region),
+                _ => return None,
+            };
+            shapes[k] = TileShape {
+                rows: if rank >= 2 {
+                    region.extent[rank - 2]
+                } else {
+                    1
+                },
+                cols: region.extent[rank - 1],
+                dtype: tensor.dtype.get(),
+            };
+        }
+        Some(ok)
+    }
+
+    /// Fills `region` from the operands of `ins`, an `ARG` of `tensor` of
+    /// rank `RANK`; whether the region is a tile inside the tensor, as
+    /// [`check_region`] decides, with offsets and extents in `0 ..=
+    /// u32::MAX`. Each check uses `&` (not `&&`): no branch per check. An
+    /// offset or extent outside `0 .. size` (negative ones included, as
+    /// u64) fails the first two, so the sum cannot overflow where it counts.
+    #[inline(always)]
+    fn region_of<const RANK: usize>(
+        &self,
+        ins: &Instr,
+        tensor: &TensorDesc,
+        region: &mut Region,
+    ) -> bool {
+        let mut ok = true;
+        for d in 0..RANK.min(MAX_RANK) {
+            let extent = |r: u8| if r == NO_REG { 1 } else { self.read(r) };
+            // Dimensions before the last two take a single index each.
+            let ext = match RANK - d {
+                1 => extent(ins.x[5]),
+                2 => extent(ins.x[4]),
+                _ => 1,
+            } as u64;
+            let off = self.read(ins.x[d]) as u64;
+            let size = tensor.shape[d].get() as u64;
+            ok &= (off < size) & (ext.wrapping_sub(1) < size) & (off.wrapping_add(ext) <= size);
+            region.offset[d] = off as u32;
+            region.extent[d] = ext as u32;
+        }
+        ok
+    }
+
+    /// Writes the task of the `CALL` at the pc to `spec`; returns the pc
+    /// after the call's operands. Checks each operand in turn and names the
+    /// first that fails.
+    fn call(
+        &mut self,
+        table: &Table<'_>,
+        ins: &Instr,
+        spec: &mut TaskSpec,
+    ) -> Result<usize, ExpandError> {
+        let id = ins.imm.get();
+        let kernel = wsp_ffi::lookup(id).expect("validation checks every call's kernel");
+        spec.kernel = KernelRef {
+            id,
+            kind: kernel.kind,
+        };
+        spec.stream = match ins.x[1] {
+            NO_REG => ins.x[0] as u32,
+            r => {
+                let value = self.read(r);
+                match u32::try_from(value) {
+                    Ok(s) if s as usize <= crate::abi::MAX_STREAMS => s,
+                    _ => return Err(ExpandError::BadStream { value }),
+                }
+            }
+        };
+        spec.pc = Some(self.pc as u32);
+        spec.taskset = self.taskset;
+        spec.loops.clear();
+        for frame in &self.frames[..self.depth] {
+            // At most `MAX_LOOP_DEPTH` frames are open (validation).
+            let _ = spec.loops.push(frame.index as u32);
+        }
+        let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
+        let first = self.pc + 1;
+        let scalars_at = first + num_args;
+        let end = scalars_at + num_scalars;
+        // Validation checks that the call's operands lie inside the program.
+        let Some(operands) = table.program().get(first..end) else {
+            unreachable!("a call's operands past the program's end");
+        };
+        let (args, scalars) = operands.split_at(num_args);
+        let mut shapes = [NO_SHAPE; MAX_TENSOR_ARGS];
+        let info = table.program_info();
+        spec.args.clear();
+        for ((k, arg), shape) in args.iter().enumerate().zip(shapes.iter_mut()) {
             let t = arg.imm.get();
             let tensor = &table.tensors()[t as usize];
-            let rank = tensor.rank.get() as usize;
-            let mut region = NO_ARG.region;
-            let operand = |r: u8, none: i64| {
-                let value = if r == NO_REG { none } else { self.read(r) };
-                u32::try_from(value).map_err(|_| ExpandError::BadOperand {
-                    arg: k as u32,
-                    value,
-                })
-            };
-            for d in 0..rank {
-                region.offset[d] = operand(arg.x[d], 0)?;
-            }
-            region.extent[rank - 1] = operand(arg.x[5], 1)?;
-            if rank >= 2 {
-                region.extent[rank - 2] = operand(arg.x[4], 1)?;
-            }
-            shapes[k] = check_region(tensor, &region).map_err(|(field, problem)| {
+            let region = self.region(k, arg, tensor)?;
+            *shape = tile(tensor, &region).ok_or_else(|| {
+                let (field, problem) = check_region(tensor, &region)
+                    .expect_err("check_region refuses what tile refuses");
                 ExpandError::BadRegion {
                     arg: k as u32,
                     field,
@@ -524,31 +843,86 @@ impl Expander {
                     self.written |= 1 << i;
                 }
             }
-            let arg = TaskArg {
+            // A kernel takes at most `MAX_TENSOR_ARGS` tensors and
+            // `MAX_SCALARS` scalars (the kernel ABI's capacities): `zip`
+            // with `shapes` stops there.
+            let _ = spec.args.push(TaskArg {
                 tensor: t,
                 region,
                 access,
-            };
-            // A kernel takes at most `MAX_TENSOR_ARGS` tensors and
-            // `MAX_SCALARS` scalars (the kernel ABI's capacities).
-            if spec.args.push(arg).is_err() {
-                unreachable!("a kernel with more than MAX_TENSOR_ARGS tensors");
-            }
+            });
         }
-        let scalars_at = first + num_args;
-        for s in 0..num_scalars {
-            let value = self.read(program[scalars_at + s].x[0]) as u64;
-            if spec.scalars.push(value).is_err() {
-                unreachable!("a kernel with more than MAX_SCALARS scalars");
-            }
+        spec.scalars.clear();
+        let mut values = [0u64; MAX_SCALARS];
+        for (s, value) in scalars.iter().zip(values.iter_mut()) {
+            *value = self.read(s.x[0]) as u64;
+            let _ = spec.scalars.push(*value);
         }
-        kernel
-            .check(&shapes[..num_args], spec.scalars())
-            .map_err(ExpandError::Contract)?;
-        Ok((spec, scalars_at + num_scalars))
+        let checked = Checked::new(id, &shapes, values);
+        if !self.checked.as_ref().is_some_and(|c| c.same(&checked)) {
+            kernel
+                .check(&shapes[..num_args], spec.scalars())
+                .map_err(ExpandError::Contract)?;
+            self.checked = Some(checked);
+        }
+        Ok(end)
+    }
+
+    /// The region of the call's argument `k` (`arg`, an `ARG` of `tensor`).
+    #[inline(always)]
+    fn region(&self, k: usize, arg: &Instr, tensor: &TensorDesc) -> Result<Region, ExpandError> {
+        let rank = tensor.rank.get() as usize;
+        let mut region = NO_ARG.region;
+        let operand = |r: u8, none: i64| {
+            let value = if r == NO_REG { none } else { self.read(r) };
+            u32::try_from(value).map_err(|_| ExpandError::BadOperand {
+                arg: k as u32,
+                value,
+            })
+        };
+        for d in 0..rank.min(MAX_RANK) {
+            region.offset[d] = operand(arg.x[d], 0)?;
+        }
+        if let Some(last) = rank.checked_sub(1) {
+            region.extent[last] = operand(arg.x[5], 1)?;
+        }
+        if let Some(row) = rank.checked_sub(2) {
+            region.extent[row] = operand(arg.x[4], 1)?;
+        }
+        Ok(region)
     }
 }
 
+/// The tile shape of `region` in `tensor` (validated), if the region is a
+/// tile inside the tensor: what [`check_region`] decides, for a region
+/// whose dimensions past the tensor's rank are `0 .. 1` (as the expander
+/// makes them). The hot path of a call; `check_region` names the problem.
+#[inline(always)]
+fn tile(tensor: &TensorDesc, region: &Region) -> Option<TileShape> {
+    let rank = tensor.rank.get() as usize;
+    let mut ok = (1..=MAX_RANK).contains(&rank);
+    for d in 0..rank.min(MAX_RANK) {
+        let (off, ext) = (region.offset[d] as u64, region.extent[d]);
+        let size = tensor.shape[d].get() as u64;
+        ok &= ext != 0 && off + ext as u64 <= size && (d + 2 >= rank || ext == 1);
+    }
+    if !ok {
+        return None;
+    }
+    let cols = region.extent[rank - 1];
+    let rows = if rank >= 2 {
+        region.extent[rank - 2]
+    } else {
+        1
+    };
+    Some(TileShape {
+        rows,
+        cols,
+        dtype: tensor.dtype.get(),
+    })
+}
+
+#[inline(always)]
 fn arith(op: u8, a: i64, b: i64) -> Result<i64, ExpandError> {
     let divisor = |b: i64| {
         if b == 0 {

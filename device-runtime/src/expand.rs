@@ -8,6 +8,13 @@
 //!
 //! Every step does a bounded amount of work ([`STEP_BUDGET`] instructions),
 //! so a program with long loops of no calls never holds the dispatcher.
+//!
+//! A `CALL` is the hot path: the expander decodes each call once (up to
+//! [`CALL_SITES`] at a time), writes its task into a spec the caller keeps
+//! ([`Expander::step_into`]), checks regions without building errors and
+//! checks the kernel's contract again only when a call's shapes or scalars
+//! change. Where a fast check fails, the call runs again through the
+//! checked path, which names the problem: errors are the same either way.
 
 use core::fmt;
 
@@ -308,54 +315,199 @@ struct Frame {
     first: u64,
 }
 
-/// The last call whose arguments passed their kernel's contract: a call
-/// of the same kernel with the same shapes and scalars passes too, so the
-/// expander checks each distinct combination once in a row, not once per
-/// task (the contract depends on nothing else).
-#[derive(Clone, Copy, Debug)]
-struct Checked {
-    /// The kernel's id, then rows, cols and dtype of each tensor argument.
-    words: [u32; 1 + 3 * MAX_TENSOR_ARGS],
-    scalars: [u64; MAX_SCALARS],
-}
-
-impl Checked {
-    #[inline(always)]
-    fn new(
-        kernel: u32,
-        shapes: &[TileShape; MAX_TENSOR_ARGS],
-        scalars: [u64; MAX_SCALARS],
-    ) -> Self {
-        let mut words = [kernel; 1 + 3 * MAX_TENSOR_ARGS];
-        for (k, shape) in shapes.iter().enumerate() {
-            words[1 + 3 * k] = shape.rows;
-            words[2 + 3 * k] = shape.cols;
-            words[3 + 3 * k] = shape.dtype;
-        }
-        Checked { words, scalars }
-    }
-
-    /// Whether both are the same call: one comparison of all words, no
-    /// branch per word.
-    #[inline(always)]
-    fn same(&self, other: &Checked) -> bool {
-        let words = (self.words.iter().zip(&other.words)).fold(0, |d, (a, b)| d | (a ^ b));
-        let scalars = (self.scalars.iter().zip(&other.scalars)).fold(0, |d, (a, b)| d | (a ^ b));
-        words as u64 | scalars == 0
-    }
-}
-
 const NO_SHAPE: TileShape = TileShape {
     rows: 0,
     cols: 0,
     dtype: 0,
 };
 
+/// Register slots of the expander: the program's registers, then
+/// [`ZERO`] and [`ONE`]. A power of two, so that a slot number taken
+/// modulo it needs no bounds check.
+const SLOTS: usize = 32;
+/// The slot that always holds 0: a `NO_REG` offset or scalar.
+const ZERO: u8 = MAX_REGS as u8;
+/// The slot that always holds 1: a `NO_REG` extent.
+const ONE: u8 = MAX_REGS as u8 + 1;
+const _: () = assert!(SLOTS.is_power_of_two() && (ONE as usize) < SLOTS);
+
+/// Calls the expander keeps decoded, by the pc of the `CALL` modulo this
+/// (a loop body with up to this many calls decodes each once).
+pub const CALL_SITES: usize = 4;
+
+/// An operand that is a constant or a register slot.
+#[derive(Clone, Copy, Debug)]
+enum Operand {
+    Const(u32),
+    Reg(u8),
+}
+
+/// One `ARG` of a call, decoded: everything but the registers' values.
+#[derive(Clone, Copy, Debug)]
+struct SiteArg {
+    tensor: u32,
+    access: Access,
+    /// The tensor's rank, 1 ..= `MAX_RANK` (0 in an unused entry).
+    rank: u8,
+    dtype: u32,
+    /// The tensor's sizes.
+    shape: [u32; MAX_RANK],
+    /// The slot of each dimension's offset and extent.
+    offset: [u8; MAX_RANK],
+    extent: [u8; MAX_RANK],
+    /// The slots of the tile's rows and cols (extents).
+    rows: u8,
+    cols: u8,
+}
+
+/// The slot an operand reads: its register, or `none` for `NO_REG`.
+fn slot(r: u8, none: u8) -> Option<u8> {
+    match r {
+        NO_REG => Some(none),
+        r if (r as usize) < MAX_REGS => Some(r),
+        _ => None,
+    }
+}
+
+impl SiteArg {
+    /// Decodes `arg`, an `ARG` of `tensor`, or `None` if it is not as
+    /// validation leaves it.
+    fn decode(arg: &Instr, tensor: &TensorDesc) -> Option<SiteArg> {
+        let rank = tensor.rank.get() as usize;
+        if !(1..=MAX_RANK).contains(&rank) {
+            return None;
+        }
+        let mut a = SiteArg {
+            tensor: arg.imm.get(),
+            access: Access::from_bits_truncate(arg.r as u32),
+            rank: rank as u8,
+            dtype: tensor.dtype.get(),
+            shape: tensor.shape.map(|s| s.get()),
+            ..SiteArg::NONE
+        };
+        for d in 0..rank {
+            a.offset[d] = slot(arg.x[d], ZERO)?;
+        }
+        a.extent[rank - 1] = slot(arg.x[5], ONE)?;
+        a.cols = a.extent[rank - 1];
+        if rank >= 2 {
+            a.extent[rank - 2] = slot(arg.x[4], ONE)?;
+            a.rows = a.extent[rank - 2];
+        }
+        Some(a)
+    }
+
+    const NONE: SiteArg = SiteArg {
+        tensor: 0,
+        access: Access::READ,
+        rank: 0,
+        dtype: 0,
+        shape: [0; MAX_RANK],
+        offset: [ZERO; MAX_RANK],
+        extent: [ONE; MAX_RANK],
+        rows: ONE,
+        cols: ONE,
+    };
+
+    /// Fills the first `RANK` dimensions of `region` from `regs`; whether
+    /// the region is a tile inside the tensor, as [`check_region`] decides,
+    /// with offsets and extents in `0 ..= u32::MAX` (as the checked path
+    /// requires). Each check uses `&` (not `&&`): no branch per check. An
+    /// offset or extent outside `0 .. size` (negative ones included, as
+    /// u64) fails the first two, so the sum cannot overflow where it counts.
+    #[inline(always)]
+    fn region_of<const RANK: usize>(&self, regs: &[i64; SLOTS], region: &mut Region) -> bool {
+        let mut ok = true;
+        for d in 0..RANK.min(MAX_RANK) {
+            let off = regs[self.offset[d] as usize % SLOTS] as u64;
+            let ext = regs[self.extent[d] as usize % SLOTS] as u64;
+            let size = self.shape[d] as u64;
+            ok &= (off < size) & (ext.wrapping_sub(1) < size) & (off.wrapping_add(ext) <= size);
+            region.offset[d] = off as u32;
+            region.extent[d] = ext as u32;
+        }
+        ok
+    }
+}
+
+/// A `CALL` and its operands, decoded once: its kernel, where its
+/// operands come from, the tensors and their sizes.
+#[derive(Clone, Copy, Debug)]
+struct Site {
+    /// The pc of the `CALL`.
+    pc: usize,
+    /// The pc after its operands.
+    end: usize,
+    kernel: &'static wsp_ffi::KernelInfo,
+    stream: Operand,
+    /// The first `kernel.num_tensors` are its arguments.
+    args: [SiteArg; MAX_TENSOR_ARGS],
+    /// The slot of each scalar, the first `kernel.num_scalars`.
+    scalars: [u8; MAX_SCALARS],
+    /// The data tensors ([`ProgramInfo::data`]) it writes, as bits.
+    writes: u8,
+    /// Whether a call of the site has passed its kernel's contract: then
+    /// `tiles` (rows in the high 32 bits, cols in the low) and
+    /// `scalar_values` are that call's. A call with the same passes too,
+    /// so the site checks the contract only when they change.
+    passed: bool,
+    tiles: [u64; MAX_TENSOR_ARGS],
+    scalar_values: [u64; MAX_SCALARS],
+}
+
+impl Site {
+    /// Decodes the `CALL` at `pc` of the (validated) table's program, or
+    /// `None` if it is not as validation leaves it.
+    #[cold]
+    #[inline(never)]
+    fn decode(table: &Table<'_>, pc: usize) -> Option<Site> {
+        let program = table.program();
+        let ins = program.get(pc)?;
+        let kernel = wsp_ffi::lookup(ins.imm.get())?;
+        let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
+        if num_args > MAX_TENSOR_ARGS || num_scalars > MAX_SCALARS {
+            return None;
+        }
+        let end = pc + 1 + num_args + num_scalars;
+        let (args, scalars) = program.get(pc + 1..end)?.split_at(num_args);
+        let mut site = Site {
+            pc,
+            end,
+            kernel,
+            stream: match ins.x[1] {
+                NO_REG => Operand::Const(ins.x[0] as u32),
+                r => Operand::Reg(slot(r, ZERO)?),
+            },
+            args: [SiteArg::NONE; MAX_TENSOR_ARGS],
+            scalars: [ZERO; MAX_SCALARS],
+            writes: 0,
+            passed: false,
+            tiles: [0; MAX_TENSOR_ARGS],
+            scalar_values: [0; MAX_SCALARS],
+        };
+        for (arg, decoded) in args.iter().zip(&mut site.args) {
+            let tensor = table.tensors().get(arg.imm.get() as usize)?;
+            *decoded = SiteArg::decode(arg, tensor)?;
+            if decoded.access.contains(Access::WRITE) {
+                if let Some(i) = table.program_info().data_index(decoded.tensor) {
+                    site.writes |= 1 << i;
+                }
+            }
+        }
+        for (s, decoded) in scalars.iter().zip(&mut site.scalars) {
+            *decoded = slot(s.x[0], ZERO)?;
+        }
+        Some(site)
+    }
+}
+
 /// The program machine of one run.
 #[derive(Clone, Debug)]
 pub struct Expander {
     pc: usize,
-    regs: [i64; MAX_REGS],
+    /// The program's registers (`0 .. MAX_REGS`), then slots that always
+    /// hold 0 ([`ZERO`]) and 1 ([`ONE`]).
+    regs: [i64; SLOTS],
     frames: [Frame; MAX_LOOP_DEPTH],
     depth: usize,
     /// Bit `i`: data tensor `i` ([`ProgramInfo::data`]) has been written by
@@ -364,10 +516,8 @@ pub struct Expander {
     written: u8,
     /// The taskset of the next call (the last `DISPATCH`).
     taskset: u8,
-    /// The last call that passed its contract check, if any.
-    checked: Option<Checked>,
-    /// The kernel of the last call, if any.
-    kernel: Option<&'static wsp_ffi::KernelInfo>,
+    /// Calls decoded, by pc modulo [`CALL_SITES`].
+    sites: [Option<Site>; CALL_SITES],
 }
 
 impl Expander {
@@ -387,13 +537,16 @@ impl Expander {
         }
         Expander {
             pc: 0,
-            regs: [0; MAX_REGS],
+            regs: {
+                let mut regs = [0; SLOTS];
+                regs[ONE as usize] = 1;
+                regs
+            },
             frames: [Frame::default(); MAX_LOOP_DEPTH],
             depth: 0,
             written,
             taskset: 0,
-            checked: None,
-            kernel: None,
+            sites: [None; CALL_SITES],
         }
     }
 
@@ -406,7 +559,7 @@ impl Expander {
     fn read(&self, r: u8) -> i64 {
         // Without a branch: `NO_REG` (and any other number past the
         // registers, which validation refuses) reads as 0.
-        let value = self.regs[r as usize % MAX_REGS];
+        let value = self.regs[r as usize % SLOTS];
         if (r as usize) < MAX_REGS {
             value
         } else {
@@ -416,7 +569,8 @@ impl Expander {
 
     /// Runs instructions until a task, an event op, a wait, the end of the
     /// program, or [`STEP_BUDGET`] instructions. A step that waits changes
-    /// nothing: stepping again retries the same instruction.
+    /// nothing: stepping again retries the same instruction. `table` is
+    /// the one the expander was made for ([`Expander::new`]).
     ///
     /// [`step_into`](Self::step_into) does the same without moving the
     /// task: the faster form for a caller that keeps one spec to fill.
@@ -537,7 +691,7 @@ impl Expander {
                     continue;
                 }
                 OP_CALL => {
-                    self.pc = match self.call_fast(table, ins, spec) {
+                    self.pc = match self.call_fast(table, spec) {
                         Some(end) => end,
                         None => self.call(table, ins, spec)?,
                     };
@@ -564,12 +718,15 @@ impl Expander {
     /// Sets register `r` (validated to be one: `0 .. MAX_REGS`).
     #[inline(always)]
     fn set(&mut self, r: usize, value: i64) {
-        if let Some(reg) = self.regs.get_mut(r) {
+        if let Some(reg) = self.regs[..MAX_REGS].get_mut(r) {
             *reg = value;
         }
     }
 
-    /// The element a `LOAD` reads, or what it must wait for.
+    /// The element a `LOAD` reads, or what it must wait for. Not inlined:
+    /// it runs once per loop, not per task, and inlined it would cost the
+    /// per-task path registers.
+    #[inline(never)]
     fn load(
         &self,
         table: &Table<'_>,
@@ -612,65 +769,92 @@ impl Expander {
 
     /// The hot path of a `CALL`: writes its task to `spec` and returns the
     /// pc after its operands, as [`call`](Self::call) does, or returns
-    /// `None` where any check fails, leaving the expander as it was (then
-    /// `call` names the problem). It reads the operands once, writes the
-    /// task in place and checks regions without building errors.
-    #[inline(always)]
-    fn call_fast(&mut self, table: &Table<'_>, ins: &Instr, spec: &mut TaskSpec) -> Option<usize> {
-        let id = ins.imm.get();
-        let kernel = match self.kernel {
-            Some(k) if k.id == id => k,
-            _ => wsp_ffi::lookup(id)?,
-        };
-        self.kernel = Some(kernel);
-        let stream = match ins.x[1] {
-            NO_REG => ins.x[0] as u32,
-            r => {
-                let value = self.read(r);
+    /// `None` where any check fails, leaving the program's state as it was
+    /// (then `call` names the problem). It reads the call's operands from
+    /// their decoded form ([`Site`]), writes the task in place and checks
+    /// regions without building errors.
+    #[inline(never)]
+    fn call_fast(&mut self, table: &Table<'_>, spec: &mut TaskSpec) -> Option<usize> {
+        let entry = &mut self.sites[self.pc % CALL_SITES];
+        if entry.is_none_or(|site| site.pc != self.pc) {
+            *entry = Some(Site::decode(table, self.pc)?);
+        }
+        let site = entry.as_ref()?;
+        let stream = match site.stream {
+            Operand::Const(s) => s,
+            Operand::Reg(r) => {
+                let value = self.regs[r as usize % SLOTS];
                 if !(0..=crate::abi::MAX_STREAMS as i64).contains(&value) {
                     return None;
                 }
                 value as u32
             }
         };
-        let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
-        if num_args > MAX_TENSOR_ARGS || num_scalars > MAX_SCALARS {
-            return None;
-        }
-        let first = self.pc + 1;
-        let end = first + num_args + num_scalars;
-        let (args, scalars) = table.program().get(first..end)?.split_at(num_args);
+        let num_args = site.kernel.num_tensors as usize;
         if spec.args.len() != num_args {
             spec.args.clear();
             spec.args.resize(num_args, NO_ARG).ok()?;
         }
         let mut shapes = [NO_SHAPE; MAX_TENSOR_ARGS];
-        let mut written = self.written;
-        // One straight run of code per number of arguments.
-        let ok = match num_args {
-            0 => true,
-            1 => self.args_of::<1>(table, args, &mut spec.args, &mut shapes, &mut written)?,
-            2 => self.args_of::<2>(table, args, &mut spec.args, &mut shapes, &mut written)?,
-            3 => self.args_of::<3>(table, args, &mut spec.args, &mut shapes, &mut written)?,
-            4 => self.args_of::<4>(table, args, &mut spec.args, &mut shapes, &mut written)?,
-            _ => return None,
-        };
+        let mut ok = true;
+        // Whether the shapes and scalars differ from the last call of the
+        // site that passed the contract (all bits 0: the same).
+        let mut differ = !site.passed as u64;
+        for (k, (arg, out)) in site.args.iter().zip(spec.args.iter_mut()).enumerate() {
+            out.tensor = arg.tensor;
+            out.access = arg.access;
+            out.region = NO_ARG.region;
+            // One straight run of code per rank: no loop, no bounds checks.
+            ok &= match arg.rank {
+                1 => arg.region_of::<1>(&self.regs, &mut out.region),
+                2 => arg.region_of::<2>(&self.regs, &mut out.region),
+                3 => arg.region_of::<3>(&self.regs, &mut out.region),
+                4 => arg.region_of::<4>(&self.regs, &mut out.region),
+                _ => return None,
+            };
+            let (rows, cols) = (
+                self.regs[arg.rows as usize % SLOTS] as u32,
+                self.regs[arg.cols as usize % SLOTS] as u32,
+            );
+            let tile = (rows as u64) << 32 | cols as u64;
+            differ |= tile ^ site.tiles[k % MAX_TENSOR_ARGS];
+            shapes[k % MAX_TENSOR_ARGS] = TileShape {
+                rows,
+                cols,
+                dtype: arg.dtype,
+            };
+        }
         if !ok {
             return None;
         }
+        let num_scalars = site.kernel.num_scalars as usize;
         if spec.scalars.len() != num_scalars {
             spec.scalars.clear();
             spec.scalars.resize(num_scalars, 0).ok()?;
         }
-        let mut values = [0u64; MAX_SCALARS];
-        for ((ins, scalar), value) in scalars.iter().zip(spec.scalars.iter_mut()).zip(&mut values) {
-            *scalar = self.read(ins.x[0]) as u64;
-            *value = *scalar;
+        for ((&r, scalar), passed) in site
+            .scalars
+            .iter()
+            .zip(spec.scalars.iter_mut())
+            .zip(&site.scalar_values)
+        {
+            *scalar = self.regs[r as usize % SLOTS] as u64;
+            differ |= *scalar ^ passed;
         }
-        let checked = Checked::new(id, &shapes, values);
-        if !self.checked.as_ref().is_some_and(|c| c.same(&checked)) {
-            kernel.check(&shapes[..num_args], spec.scalars()).ok()?;
-            self.checked = Some(checked);
+        if differ != 0 {
+            // The contract depends on the kernel (the site's), the shapes
+            // and the scalars only.
+            site.kernel
+                .check(&shapes[..num_args], spec.scalars())
+                .ok()?;
+            let site = self.sites[self.pc % CALL_SITES].as_mut()?;
+            for (tile, shape) in site.tiles.iter_mut().zip(&shapes) {
+                *tile = (shape.rows as u64) << 32 | shape.cols as u64;
+            }
+            for (passed, &value) in site.scalar_values.iter_mut().zip(spec.scalars.iter()) {
+                *passed = value;
+            }
+            site.passed = true;
         }
         let frames = self.frames.get(..self.depth)?;
         if spec.loops.len() != frames.len() {
@@ -680,109 +864,23 @@ impl Expander {
         for (index, frame) in spec.loops.iter_mut().zip(frames) {
             *index = frame.index as u32;
         }
+        let site = self.sites[self.pc % CALL_SITES].as_ref()?;
         spec.kernel = KernelRef {
-            id,
-            kind: kernel.kind,
+            id: site.kernel.id,
+            kind: site.kernel.kind,
         };
         spec.stream = stream;
         spec.pc = Some(self.pc as u32);
         spec.taskset = self.taskset;
-        self.written = written;
-        Some(end)
-    }
-
-    /// Fills `out` with the `N` arguments of a call (its `ARG`s, `args`) and
-    /// `shapes` with their tile shapes, and marks in `written` the data
-    /// tensors they write; whether every region is a tile inside its
-    /// tensor (`None` if an operand is not as validation leaves it).
-    #[inline(always)]
-    fn args_of<const N: usize>(
-        &self,
-        table: &Table<'_>,
-        args: &[Instr],
-        out: &mut [TaskArg],
-        shapes: &mut [TileShape; MAX_TENSOR_ARGS],
-        written: &mut u8,
-    ) -> Option<bool> {
-        let args: &[Instr; N] = args.try_into().ok()?;
-        let out: &mut [TaskArg; N] = out.try_into().ok()?;
-        let info = table.program_info();
-        // Data tensors count as written once a task writes them; inputs
-        // have data from the start. Once all have, there is nothing to mark.
-        let all = (1u16 << info.data().len()) - 1;
-        let marked = (*written | info.inputs) as u16 == all;
-        let mut ok = true;
-        for k in 0..N.min(MAX_TENSOR_ARGS) {
-            let ins = &args[k];
-            let t = ins.imm.get();
-            let tensor = table.tensors().get(t as usize)?;
-            let rank = tensor.rank.get() as usize;
-            let access = Access::from_bits_truncate(ins.r as u32);
-            if !marked && access.contains(Access::WRITE) {
-                if let Some(i) = info.data_index(t) {
-                    *written |= 1 << i;
-                }
-            }
-            let arg = &mut out[k];
-            arg.tensor = t;
-            arg.access = access;
-            arg.region = NO_ARG.region;
-            let region = &mut arg.region;
-            // One straight run of code per rank: no loop, no bounds checks.
-            ok &= match rank {
-                1 => self.region_of::<1>(ins, tensor, region),
-                2 => self.region_of::<2>(ins, tensor, region),
-                3 => self.region_of::<3>(ins, tensor, region),
-                4 => self.region_of::<4>(ins, tensor, region),
-                _ => return None,
-            };
-            shapes[k] = TileShape {
-                rows: if rank >= 2 {
-                    region.extent[rank - 2]
-                } else {
-                    1
-                },
-                cols: region.extent[rank - 1],
-                dtype: tensor.dtype.get(),
-            };
-        }
-        Some(ok)
-    }
-
-    /// Fills `region` from the operands of `ins`, an `ARG` of `tensor` of
-    /// rank `RANK`; whether the region is a tile inside the tensor, as
-    /// [`check_region`] decides, with offsets and extents in `0 ..=
-    /// u32::MAX`. Each check uses `&` (not `&&`): no branch per check. An
-    /// offset or extent outside `0 .. size` (negative ones included, as
-    /// u64) fails the first two, so the sum cannot overflow where it counts.
-    #[inline(always)]
-    fn region_of<const RANK: usize>(
-        &self,
-        ins: &Instr,
-        tensor: &TensorDesc,
-        region: &mut Region,
-    ) -> bool {
-        let mut ok = true;
-        for d in 0..RANK.min(MAX_RANK) {
-            let extent = |r: u8| if r == NO_REG { 1 } else { self.read(r) };
-            // Dimensions before the last two take a single index each.
-            let ext = match RANK - d {
-                1 => extent(ins.x[5]),
-                2 => extent(ins.x[4]),
-                _ => 1,
-            } as u64;
-            let off = self.read(ins.x[d]) as u64;
-            let size = tensor.shape[d].get() as u64;
-            ok &= (off < size) & (ext.wrapping_sub(1) < size) & (off.wrapping_add(ext) <= size);
-            region.offset[d] = off as u32;
-            region.extent[d] = ext as u32;
-        }
-        ok
+        self.written |= site.writes;
+        Some(site.end)
     }
 
     /// Writes the task of the `CALL` at the pc to `spec`; returns the pc
     /// after the call's operands. Checks each operand in turn and names the
     /// first that fails.
+    #[cold]
+    #[inline(never)]
     fn call(
         &mut self,
         table: &Table<'_>,
@@ -828,9 +926,7 @@ impl Expander {
             let t = arg.imm.get();
             let tensor = &table.tensors()[t as usize];
             let region = self.region(k, arg, tensor)?;
-            *shape = tile(tensor, &region).ok_or_else(|| {
-                let (field, problem) = check_region(tensor, &region)
-                    .expect_err("check_region refuses what tile refuses");
+            *shape = check_region(tensor, &region).map_err(|(field, problem)| {
                 ExpandError::BadRegion {
                     arg: k as u32,
                     field,
@@ -853,18 +949,12 @@ impl Expander {
             });
         }
         spec.scalars.clear();
-        let mut values = [0u64; MAX_SCALARS];
-        for (s, value) in scalars.iter().zip(values.iter_mut()) {
-            *value = self.read(s.x[0]) as u64;
-            let _ = spec.scalars.push(*value);
+        for s in scalars {
+            let _ = spec.scalars.push(self.read(s.x[0]) as u64);
         }
-        let checked = Checked::new(id, &shapes, values);
-        if !self.checked.as_ref().is_some_and(|c| c.same(&checked)) {
-            kernel
-                .check(&shapes[..num_args], spec.scalars())
-                .map_err(ExpandError::Contract)?;
-            self.checked = Some(checked);
-        }
+        kernel
+            .check(&shapes[..num_args], spec.scalars())
+            .map_err(ExpandError::Contract)?;
         Ok(end)
     }
 
@@ -893,35 +983,6 @@ impl Expander {
     }
 }
 
-/// The tile shape of `region` in `tensor` (validated), if the region is a
-/// tile inside the tensor: what [`check_region`] decides, for a region
-/// whose dimensions past the tensor's rank are `0 .. 1` (as the expander
-/// makes them). The hot path of a call; `check_region` names the problem.
-#[inline(always)]
-fn tile(tensor: &TensorDesc, region: &Region) -> Option<TileShape> {
-    let rank = tensor.rank.get() as usize;
-    let mut ok = (1..=MAX_RANK).contains(&rank);
-    for d in 0..rank.min(MAX_RANK) {
-        let (off, ext) = (region.offset[d] as u64, region.extent[d]);
-        let size = tensor.shape[d].get() as u64;
-        ok &= ext != 0 && off + ext as u64 <= size && (d + 2 >= rank || ext == 1);
-    }
-    if !ok {
-        return None;
-    }
-    let cols = region.extent[rank - 1];
-    let rows = if rank >= 2 {
-        region.extent[rank - 2]
-    } else {
-        1
-    };
-    Some(TileShape {
-        rows,
-        cols,
-        dtype: tensor.dtype.get(),
-    })
-}
-
 #[inline(always)]
 fn arith(op: u8, a: i64, b: i64) -> Result<i64, ExpandError> {
     let divisor = |b: i64| {
@@ -944,4 +1005,110 @@ fn arith(op: u8, a: i64, b: i64) -> Result<i64, ExpandError> {
         _ => Some((a == b) as i64),
     };
     value.ok_or(ExpandError::Overflow)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use zerocopy::little_endian::{U32, U64};
+
+    /// A row-major tensor of `shape`.
+    fn tensor(shape: &[u32]) -> TensorDesc {
+        let (mut sizes, mut strides) = ([U32::new(0); MAX_RANK], [U32::new(0); MAX_RANK]);
+        let mut stride = 1u32;
+        for d in (0..shape.len()).rev() {
+            sizes[d] = U32::new(shape[d]);
+            strides[d] = U32::new(stride);
+            stride = stride.wrapping_mul(shape[d]);
+        }
+        TensorDesc {
+            name: [0; 16],
+            dtype: U32::new(wsp_ffi::DTYPE_F32),
+            rank: U32::new(shape.len() as u32),
+            shape: sizes,
+            strides,
+            arena_offset: U64::new(0),
+        }
+    }
+
+    /// Register values around the edges of small sizes and of u32.
+    fn value() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            8 => 0i64..10,
+            1 => Just(-1),
+            1 => Just(i64::MIN),
+            1 => Just(i64::MAX),
+            1 => Just(u32::MAX as i64),
+            1 => Just(u32::MAX as i64 + 1),
+            1 => any::<i64>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// The fast path's region and tile checks accept exactly what the
+        /// checked path does (each operand in `0 ..= u32::MAX`, then
+        /// `check_region`), and build the same region and tile.
+        #[test]
+        fn decoded_arguments_agree_with_check_region(
+            shape in prop::collection::vec(prop_oneof![1u32..8, Just(u32::MAX)], 1..=MAX_RANK),
+            values in [value(), value(), value(), value(), value(), value()],
+            none in [any::<bool>(); 6],
+        ) {
+            let rank = shape.len();
+            let desc = tensor(&shape);
+            // Operand `i` reads register `i`, or is `NO_REG`; validation
+            // leaves `NO_REG` past the rank (and in x[4] below rank 2).
+            let x = |i: usize| {
+                let used = if i < MAX_RANK { i < rank } else { i == 5 || rank >= 2 };
+                if none[i] || !used { NO_REG } else { i as u8 }
+            };
+            let ins = Instr {
+                op: OP_ARG,
+                r: Access::READ.bits() as u8,
+                x: [x(0), x(1), x(2), x(3), x(4), x(5)],
+                imm: U32::new(0),
+                imm2: U32::new(0),
+            };
+            let mut regs = [0i64; SLOTS];
+            regs[..6].copy_from_slice(&values);
+            regs[ONE as usize] = 1;
+
+            // The checked path's rules.
+            let operand = |r: u8, none: i64| if r == NO_REG { none } else { values[r as usize] };
+            let mut want = NO_ARG.region;
+            let mut in_range = true;
+            let mut set = |field: &mut u32, value: i64| {
+                in_range &= u32::try_from(value).is_ok();
+                *field = value as u32;
+            };
+            for d in 0..rank {
+                set(&mut want.offset[d], operand(ins.x[d], 0));
+            }
+            set(&mut want.extent[rank - 1], operand(ins.x[5], 1));
+            if rank >= 2 {
+                set(&mut want.extent[rank - 2], operand(ins.x[4], 1));
+            }
+            let checked = check_region(&desc, &want);
+            let accepts = in_range && checked.is_ok();
+
+            let arg = SiteArg::decode(&ins, &desc).expect("a valid ARG decodes");
+            let mut got = NO_ARG.region;
+            let ok = match rank {
+                1 => arg.region_of::<1>(&regs, &mut got),
+                2 => arg.region_of::<2>(&regs, &mut got),
+                3 => arg.region_of::<3>(&regs, &mut got),
+                _ => arg.region_of::<4>(&regs, &mut got),
+            };
+            prop_assert_eq!(ok, accepts, "region {:?} of shape {:?}", want, shape);
+            if ok {
+                prop_assert_eq!(got, want);
+                let tile = checked.unwrap();
+                prop_assert_eq!(regs[arg.rows as usize] as u32, tile.rows);
+                prop_assert_eq!(regs[arg.cols as usize] as u32, tile.cols);
+            }
+        }
+    }
 }

@@ -355,9 +355,6 @@ struct SiteArg {
     /// The slot of each dimension's offset and extent.
     offset: [u8; MAX_RANK],
     extent: [u8; MAX_RANK],
-    /// The slots of the tile's rows and cols (extents).
-    rows: u8,
-    cols: u8,
 }
 
 /// The slot an operand reads: its register, or `none` for `NO_REG`.
@@ -389,10 +386,8 @@ impl SiteArg {
             a.offset[d] = slot(arg.x[d], ZERO)?;
         }
         a.extent[rank - 1] = slot(arg.x[5], ONE)?;
-        a.cols = a.extent[rank - 1];
         if rank >= 2 {
             a.extent[rank - 2] = slot(arg.x[4], ONE)?;
-            a.rows = a.extent[rank - 2];
         }
         Some(a)
     }
@@ -405,28 +400,38 @@ impl SiteArg {
         shape: [0; MAX_RANK],
         offset: [ZERO; MAX_RANK],
         extent: [ONE; MAX_RANK],
-        rows: ONE,
-        cols: ONE,
     };
 
-    /// Fills the first `RANK` dimensions of `region` from `regs`; whether
-    /// the region is a tile inside the tensor, as [`check_region`] decides,
-    /// with offsets and extents in `0 ..= u32::MAX` (as the checked path
-    /// requires). Each check uses `&` (not `&&`): no branch per check. An
-    /// offset or extent outside `0 .. size` (negative ones included, as
-    /// u64) fails the first two, so the sum cannot overflow where it counts.
+    /// Fills the first `RANK` dimensions of `region` from `regs`. Returns
+    /// whether the region is a tile inside the tensor, as [`check_region`]
+    /// decides, with offsets and extents in `0 ..= u32::MAX` (as the checked
+    /// path requires), and the tile's rows (high 32 bits) and cols (low).
+    /// Each check uses `&` (not `&&`): no branch per check.
     #[inline(always)]
-    fn region_of<const RANK: usize>(&self, regs: &[i64; SLOTS], region: &mut Region) -> bool {
+    fn region_of<const RANK: usize>(
+        &self,
+        regs: &[i64; SLOTS],
+        region: &mut Region,
+    ) -> (bool, u64) {
         let mut ok = true;
         for d in 0..RANK.min(MAX_RANK) {
             let off = regs[self.offset[d] as usize % SLOTS] as u64;
             let ext = regs[self.extent[d] as usize % SLOTS] as u64;
             let size = self.shape[d] as u64;
-            ok &= (off < size) & (ext.wrapping_sub(1) < size) & (off.wrapping_add(ext) <= size);
+            // `off < size` first (negative offsets, as u64, are past any
+            // size); then `1 <= ext <= size - off`: an extent of 0 wraps
+            // to u64::MAX, past any `size - off`.
+            ok &= (off < size) & (ext.wrapping_sub(1) < size.wrapping_sub(off));
             region.offset[d] = off as u32;
             region.extent[d] = ext as u32;
         }
-        ok
+        let cols = region.extent[RANK.clamp(1, MAX_RANK) - 1] as u64;
+        let rows = if RANK >= 2 {
+            region.extent[RANK.clamp(2, MAX_RANK) - 2] as u64
+        } else {
+            1
+        };
+        (ok, rows << 32 | cols)
     }
 }
 
@@ -780,6 +785,7 @@ impl Expander {
             *entry = Some(Site::decode(table, self.pc)?);
         }
         let site = entry.as_ref()?;
+        let (kernel, end, writes) = (site.kernel, site.end, site.writes);
         let stream = match site.stream {
             Operand::Const(s) => s,
             Operand::Reg(r) => {
@@ -795,34 +801,28 @@ impl Expander {
             spec.args.clear();
             spec.args.resize(num_args, NO_ARG).ok()?;
         }
-        let mut shapes = [NO_SHAPE; MAX_TENSOR_ARGS];
         let mut ok = true;
-        // Whether the shapes and scalars differ from the last call of the
+        // Whether the tiles and scalars differ from the last call of the
         // site that passed the contract (all bits 0: the same).
         let mut differ = !site.passed as u64;
-        for (k, (arg, out)) in site.args.iter().zip(spec.args.iter_mut()).enumerate() {
+        let mut tiles = [0u64; MAX_TENSOR_ARGS];
+        for ((arg, out), tile) in site.args.iter().zip(spec.args.iter_mut()).zip(&mut tiles) {
             out.tensor = arg.tensor;
             out.access = arg.access;
             out.region = NO_ARG.region;
             // One straight run of code per rank: no loop, no bounds checks.
-            ok &= match arg.rank {
+            let (fits, rows_cols) = match arg.rank {
                 1 => arg.region_of::<1>(&self.regs, &mut out.region),
                 2 => arg.region_of::<2>(&self.regs, &mut out.region),
                 3 => arg.region_of::<3>(&self.regs, &mut out.region),
                 4 => arg.region_of::<4>(&self.regs, &mut out.region),
                 _ => return None,
             };
-            let (rows, cols) = (
-                self.regs[arg.rows as usize % SLOTS] as u32,
-                self.regs[arg.cols as usize % SLOTS] as u32,
-            );
-            let tile = (rows as u64) << 32 | cols as u64;
-            differ |= tile ^ site.tiles[k % MAX_TENSOR_ARGS];
-            shapes[k % MAX_TENSOR_ARGS] = TileShape {
-                rows,
-                cols,
-                dtype: arg.dtype,
-            };
+            ok &= fits;
+            *tile = rows_cols;
+        }
+        for (tile, passed) in tiles.iter().zip(&site.tiles) {
+            differ |= tile ^ passed;
         }
         if !ok {
             return None;
@@ -844,13 +844,19 @@ impl Expander {
         if differ != 0 {
             // The contract depends on the kernel (the site's), the shapes
             // and the scalars only.
+            let mut shapes = [NO_SHAPE; MAX_TENSOR_ARGS];
+            for ((shape, &tile), arg) in shapes.iter_mut().zip(&tiles).zip(&site.args) {
+                *shape = TileShape {
+                    rows: (tile >> 32) as u32,
+                    cols: tile as u32,
+                    dtype: arg.dtype,
+                };
+            }
             site.kernel
                 .check(&shapes[..num_args], spec.scalars())
                 .ok()?;
             let site = self.sites[self.pc % CALL_SITES].as_mut()?;
-            for (tile, shape) in site.tiles.iter_mut().zip(&shapes) {
-                *tile = (shape.rows as u64) << 32 | shape.cols as u64;
-            }
+            site.tiles = tiles;
             for (passed, &value) in site.scalar_values.iter_mut().zip(spec.scalars.iter()) {
                 *passed = value;
             }
@@ -864,16 +870,15 @@ impl Expander {
         for (index, frame) in spec.loops.iter_mut().zip(frames) {
             *index = frame.index as u32;
         }
-        let site = self.sites[self.pc % CALL_SITES].as_ref()?;
         spec.kernel = KernelRef {
-            id: site.kernel.id,
-            kind: site.kernel.kind,
+            id: kernel.id,
+            kind: kernel.kind,
         };
         spec.stream = stream;
         spec.pc = Some(self.pc as u32);
         spec.taskset = self.taskset;
-        self.written |= site.writes;
-        Some(site.end)
+        self.written |= writes;
+        Some(end)
     }
 
     /// Writes the task of the `CALL` at the pc to `spec`; returns the pc
@@ -1096,7 +1101,7 @@ mod tests {
 
             let arg = SiteArg::decode(&ins, &desc).expect("a valid ARG decodes");
             let mut got = NO_ARG.region;
-            let ok = match rank {
+            let (ok, tile) = match rank {
                 1 => arg.region_of::<1>(&regs, &mut got),
                 2 => arg.region_of::<2>(&regs, &mut got),
                 3 => arg.region_of::<3>(&regs, &mut got),
@@ -1105,9 +1110,8 @@ mod tests {
             prop_assert_eq!(ok, accepts, "region {:?} of shape {:?}", want, shape);
             if ok {
                 prop_assert_eq!(got, want);
-                let tile = checked.unwrap();
-                prop_assert_eq!(regs[arg.rows as usize] as u32, tile.rows);
-                prop_assert_eq!(regs[arg.cols as usize] as u32, tile.cols);
+                let shape = checked.unwrap();
+                prop_assert_eq!(((tile >> 32) as u32, tile as u32), (shape.rows, shape.cols));
             }
         }
     }

@@ -447,6 +447,8 @@ struct Site {
     stream: Operand,
     /// The first `kernel.num_tensors` are its arguments.
     args: [SiteArg; MAX_TENSOR_ARGS],
+    /// The rank of every argument, if all have the same; else 0.
+    rank: u8,
     /// The slot of each scalar, the first `kernel.num_scalars`.
     scalars: [u8; MAX_SCALARS],
     /// The data tensors ([`ProgramInfo::data`]) it writes, as bits.
@@ -461,6 +463,36 @@ struct Site {
 }
 
 impl Site {
+    /// Fills `out` (one entry per argument) with the call's arguments and
+    /// `tiles` with their tiles (rows in the high 32 bits, cols in the low);
+    /// whether every region is a tile inside its tensor. `RANK` is the
+    /// rank of every argument, or 0 for a choice per argument.
+    #[inline(always)]
+    fn args_of<const RANK: usize>(
+        &self,
+        regs: &[i64; SLOTS],
+        out: &mut [TaskArg],
+        tiles: &mut [u64; MAX_TENSOR_ARGS],
+    ) -> bool {
+        let mut ok = true;
+        for ((arg, out), tile) in self.args.iter().zip(out).zip(tiles) {
+            out.tensor = arg.tensor;
+            out.access = arg.access;
+            out.region = NO_ARG.region;
+            let region = &mut out.region;
+            let (fits, rows_cols) = match if RANK == 0 { arg.rank as usize } else { RANK } {
+                1 => arg.region_of::<1>(regs, region),
+                2 => arg.region_of::<2>(regs, region),
+                3 => arg.region_of::<3>(regs, region),
+                4 => arg.region_of::<4>(regs, region),
+                _ => return false,
+            };
+            ok &= fits;
+            *tile = rows_cols;
+        }
+        ok
+    }
+
     /// Decodes the `CALL` at `pc` of the (validated) table's program, or
     /// `None` if it is not as validation leaves it.
     #[cold]
@@ -484,6 +516,7 @@ impl Site {
                 r => Operand::Reg(slot(r, ZERO)?),
             },
             args: [SiteArg::NONE; MAX_TENSOR_ARGS],
+            rank: 0,
             scalars: [ZERO; MAX_SCALARS],
             writes: 0,
             passed: false,
@@ -499,6 +532,11 @@ impl Site {
                 }
             }
         }
+        let ranks = site.args[..num_args].iter().map(|a| a.rank);
+        site.rank = match ranks.clone().min() {
+            Some(r) if ranks.max() == Some(r) => r,
+            _ => 0,
+        };
         for (s, decoded) in scalars.iter().zip(&mut site.scalars) {
             *decoded = slot(s.x[0], ZERO)?;
         }
@@ -801,26 +839,19 @@ impl Expander {
             spec.args.clear();
             spec.args.resize(num_args, NO_ARG).ok()?;
         }
-        let mut ok = true;
         // Whether the tiles and scalars differ from the last call of the
         // site that passed the contract (all bits 0: the same).
         let mut differ = !site.passed as u64;
         let mut tiles = [0u64; MAX_TENSOR_ARGS];
-        for ((arg, out), tile) in site.args.iter().zip(spec.args.iter_mut()).zip(&mut tiles) {
-            out.tensor = arg.tensor;
-            out.access = arg.access;
-            out.region = NO_ARG.region;
-            // One straight run of code per rank: no loop, no bounds checks.
-            let (fits, rows_cols) = match arg.rank {
-                1 => arg.region_of::<1>(&self.regs, &mut out.region),
-                2 => arg.region_of::<2>(&self.regs, &mut out.region),
-                3 => arg.region_of::<3>(&self.regs, &mut out.region),
-                4 => arg.region_of::<4>(&self.regs, &mut out.region),
-                _ => return None,
-            };
-            ok &= fits;
-            *tile = rows_cols;
-        }
+        // One straight run of code per rank when all arguments have the
+        // same (the common case), else a choice per argument.
+        let ok = match site.rank {
+            1 => site.args_of::<1>(&self.regs, &mut spec.args, &mut tiles),
+            2 => site.args_of::<2>(&self.regs, &mut spec.args, &mut tiles),
+            3 => site.args_of::<3>(&self.regs, &mut spec.args, &mut tiles),
+            4 => site.args_of::<4>(&self.regs, &mut spec.args, &mut tiles),
+            _ => site.args_of::<0>(&self.regs, &mut spec.args, &mut tiles),
+        };
         for (tile, passed) in tiles.iter().zip(&site.tiles) {
             differ |= tile ^ passed;
         }

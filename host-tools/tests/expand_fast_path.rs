@@ -7,7 +7,7 @@
 use device_runtime::abi::Table;
 use device_runtime::expand::{ExpandError, Expander, Next, TaskSpec, CALL_SITES};
 use host_tools::inspect::HostExpansion;
-use host_tools::program::{Axis, Expr, Workload};
+use host_tools::program::{Axis, Expr, Region, Workload};
 use host_tools::program_examples::T;
 use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
 
@@ -100,5 +100,39 @@ fn more_calls_than_decoded_sites_each_give_their_own_tasks() {
             assert_eq!(arg.region.offset, [i * T, k * T, 0, 0], "task {n} arg {a}");
             assert_eq!(arg.region.extent, [T, T, 1, 1], "task {n} arg {a}");
         }
+    }
+}
+
+#[test]
+fn a_call_on_tensors_of_different_ranks_gives_each_its_region() {
+    const N: u32 = 3;
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[N, T, T]).unwrap();
+    let y = w.tensor("y", &[T, N * T]).unwrap();
+    // out[:, i*T ..] = x[i] + x[i], with x of rank 3 and y of rank 2.
+    w.parallel(Axis::Dense(N), |w, i| {
+        let tile = Region {
+            tensor: x,
+            offset: vec![i.clone(), Expr::Const(0), Expr::Const(0)],
+            rows: T.into(),
+            cols: T.into(),
+        };
+        w.call(ADD, &[tile.clone(), tile, y.tile(0, i * T, T, T)], &[]);
+    });
+    let bytes = w.finish().unwrap();
+    let table = Table::parse(&bytes).unwrap();
+    let (tasks, e) = expand(&table);
+    assert_eq!(e, None);
+    assert_eq!(tasks.len() as u32, N);
+    for (i, task) in (0u32..).zip(&tasks) {
+        let args = task.args();
+        for a in &args[..2] {
+            assert_eq!(a.tensor, x.0);
+            assert_eq!(a.region.offset, [i, 0, 0, 0], "task {i}");
+            assert_eq!(a.region.extent, [1, T, T, 1], "task {i}");
+        }
+        assert_eq!(args[2].tensor, y.0);
+        assert_eq!(args[2].region.offset, [0, i * T, 0, 0], "task {i}");
+        assert_eq!(args[2].region.extent, [T, T, 1, 1], "task {i}");
     }
 }

@@ -8,6 +8,13 @@
 //!
 //! Every step does a bounded amount of work ([`STEP_BUDGET`] instructions),
 //! so a program with long loops of no calls never holds the dispatcher.
+//!
+//! A `CALL` is the hot path: the expander decodes each call once (up to
+//! [`CALL_SITES`] at a time), writes its task into a spec the caller keeps
+//! ([`Expander::step_into`]), checks regions without building errors and
+//! checks the kernel's contract again only when a call's shapes or scalars
+//! change. Where a fast check fails, the call runs again through the
+//! checked path, which names the problem: errors are the same either way.
 
 use core::fmt;
 
@@ -64,6 +71,22 @@ const NO_ARG: TaskArg = TaskArg {
 };
 
 impl TaskSpec {
+    /// A task of no arguments, to fill with [`Expander::step_into`].
+    pub const fn empty() -> TaskSpec {
+        TaskSpec {
+            kernel: KernelRef {
+                id: 0,
+                kind: wsp_ffi::CoreKind::Vector,
+            },
+            stream: 0,
+            args: Vec::new(),
+            scalars: Vec::new(),
+            loops: Vec::new(),
+            pc: None,
+            taskset: 0,
+        }
+    }
+
     /// Task `index` of the table's tasks section.
     pub fn of_task(table: &Table<'_>, index: usize) -> TaskSpec {
         let desc = &table.tasks()[index];
@@ -266,10 +289,35 @@ pub enum Step {
     Done,
 }
 
+/// The result of one [`Expander::step_into`]: a [`Step`] whose task, if
+/// any, is in the caller's [`TaskSpec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Submit the task written to the caller's spec (before stepping again).
+    Task,
+    /// Apply an event record (`record`) or wait on a stream.
+    Event {
+        /// A record (`true`) or a wait.
+        record: bool,
+        /// The stream.
+        stream: u32,
+        /// The event.
+        event: u32,
+    },
+    /// Nothing to do until more tasks complete.
+    Wait(Wait),
+    /// The step budget ran out; step again.
+    Yield,
+    /// The program has ended.
+    Done,
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Frame {
     /// pc of the LOOP.
     pc: u32,
+    /// The register of the loop's variable.
+    reg: u8,
     count: i64,
     index: i64,
     sequential: bool,
@@ -277,18 +325,252 @@ struct Frame {
     first: u64,
 }
 
+const NO_SHAPE: TileShape = TileShape {
+    rows: 0,
+    cols: 0,
+    dtype: 0,
+};
+
+/// Register slots of the expander: the program's registers, then
+/// [`ZERO`] and [`ONE`]. A power of two, so that a slot number taken
+/// modulo it needs no bounds check.
+const SLOTS: usize = 32;
+/// The slot that always holds 0: a `NO_REG` offset or scalar.
+const ZERO: u8 = MAX_REGS as u8;
+/// The slot that always holds 1: a `NO_REG` extent.
+const ONE: u8 = MAX_REGS as u8 + 1;
+const _: () = assert!(SLOTS.is_power_of_two() && (ONE as usize) < SLOTS);
+
+/// Calls the expander keeps decoded, by the pc of the `CALL` modulo this
+/// (a loop body with up to this many calls decodes each once).
+pub const CALL_SITES: usize = 4;
+
+/// An operand that is a constant or a register slot.
+#[derive(Clone, Copy, Debug)]
+enum Operand {
+    Const(u32),
+    Reg(u8),
+}
+
+/// One `ARG` of a call, decoded: everything but the registers' values.
+#[derive(Clone, Copy, Debug)]
+struct SiteArg {
+    tensor: u32,
+    access: Access,
+    /// The tensor's rank, 1 ..= `MAX_RANK` (0 in an unused entry).
+    rank: u8,
+    dtype: u32,
+    /// The tensor's sizes.
+    shape: [u32; MAX_RANK],
+    /// The slot of each dimension's offset and extent.
+    offset: [u8; MAX_RANK],
+    extent: [u8; MAX_RANK],
+}
+
+/// The slot an operand reads: its register, or `none` for `NO_REG`.
+fn slot(r: u8, none: u8) -> Option<u8> {
+    match r {
+        NO_REG => Some(none),
+        r if (r as usize) < MAX_REGS => Some(r),
+        _ => None,
+    }
+}
+
+impl SiteArg {
+    /// Decodes `arg`, an `ARG` of `tensor`, or `None` if it is not as
+    /// validation leaves it.
+    fn decode(arg: &Instr, tensor: &TensorDesc) -> Option<SiteArg> {
+        let rank = tensor.rank.get() as usize;
+        if !(1..=MAX_RANK).contains(&rank) {
+            return None;
+        }
+        let mut a = SiteArg {
+            tensor: arg.imm.get(),
+            access: Access::from_bits_truncate(arg.r as u32),
+            rank: rank as u8,
+            dtype: tensor.dtype.get(),
+            shape: tensor.shape.map(|s| s.get()),
+            ..SiteArg::NONE
+        };
+        for d in 0..rank {
+            a.offset[d] = slot(arg.x[d], ZERO)?;
+        }
+        a.extent[rank - 1] = slot(arg.x[5], ONE)?;
+        if rank >= 2 {
+            a.extent[rank - 2] = slot(arg.x[4], ONE)?;
+        }
+        Some(a)
+    }
+
+    const NONE: SiteArg = SiteArg {
+        tensor: 0,
+        access: Access::READ,
+        rank: 0,
+        dtype: 0,
+        shape: [0; MAX_RANK],
+        offset: [ZERO; MAX_RANK],
+        extent: [ONE; MAX_RANK],
+    };
+
+    /// Fills the first `RANK` dimensions of `region` from `regs`. Returns
+    /// whether the region is a tile inside the tensor, as [`check_region`]
+    /// decides, with offsets and extents in `0 ..= u32::MAX` (as the checked
+    /// path requires), and the tile's rows (high 32 bits) and cols (low).
+    /// Each check uses `&` (not `&&`): no branch per check.
+    #[inline(always)]
+    fn region_of<const RANK: usize>(
+        &self,
+        regs: &[i64; SLOTS],
+        region: &mut Region,
+    ) -> (bool, u64) {
+        let mut ok = true;
+        for d in 0..RANK.min(MAX_RANK) {
+            let off = regs[self.offset[d] as usize % SLOTS] as u64;
+            let ext = regs[self.extent[d] as usize % SLOTS] as u64;
+            let size = self.shape[d] as u64;
+            // `off < size` first (negative offsets, as u64, are past any
+            // size); then `1 <= ext <= size - off`: an extent of 0 wraps
+            // to u64::MAX, past any `size - off`.
+            ok &= (off < size) & (ext.wrapping_sub(1) < size.wrapping_sub(off));
+            region.offset[d] = off as u32;
+            region.extent[d] = ext as u32;
+        }
+        let cols = region.extent[RANK.clamp(1, MAX_RANK) - 1] as u64;
+        let rows = if RANK >= 2 {
+            region.extent[RANK.clamp(2, MAX_RANK) - 2] as u64
+        } else {
+            1
+        };
+        (ok, rows << 32 | cols)
+    }
+}
+
+/// A `CALL` and its operands, decoded once: its kernel, where its
+/// operands come from, the tensors and their sizes.
+#[derive(Clone, Copy, Debug)]
+struct Site {
+    /// The pc of the `CALL`.
+    pc: usize,
+    /// The pc after its operands.
+    end: usize,
+    kernel: &'static wsp_ffi::KernelInfo,
+    stream: Operand,
+    /// The first `kernel.num_tensors` are its arguments.
+    args: [SiteArg; MAX_TENSOR_ARGS],
+    /// The rank of every argument, if all have the same; else 0.
+    rank: u8,
+    /// The slot of each scalar, the first `kernel.num_scalars`.
+    scalars: [u8; MAX_SCALARS],
+    /// The data tensors ([`ProgramInfo::data`]) it writes, as bits.
+    writes: u8,
+    /// Whether a call of the site has passed its kernel's contract: then
+    /// `tiles` (rows in the high 32 bits, cols in the low) and
+    /// `scalar_values` are that call's. A call with the same passes too,
+    /// so the site checks the contract only when they change.
+    passed: bool,
+    tiles: [u64; MAX_TENSOR_ARGS],
+    scalar_values: [u64; MAX_SCALARS],
+}
+
+impl Site {
+    /// Fills `out` (one entry per argument) with the call's arguments and
+    /// `tiles` with their tiles (rows in the high 32 bits, cols in the low);
+    /// whether every region is a tile inside its tensor. `RANK` is the
+    /// rank of every argument, or 0 for a choice per argument.
+    #[inline(always)]
+    fn args_of<const RANK: usize>(
+        &self,
+        regs: &[i64; SLOTS],
+        out: &mut [TaskArg],
+        tiles: &mut [u64; MAX_TENSOR_ARGS],
+    ) -> bool {
+        let mut ok = true;
+        for ((arg, out), tile) in self.args.iter().zip(out).zip(tiles) {
+            out.tensor = arg.tensor;
+            out.access = arg.access;
+            out.region = NO_ARG.region;
+            let region = &mut out.region;
+            let (fits, rows_cols) = match if RANK == 0 { arg.rank as usize } else { RANK } {
+                1 => arg.region_of::<1>(regs, region),
+                2 => arg.region_of::<2>(regs, region),
+                3 => arg.region_of::<3>(regs, region),
+                4 => arg.region_of::<4>(regs, region),
+                _ => return false,
+            };
+            ok &= fits;
+            *tile = rows_cols;
+        }
+        ok
+    }
+
+    /// Decodes the `CALL` at `pc` of the (validated) table's program, or
+    /// `None` if it is not as validation leaves it.
+    #[cold]
+    #[inline(never)]
+    fn decode(table: &Table<'_>, pc: usize) -> Option<Site> {
+        let program = table.program();
+        let ins = program.get(pc)?;
+        let kernel = wsp_ffi::lookup(ins.imm.get())?;
+        let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
+        if num_args > MAX_TENSOR_ARGS || num_scalars > MAX_SCALARS {
+            return None;
+        }
+        let end = pc + 1 + num_args + num_scalars;
+        let (args, scalars) = program.get(pc + 1..end)?.split_at(num_args);
+        let mut site = Site {
+            pc,
+            end,
+            kernel,
+            stream: match ins.x[1] {
+                NO_REG => Operand::Const(ins.x[0] as u32),
+                r => Operand::Reg(slot(r, ZERO)?),
+            },
+            args: [SiteArg::NONE; MAX_TENSOR_ARGS],
+            rank: 0,
+            scalars: [ZERO; MAX_SCALARS],
+            writes: 0,
+            passed: false,
+            tiles: [0; MAX_TENSOR_ARGS],
+            scalar_values: [0; MAX_SCALARS],
+        };
+        for (arg, decoded) in args.iter().zip(&mut site.args) {
+            let tensor = table.tensors().get(arg.imm.get() as usize)?;
+            *decoded = SiteArg::decode(arg, tensor)?;
+            if decoded.access.contains(Access::WRITE) {
+                if let Some(i) = table.program_info().data_index(decoded.tensor) {
+                    site.writes |= 1 << i;
+                }
+            }
+        }
+        let ranks = site.args[..num_args].iter().map(|a| a.rank);
+        site.rank = match ranks.clone().min() {
+            Some(r) if ranks.max() == Some(r) => r,
+            _ => 0,
+        };
+        for (s, decoded) in scalars.iter().zip(&mut site.scalars) {
+            *decoded = slot(s.x[0], ZERO)?;
+        }
+        Some(site)
+    }
+}
+
 /// The program machine of one run.
 #[derive(Clone, Debug)]
 pub struct Expander {
     pc: usize,
-    regs: [i64; MAX_REGS],
+    /// The program's registers (`0 .. MAX_REGS`), then slots that always
+    /// hold 0 ([`ZERO`]) and 1 ([`ONE`]).
+    regs: [i64; SLOTS],
     frames: [Frame; MAX_LOOP_DEPTH],
     depth: usize,
     /// Bit `i`: data tensor `i` ([`ProgramInfo::data`]) has been written by
-    /// a submitted task.
+    /// a submitted task (the bit of an `INPUT` may stay clear: its data is
+    /// there from the start).
     written: u8,
     /// The taskset of the next call (the last `DISPATCH`).
     taskset: u8,
+    /// Calls decoded, by pc modulo [`CALL_SITES`].
+    sites: [Option<Site>; CALL_SITES],
 }
 
 impl Expander {
@@ -308,11 +590,16 @@ impl Expander {
         }
         Expander {
             pc: 0,
-            regs: [0; MAX_REGS],
+            regs: {
+                let mut regs = [0; SLOTS];
+                regs[ONE as usize] = 1;
+                regs
+            },
             frames: [Frame::default(); MAX_LOOP_DEPTH],
             depth: 0,
             written,
             taskset: 0,
+            sites: [None; CALL_SITES],
         }
     }
 
@@ -321,43 +608,88 @@ impl Expander {
         self.pc as u32
     }
 
+    #[inline(always)]
     fn read(&self, r: u8) -> i64 {
-        self.regs.get(r as usize).copied().unwrap_or(0)
+        // Without a branch: `NO_REG` (and any other number past the
+        // registers, which validation refuses) reads as 0.
+        let value = self.regs[r as usize % SLOTS];
+        if (r as usize) < MAX_REGS {
+            value
+        } else {
+            0
+        }
     }
 
     /// Runs instructions until a task, an event op, a wait, the end of the
     /// program, or [`STEP_BUDGET`] instructions. A step that waits changes
-    /// nothing: stepping again retries the same instruction.
+    /// nothing: stepping again retries the same instruction. `table` is
+    /// the one the expander was made for ([`Expander::new`]).
+    ///
+    /// [`step_into`](Self::step_into) does the same without moving the
+    /// task: the faster form for a caller that keeps one spec to fill.
     pub fn step(&mut self, table: &Table<'_>, cx: &mut impl Context) -> Result<Step, ExpandError> {
+        let mut spec = TaskSpec::empty();
+        Ok(match self.step_into(table, cx, &mut spec)? {
+            Next::Task => Step::Task(spec),
+            Next::Event {
+                record,
+                stream,
+                event,
+            } => Step::Event {
+                record,
+                stream,
+                event,
+            },
+            Next::Wait(wait) => Step::Wait(wait),
+            Next::Yield => Step::Yield,
+            Next::Done => Step::Done,
+        })
+    }
+
+    /// [`step`](Self::step), writing the task, when there is one
+    /// ([`Next::Task`]), to `spec` (every field of it) instead of returning
+    /// it. Any other result, and an error, may leave `spec` changed.
+    pub fn step_into(
+        &mut self,
+        table: &Table<'_>,
+        cx: &mut impl Context,
+        spec: &mut TaskSpec,
+    ) -> Result<Next, ExpandError> {
         let program = table.program();
         for _ in 0..STEP_BUDGET {
             let Some(ins) = program.get(self.pc) else {
-                return Ok(Step::Done);
+                return Ok(Next::Done);
             };
-            let (a, b) = (self.read(ins.x[0]), self.read(ins.x[1]));
             let r = ins.r as usize;
             match ins.op {
                 OP_CONST => {
-                    self.regs[r] = (ins.imm.get() as u64 | (ins.imm2.get() as u64) << 32) as i64;
+                    self.set(
+                        r,
+                        (ins.imm.get() as u64 | (ins.imm2.get() as u64) << 32) as i64,
+                    );
                 }
                 OP_SYMBOL => {
                     let symbol = ins.imm.get();
-                    self.regs[r] =
-                        cx.symbol(symbol as usize)
-                            .ok_or(ExpandError::UnboundSymbol {
-                                symbol,
-                                bound: (0..MAX_SYMBOLS)
-                                    .take_while(|&i| cx.symbol(i).is_some())
-                                    .count(),
-                            })?;
+                    let value = cx
+                        .symbol(symbol as usize)
+                        .ok_or(ExpandError::UnboundSymbol {
+                            symbol,
+                            bound: (0..MAX_SYMBOLS)
+                                .take_while(|&i| cx.symbol(i).is_some())
+                                .count(),
+                        })?;
+                    self.set(r, value);
                 }
                 OP_LOAD => match self.load(table, ins, cx)? {
-                    Ok(value) => self.regs[r] = value as i64,
-                    Err(wait) => return Ok(Step::Wait(wait)),
+                    Ok(value) => self.set(r, value as i64),
+                    Err(wait) => return Ok(Next::Wait(wait)),
                 },
-                OP_ADD..=OP_EQ => self.regs[r] = arith(ins.op, a, b)?,
+                OP_ADD..=OP_EQ => {
+                    let value = arith(ins.op, self.read(ins.x[0]), self.read(ins.x[1]))?;
+                    self.set(r, value);
+                }
                 OP_LOOP => {
-                    let max = ins.imm2.get();
+                    let (a, max) = (self.read(ins.x[0]), ins.imm2.get());
                     if a < 0 || a > max as i64 {
                         return Err(ExpandError::BadCount { count: a, max });
                     }
@@ -365,48 +697,62 @@ impl Expander {
                         self.pc = ins.imm.get() as usize + 1;
                         continue;
                     }
-                    self.frames[self.depth] = Frame {
+                    // Validation nests loops at most `MAX_LOOP_DEPTH` deep.
+                    let Some(frame) = self.frames.get_mut(self.depth) else {
+                        unreachable!("loops nested deeper than MAX_LOOP_DEPTH");
+                    };
+                    *frame = Frame {
                         pc: self.pc as u32,
+                        reg: ins.r,
                         count: a,
                         index: 0,
                         sequential: ins.x[1] == LOOP_SEQUENTIAL,
                         first: cx.next_task(),
                     };
                     self.depth += 1;
-                    self.regs[r] = 0;
+                    self.set(r, 0);
                 }
                 OP_END => {
-                    let frame = self.frames[self.depth - 1];
+                    // Validation matches every END with an open LOOP.
+                    let Some(frame) = self.depth.checked_sub(1).and_then(|d| self.frames.get(d))
+                    else {
+                        unreachable!("END without a LOOP");
+                    };
                     if frame.index + 1 < frame.count {
                         if frame.sequential && !cx.completed_since(frame.first) {
-                            return Ok(Step::Wait(Wait::Iteration));
+                            return Ok(Next::Wait(Wait::Iteration));
                         }
+                        let next = cx.next_task();
                         let frame = &mut self.frames[self.depth - 1];
                         frame.index += 1;
-                        frame.first = cx.next_task();
-                        self.regs[program[frame.pc as usize].r as usize] = frame.index;
-                        self.pc = frame.pc as usize + 1;
+                        frame.first = next;
+                        let (reg, index, pc) = (frame.reg as usize, frame.index, frame.pc);
+                        self.set(reg, index);
+                        self.pc = pc as usize + 1;
                         continue;
                     }
                     self.depth -= 1;
                 }
-                OP_WHEN if a == 0 => {
-                    self.pc = ins.imm.get() as usize;
-                    continue;
+                OP_WHEN => {
+                    if self.read(ins.x[0]) == 0 {
+                        self.pc = ins.imm.get() as usize;
+                        continue;
+                    }
                 }
-                OP_WHEN => {}
                 OP_JUMP => {
                     self.pc = ins.imm.get() as usize;
                     continue;
                 }
                 OP_CALL => {
-                    let (spec, end) = self.call(table, ins)?;
-                    self.pc = end;
-                    return Ok(Step::Task(spec));
+                    self.pc = match self.call_fast(table, spec) {
+                        Some(end) => end,
+                        None => self.call(table, ins, spec)?,
+                    };
+                    return Ok(Next::Task);
                 }
                 OP_RECORD | OP_WAIT => {
                     self.pc += 1;
-                    return Ok(Step::Event {
+                    return Ok(Next::Event {
                         record: ins.op == OP_RECORD,
                         stream: ins.x[0] as u32,
                         event: ins.x[1] as u32,
@@ -419,10 +765,21 @@ impl Expander {
             }
             self.pc += 1;
         }
-        Ok(Step::Yield)
+        Ok(Next::Yield)
     }
 
-    /// The element a `LOAD` reads, or what it must wait for.
+    /// Sets register `r` (validated to be one: `0 .. MAX_REGS`).
+    #[inline(always)]
+    fn set(&mut self, r: usize, value: i64) {
+        if let Some(reg) = self.regs[..MAX_REGS].get_mut(r) {
+            *reg = value;
+        }
+    }
+
+    /// The element a `LOAD` reads, or what it must wait for. Not inlined:
+    /// it runs once per loop, not per task, and inlined it would cost the
+    /// per-task path registers.
+    #[inline(never)]
     fn load(
         &self,
         table: &Table<'_>,
@@ -463,65 +820,159 @@ impl Expander {
         Ok(Ok(cx.read_i32(tensor, element)))
     }
 
-    /// The task of the `CALL` at the pc, and the pc after its operands.
-    fn call(&mut self, table: &Table<'_>, ins: &Instr) -> Result<(TaskSpec, usize), ExpandError> {
+    /// The hot path of a `CALL`: writes its task to `spec` and returns the
+    /// pc after its operands, as [`call`](Self::call) does, or returns
+    /// `None` where any check fails, leaving the program's state as it was
+    /// (then `call` names the problem). It reads the call's operands from
+    /// their decoded form ([`Site`]), writes the task in place and checks
+    /// regions without building errors.
+    #[inline(never)]
+    fn call_fast(&mut self, table: &Table<'_>, spec: &mut TaskSpec) -> Option<usize> {
+        let entry = &mut self.sites[self.pc % CALL_SITES];
+        if entry.is_none_or(|site| site.pc != self.pc) {
+            *entry = Some(Site::decode(table, self.pc)?);
+        }
+        let site = entry.as_ref()?;
+        let (kernel, end, writes) = (site.kernel, site.end, site.writes);
+        let stream = match site.stream {
+            Operand::Const(s) => s,
+            Operand::Reg(r) => {
+                let value = self.regs[r as usize % SLOTS];
+                if !(0..=crate::abi::MAX_STREAMS as i64).contains(&value) {
+                    return None;
+                }
+                value as u32
+            }
+        };
+        let num_args = site.kernel.num_tensors as usize;
+        if spec.args.len() != num_args {
+            spec.args.clear();
+            spec.args.resize(num_args, NO_ARG).ok()?;
+        }
+        // Whether the tiles and scalars differ from the last call of the
+        // site that passed the contract (all bits 0: the same).
+        let mut differ = !site.passed as u64;
+        let mut tiles = [0u64; MAX_TENSOR_ARGS];
+        // One straight run of code per rank when all arguments have the
+        // same (the common case), else a choice per argument.
+        let ok = match site.rank {
+            1 => site.args_of::<1>(&self.regs, &mut spec.args, &mut tiles),
+            2 => site.args_of::<2>(&self.regs, &mut spec.args, &mut tiles),
+            3 => site.args_of::<3>(&self.regs, &mut spec.args, &mut tiles),
+            4 => site.args_of::<4>(&self.regs, &mut spec.args, &mut tiles),
+            _ => site.args_of::<0>(&self.regs, &mut spec.args, &mut tiles),
+        };
+        for (tile, passed) in tiles.iter().zip(&site.tiles) {
+            differ |= tile ^ passed;
+        }
+        if !ok {
+            return None;
+        }
+        let num_scalars = site.kernel.num_scalars as usize;
+        if spec.scalars.len() != num_scalars {
+            spec.scalars.clear();
+            spec.scalars.resize(num_scalars, 0).ok()?;
+        }
+        for ((&r, scalar), passed) in site
+            .scalars
+            .iter()
+            .zip(spec.scalars.iter_mut())
+            .zip(&site.scalar_values)
+        {
+            *scalar = self.regs[r as usize % SLOTS] as u64;
+            differ |= *scalar ^ passed;
+        }
+        if differ != 0 {
+            // The contract depends on the kernel (the site's), the shapes
+            // and the scalars only.
+            let mut shapes = [NO_SHAPE; MAX_TENSOR_ARGS];
+            for ((shape, &tile), arg) in shapes.iter_mut().zip(&tiles).zip(&site.args) {
+                *shape = TileShape {
+                    rows: (tile >> 32) as u32,
+                    cols: tile as u32,
+                    dtype: arg.dtype,
+                };
+            }
+            site.kernel
+                .check(&shapes[..num_args], spec.scalars())
+                .ok()?;
+            let site = self.sites[self.pc % CALL_SITES].as_mut()?;
+            site.tiles = tiles;
+            for (passed, &value) in site.scalar_values.iter_mut().zip(spec.scalars.iter()) {
+                *passed = value;
+            }
+            site.passed = true;
+        }
+        let frames = self.frames.get(..self.depth)?;
+        if spec.loops.len() != frames.len() {
+            spec.loops.clear();
+            spec.loops.resize(frames.len(), 0).ok()?;
+        }
+        for (index, frame) in spec.loops.iter_mut().zip(frames) {
+            *index = frame.index as u32;
+        }
+        spec.kernel = KernelRef {
+            id: kernel.id,
+            kind: kernel.kind,
+        };
+        spec.stream = stream;
+        spec.pc = Some(self.pc as u32);
+        spec.taskset = self.taskset;
+        self.written |= writes;
+        Some(end)
+    }
+
+    /// Writes the task of the `CALL` at the pc to `spec`; returns the pc
+    /// after the call's operands. Checks each operand in turn and names the
+    /// first that fails.
+    #[cold]
+    #[inline(never)]
+    fn call(
+        &mut self,
+        table: &Table<'_>,
+        ins: &Instr,
+        spec: &mut TaskSpec,
+    ) -> Result<usize, ExpandError> {
         let id = ins.imm.get();
         let kernel = wsp_ffi::lookup(id).expect("validation checks every call's kernel");
-        let mut spec = TaskSpec {
-            kernel: KernelRef {
-                id,
-                kind: kernel.kind,
-            },
-            stream: match ins.x[1] {
-                NO_REG => ins.x[0] as u32,
-                r => {
-                    let value = self.read(r);
-                    match u32::try_from(value) {
-                        Ok(s) if s as usize <= crate::abi::MAX_STREAMS => s,
-                        _ => return Err(ExpandError::BadStream { value }),
-                    }
-                }
-            },
-            args: Vec::new(),
-            scalars: Vec::new(),
-            // At most `MAX_LOOP_DEPTH` frames are open (validation).
-            loops: self.frames[..self.depth]
-                .iter()
-                .map(|f| f.index as u32)
-                .collect(),
-            pc: Some(self.pc as u32),
-            taskset: self.taskset,
+        spec.kernel = KernelRef {
+            id,
+            kind: kernel.kind,
         };
+        spec.stream = match ins.x[1] {
+            NO_REG => ins.x[0] as u32,
+            r => {
+                let value = self.read(r);
+                match u32::try_from(value) {
+                    Ok(s) if s as usize <= crate::abi::MAX_STREAMS => s,
+                    _ => return Err(ExpandError::BadStream { value }),
+                }
+            }
+        };
+        spec.pc = Some(self.pc as u32);
+        spec.taskset = self.taskset;
+        spec.loops.clear();
+        for frame in &self.frames[..self.depth] {
+            // At most `MAX_LOOP_DEPTH` frames are open (validation).
+            let _ = spec.loops.push(frame.index as u32);
+        }
         let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
-        let program = table.program();
-        let mut shapes = [TileShape {
-            rows: 0,
-            cols: 0,
-            dtype: 0,
-        }; MAX_TENSOR_ARGS];
         let first = self.pc + 1;
+        let scalars_at = first + num_args;
+        let end = scalars_at + num_scalars;
+        // Validation checks that the call's operands lie inside the program.
+        let Some(operands) = table.program().get(first..end) else {
+            unreachable!("a call's operands past the program's end");
+        };
+        let (args, scalars) = operands.split_at(num_args);
+        let mut shapes = [NO_SHAPE; MAX_TENSOR_ARGS];
         let info = table.program_info();
-        for k in 0..num_args {
-            let arg = &program[first + k];
+        spec.args.clear();
+        for ((k, arg), shape) in args.iter().enumerate().zip(shapes.iter_mut()) {
             let t = arg.imm.get();
             let tensor = &table.tensors()[t as usize];
-            let rank = tensor.rank.get() as usize;
-            let mut region = NO_ARG.region;
-            let operand = |r: u8, none: i64| {
-                let value = if r == NO_REG { none } else { self.read(r) };
-                u32::try_from(value).map_err(|_| ExpandError::BadOperand {
-                    arg: k as u32,
-                    value,
-                })
-            };
-            for d in 0..rank {
-                region.offset[d] = operand(arg.x[d], 0)?;
-            }
-            region.extent[rank - 1] = operand(arg.x[5], 1)?;
-            if rank >= 2 {
-                region.extent[rank - 2] = operand(arg.x[4], 1)?;
-            }
-            shapes[k] = check_region(tensor, &region).map_err(|(field, problem)| {
+            let region = self.region(k, arg, tensor)?;
+            *shape = check_region(tensor, &region).map_err(|(field, problem)| {
                 ExpandError::BadRegion {
                     arg: k as u32,
                     field,
@@ -534,31 +985,51 @@ impl Expander {
                     self.written |= 1 << i;
                 }
             }
-            let arg = TaskArg {
+            // A kernel takes at most `MAX_TENSOR_ARGS` tensors and
+            // `MAX_SCALARS` scalars (the kernel ABI's capacities): `zip`
+            // with `shapes` stops there.
+            let _ = spec.args.push(TaskArg {
                 tensor: t,
                 region,
                 access,
-            };
-            // A kernel takes at most `MAX_TENSOR_ARGS` tensors and
-            // `MAX_SCALARS` scalars (the kernel ABI's capacities).
-            if spec.args.push(arg).is_err() {
-                unreachable!("a kernel with more than MAX_TENSOR_ARGS tensors");
-            }
+            });
         }
-        let scalars_at = first + num_args;
-        for s in 0..num_scalars {
-            let value = self.read(program[scalars_at + s].x[0]) as u64;
-            if spec.scalars.push(value).is_err() {
-                unreachable!("a kernel with more than MAX_SCALARS scalars");
-            }
+        spec.scalars.clear();
+        for s in scalars {
+            let _ = spec.scalars.push(self.read(s.x[0]) as u64);
         }
         kernel
             .check(&shapes[..num_args], spec.scalars())
             .map_err(ExpandError::Contract)?;
-        Ok((spec, scalars_at + num_scalars))
+        Ok(end)
+    }
+
+    /// The region of the call's argument `k` (`arg`, an `ARG` of `tensor`).
+    #[inline(always)]
+    fn region(&self, k: usize, arg: &Instr, tensor: &TensorDesc) -> Result<Region, ExpandError> {
+        let rank = tensor.rank.get() as usize;
+        let mut region = NO_ARG.region;
+        let operand = |r: u8, none: i64| {
+            let value = if r == NO_REG { none } else { self.read(r) };
+            u32::try_from(value).map_err(|_| ExpandError::BadOperand {
+                arg: k as u32,
+                value,
+            })
+        };
+        for d in 0..rank.min(MAX_RANK) {
+            region.offset[d] = operand(arg.x[d], 0)?;
+        }
+        if let Some(last) = rank.checked_sub(1) {
+            region.extent[last] = operand(arg.x[5], 1)?;
+        }
+        if let Some(row) = rank.checked_sub(2) {
+            region.extent[row] = operand(arg.x[4], 1)?;
+        }
+        Ok(region)
     }
 }
 
+#[inline(always)]
 fn arith(op: u8, a: i64, b: i64) -> Result<i64, ExpandError> {
     let divisor = |b: i64| {
         if b == 0 {
@@ -580,4 +1051,109 @@ fn arith(op: u8, a: i64, b: i64) -> Result<i64, ExpandError> {
         _ => Some((a == b) as i64),
     };
     value.ok_or(ExpandError::Overflow)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use zerocopy::little_endian::{U32, U64};
+
+    /// A row-major tensor of `shape`.
+    fn tensor(shape: &[u32]) -> TensorDesc {
+        let (mut sizes, mut strides) = ([U32::new(0); MAX_RANK], [U32::new(0); MAX_RANK]);
+        let mut stride = 1u32;
+        for d in (0..shape.len()).rev() {
+            sizes[d] = U32::new(shape[d]);
+            strides[d] = U32::new(stride);
+            stride = stride.wrapping_mul(shape[d]);
+        }
+        TensorDesc {
+            name: [0; 16],
+            dtype: U32::new(wsp_ffi::DTYPE_F32),
+            rank: U32::new(shape.len() as u32),
+            shape: sizes,
+            strides,
+            arena_offset: U64::new(0),
+        }
+    }
+
+    /// Register values around the edges of small sizes and of u32.
+    fn value() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            8 => 0i64..10,
+            1 => Just(-1),
+            1 => Just(i64::MIN),
+            1 => Just(i64::MAX),
+            1 => Just(u32::MAX as i64),
+            1 => Just(u32::MAX as i64 + 1),
+            1 => any::<i64>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// The fast path's region and tile checks accept exactly what the
+        /// checked path does (each operand in `0 ..= u32::MAX`, then
+        /// `check_region`), and build the same region and tile.
+        #[test]
+        fn decoded_arguments_agree_with_check_region(
+            shape in prop::collection::vec(prop_oneof![1u32..8, Just(u32::MAX)], 1..=MAX_RANK),
+            values in [value(), value(), value(), value(), value(), value()],
+            none in [any::<bool>(); 6],
+        ) {
+            let rank = shape.len();
+            let desc = tensor(&shape);
+            // Operand `i` reads register `i`, or is `NO_REG`; validation
+            // leaves `NO_REG` past the rank (and in x[4] below rank 2).
+            let x = |i: usize| {
+                let used = if i < MAX_RANK { i < rank } else { i == 5 || rank >= 2 };
+                if none[i] || !used { NO_REG } else { i as u8 }
+            };
+            let ins = Instr {
+                op: OP_ARG,
+                r: Access::READ.bits() as u8,
+                x: [x(0), x(1), x(2), x(3), x(4), x(5)],
+                imm: U32::new(0),
+                imm2: U32::new(0),
+            };
+            let mut regs = [0i64; SLOTS];
+            regs[..6].copy_from_slice(&values);
+            regs[ONE as usize] = 1;
+
+            // The checked path's rules.
+            let operand = |r: u8, none: i64| if r == NO_REG { none } else { values[r as usize] };
+            let mut want = NO_ARG.region;
+            let mut in_range = true;
+            let mut set = |field: &mut u32, value: i64| {
+                in_range &= u32::try_from(value).is_ok();
+                *field = value as u32;
+            };
+            for d in 0..rank {
+                set(&mut want.offset[d], operand(ins.x[d], 0));
+            }
+            set(&mut want.extent[rank - 1], operand(ins.x[5], 1));
+            if rank >= 2 {
+                set(&mut want.extent[rank - 2], operand(ins.x[4], 1));
+            }
+            let checked = check_region(&desc, &want);
+            let accepts = in_range && checked.is_ok();
+
+            let arg = SiteArg::decode(&ins, &desc).expect("a valid ARG decodes");
+            let mut got = NO_ARG.region;
+            let (ok, tile) = match rank {
+                1 => arg.region_of::<1>(&regs, &mut got),
+                2 => arg.region_of::<2>(&regs, &mut got),
+                3 => arg.region_of::<3>(&regs, &mut got),
+                _ => arg.region_of::<4>(&regs, &mut got),
+            };
+            prop_assert_eq!(ok, accepts, "region {:?} of shape {:?}", want, shape);
+            if ok {
+                prop_assert_eq!(got, want);
+                let shape = checked.unwrap();
+                prop_assert_eq!(((tile >> 32) as u32, tile as u32), (shape.rows, shape.cols));
+            }
+        }
+    }
 }

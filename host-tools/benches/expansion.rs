@@ -12,7 +12,7 @@
 //! Figures: the program's bytes against the bytes of the same tasks as
 //! task records (one `TaskDesc` and three `TensorArg`s each, what a table
 //! without a program needs), and the nanoseconds per task of the device's
-//! expander ([`Expander::step`], with the orchestrator's answers stubbed:
+//! expander ([`Expander::step_into`], filling one spec, with the orchestrator's answers stubbed:
 //! no writer pending, every iteration complete) against reading the same
 //! tasks from task records (`TaskSpec::of_task`), the peer, in the same run.
 //!
@@ -23,7 +23,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use device_runtime::abi::Table;
-use device_runtime::expand::{Expander, Step, TaskSpec};
+use device_runtime::expand::{Expander, Next, TaskSpec};
 use host_tools::inspect::HostExpansion;
 use host_tools::program::{Axis, Expr, Workload};
 use host_tools::rng::SplitMix64;
@@ -39,6 +39,45 @@ const MAX_CHUNKS: u32 = MAX_KV / CHUNK;
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Expands the whole program (the timed work of the expander), with the
+/// orchestrator's answers stubbed; returns the tasks and a checksum.
+/// Not inlined, so that a profiler can count it on its own.
+#[inline(never)]
+fn expand_all(table: &Table<'_>, arena: &[u8]) -> (u64, u64) {
+    let mut expander = Expander::new(table);
+    let mut cx = HostExpansion {
+        arena: Some(arena),
+        symbols: &[],
+        next: 0,
+        needs_data: false,
+    };
+    let mut spec = TaskSpec::empty();
+    let mut checksum = 0u64;
+    loop {
+        match expander.step_into(table, &mut cx, &mut spec).unwrap() {
+            Next::Task => {
+                checksum += spec.args[2].region.offset[1] as u64;
+                cx.next += 1;
+            }
+            Next::Done => break,
+            _ => {}
+        }
+    }
+    (cx.next, checksum)
+}
+
+/// Reads every task of the tasks section (the timed work of the peer);
+/// returns a checksum. Not inlined, as [`expand_all`].
+#[inline(never)]
+fn read_records(table: &Table<'_>) -> u64 {
+    let mut checksum = 0u64;
+    for i in 0..table.tasks().len() {
+        let spec = TaskSpec::of_task(table, i);
+        checksum += spec.args[2].region.offset[1] as u64;
+    }
+    checksum
 }
 
 fn main() {
@@ -117,34 +156,13 @@ fn main() {
     let mut peer = Vec::new();
     for _ in 0..9 {
         let start = Instant::now();
-        let mut expander = Expander::new(&table);
-        let mut cx = HostExpansion {
-            arena: Some(&arena.bytes),
-            symbols: &[],
-            next: 0,
-            needs_data: false,
-        };
-        let mut checksum = 0u64;
-        loop {
-            match expander.step(&table, &mut cx).unwrap() {
-                Step::Task(spec) => {
-                    checksum += spec.args[2].region.offset[1] as u64;
-                    cx.next += 1;
-                }
-                Step::Done => break,
-                _ => {}
-            }
-        }
+        let (expanded, checksum) = expand_all(&table, &arena.bytes);
         ours.push(start.elapsed().as_nanos() as f64 / tasks as f64);
-        assert_eq!(cx.next, tasks, "the device expands every task");
+        assert_eq!(expanded, tasks, "the device expands every task");
         black_box(checksum);
 
         let start = Instant::now();
-        let mut checksum = 0u64;
-        for i in 0..flat_table.tasks().len() {
-            let spec = TaskSpec::of_task(&flat_table, i);
-            checksum += spec.args[2].region.offset[1] as u64;
-        }
+        let checksum = read_records(&flat_table);
         peer.push(start.elapsed().as_nanos() as f64 / tasks as f64);
         black_box(checksum);
     }

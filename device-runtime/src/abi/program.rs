@@ -147,11 +147,13 @@ pub struct ProgramInfo {
 
 impl ProgramInfo {
     /// The tensors `LOAD` reads, in the order of their first `LOAD`.
+    #[inline]
     pub fn data(&self) -> &[u32] {
         &self.data[..self.data_count]
     }
 
     /// The index of `tensor` among the data tensors.
+    #[inline]
     pub fn data_index(&self, tensor: u32) -> Option<usize> {
         self.data[..self.data_count]
             .iter()

@@ -17,7 +17,7 @@ use crate::abi::launch::Symbols;
 use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
 use crate::abi::{Region, Table, TensorDesc, ARENA_ALIGN, STREAM_OP_RECORD, TASK_WINDOW};
-use crate::expand::{Context, Expander, Step, TaskSpec};
+use crate::expand::{Context, Expander, Next, TaskSpec};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
@@ -74,7 +74,10 @@ pub struct Dispatcher<'a> {
     /// The program's machine, once the tasks section is submitted.
     expander: Expander,
     /// A task expanded and not yet submitted (the orchestrator stalled).
-    pending: Option<TaskSpec>,
+    pending: bool,
+    /// The task to submit next (when `pending`), filled in place: a spec
+    /// is a few hundred bytes, not moved per task.
+    spec: TaskSpec,
     /// The program has ended.
     expanded: bool,
     /// The last expansion step ran out of budget.
@@ -231,7 +234,8 @@ impl<'a> Dispatcher<'a> {
             next: 0,
             next_op: 0,
             expander: Expander::new(table),
-            pending: None,
+            pending: false,
+            spec: TaskSpec::empty(),
             expanded: false,
             yielded: false,
             retired: false,
@@ -283,7 +287,7 @@ impl<'a> Dispatcher<'a> {
 
     /// Every task of the table and its program has run and retired.
     pub fn finished(&self) -> bool {
-        self.expanded && self.pending.is_none() && self.orch.is_drained()
+        self.expanded && !self.pending && self.orch.is_drained()
     }
 
     /// One round: collect completions, submit, place ready tasks. Returns
@@ -350,10 +354,10 @@ impl<'a> Dispatcher<'a> {
         ((self.base + task) % TASK_WINDOW as u64) as usize
     }
 
-    /// The next task to submit, from the tasks section, then the program;
-    /// `Ok(None)` when there is none now (the program waits or ended).
-    /// Applies the event ops that come before it.
-    fn next_task(&mut self) -> Result<Option<TaskSpec>, RunError> {
+    /// Writes the next task to submit, from the tasks section, then the
+    /// program, to `self.spec`; `Ok(false)` when there is none now (the
+    /// program waits or ended). Applies the event ops that come before it.
+    fn next_task(&mut self) -> Result<bool, RunError> {
         let tasks = self.table.tasks().len() as u64;
         let ops = self.table.stream_ops();
         // Event records and waits come before the task they precede.
@@ -370,11 +374,12 @@ impl<'a> Dispatcher<'a> {
             self.next_op += 1;
         }
         if self.next < tasks {
-            return Ok(Some(TaskSpec::of_task(self.table, self.next as usize)));
+            self.spec = TaskSpec::of_task(self.table, self.next as usize);
+            return Ok(true);
         }
         loop {
             if self.expanded {
-                return Ok(None);
+                return Ok(false);
             }
             let mut cx = Expansion {
                 orch: &mut *self.orch,
@@ -386,11 +391,11 @@ impl<'a> Dispatcher<'a> {
             let pc = self.expander.pc();
             let step = self
                 .expander
-                .step(self.table, &mut cx)
+                .step_into(self.table, &mut cx, &mut self.spec)
                 .map_err(|why| RunError::Expand { pc, why })?;
             match step {
-                Step::Task(spec) => return Ok(Some(spec)),
-                Step::Event {
+                Next::Task => return Ok(true),
+                Next::Event {
                     record,
                     stream,
                     event,
@@ -399,12 +404,12 @@ impl<'a> Dispatcher<'a> {
                     self.stream_op(record, stream, event)
                         .map_err(|why| RunError::ProgramEventRefused { pc, why })?;
                 }
-                Step::Wait(_) => return Ok(None),
-                Step::Yield => {
+                Next::Wait(_) => return Ok(false),
+                Next::Yield => {
                     self.yielded = true;
-                    return Ok(None);
+                    return Ok(false);
                 }
-                Step::Done => self.expanded = true,
+                Next::Done => self.expanded = true,
             }
         }
     }
@@ -421,7 +426,7 @@ impl<'a> Dispatcher<'a> {
     fn submit(&mut self, now: u64) -> Result<bool, RunError> {
         // A stalled submission waits for room, which only a retirement
         // makes: no retry (a whole submission's checks) before one.
-        if self.pending.is_some() && !core::mem::take(&mut self.retired) {
+        if self.pending && !core::mem::take(&mut self.retired) {
             return Ok(false);
         }
         let mut submitted = false;
@@ -436,19 +441,14 @@ impl<'a> Dispatcher<'a> {
                 }
                 Err(_) => unreachable!("a full window stalls or deadlocks"),
             }
-            let spec = match self.pending.take() {
-                Some(spec) => spec,
-                None => match self.next_task()? {
-                    Some(spec) => spec,
-                    None => {
-                        // A program that ran out of its step budget has
-                        // more to do now: that is progress. (One that waits
-                        // is not: it needs a completion first.)
-                        submitted |= core::mem::take(&mut self.yielded);
-                        break;
-                    }
-                },
-            };
+            if !core::mem::take(&mut self.pending) && !self.next_task()? {
+                // A program that ran out of its step budget has more to do
+                // now: that is progress. (One that waits is not: it needs a
+                // completion first.)
+                submitted |= core::mem::take(&mut self.yielded);
+                break;
+            }
+            let spec = &self.spec;
             let index = self.next;
             // Task numbers are u32 on the cores' side (queue entries, launch
             // records, reports): a run ends with an error past 2^32 tasks
@@ -471,9 +471,9 @@ impl<'a> Dispatcher<'a> {
             // a program call is checked here too, as a jump past a
             // DISPATCH can put it in another taskset than its text's.
             let key_value = match (self.key[set as usize], spec.pc) {
-                (Some(key), None) => key.value(&spec, index),
+                (Some(key), None) => key.value(spec, index),
                 (Some(key), Some(pc)) => key
-                    .of(&spec, index, self.table)
+                    .of(spec, index, self.table)
                     .map_err(|lacks| key_error(key, set, None, Some(pc), lacks))?,
                 (None, _) => 0,
             };
@@ -518,7 +518,7 @@ impl<'a> Dispatcher<'a> {
                     submitted = true;
                 }
                 Err(SubmitError::Stall(_)) => {
-                    self.pending = Some(spec);
+                    self.pending = true;
                     break;
                 }
                 Err(SubmitError::Deadlock(cause)) => {

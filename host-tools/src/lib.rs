@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod dag;
+pub mod heap;
 pub mod inspect;
 pub mod moe;
 pub mod program;

@@ -14,9 +14,9 @@ use std::cell::{Cell, RefCell};
 use device_runtime::abi::Table;
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::{
-    drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, Queues, SchedConfig, Scheduler,
+    drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, SchedConfig, Scheduler,
 };
-use device_runtime::sched::{RunOptions, RunStats, TableOrchestrator};
+use device_runtime::sched::{RunOptions, RunStats};
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use crate::shim::{check_threads, thread_cores, ShimError};
@@ -212,8 +212,8 @@ pub fn run_semantic_custom(
         .iter()
         .map(|g| g.iter().map(|&c| c as u16).collect())
         .collect();
-    let queues = Box::new(Queues::new());
-    let mut orch = Box::new(TableOrchestrator::for_tables());
+    let queues = crate::heap::queues();
+    let mut orch = crate::heap::orchestrator();
     let arena = Arena::new(arena);
     let mut schedulers: Vec<_> = groups
         .iter()

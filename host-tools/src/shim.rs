@@ -10,10 +10,9 @@ use device_runtime::abi::{Table, TableError};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform, Platform, PlatformError};
 use device_runtime::sched::{
-    core_owner, drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
-    MAX_THREADS,
+    core_owner, drive_leader, Arena, ConfigError, Dispatcher, SchedConfig, Scheduler, MAX_THREADS,
 };
-use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
+use device_runtime::sched::{RunError, RunOptions, RunStats};
 use wsp_ffi::CoreKind;
 
 /// The emulated machine.
@@ -194,8 +193,8 @@ pub fn run_threads<P: Platform + Send>(
         .iter()
         .map(|g| g.iter().map(|&c| c as u16).collect())
         .collect();
-    let queues = Box::new(Queues::new());
-    let mut orch = Box::new(TableOrchestrator::for_tables());
+    let queues = crate::heap::queues();
+    let mut orch = crate::heap::orchestrator();
     let arena = Arena::new(arena);
     let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
     let mut schedulers: Vec<_> = platforms

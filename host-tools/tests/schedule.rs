@@ -200,7 +200,9 @@ fn the_task_window_bounds_the_tasks_in_flight() {
     let rr = sched(PolicyKind::RoundRobin);
     let (table, size) = independent(None);
     let open = run(&table, size, &rr, &RunOptions::default());
-    assert_eq!(open.stats.window, 256);
+    // The default: the runtime's documented window.
+    assert_eq!(open.stats.window, device_runtime::abi::TASK_WINDOW as u64);
+    assert!(open.stats.window >= 1024);
     assert_eq!(ring(&open).high_water, 64, "all 64 in flight at once");
     assert_eq!(ring(&open).stalls, 0);
 
@@ -236,7 +238,8 @@ fn the_task_window_bounds_the_tasks_in_flight() {
     assert_eq!(ring(&sixteen).high_water, 16);
 
     // Out of range: at launch and when lowering.
-    for bad in [0, 257] {
+    const MAX: usize = device_runtime::abi::TASK_WINDOW;
+    for bad in [0, MAX + 1] {
         let options = RunOptions {
             window: Some(bad),
             ..RunOptions::default()
@@ -255,19 +258,19 @@ fn the_task_window_bounds_the_tasks_in_flight() {
                 &e,
                 ShimError::Run(run) if matches!(
                     **run,
-                    RunError::Config(ConfigError::Window { tasks, max: 256 }) if tasks == bad
+                    RunError::Config(ConfigError::Window { tasks, max: MAX }) if tasks == bad
                 )
             ),
             "{e:?}"
         );
-        assert!(e.to_string().contains("1 to 256"), "{e}");
+        assert!(e.to_string().contains(&format!("1 to {MAX}")), "{e}");
     }
-    for bad in [0, 300] {
+    for bad in [0, MAX as u32 + 44] {
         let mut w = Workload::new();
         w.window(bad);
         let e = w.finish().unwrap_err();
         assert!(matches!(e, LowerError::Schedule(_)), "{e}");
-        assert!(e.to_string().contains("1 to 256"), "{e}");
+        assert!(e.to_string().contains(&format!("1 to {MAX}")), "{e}");
     }
 }
 
@@ -360,7 +363,8 @@ fn malformed_schedules_are_refused_with_the_instruction_named() {
     instr(&mut t, 0)[8] = 0;
     seal(&mut t);
     let e = Table::parse(&t).unwrap_err();
-    assert!(e.to_string().contains("outside [1, 256]"), "{e}");
+    let range = format!("outside [1, {}]", device_runtime::abi::TASK_WINDOW);
+    assert!(e.to_string().contains(&range), "{e}");
     let mut t = good.clone();
     let window: Vec<u8> = instr(&mut t, 0).to_vec();
     instr(&mut t, 1).copy_from_slice(&window);

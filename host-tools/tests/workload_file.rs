@@ -610,7 +610,7 @@ body = [
     assert_eq!((ring.capacity, ring.high_water), (3, 3));
 
     for (from, to, message) in [
-        ("window = 3", "window = 0", "task window 0; 1 to 256"),
+        ("window = 3", "window = 0", "task window 0; 1 to 2048"),
         (
             "\"affinity\"",
             "\"gang\"",

@@ -10,7 +10,7 @@ use device_runtime::abi::{dtype_size, Access, Table, TensorArg};
 use device_runtime::exec;
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::{self, kernel_args};
-use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
+use device_runtime::sched::{RunError, RunOptions, RunStats};
 use host_tools::rng::SplitMix64;
 use host_tools::table::{Arena, Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, InOut, Out};
@@ -394,7 +394,7 @@ fn run<P: Platform>(
     platform: &mut P,
     options: &RunOptions,
 ) -> Result<RunStats, RunError> {
-    let mut orch = Box::new(TableOrchestrator::for_tables());
-    let queues = Box::new(device_runtime::sched::Queues::new());
+    let mut orch = host_tools::heap::orchestrator();
+    let queues = host_tools::heap::queues();
     exec::run(table, arena, platform, &mut orch, &queues, options)
 }

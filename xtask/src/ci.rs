@@ -211,7 +211,13 @@ fn miri(root: &Path) -> Result<()> {
             "--target-dir",
         ])
         .arg(target)
-        .args(["--", "steal_deque", "mailbox", "sched::ring"])
+        .args([
+            "--",
+            "steal_deque",
+            "mailbox",
+            "sched::ring",
+            "orch::release",
+        ])
         .args(["--skip", "issues_runs_and_completes_on_another_thread"])
         .args([
             "--skip",

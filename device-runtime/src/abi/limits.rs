@@ -3,4 +3,10 @@
 /// The task window of table runs: at most this many tasks submitted and
 /// not yet retired. A program's `WINDOW` ([`OP_WINDOW`](super::program::OP_WINDOW))
 /// may ask for fewer, never more; the scheduler sizes its per-task arrays by it.
-pub const TASK_WINDOW: usize = 256;
+///
+/// The runtime's statics grow by about 660 bytes per task of the window
+/// (orchestrator slot and TensorMap entries, release-graph slot and
+/// edges, launch record, completion-ring entries): 2,048 keeps the
+/// firmware's static footprint at about 1.6 MiB, under the 2 MiB budget
+/// `cargo xtask fw` checks; 4,096 would take about 2.8 MiB.
+pub const TASK_WINDOW: usize = 2048;

@@ -364,6 +364,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Ok(())
     }
 
+    /// Makes the statistics' `DEPLIST_POOL_FULL` capacity that of a
+    /// release graph of `edges` edge nodes, for a run that submits with
+    /// [`Orchestrator::submit_linked`] (the DepList pool is unused then).
+    pub fn use_graph_edges(&mut self, edges: u64) {
+        self.stats.resources[StallReason::DepListPoolFull as usize].capacity = edges;
+    }
+
     /// The task window ([`Orchestrator::set_window`]).
     pub fn window(&self) -> u64 {
         self.window
@@ -1185,11 +1192,18 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                     self.tmap.used() as u64,
                     TMAP as u64,
                 ),
-                occupancy(
-                    StallReason::DepListPoolFull,
-                    self.deps.used() as u64,
-                    DEPS as u64,
-                ),
+                match graph {
+                    None => occupancy(
+                        StallReason::DepListPoolFull,
+                        self.deps.used() as u64,
+                        DEPS as u64,
+                    ),
+                    Some(_) => occupancy(
+                        StallReason::DepListPoolFull,
+                        self.edge_alloc - self.edge_free,
+                        E as u64,
+                    ),
+                },
                 occupancy(
                     StallReason::HeapRingFull,
                     self.heap.used(),

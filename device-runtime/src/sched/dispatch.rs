@@ -211,6 +211,7 @@ impl<'a> Dispatcher<'a> {
             return Err(in_use);
         }
         orch.clear_streams();
+        orch.use_graph_edges(super::GRAPH_EDGES as u64);
         queues.starved.store(0, Ordering::Relaxed);
         queues.state.store(RUNNING, Ordering::Release);
         let mut dispatcher = Dispatcher {
@@ -796,6 +797,17 @@ mod tests {
     /// Runs the dispatcher of an empty table on one thread after `report`
     /// was put in the thread's completion ring.
     fn step_after(report: u64) -> Result<bool, RunError> {
+        // The queues and the orchestrator are built on the stack before they
+        // are boxed in a debug build: a thread with room for them.
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(move || step_after_on_this_thread(report))
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    fn step_after_on_this_thread(report: u64) -> Result<bool, RunError> {
         let bytes = empty_table();
         let table = Table::parse(&bytes).unwrap();
         let mut arena = [0u8; 0];

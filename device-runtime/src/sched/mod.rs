@@ -158,7 +158,8 @@ const FINISHED: u32 = 1;
 const ABORTED: u32 = 2;
 
 /// The queues between the dispatcher and the scheduler threads, and the
-/// tasks' launch records (about 70 KiB; on the device, a `static`).
+/// tasks' launch records and their release graph (about 680 KiB at the default
+/// window; on the device, a `static`, on the host on the heap).
 pub struct Queues {
     /// Per thread and kind, the tasks the dispatcher placed there.
     ready: [[StealDeque<DISPATCH_QUEUE>; 2]; MAX_THREADS],

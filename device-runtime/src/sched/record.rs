@@ -34,7 +34,7 @@ pub struct Launch {
     pub args: WspKernelArgs,
 }
 
-/// The records of the task window (about 36 KiB; part of [`super::Queues`]).
+/// The records of the task window (152 bytes a task: about 300 KiB at the default window; part of [`super::Queues`]).
 pub struct Records {
     slots: [[AtomicU64; WORDS]; TASK_WINDOW],
     /// Each task's dispatch key, for the dispatcher's own later placing

@@ -19,11 +19,12 @@ use crate::platform::{Platform, MAX_CORES};
 /// TensorMap entries of table runs: one per tensor argument (at most
 /// [`MAX_TENSOR_ARGS`]) of every task in the window, so it never stalls.
 pub const TENSORMAP_ENTRIES: usize = MAX_TENSOR_ARGS * TASK_WINDOW;
-/// DepList nodes of table runs (fan-in edges of the tasks in the window).
-pub const DEPLIST_NODES: usize = 8 * TASK_WINDOW;
+/// DepList nodes of table runs: none, as their edges live in the release
+/// graph ([`GRAPH_EDGES`](super::GRAPH_EDGES)), which scheduler threads release.
+pub const DEPLIST_NODES: usize = 0;
 
-/// The orchestrator a table run uses (about 140 KiB: on the device, place it
-/// in a `static`). Tables carry no intermediate buffers, so its heap ring is empty.
+/// The orchestrator a table run uses (about 690 KiB at the default window:
+/// on the device, place it in a `static`, on the host on the heap). Tables carry no intermediate buffers, so its heap ring is empty.
 pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
 
 impl TableOrchestrator {

@@ -394,8 +394,8 @@ fn print_stats(stats: &RunStats, semantic: bool) {
     let ticks = if semantic { "cycles" } else { "ns" };
     for t in stats.threads() {
         println!(
-            "  thread {}: placed {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
-            t.thread, t.placed, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
+            "  thread {}: placed {:>5} released {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
+            t.thread, t.placed, t.released, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
         );
     }
     for c in stats.cores() {

@@ -504,7 +504,13 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     fn keep_or_hand_on(&mut self, tag: u64) {
         let entry = Entry(tag);
         let kind = entry.kind();
-        if self.kind_mask[kind] != 0
+        // Thread 0 of several also dispatches and orchestrates, the run's
+        // busiest work: what it kept would wait for its next round, while
+        // the dispatcher places it (in that same round) where a thread
+        // with time takes it, and that thread keeps the chain from then on.
+        let dispatches = self.id == 0 && self.threads > 1;
+        if !dispatches
+            && self.kind_mask[kind] != 0
             && self.queues.keeps[entry.taskset()].load(Ordering::Relaxed)
             && self.local[kind].push(tag).is_ok()
         {

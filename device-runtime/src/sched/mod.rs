@@ -14,7 +14,8 @@
 //! graph itself. A task it releases stays in that thread's own queue when
 //! the policy keeps released tasks ([`DispatchPolicy::keeps_released`]:
 //! work stealing), so a chain stays on one thread and its cores; otherwise
-//! the thread hands it to the dispatcher, which places it by the policy.
+//! (and always on thread 0 of several, which dispatches too) the thread
+//! hands it to the dispatcher, which places it by the policy.
 //! The thread then reports the finished task through its completion ring,
 //! and the dispatcher has the orchestrator retire it (reclaim its window
 //! slot, TensorMap entries and edges) later, off the critical path.

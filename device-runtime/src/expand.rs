@@ -89,32 +89,42 @@ impl TaskSpec {
 
     /// Task `index` of the table's tasks section.
     pub fn of_task(table: &Table<'_>, index: usize) -> TaskSpec {
+        let mut spec = TaskSpec::empty();
+        spec.set_task(table, index);
+        spec
+    }
+
+    /// Makes this spec task `index` of the table's tasks section, in place
+    /// (the dispatcher's per-task path: no spec is built and moved).
+    pub fn set_task(&mut self, table: &Table<'_>, index: usize) {
         let desc = &table.tasks()[index];
         let id = desc.kernel_id.get();
         let kind = wsp_ffi::lookup(id).map_or(wsp_ffi::CoreKind::Vector, |k| k.kind);
+        self.kernel = KernelRef { id, kind };
+        self.stream = desc.stream.get();
+        self.pc = None;
+        self.taskset = 0;
+        self.loops.clear();
         // Validation bounds both counts by the capacities (`MAX_SCALARS`,
         // `MAX_TENSOR_ARGS`), so nothing is cut off.
-        let mut spec = TaskSpec {
-            kernel: KernelRef { id, kind },
-            stream: desc.stream.get(),
-            args: Vec::new(),
-            scalars: Vec::from_array(desc.scalars.map(|s| s.get())),
-            loops: Vec::new(),
-            pc: None,
-            taskset: 0,
-        };
-        spec.scalars.truncate(desc.num_scalars.get() as usize);
+        self.scalars.clear();
+        let scalars = (desc.num_scalars.get() as usize).min(MAX_SCALARS);
+        for s in &desc.scalars[..scalars] {
+            if self.scalars.push(s.get()).is_err() {
+                unreachable!("MAX_SCALARS scalars fit");
+            }
+        }
+        self.args.clear();
         for t in table.task_args(desc) {
             let arg = TaskArg {
                 tensor: t.tensor.get(),
                 region: Region::of(t),
                 access: Access::from_bits_truncate(t.access.get()),
             };
-            if spec.args.push(arg).is_err() {
+            if self.args.push(arg).is_err() {
                 unreachable!("validation refuses tasks with more than MAX_TENSOR_ARGS");
             }
         }
-        spec
     }
 
     /// Its tensor arguments.

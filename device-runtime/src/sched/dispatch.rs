@@ -375,7 +375,7 @@ impl<'a> Dispatcher<'a> {
             self.next_op += 1;
         }
         if self.next < tasks {
-            self.spec = TaskSpec::of_task(self.table, self.next as usize);
+            self.spec.set_task(self.table, self.next as usize);
             return Ok(true);
         }
         loop {

@@ -89,8 +89,9 @@ fn random_task(rng: &mut Rng, submitted: u64, check: &mut SelfCheck) -> Task {
                 // every bucket; and aligned square tiles of 1, 2 or 4
                 // elements a side, which are exactly one cell when their
                 // tensor's cells have their size (the lookup's fast path).
-                // A tensor's cells fit the region of its first entry while
-                // none is live, so shapes change as the run goes.
+                // A tensor's cells are refitted after a few regions in a
+                // row of another size, so shapes change as the run goes,
+                // also while entries placed with the old shape are live.
                 let region = match rng.below(24) {
                     0..=13 => random_region(rng, 12, 4),
                     14..=17 => random_region(rng, 200, 40),

@@ -31,9 +31,13 @@
 //! dimension, and an entry goes to the bucket of its tensor and of the cell
 //! holding its first element. The cells are sized to the tensor's tiles:
 //! the first region placed on a tensor fixes its cell shape (per
-//! dimension, the power of two at or above the region's extent), and the
-//! shape stays as long as an entry placed with it is in the ring; after
-//! that, the next region fits it anew. So the writes of many independent
+//! dimension, the power of two at or above the region's extent), and
+//! [`REFIT`] regions in a row that would fit another shape refit it to the
+//! last of them. A region of another size among the tiles (a whole tensor
+//! read or written between rounds of tiles) does not, so it cannot gather
+//! the tiles after it in one cell. Entries placed with the previous shape
+//! stay where they are; while one may be live, lookups probe its cells too
+//! (a refit waits until none is). So the writes of many independent
 //! tiles of one tensor (a GEMM's output, a MoE layer's rows) sit in
 //! separate chains: an aligned tile probes one bucket, and meets only the
 //! entries of its own tile. Shapes are kept per slot of [`SHAPES`]
@@ -75,14 +79,22 @@ const _: () = assert!(SHAPES.is_power_of_two() && SHAPES <= 256);
 /// `2 x BUCKETS` chain heads).
 pub const MAX_PROBES: u64 = 64;
 
-/// The cell coordinates of a wide entry's bucket.
-const WIDE: [u32; MAX_RANK] = [u32::MAX; MAX_RANK];
+/// The cell coordinates of a wide entry's bucket. Not all ones: [`bucket`]
+/// folds the two halves of the coordinates onto each other, and all ones
+/// would cancel to cell 0's bucket.
+const WIDE: [u32; MAX_RANK] = [u32::MAX, u32::MAX, u32::MAX, 0];
 
 /// Bucket index bits: the top bits of the hash.
 const BUCKET_SHIFT: u32 = 64 - BUCKETS.trailing_zeros();
 
 /// Covered entries a scan remembers for the commit (more: the commit rescans).
 const PENDING: usize = 16;
+
+/// Regions in a row that fit another cell shape than their slot's before
+/// the slot is refitted to the last of them. More than one, so that an
+/// occasional region of another size (a whole tensor among its tiles)
+/// does not refit the cells of the tiles around it.
+pub const REFIT: u32 = 4;
 
 /// "No entry": positions start at 1, and the tail never falls below 1.
 const NONE: u64 = 0;
@@ -132,9 +144,17 @@ struct Shape {
     /// Position of the newest wide entry. Below the tail, lookups need not
     /// probe the wide bucket.
     wide: u64,
-    /// The later of `crossing` and `wide`: below the tail, a region inside
-    /// one cell is [`Place::SIMPLE`].
+    /// The later of `crossing`, `wide` and `prev_end - 1`: below the tail,
+    /// a region inside one cell is [`Place::SIMPLE`].
     odd: u64,
+    /// The cell masks before the last refit that left entries live.
+    prev_mask: [u32; MAX_RANK],
+    /// Entries before this position may have been placed with `prev_mask`
+    /// (none of them reaching over its origin cell's boundary). Above the
+    /// tail, lookups probe the cells of `prev_mask` too.
+    prev_end: u64,
+    /// Regions placed in a row that would fit another shape ([`REFIT`]).
+    misfits: u32,
 }
 
 const UNUSED: Shape = Shape {
@@ -144,6 +164,9 @@ const UNUSED: Shape = Shape {
     crossing: NONE,
     wide: NONE,
     odd: NONE,
+    prev_mask: [u32::MAX; MAX_RANK],
+    prev_end: NONE,
+    misfits: 0,
 };
 
 /// The cell masks for tiles of `extent` elements: per dimension, the bits
@@ -230,6 +253,29 @@ fn next_cell(cell: &mut [u32; MAX_RANK], (lo, hi, mask): &Cells) -> bool {
     false
 }
 
+/// The box of cells of `mask` where an entry overlapping `region` can have
+/// its origin (from a cell before, in every dimension, if `back`), or
+/// `None` if it holds more than [`MAX_PROBES`] cells.
+#[inline(always)]
+fn cells_of(mask: [u32; MAX_RANK], back: bool, region: &Region) -> Option<Cells> {
+    // A narrow entry spans at most two cells per dimension: its origin's
+    // and the next.
+    let (mut lo, mut hi) = ([0u32; MAX_RANK], [0u32; MAX_RANK]);
+    let mut count = 1u64;
+    for d in 0..MAX_RANK {
+        let (first, step) = (region.offset[d], !mask[d] + 1);
+        let last = first.saturating_add(region.extent[d].max(1) - 1);
+        lo[d] = first & mask[d];
+        if back {
+            lo[d] = lo[d].saturating_sub(step);
+        }
+        hi[d] = last & mask[d];
+        // A cell has at most 2^31 elements, so `step` is not 0.
+        count = count.saturating_mul(((hi[d] - lo[d]) / step) as u64 + 1);
+    }
+    (count <= MAX_PROBES).then_some((lo, hi, mask))
+}
+
 /// Where one argument's entry goes and what its lookup probes, computed
 /// once per submission by [`TensorMap::place`] (for the counting scan, the
 /// committing scan and the insert).
@@ -290,6 +336,10 @@ impl Place {
     const BACK: u8 = 32;
     /// A wide entry of the slot is live: lookups probe the wide bucket.
     const WIDE_LIVE: u8 = 64;
+    /// An entry placed with the slot's previous shape may be live: lookups
+    /// probe its cells too, and compare boxes even of exact regions (an
+    /// entry's exactness was of the shape it was placed with).
+    const PREV: u8 = 128;
 
     #[inline(always)]
     fn has(&self, flag: u8) -> bool {
@@ -346,34 +396,71 @@ impl<const N: usize> TensorMap<N> {
         }
     }
 
-    /// Where an argument on `region` of `tensor` goes. If no entry placed
-    /// with the cell shape of the tensor's slot is in the ring, the shape
-    /// is fitted to `region` first, and kept from then on while entries may
-    /// use it (also when the submission stalls and inserts nothing).
+    /// Where an argument on `region` of `tensor` goes. The first region
+    /// placed on a slot fits its cell shape; after [`REFIT`] regions in a
+    /// row that would fit another shape, the shape is refitted to the last
+    /// of them (if no earlier refit's entries and no entry reaching over a
+    /// cell boundary are live). Counted also when the submission stalls
+    /// and inserts nothing.
     #[inline(always)]
     pub fn place(&mut self, tensor: u32, region: &Region) -> Place {
         let slot = tensor as usize % SHAPES;
         let (offset, extent) = (word(region.offset), word(region.extent));
-        let tail = self.tail;
+        let (head, tail) = (self.head, self.tail);
         let shape = &mut self.shapes[slot];
-        // A region whose extent is the shape's cell would fit it anew to
-        // the same shape: skip the refit.
-        if shape.newest < tail && extent != word(shape.size) {
-            shape.mask = fit(region.extent);
-            shape.size = shape.mask.map(|m| !m + 1);
-        }
-        // This submission's entries get positions from the head on, and the
-        // tail passes the head only when all of them are reclaimed.
-        shape.newest = self.head;
         // The common case, a tile that is exactly one cell (its offset has
-        // no bits inside a cell and its extent is the cell's) of a tensor
-        // with no wide or crossing entry live.
+        // no bits inside a cell and its extent is the cell's), most often
+        // of a tensor with no wide, crossing or previous-shape entry live.
         let inexact = offset & !word(shape.mask) | extent ^ word(shape.size);
-        if inexact == 0 && shape.odd < tail {
+        if inexact == 0 {
+            // This submission's entries get positions from the head on, and
+            // the tail passes the head only when all of them are reclaimed.
+            shape.newest = head;
+            shape.misfits = 0;
             let home = bucket_of_word(tensor, offset);
-            return Place::new(home, slot, Place::SIMPLE | Place::EXACT | Place::ONE_CELL);
+            let flag = |on: bool, flag: u8| on as u8 * flag;
+            let flags = if shape.odd < tail {
+                Place::SIMPLE
+            } else {
+                flag(shape.crossing >= tail, Place::BACK)
+                    | flag(shape.wide >= tail, Place::WIDE_LIVE)
+                    | flag(shape.prev_end > tail, Place::PREV)
+            };
+            return Place::new(home, slot, flags | Place::EXACT | Place::ONE_CELL);
         }
+        self.refit(slot, region);
         self.place_in(slot, tensor, region)
+    }
+
+    /// Counts a region that would fit another shape than its slot's, and
+    /// refits the slot when [`TensorMap::place`] says (out of line: the
+    /// common case does not come here).
+    #[inline(never)]
+    fn refit(&mut self, slot: usize, region: &Region) {
+        let (head, tail) = (self.head, self.tail);
+        let shape = &mut self.shapes[slot];
+        let fitted = fit(region.extent);
+        if word(fitted) == word(shape.mask) {
+            shape.misfits = 0;
+        } else {
+            shape.misfits = shape.misfits.saturating_add(1);
+            // The entries placed with the current shape are all before the
+            // head unless an argument of this submission was placed with it
+            // (`newest == head`); they become the previous shape's.
+            let first = shape.newest == NONE;
+            let free = shape.newest < head && shape.prev_end <= tail && shape.crossing < tail;
+            if first || (shape.misfits >= REFIT && free) {
+                if shape.newest >= tail {
+                    shape.prev_mask = shape.mask;
+                    shape.prev_end = head;
+                    shape.odd = shape.odd.max(head - 1);
+                }
+                shape.mask = fitted;
+                shape.size = fitted.map(|m| !m + 1);
+                shape.misfits = 0;
+            }
+        }
+        shape.newest = head;
     }
 
     /// [`TensorMap::place`] with the slot's current shape (out of line: the
@@ -387,10 +474,13 @@ impl<const N: usize> TensorMap<N> {
             word(region.offset) & !word(shape.mask) | word(region.extent) ^ word(shape.size);
         let simple = shape.odd < self.tail;
         let (back, wide_live) = (shape.crossing >= self.tail, shape.wide >= self.tail);
+        let prev = shape.prev_end > self.tail;
         let live_flags = if simple {
             0
         } else {
-            (back as u8 * Place::BACK) | (wide_live as u8 * Place::WIDE_LIVE)
+            (back as u8 * Place::BACK)
+                | (wide_live as u8 * Place::WIDE_LIVE)
+                | (prev as u8 * Place::PREV)
         };
         if inexact == 0 {
             let flags =
@@ -424,28 +514,36 @@ impl<const N: usize> TensorMap<N> {
     /// origin, or `None` if it holds more than [`MAX_PROBES`] cells.
     #[inline(always)]
     fn cells(&self, place: &Place, region: &Region) -> Option<Cells> {
-        // A narrow entry spans at most two cells per dimension: its
-        // origin's and the next.
-        let mask = self.shapes[place.slot()].mask;
-        let (mut lo, mut hi) = ([0u32; MAX_RANK], [0u32; MAX_RANK]);
-        let mut count = 1u64;
-        for d in 0..MAX_RANK {
-            let (first, step) = (region.offset[d], !mask[d] + 1);
-            let last = first.saturating_add(region.extent[d].max(1) - 1);
-            lo[d] = first & mask[d];
-            if place.has(Place::BACK) {
-                lo[d] = lo[d].saturating_sub(step);
-            }
-            hi[d] = last & mask[d];
-            // A cell has at most 2^31 elements, so `step` is not 0.
-            count = count.saturating_mul(((hi[d] - lo[d]) / step) as u64 + 1);
-        }
-        (count <= MAX_PROBES).then_some((lo, hi, mask))
+        cells_of(
+            self.shapes[place.slot()].mask,
+            place.has(Place::BACK),
+            region,
+        )
+    }
+
+    /// [`TensorMap::cells`] with the slot's previous shape (whose entries
+    /// do not reach over a cell boundary).
+    #[inline(always)]
+    fn prev_cells(&self, place: &Place, region: &Region) -> Option<Cells> {
+        cells_of(self.shapes[place.slot()].prev_mask, false, region)
     }
 
     /// Calls `f` with every bucket a lookup of `region` of `tensor` probes.
     #[inline(always)]
     fn probe(&self, place: &Place, tensor: u32, region: &Region, mut f: impl FnMut(usize)) {
+        if place.has(Place::PREV) {
+            let Some(cells) = self.prev_cells(place, region) else {
+                (0..BUCKETS).for_each(f);
+                return;
+            };
+            let mut cell = cells.0;
+            loop {
+                f(bucket(tensor, cell));
+                if !next_cell(&mut cell, &cells) {
+                    break;
+                }
+            }
+        }
         let Some(cells) = self.cells(place, region) else {
             (0..BUCKETS).for_each(f);
             return;
@@ -519,7 +617,7 @@ impl<const N: usize> TensorMap<N> {
         let scan = Scan {
             tensor,
             region,
-            exact: place.has(Place::EXACT),
+            exact: place.has(Place::EXACT) && !place.has(Place::PREV),
             writes,
             mark_now,
         };
@@ -528,6 +626,23 @@ impl<const N: usize> TensorMap<N> {
         if place.has(Place::SIMPLE) {
             self.scan_bucket(place.home(), &scan, v);
             return;
+        }
+        // The cells of the previous shape, as `probe` does.
+        if place.has(Place::PREV) {
+            let Some(cells) = self.prev_cells(place, region) else {
+                for b in 0..BUCKETS {
+                    self.scan_bucket(b, &scan, v);
+                }
+                return;
+            };
+            let mut cell = cells.0;
+            loop {
+                let b = bucket(tensor, cell);
+                self.scan_bucket(b, &scan, v);
+                if !next_cell(&mut cell, &cells) {
+                    break;
+                }
+            }
         }
         // The wide bucket (a wide argument's home), as `probe` does.
         if place.has(Place::WIDE_LIVE) {
@@ -759,6 +874,13 @@ mod tests {
         map.scan(&place, 5, &tile(4 * j), true, true, &mut found);
         assert_eq!(found.0, [2]);
         assert_eq!(map.chain_len(5, &tile(4 * j)), 1, "task 1's entry only");
+    }
+
+    #[test]
+    fn the_wide_bucket_is_not_the_first_cells() {
+        for tensor in 0..64 {
+            assert_ne!(bucket(tensor, WIDE), bucket(tensor, [0; MAX_RANK]));
+        }
     }
 
     #[test]

@@ -549,19 +549,20 @@ fn exact_tiles_meet_only_their_own_cell() {
 }
 
 #[test]
-fn a_tensors_cells_are_refitted_once_its_entries_retire() {
+fn a_tensors_cells_are_refitted_to_the_regions_it_keeps_getting() {
     let mut o = Orchestrator::<512, 1024, 1024>::new(0);
-    // The first region fixes 64-element cells, and while its entry is live
-    // the shape stays: 1-element tiles share its cell, and dependencies
-    // stay exact.
+    // The first region fixes 64-element cells. 1-element tiles fit another
+    // shape: after `REFIT` of them in a row the cells are refitted, though
+    // the 64-element entry is live, so later tiles do not share one chain.
     submit(&mut o, &[write(5, 0, 64)]).unwrap();
     for i in 0..32 {
         submit(&mut o, &[write(5, i, 1)]).unwrap();
     }
-    assert!(
-        o.tmap.chain_len(5, &region(40, 1)) >= 32,
-        "one 64-element cell"
-    );
+    // Element 40's lookup meets the first shape's cell (the 64-element
+    // write and the tiles placed before the refit), not the 32 tiles.
+    let refit = tensor_map::REFIT as usize;
+    assert_eq!(o.tmap.chain_len(5, &region(40, 1)), refit);
+    // Dependencies stay exact across the two shapes.
     let reader = submit(&mut o, &[read(5, 7, 1)]).unwrap();
     run_one(&mut o);
     assert_eq!(o.ready_count(CoreKind::Vector), 32, "the 1-element writers");
@@ -575,12 +576,17 @@ fn a_tensors_cells_are_refitted_once_its_entries_retire() {
     o.complete(8).unwrap();
     assert_eq!(run_one(&mut o), reader, "then the reader runs");
     assert!(o.is_drained());
-    // All retired: the next region fits the shape anew.
+    // A whole-tensor access among the tiles, placed when no entry of the
+    // tensor is live, keeps the tiles' cells: it goes to the wide bucket,
+    // and each later tile meets it and its own cell only.
+    let whole = submit(&mut o, &[read(5, 0, 64)]).unwrap();
     for i in 0..32 {
         submit(&mut o, &[write(5, i, 1)]).unwrap();
     }
-    assert_eq!(o.tmap.chain_len(5, &region(40, 1)), 0, "1-element cells");
-    assert_eq!(o.tmap.chain_len(5, &region(7, 1)), 1);
+    assert_eq!(o.tmap.chain_len(5, &region(40, 1)), 1, "the whole read");
+    assert_eq!(o.tmap.chain_len(5, &region(7, 1)), 2);
+    assert_eq!(run_one(&mut o), whole, "each tile waits for the read (WAR)");
+    assert_eq!(o.ready_count(CoreKind::Vector), 32);
 }
 
 fn on(o: &mut Orchestrator<16, 64, 64>, stream: StreamId, args: &[TaskArg]) -> TaskId {

@@ -311,6 +311,9 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     window: u64,
     /// Release-graph edges allocated so far (a ring position).
     edge_alloc: u64,
+    /// A dependency pass's held conflicts (see `Wiring::held`), kept here
+    /// so that a pass does not clear it.
+    held: [TaskId; HELD],
     /// Release-graph edges reclaimed so far: those of retired tasks.
     edge_free: u64,
 }
@@ -347,6 +350,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             window: TASKS as u64,
             edge_alloc: 0,
             edge_free: 0,
+            held: [0; HELD],
         }
     }
 
@@ -821,12 +825,18 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             graph: commit.flatten(),
             edge_alloc: &mut self.edge_alloc,
             count: 0,
+            held: &mut self.held,
+            held_len: 0,
+            hold: false,
+            cutoff: 0,
         };
         for i in 0..MAX_TENSOR_ARGS {
             let (Some(a), Some(place)) = (args.get(i), places.get(i)) else {
                 break;
             };
             let writes = a.access.contains(Access::WRITE);
+            // Held conflicts pay only where a cut can leave some out.
+            wiring.hold = !place.simple();
             self.tmap.scan(
                 place,
                 a.tensor,
@@ -835,10 +845,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 commit.is_some(),
                 &mut wiring,
             );
+            wiring.end_argument();
         }
         for &p in extra_deps {
             if wiring.live(p) {
-                wiring.conflict(p);
+                wiring.edge(p);
             }
         }
         if stream != 0 {
@@ -1267,14 +1278,49 @@ struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
     graph: Option<&'a ReleaseGraph<TASKS, E>>,
     edge_alloc: &'a mut u64,
     count: u64,
+    /// The conflicts the current argument's scan reported so far, held
+    /// until its end, when those before `cutoff` are left out: a live
+    /// writer of the whole argument orders them already (a chain of
+    /// tiles read by a whole-tensor task each round would otherwise link
+    /// every later tile write to every such task still in flight). Past
+    /// [`HELD`] conflicts the rest of the argument's are linked directly.
+    held: &'a mut [TaskId; HELD],
+    held_len: usize,
+    /// Whether the current argument's conflicts are held (see `held`).
+    hold: bool,
+    cutoff: TaskId,
 }
+
+/// Conflicts of one argument held to leave out the implied ones.
+const HELD: usize = 16;
 
 impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DEPS, E> {
     /// An event wait: a dependency on every live task of `stream` below `bound`.
     fn stream_tasks(&mut self, stream: StreamId, bound: TaskId) {
         for p in self.head..bound.min(self.next) {
             if self.slots[(p % TASKS as u64) as usize].stream == stream && self.live(p) {
-                self.conflict(p);
+                self.edge(p);
+            }
+        }
+    }
+
+    /// The current argument's scan has ended: links its held conflicts but
+    /// those a live writer of the whole argument orders already.
+    #[inline(always)]
+    fn end_argument(&mut self) {
+        // The cut is the argument's own: reset it even when nothing was
+        // held (an argument whose conflicts were not held still reports
+        // its covering writer).
+        let (held, cutoff) = (self.held_len, self.cutoff);
+        self.cutoff = 0;
+        if held == 0 {
+            return;
+        }
+        self.held_len = 0;
+        for i in 0..held.min(HELD) {
+            let p = self.held[i];
+            if p >= cutoff {
+                self.edge(p);
             }
         }
     }
@@ -1288,6 +1334,36 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Wiring<'
 
     #[inline(always)]
     fn conflict(&mut self, p: TaskId) {
+        if !self.hold {
+            self.edge(p);
+            return;
+        }
+        if self.held_len < HELD {
+            self.held[self.held_len] = p;
+            self.held_len += 1;
+            return;
+        }
+        if self.held_len == HELD {
+            // Too many to hold: link the held ones and the rest directly.
+            self.held_len += 1;
+            for i in 0..HELD {
+                self.edge(self.held[i]);
+            }
+        }
+        self.edge(p);
+    }
+
+    #[inline(always)]
+    fn cut(&mut self, p: TaskId) {
+        self.cutoff = self.cutoff.max(p);
+    }
+}
+
+impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DEPS, E> {
+    /// An edge from producer `p`, once per pass: counted and, when
+    /// committing, recorded.
+    #[inline(always)]
+    fn edge(&mut self, p: TaskId) {
         let producer = &mut self.slots[(p % TASKS as u64) as usize];
         if producer.marked_by == self.mark {
             return;

@@ -191,6 +191,13 @@ pub trait Visitor {
     fn live(&self, task: u64) -> bool;
     /// A live `task` has an access that conflicts with the scanned one.
     fn conflict(&mut self, task: u64);
+    /// A live `task` writes all of the scanned region (reported before its
+    /// [`Visitor::conflict`]): every live task before it whose access
+    /// conflicts with the scanned one conflicts with its write too, so it
+    /// was ordered before it when it was submitted. A visitor that records
+    /// edges may leave those out (they are implied); the scan still reports
+    /// them, in any order, since chains are not ordered across each other.
+    fn cut(&mut self, _task: u64) {}
 }
 
 /// `N` entries in a ring.
@@ -350,6 +357,15 @@ impl Place {
     pub fn exact(&self) -> bool {
         self.has(Place::EXACT)
     }
+
+    /// Its lookup scans its home bucket only (`SIMPLE`): no wide entry is
+    /// live and every live entry that covers part of the region was placed
+    /// in the same cell, so a committing write has unlinked the older
+    /// entries it covers and a scan finds no implied conflicts to leave
+    /// out ([`Visitor::cut`]).
+    pub fn simple(&self) -> bool {
+        self.has(Place::SIMPLE)
+    }
 }
 
 /// One argument's scan of the TensorMap ([`TensorMap::scan`]).
@@ -369,17 +385,19 @@ struct Scan<'r> {
 /// dimensions, branch-free. In i64 the ends (below 2^33) cannot overflow,
 /// and each test is the sign bit of differences: `a < b` iff `a - b < 0`.
 #[inline(always)]
-fn relation(new: &Region, old: &Region) -> (bool, bool) {
-    let (mut meet, mut inside) = (-1i64, 0i64);
+fn relation(new: &Region, old: &Region) -> (bool, bool, bool) {
+    let (mut meet, mut inside, mut around) = (-1i64, 0i64, 0i64);
     for d in 0..MAX_RANK {
         let (n0, o0) = (new.offset[d] as i64, old.offset[d] as i64);
         let (n1, o1) = (n0 + new.extent[d] as i64, o0 + old.extent[d] as i64);
         // Overlap: every `n0 < o1` and `o0 < n1`; cover: every `n0 <= o0`
-        // and `o1 <= n1` (no difference below is negative).
+        // and `o1 <= n1` (no difference below is negative); the old
+        // region covers the new one the other way round.
         meet &= (n0 - o1) & (o0 - n1);
         inside |= (o0 - n0) | (n1 - o1);
+        around |= (n0 - o0) | (o1 - n1);
     }
-    (meet < 0, inside >= 0)
+    (meet < 0, inside >= 0, around >= 0)
 }
 
 impl<const N: usize> TensorMap<N> {
@@ -694,18 +712,22 @@ impl<const N: usize> TensorMap<N> {
             let e = self.at(position);
             let next = e.next;
             let keep = !e.covered && v.live(e.task);
-            let (overlap, covered) = if keep && e.tensor == tensor {
+            let (overlap, covered, covers) = if keep && e.tensor == tensor {
                 if exact && e.exact {
                     let same = e.region.offset == region.offset;
-                    (same, same)
+                    (same, same, same)
                 } else {
                     relation(region, &e.region)
                 }
             } else {
-                (false, false)
+                (false, false, false)
             };
             let mut keep = keep;
             if overlap {
+                if chain == 1 && covers {
+                    // A live writer of all of the scanned region.
+                    v.cut(e.task);
+                }
                 v.conflict(e.task);
                 if writes && covered {
                     if mark_now {

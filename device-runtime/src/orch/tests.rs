@@ -751,3 +751,34 @@ fn bad_streams_and_events_are_refused() {
     let e = UsageError::EventNotRecorded { event: 3 }.to_string();
     assert!(e.contains("event 3") && e.contains("never recorded"), "{e}");
 }
+
+/// Rounds of tile writes, each followed by one task that reads the whole
+/// tensor, with nothing completing: a tile write depends on the previous
+/// round's write of its tile and on the previous whole-tensor reader. The
+/// older readers are ordered before the previous write of the tile (it
+/// waited for them), so each round links the same number of edges however
+/// many rounds are in flight (the whole-tensor reads would otherwise add
+/// one edge per round to every tile write).
+#[test]
+fn implied_conflicts_behind_a_covering_writer_get_no_edge() {
+    let mut o = Orchestrator::<64, 256, 1024>::new(0);
+    let mut per_round = std::vec::Vec::new();
+    for _ in 0..8 {
+        let before = o.deps.used();
+        for j in 0..4 {
+            submit(&mut o, &[write(0, j, 1)]).unwrap();
+        }
+        submit(&mut o, &[read(0, 0, 4)]).unwrap();
+        per_round.push(o.deps.used() - before);
+    }
+    // Round 0: the reader's 4; then 4 tiles x (previous tile write,
+    // previous reader) + the reader's 4.
+    assert_eq!(per_round, [4, 12, 12, 12, 12, 12, 12, 12]);
+    // Still exactly ordered: run everything in order of readiness.
+    let mut ran = 0;
+    while o.ready_count(CoreKind::Vector) > 0 {
+        run_one(&mut o);
+        ran += 1;
+    }
+    assert_eq!(ran, 40);
+}

@@ -423,8 +423,8 @@ pub fn drive_leader<P: crate::platform::Platform>(
                 return Err(RunError::ThreadFailed);
             }
             let now = scheduler.now();
-            let mut progress = dispatcher.step(now)?;
-            progress |= scheduler.step_at(now)?;
+            let dispatched = dispatcher.step(now)?;
+            let progress = scheduler.step_at(now, !dispatched)? | dispatched;
             if !progress {
                 dispatcher.check_progress()?;
                 scheduler.check_timeouts()?;

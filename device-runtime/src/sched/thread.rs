@@ -155,6 +155,8 @@ pub struct Scheduler<'a, P: Platform> {
     next_core: u32,
     /// Rounds in a row that found nothing to do (see [`Scheduler::relax`]).
     idle_rounds: u32,
+    /// Whether this round may take tasks from other threads' queues.
+    steal: bool,
     timeout_ticks: u64,
     stats: ThreadStats,
     cores: [CoreStats; MAX_CORES],
@@ -221,6 +223,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             depth,
             next_core: 0,
             idle_rounds: 0,
+            steal: true,
             timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
             stats: ThreadStats {
                 thread: id as u8,
@@ -275,14 +278,20 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// happened.
     pub fn step(&mut self) -> Result<bool, RunError> {
         let now = self.platform.now();
-        self.step_at(now)
+        self.step_at(now, true)
     }
 
     /// [`Scheduler::step`] at time `now`, read from its clock by the
     /// caller: one reading per round times every completion and issue of
     /// the round (a clock read can cost as much as handling a task; in
     /// semantic time the clock only moves in `relax`, so this is exact).
-    pub(super) fn step_at(&mut self, now: u64) -> Result<bool, RunError> {
+    ///
+    /// Without `steal` it takes no task from other threads' queues this
+    /// round: the dispatching thread steals only in rounds its dispatcher
+    /// had nothing to do, since every look into another thread's queue
+    /// pulls that thread's cache lines away from it.
+    pub(super) fn step_at(&mut self, now: u64, steal: bool) -> Result<bool, RunError> {
+        self.steal = steal;
         let mut progress = self.poll_cores(now)?;
         progress |= self.issue(now)?;
         if progress {
@@ -362,6 +371,9 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         if let Some(task) = Self::take_from(&queues.shared[k], any) {
             self.stats.from_shared += 1;
             return Some(task);
+        }
+        if !self.steal {
+            return None;
         }
         // Only tasks of a taskset whose policy steals now may be stolen.
         let stealing = queues.stealing.load(Ordering::Acquire);

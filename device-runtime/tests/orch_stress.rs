@@ -291,10 +291,17 @@ fn run(seed: u64, count: usize, oracle: &mut (Sweep, SelfCheck)) -> [u64; 4] {
         end[id as usize] = clock;
         o.complete(id).unwrap();
     }
-    // The oracle, task by task in program order.
-    let sweep = &mut oracle.0;
+    check(seed, &tasks, &start, &end, &issue_seq, &mut oracle.0);
+    stalls(o.stats())
+}
+
+/// The oracle, task by task in program order: every task ran, after the
+/// one before it on its stream was issued (`issued`: the order of issue),
+/// after every task an event it waits on stands for ended, and after every
+/// producer the element sets name (and every explicit dependency) ended.
+fn check(seed: u64, tasks: &[Task], start: &[u64], end: &[u64], issued: &[u64], sweep: &mut Sweep) {
     sweep.reset();
-    for t in 0..count {
+    for t in 0..tasks.len() {
         assert!(end[t] != u64::MAX, "seed {seed}: task {t} never ran");
         let stream = tasks[t].stream;
         if let Some(u) = (0..t)
@@ -302,7 +309,7 @@ fn run(seed: u64, count: usize, oracle: &mut (Sweep, SelfCheck)) -> [u64; 4] {
             .find(|&u| stream != 0 && tasks[u].stream == stream)
         {
             assert!(
-                issue_seq[u] < issue_seq[t],
+                issued[u] < issued[t],
                 "seed {seed}: task {t} issued before {u}, the one before it on stream {stream}"
             );
         }
@@ -328,7 +335,10 @@ fn run(seed: u64, count: usize, oracle: &mut (Sweep, SelfCheck)) -> [u64; 4] {
             );
         }
     }
-    let s = o.stats();
+}
+
+/// Stalls per resource: task ring, TensorMap, DepList (or edge) pool, heap.
+fn stalls(s: &device_runtime::orch::StallStats) -> [u64; 4] {
     [
         StallReason::TaskRingFull,
         StallReason::TensorMapPoolFull,
@@ -519,50 +529,14 @@ fn run_linked(
         }
         stop.store(true, SeqCst);
     });
-    let sweep = &mut oracle.0;
-    sweep.reset();
     let (start, end): (Vec<u64>, Vec<u64>) = start
         .iter()
         .zip(&end)
         .map(|(s, e)| (s.load(SeqCst), e.load(SeqCst)))
         .unzip();
-    for t in 0..count {
-        assert!(end[t] != u64::MAX, "seed {seed}: task {t} never ran");
-        let stream = tasks[t].stream;
-        if let Some(u) = (0..t)
-            .rev()
-            .find(|&u| stream != 0 && tasks[u].stream == stream)
-        {
-            assert!(
-                start[u] < start[t],
-                "seed {seed}: task {t} issued before {u}, the one before it on stream {stream}"
-            );
-        }
-        for &(src, bound) in &tasks[t].waits {
-            for u in 0..bound as usize {
-                if tasks[u].stream == src {
-                    assert!(
-                        end[u] < start[t],
-                        "seed {seed}: task {t} started before {u}, which an event it waits on stands for, ended"
-                    );
-                }
-            }
-        }
-        for u in sweep.task(&tasks[t].touches) {
-            assert!(
-                end[u as usize] < start[t],
-                "seed {seed}: task {t} started before its producer {u} ended"
-            );
-        }
-    }
-    let s = o.stats();
-    [
-        StallReason::TaskRingFull,
-        StallReason::TensorMapPoolFull,
-        StallReason::DepListPoolFull,
-        StallReason::HeapRingFull,
-    ]
-    .map(|r| s.of(r).stalls)
+    // A worker issues a task as it starts it.
+    check(seed, &tasks, &start, &end, &start, &mut oracle.0);
+    stalls(o.stats())
 }
 
 /// The same random DAGs released by worker threads through the release

@@ -81,7 +81,7 @@ fn chain(n: u32) -> Result<Graph> {
     finish("(b) chain", b)
 }
 
-/// (c) `rounds` rounds of [`WIDTH`] tasks reading X[j] and writing Y[j],
+/// (c) `rounds` rounds of [`WIDTH`] tasks reading `X[j]` and writing `Y[j]`,
 /// then one task reading all of Y and writing all of X.
 fn fan(rounds: u32) -> Result<Graph> {
     let mut b = TableBuilder::new();

@@ -782,7 +782,7 @@ mod tests {
     use crate::sched::policy::RoundRobin;
 
     /// A table with no tensors, kernels or tasks: header only.
-    fn empty_table() -> Vec<u8> {
+    pub(super) fn empty_table() -> Vec<u8> {
         let mut header = TableHeader::new_zeroed();
         header.magic = MAGIC;
         header.abi_version.set(ABI_VERSION);
@@ -858,5 +858,84 @@ mod tests {
             text.contains("task 3 was released") && text.contains("not running"),
             "{text}"
         );
+    }
+}
+
+#[cfg(test)]
+#[cfg(not(loom))]
+mod ring_tests {
+    use std::boxed::Box;
+
+    use wsp_ffi::{CoreKind, WspKernelArgs};
+
+    use super::super::{Entry, Scheduler, DONE_RING};
+    use super::tests::empty_table;
+    use super::*;
+    use crate::platform::{Clock, Completion, Platform};
+
+    /// One vector core that never finishes anything.
+    struct Idle;
+
+    impl Clock for Idle {
+        fn now(&self) -> u64 {
+            0
+        }
+        fn ticks_per_second(&self) -> u64 {
+            1
+        }
+    }
+
+    impl Platform for Idle {
+        fn num_cores(&self) -> usize {
+            1
+        }
+        fn core_kind(&self, _: usize) -> CoreKind {
+            CoreKind::Vector
+        }
+        unsafe fn launch(&mut self, _: usize, _: u32, _: &WspKernelArgs) -> bool {
+            true
+        }
+        fn poll(&mut self, _: usize) -> Option<Completion> {
+            None
+        }
+    }
+
+    /// A release that finds the completion ring full ends the run with an
+    /// error naming it, rather than dropping the task.
+    #[test]
+    fn a_report_that_finds_the_ring_full_ends_the_run() {
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(|| {
+                let bytes = empty_table();
+                let table = Table::parse(&bytes).unwrap();
+                let mut arena = [0u8; 0];
+                let queues = Box::new(Queues::new());
+                let options = RunOptions::default();
+                let mut s = Scheduler::new(
+                    0,
+                    1,
+                    Idle,
+                    &[0],
+                    &table,
+                    Arena::new(&mut arena),
+                    &queues,
+                    &options,
+                )
+                .unwrap();
+                for i in 0..DONE_RING as u64 {
+                    assert!(queues.done[0].push(i));
+                }
+                assert_eq!(s.check_ring(), Ok(()));
+                // A task of a taskset that does not keep released tasks:
+                // it goes to the dispatcher, through the full ring.
+                s.keep_or_hand_on(Entry::new(7, 0, CoreKind::Vector, 7).0);
+                let err = s.check_ring().unwrap_err();
+                assert_eq!(err, RunError::CompletionRingFull { thread: 0 });
+                assert!(std::format!("{err}").contains("completion ring was full"));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 }

@@ -337,6 +337,10 @@ pub enum RunError {
     Config(ConfigError),
     /// Another scheduler thread failed; its own error says why.
     ThreadFailed,
+    /// A scheduler thread's completion ring had no room for a report (a
+    /// finished or released task): the run ends rather than lose it. The
+    /// ring holds two reports per task of the window, so this is a bug.
+    CompletionRingFull { thread: u32 },
     /// The program reads symbols the launch did not bind.
     UnboundSymbols { needed: usize, bound: usize },
     /// The program's expansion failed at instruction `pc`.
@@ -396,6 +400,10 @@ impl fmt::Display for RunError {
             RunError::Deadlock(report) => write!(f, "{report}"),
             RunError::Config(e) => write!(f, "scheduling: {e}"),
             RunError::ThreadFailed => f.write_str("another scheduler thread failed"),
+            RunError::CompletionRingFull { thread } => write!(
+                f,
+                "scheduler thread {thread}'s completion ring was full; a report would have been lost (a runtime bug)"
+            ),
             RunError::UnboundSymbols { needed, bound } => write!(
                 f,
                 "the program reads {needed} symbols; the launch binds {bound}"

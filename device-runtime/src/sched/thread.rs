@@ -157,6 +157,8 @@ pub struct Scheduler<'a, P: Platform> {
     idle_rounds: u32,
     /// Whether this round may take tasks from other threads' queues.
     steal: bool,
+    /// A report found the completion ring full (see [`Scheduler::check_ring`]).
+    ring_full: bool,
     timeout_ticks: u64,
     stats: ThreadStats,
     cores: [CoreStats; MAX_CORES],
@@ -224,6 +226,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             next_core: 0,
             idle_rounds: 0,
             steal: true,
+            ring_full: false,
             timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
             stats: ThreadStats {
                 thread: id as u8,
@@ -446,6 +449,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                     queues
                         .graph
                         .issued(entry.slot(), |tag| self.keep_or_hand_on(tag));
+                    self.check_ring()?;
                 }
                 let held = self.core_held[core] as usize;
                 if held == 0 {
@@ -513,7 +517,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// finished, every such task is in the window, and the window is at
     /// most `TASK_WINDOW` (`Orchestrator::set_window` refuses more), so at
     /// most `DONE_RING` = 2 * `TASK_WINDOW` reports are pending.
-    fn keep_or_hand_on(&mut self, tag: u64) {
+    pub(super) fn keep_or_hand_on(&mut self, tag: u64) {
         let entry = Entry(tag);
         let kind = entry.kind();
         // Thread 0 of several also dispatches and orchestrates, the run's
@@ -529,8 +533,19 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             self.stats.released += 1;
             return;
         }
-        let pushed = self.queues.done[self.id].push(tag | RELEASED);
-        debug_assert!(pushed, "the completion ring has room for every report");
+        if !self.queues.done[self.id].push(tag | RELEASED) {
+            self.ring_full = true;
+        }
+    }
+
+    /// Ends the run if a report found the completion ring full.
+    pub(super) fn check_ring(&self) -> Result<(), RunError> {
+        if self.ring_full {
+            return Err(RunError::CompletionRingFull {
+                thread: self.id as u32,
+            });
+        }
+        Ok(())
     }
 
     /// Takes the oldest task `core` holds off its ring, after its completion.
@@ -592,8 +607,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 .graph
                 .complete(entry.slot(), |tag| self.keep_or_hand_on(tag));
             // Room: see `keep_or_hand_on`.
-            let pushed = done.push(entry.0);
-            debug_assert!(pushed, "the completion ring has room for every report");
+            if !done.push(entry.0) {
+                self.ring_full = true;
+            }
+            self.check_ring()?;
             finished = true;
             // The task queued behind it may have finished too: poll again.
             if self.core_held[core] > 0 {

@@ -647,19 +647,9 @@ impl<const N: usize> TensorMap<N> {
         }
         // The cells of the previous shape, as `probe` does.
         if place.has(Place::PREV) {
-            let Some(cells) = self.prev_cells(place, region) else {
-                for b in 0..BUCKETS {
-                    self.scan_bucket(b, &scan, v);
-                }
+            let cells = self.prev_cells(place, region);
+            if !self.scan_cells(cells, &scan, v) {
                 return;
-            };
-            let mut cell = cells.0;
-            loop {
-                let b = bucket(tensor, cell);
-                self.scan_bucket(b, &scan, v);
-                if !next_cell(&mut cell, &cells) {
-                    break;
-                }
             }
         }
         // The wide bucket (a wide argument's home), as `probe` does.
@@ -671,18 +661,27 @@ impl<const N: usize> TensorMap<N> {
             self.scan_bucket(place.home(), &scan, v);
             return;
         }
-        let Some(cells) = self.cells(place, region) else {
+        let cells = self.cells(place, region);
+        self.scan_cells(cells, &scan, v);
+    }
+
+    /// Scans the buckets of `cells`, or every bucket when the region's
+    /// cells are too many to list (`None`). Returns whether it scanned
+    /// only the cells' buckets (after every bucket there is nothing left
+    /// to scan).
+    #[inline(always)]
+    fn scan_cells(&mut self, cells: Option<Cells>, scan: &Scan, v: &mut impl Visitor) -> bool {
+        let Some(cells) = cells else {
             for b in 0..BUCKETS {
-                self.scan_bucket(b, &scan, v);
+                self.scan_bucket(b, scan, v);
             }
-            return;
+            return false;
         };
         let mut cell = cells.0;
         loop {
-            let b = bucket(tensor, cell);
-            self.scan_bucket(b, &scan, v);
+            self.scan_bucket(bucket(scan.tensor, cell), scan, v);
             if !next_cell(&mut cell, &cells) {
-                return;
+                return true;
             }
         }
     }

@@ -88,6 +88,12 @@ pub enum Problem {
     /// A `DISPATCH` whose schedule is not a policy and key the runtime
     /// knows (or, for taskset 0, not 0).
     BadSchedule { bits: u32 },
+    /// A `SEND`, `CONSUME` or `CLOSE` on a channel no earlier `CHANNEL`
+    /// declares.
+    UndeclaredChannel { channel: u32 },
+    /// A declared channel that no `SEND` of the program sends on: its
+    /// consumers would wait forever.
+    NoSender { channel: u32 },
 }
 
 /// A descriptor table the runtime refuses, with the place and the reason.
@@ -203,6 +209,14 @@ impl fmt::Display for Problem {
             Problem::BadSchedule { bits } => write!(
                 f,
                 "schedule {bits:#010x} is not a known dispatch policy and key (taskset 0's must be 0: it is the run's)"
+            ),
+            Problem::UndeclaredChannel { channel } => write!(
+                f,
+                "channel {channel} is not declared (declare it with CHANNEL before its first use)"
+            ),
+            Problem::NoSender { channel } => write!(
+                f,
+                "nothing sends on channel {channel}: its consumers would wait forever (add a process that sends on it, or remove it)"
             ),
         }
     }

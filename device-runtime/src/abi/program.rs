@@ -24,6 +24,46 @@
 //! | [`OP_INPUT`] | `imm` = tensor | the host provides the tensor's data at launch: `LOAD` may read it before any task writes it |
 //! | [`OP_DISPATCH`] | `imm` = taskset, `imm2` = its schedule ([`Schedule::encode`](super::schedule::Schedule::encode); 0 for taskset 0) | the calls expanded after it, until the next `DISPATCH`, belong to the taskset |
 //! | [`OP_WINDOW`] | `imm` = tasks | the program's task window: at most this many tasks submitted and not retired (at most one `WINDOW`; a launch may override it) |
+//! | [`OP_CHANNEL`] | `imm` = channel, `imm2` = capacity (bits 0..8) \| latency in clock ticks (bits 8..32) | declares a token channel (at the top level, once per channel) |
+//! | [`OP_PROCESS`] | `r` = replica register (or `NO_REG`), `x[0]` = replica count register (`NO_REG`: one), `imm` = pc of its `PROCESS_END`, `imm2` = most replicas | starts the body's processes and continues after its `PROCESS_END` |
+//! | [`OP_PROCESS_END`] | `imm` = pc of its `PROCESS` | the process ends: it closes the channels it sends on |
+//! | [`OP_SEND`] | `imm` = channel, `x[0]` = value register | sends a token: "the last task this process issued has completed", with the value |
+//! | [`OP_CONSUME`] | `r` = value register, `imm` = channel, `imm2` = pc of its `END` | runs the body once per token, `r` = its value, until the channel is closed and drained |
+//! | [`OP_CLOSE`] | `imm` = channel | closes the channel: no more sends; consumers drain it and leave their loops |
+//!
+//! ## Processes and channels (CSP)
+//!
+//! A `PROCESS` (at the top level of the program only) starts `count`
+//! copies of its body (its *replicas*), each a context of its own: a
+//! program counter, the registers (copied from the program's at the
+//! start, with `r` set to the replica's index), loops and a taskset. The
+//! program goes on after the body at once. The expander runs every live
+//! context in turn, switching after each task; a context that cannot go
+//! on *parks* and the others run.
+//!
+//! A channel holds at most `capacity` tokens ([`MAX_CHANNEL_CAPACITY`];
+//! [`MAX_CHANNELS`] channels per program). A token is counted from its
+//! `SEND` until the consumer's body for it has ended (its `END`), so that
+//! every task the body issues (e.g. the reads of the staging-buffer slot
+//! the token names) is submitted, and ordered by the TensorMap, before the
+//! sender may reuse what the token stands for. The rules:
+//!
+//! - `SEND` on a channel holding `capacity` tokens parks the sender
+//!   (`CHANNEL_FULL`). With capacity 0 (a rendezvous) a `SEND` waits until
+//!   a consumer waits at a `CONSUME` of the channel, then hands the token
+//!   over (one slot carries it). A `SEND` on a closed channel is an error.
+//! - The token stands for the last task the sending context issued (none:
+//!   ready at once). `CONSUME` takes the oldest token once that task has
+//!   completed and the channel's latency has passed since the runtime saw
+//!   it complete (in semantic time: since the task ended); until then, or
+//!   while the channel is empty and open, the consumer parks
+//!   (`CHANNEL_EMPTY`). Every task the body issues therefore starts after
+//!   the token's task ended, in addition to what its regions imply.
+//! - A channel is closed by `CLOSE`, or when the last process that sends on
+//!   it ends (the program's own context counts as a process that ends with
+//!   the program). `CONSUME` on a closed, drained channel ends its loop.
+//! - If every context is parked on a channel and no task is in flight,
+//!   nothing can change: the run ends with a channel deadlock report.
 //!
 //! Tasksets give parts of a workload their own dispatch policy and key
 //! (per taskset; [`MAX_TASKSETS`]). Taskset 0 is the run's own policy
@@ -96,6 +136,30 @@ pub const OP_DISPATCH: u8 = 26;
 /// The program's task window. See the table above.
 pub const OP_WINDOW: u8 = 27;
 
+/// Declare a token channel. See the table above.
+pub const OP_CHANNEL: u8 = 28;
+/// Start a process body's replicas. See the table above.
+pub const OP_PROCESS: u8 = 29;
+/// End of a process body. See the table above.
+pub const OP_PROCESS_END: u8 = 30;
+/// Send a token. See the table above.
+pub const OP_SEND: u8 = 31;
+/// Consume a channel's tokens in a loop. See the table above.
+pub const OP_CONSUME: u8 = 32;
+/// Close a channel. See the table above.
+pub const OP_CLOSE: u8 = 33;
+
+/// Channels a program may declare, numbered `0 .. MAX_CHANNELS` (the
+/// expander keeps each one's tokens in a fixed ring).
+pub const MAX_CHANNELS: usize = 16;
+/// Most tokens a channel holds (its capacity: 0 ..= this).
+pub const MAX_CHANNEL_CAPACITY: usize = 16;
+/// Most processes live at once (replicas count one each); the program's
+/// own context comes on top.
+pub const MAX_PROCESSES: usize = 16;
+/// The largest channel latency, in clock ticks (24 bits of `imm2`).
+pub const MAX_CHANNEL_LATENCY: u32 = (1 << 24) - 1;
+
 /// [`OP_LOOP`] kind: iterations are independent.
 pub const LOOP_PARALLEL: u8 = 0;
 /// [`OP_LOOP`] kind: iteration `i + 1` starts after iteration `i` completed.
@@ -143,6 +207,11 @@ pub struct ProgramInfo {
     pub tasksets_defined: u8,
     /// The program's task window (`WINDOW`), or 0 for the runtime's.
     pub window: u32,
+    /// Each declared channel's `CHANNEL` operand (capacity in bits 0..8,
+    /// latency in bits 8..32), where bit `c` of `channels_defined` is set.
+    pub channels: [u32; MAX_CHANNELS],
+    /// Bit `c`: the program declares channel `c`.
+    pub channels_defined: u16,
 }
 
 impl ProgramInfo {
@@ -150,6 +219,13 @@ impl ProgramInfo {
     #[inline]
     pub fn data(&self) -> &[u32] {
         &self.data[..self.data_count]
+    }
+
+    /// Channel `c`'s capacity and latency, if the program declares it.
+    #[inline]
+    pub fn channel(&self, c: usize) -> Option<(usize, u32)> {
+        let bits = *self.channels.get(c)?;
+        (self.channels_defined & (1 << c) != 0).then_some(((bits & 0xFF) as usize, bits >> 8))
     }
 
     /// The index of `tensor` among the data tensors.
@@ -213,9 +289,11 @@ fn check_jump(program: &[Instr], pc: usize, target: usize) -> Result<(), TableEr
     let mut depth = 0usize;
     for ins in &program[pc + 1..target] {
         match ins.op {
-            OP_LOOP => depth += 1,
-            OP_END if depth == 0 => return Err(structure(pc, "jump leaves its loop")),
-            OP_END => depth -= 1,
+            OP_LOOP | OP_CONSUME | OP_PROCESS => depth += 1,
+            OP_END | OP_PROCESS_END if depth == 0 => {
+                return Err(structure(pc, "jump leaves its loop"))
+            }
+            OP_END | OP_PROCESS_END => depth -= 1,
             _ => {}
         }
     }
@@ -247,6 +325,18 @@ pub(crate) fn validate(
     let mut loops = [0usize; MAX_LOOP_DEPTH];
     let mut depth = 0;
     let mut pc = 0;
+    // The pc of the PROCESS whose body `pc` is in.
+    let mut process: Option<usize> = None;
+    // Bit `c`: some SEND sends on channel `c`.
+    let mut sent: u16 = 0;
+    let declared_channel = |pc: usize, info: &ProgramInfo, ins: &Instr| {
+        let c = ins.imm.get();
+        if info.channel(c as usize).is_some() {
+            Ok(())
+        } else {
+            Err(err(pc, "imm", Problem::UndeclaredChannel { channel: c }))
+        }
+    };
     let tensor = |pc: usize, t: u32| {
         tensors.get(t as usize).ok_or(err(
             pc,
@@ -306,19 +396,29 @@ pub(crate) fn validate(
                 reg(pc, "x[1]", ins.x[1], true)?;
                 unused(pc, ins, 2)?;
             }
-            OP_LOOP => {
-                reg(pc, "r", ins.r, false)?;
-                reg(pc, "x[0]", ins.x[0], false)?;
-                if ins.x[1] != LOOP_PARALLEL && ins.x[1] != LOOP_SEQUENTIAL {
-                    return Err(err(pc, "x[1]", range(ins.x[1] as u64, 0, 1)));
+            OP_LOOP | OP_CONSUME => {
+                if ins.op == OP_LOOP {
+                    reg(pc, "r", ins.r, false)?;
+                    reg(pc, "x[0]", ins.x[0], false)?;
+                    if ins.x[1] != LOOP_PARALLEL && ins.x[1] != LOOP_SEQUENTIAL {
+                        return Err(err(pc, "x[1]", range(ins.x[1] as u64, 0, 1)));
+                    }
+                    unused(pc, ins, 2)?;
+                } else {
+                    reg(pc, "r", ins.r, true)?;
+                    unused(pc, ins, 0)?;
+                    declared_channel(pc, &info, ins)?;
                 }
-                unused(pc, ins, 2)?;
                 if depth == MAX_LOOP_DEPTH {
                     return Err(structure(pc, "loops nested deeper than MAX_LOOP_DEPTH"));
                 }
-                let end = ins.imm.get() as usize;
+                let end = if ins.op == OP_LOOP {
+                    ins.imm.get()
+                } else {
+                    ins.imm2.get()
+                } as usize;
                 if end <= pc || program.get(end).is_none_or(|e| e.op != OP_END) {
-                    return Err(structure(pc, "LOOP does not name its END"));
+                    return Err(structure(pc, "LOOP or CONSUME does not name its END"));
                 }
                 loops[depth] = pc;
                 depth += 1;
@@ -330,9 +430,77 @@ pub(crate) fn validate(
                 }
                 depth -= 1;
                 let start = loops[depth];
-                if ins.imm.get() as usize != start || program[start].imm.get() as usize != pc {
+                let opened = &program[start];
+                let names = if opened.op == OP_LOOP {
+                    opened.imm.get()
+                } else {
+                    opened.imm2.get()
+                };
+                if ins.imm.get() as usize != start || names as usize != pc {
                     return Err(structure(pc, "END does not match the innermost LOOP"));
                 }
+            }
+            OP_CHANNEL => {
+                unused(pc, ins, 0)?;
+                if depth != 0 || process.is_some() {
+                    return Err(structure(pc, "CHANNEL inside a loop or process"));
+                }
+                let c = ins.imm.get() as usize;
+                if c >= MAX_CHANNELS {
+                    let problem = range(c as u64, 0, MAX_CHANNELS as u64 - 1);
+                    return Err(err(pc, "imm", problem));
+                }
+                if info.channel(c).is_some() {
+                    return Err(structure(pc, "a channel declared twice"));
+                }
+                let capacity = (ins.imm2.get() & 0xFF) as u64;
+                if capacity > MAX_CHANNEL_CAPACITY as u64 {
+                    let problem = range(capacity, 0, MAX_CHANNEL_CAPACITY as u64);
+                    return Err(err(pc, "imm2", problem));
+                }
+                info.channels[c] = ins.imm2.get();
+                info.channels_defined |= 1 << c;
+            }
+            OP_PROCESS => {
+                reg(pc, "r", ins.r, true)?;
+                reg(pc, "x[0]", ins.x[0], true)?;
+                unused(pc, ins, 1)?;
+                if depth != 0 || process.is_some() {
+                    return Err(structure(
+                        pc,
+                        "PROCESS inside a loop or another process (processes start at the top level)",
+                    ));
+                }
+                let most = ins.imm2.get() as u64;
+                if most == 0 || most > MAX_PROCESSES as u64 {
+                    return Err(err(pc, "imm2", range(most, 1, MAX_PROCESSES as u64)));
+                }
+                let end = ins.imm.get() as usize;
+                if end <= pc || program.get(end).is_none_or(|e| e.op != OP_PROCESS_END) {
+                    return Err(structure(pc, "PROCESS does not name its PROCESS_END"));
+                }
+                process = Some(pc);
+            }
+            OP_PROCESS_END => {
+                unused(pc, ins, 0)?;
+                match process {
+                    Some(start) if depth == 0 && ins.imm.get() as usize == start => {}
+                    Some(_) if depth != 0 => {
+                        return Err(structure(loops[depth - 1], "LOOP without an END"))
+                    }
+                    _ => return Err(structure(pc, "PROCESS_END does not match its PROCESS")),
+                }
+                process = None;
+            }
+            OP_SEND => {
+                reg(pc, "x[0]", ins.x[0], true)?;
+                unused(pc, ins, 1)?;
+                declared_channel(pc, &info, ins)?;
+                sent |= 1 << ins.imm.get();
+            }
+            OP_CLOSE => {
+                unused(pc, ins, 0)?;
+                declared_channel(pc, &info, ins)?;
             }
             OP_WHEN | OP_JUMP => {
                 if ins.op == OP_WHEN {
@@ -477,6 +645,19 @@ pub(crate) fn validate(
     }
     if depth != 0 {
         return Err(structure(loops[depth - 1], "LOOP without an END"));
+    }
+    if let Some(start) = process {
+        return Err(structure(start, "PROCESS without a PROCESS_END"));
+    }
+    // Every declared channel has a sender.
+    let unsent = info.channels_defined & !sent;
+    if unsent != 0 {
+        let c = unsent.trailing_zeros();
+        let pc = program
+            .iter()
+            .position(|p| p.op == OP_CHANNEL && p.imm.get() == c)
+            .unwrap_or(0);
+        return Err(err(pc, "imm", Problem::NoSender { channel: c }));
     }
     // Every data tensor has a writer: an INPUT, a task of the tasks
     // section, or a call of the program. (Whether that writer ran before

@@ -240,3 +240,7 @@ impl fmt::Display for ChannelReport {
         }
     }
 }
+
+/// Bytes of the expander's state per channel (its token ring and
+/// counters): the static footprint a channel costs, whether used or not.
+pub const BYTES_PER_CHANNEL: usize = core::mem::size_of::<Chan>();

@@ -587,7 +587,7 @@ fn a_when_in_a_huge_loop_counts_both_branches() {
                     y.tile(0, 0, 16, 16),
                 ],
                 &[],
-            )
+            );
         };
         w.parallel(Axis::Dense(u32::MAX), |w, i| {
             w.when(

@@ -1414,7 +1414,8 @@ impl Lower {
                         Expr::Const(1) => NO_REG,
                         count => self.expr(count)?,
                     };
-                    self.free(c);
+                    // The index gets a register of its own (not the
+                    // count's), freed after the body.
                     let r = match var {
                         Some(v) => {
                             let r = self.alloc()?;
@@ -1425,6 +1426,7 @@ impl Lower {
                     };
                     let x = [c, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
                     let at = self.emit(OP_PROCESS, r, x, 0, *max);
+                    self.free(c);
                     self.process_pcs.push((at, self.processes[*index].clone()));
                     self.nodes(body, builder)?;
                     if var.is_some() {

@@ -5,8 +5,10 @@
 
 use device_runtime::abi::program::*;
 use device_runtime::abi::{Instr, Problem, Section, Table};
+use host_tools::inspect::{inspect_named, inspect_with};
 use host_tools::program::{Axis, Call, Channel, Expr, LowerError, Workload};
 use host_tools::table::{TableBuilder, TensorId};
+use host_tools::task_count::{count_tasks, TaskCount};
 use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
 use zerocopy::little_endian::U32;
 
@@ -357,4 +359,97 @@ fn the_builder_never_lowers_what_the_device_would_refuse() {
         matches!(&e, LowerError::Invalid(why) if why.contains("nothing sends on channel 0")),
         "{e}"
     );
+}
+
+/// Three stages over `tiles` tokens: load, compute (consume, call, send)
+/// and store, the storer replicated `storers` times (1: a plain process).
+fn three_stages(tiles: u32, storers: u32) -> Workload {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    w.tensor("y", &[64, 64]).unwrap();
+    let a = w.channel("a", 2).unwrap();
+    let b = w.channel("b", 0).unwrap();
+    w.process("loader", |w| {
+        w.sequential(Axis::Dense(tiles), |w, i| {
+            let c = touch(w, x, i.clone() * 8);
+            w.send(a, i, c);
+        });
+    });
+    w.process("compute", |w| {
+        w.consume(a, |w, t| {
+            let c = touch(w, x, t.clone() * 8);
+            w.send(b, t, c);
+        });
+    });
+    let store = |w: &mut Workload| {
+        w.consume(b, |w, t| {
+            touch(w, x, t * 8);
+        })
+    };
+    if storers == 1 {
+        w.process("storer", store);
+    } else {
+        w.process_over("storer", Axis::Dense(storers), |w, _| store(w));
+    }
+    w
+}
+
+fn count(w: &mut Workload) -> TaskCount {
+    let table = w.finish().unwrap();
+    count_tasks(&Table::parse(&table).unwrap(), None, &[]).unwrap()
+}
+
+#[test]
+fn a_chain_of_consume_loops_counts_exactly() {
+    // 8 loads, 8 computes (one per token of a), 8 stores (one per token of b).
+    assert_eq!(count(&mut three_stages(8, 1)), TaskCount::Exact(24));
+    assert_eq!(count(&mut three_stages(3, 1)), TaskCount::Exact(9));
+}
+
+#[test]
+fn replicated_consumers_give_a_range_that_says_why() {
+    // Two storers share b's 8 tokens: each runs 0 to 8 bodies.
+    let n = count(&mut three_stages(8, 2));
+    assert_eq!(
+        n,
+        TaskCount::Between {
+            lo: 16,
+            hi: 32,
+            symbols: false,
+            data: false,
+            tokens: true
+        }
+    );
+    assert_eq!(
+        n.to_string(),
+        "between 16 and 32 tasks (depending on which consume loop takes which token)"
+    );
+}
+
+#[test]
+fn inspect_renders_channels_processes_and_tokens() {
+    let mut w = three_stages(8, 2);
+    let table = w.finish().unwrap();
+    let text = inspect_named(&table, false, &[], &w.csp_names());
+    for want in [
+        "declare channel 0 (a): capacity 2, latency 0 ticks",
+        "declare channel 1 (b): capacity 0 (a rendezvous), latency 0 ticks",
+        "process loader {",
+        "process compute {",
+        "process storer x r0 replicas as r1 (at most 2) {",
+        "consume channel 0 (a) as r",
+        "until closed and drained {",
+        "}  (next token of channel 1 (b))",
+        "on channel 1 (b): the process's last task completed",
+        "}  (end of process storer: closes the channels it sends on)",
+        "valid: 0 tasks, then a program of",
+        "between 16 and 32 tasks (depending on which consume loop takes which token)",
+    ] {
+        assert!(text.contains(want), "no `{want}` in\n{text}");
+    }
+    // Without the names, channels go by number and processes by pc.
+    let plain = inspect_with(&table, false, &[]);
+    assert!(plain.contains("declare channel 0: capacity 2"), "{plain}");
+    assert!(plain.contains("consume channel 0 as r"), "{plain}");
+    assert!(plain.contains("process {"), "{plain}");
 }

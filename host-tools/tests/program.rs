@@ -612,7 +612,8 @@ fn a_when_in_a_huge_loop_counts_both_branches() {
             lo: 0,
             hi: 2 * n,
             symbols: false,
-            data: false
+            data: false,
+            tokens: false
         }
     );
     // ... but 2 either way is exact.

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use device_runtime::abi::launch::Symbols;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunOptions, RunStats};
-use host_tools::inspect::inspect_with;
+use host_tools::inspect::inspect_named;
 use host_tools::semantic::run_semantic_with;
 use host_tools::shim::Shim;
 use host_tools::table::Arena;
@@ -621,7 +621,11 @@ fn run(cli: Cli) -> Result<bool> {
                     (bytes, None, table_symbols.unwrap_or_default())
                 }
             };
-            let text = inspect_with(&bytes, all, &bound);
+            let names = file
+                .as_ref()
+                .map(|f| f.program().csp_names())
+                .unwrap_or_default();
+            let text = inspect_named(&bytes, all, &bound, &names);
             print!("{text}");
             if let Some(f) = file {
                 let w = Loaded::File(Box::new(f));

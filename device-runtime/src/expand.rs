@@ -26,7 +26,8 @@ use crate::abi::{
     check_region, dtype_size, Access, Instr, Problem, Region, Table, TensorDesc, TileView,
     MAX_RANK, MAX_SCALARS, MAX_TENSOR_ARGS,
 };
-use crate::orch::{KernelRef, TaskArg, TaskId};
+use crate::channel::{Chan, ChannelReport, ChannelState, Park, ProcessState, Token};
+use crate::orch::{KernelRef, ResourceStats, TaskArg, TaskId};
 
 /// Instructions one [`Expander::step`] runs at most before it yields.
 pub const STEP_BUDGET: usize = 1024;
@@ -204,6 +205,10 @@ pub enum ExpandError {
     Contract(ShapeError),
     /// A call's stream register holds no stream (0 ..= 8).
     BadStream { value: i64 },
+    /// A `SEND` on a channel that is closed.
+    SendOnClosed { channel: u32 },
+    /// A `PROCESS` would make more processes live than the machine holds.
+    TooManyProcesses { live: u32, starting: i64, max: u32 },
 }
 
 impl fmt::Display for ExpandError {
@@ -237,6 +242,18 @@ impl fmt::Display for ExpandError {
                 problem,
             } => write!(f, "argument {arg}, {field}: {problem}"),
             ExpandError::Contract(e) => write!(f, "kernel contract: {e}"),
+            ExpandError::SendOnClosed { channel } => write!(
+                f,
+                "sends on channel {channel}, which is closed (a CLOSE, or its last sender ended)"
+            ),
+            ExpandError::TooManyProcesses {
+                live,
+                starting,
+                max,
+            } => write!(
+                f,
+                "starts {starting} processes with {live} live; at most {max} processes may be live at once"
+            ),
             ExpandError::BadStream { value } => write!(
                 f,
                 "stream {value}; streams are 1 to {} (0 for none)",
@@ -261,6 +278,17 @@ pub trait Context {
     /// The i32 at element `element` of `tensor` (validated to lie inside it),
     /// which no task writes now.
     fn read_i32(&mut self, tensor: &TensorDesc, element: u64) -> i32;
+    /// Whether the run's task `task` (submitted) has completed. The default
+    /// asks [`completed_since`](Self::completed_since): true only when every
+    /// later task has completed too, which is never wrong, only late.
+    fn task_done(&self, task: u64) -> bool {
+        self.completed_since(task)
+    }
+    /// The run's clock (ticks): for channel latencies and the time
+    /// processes spend parked. The default is a clock that never moves.
+    fn now(&self) -> u64 {
+        0
+    }
 }
 
 /// What expansion is waiting for.
@@ -275,6 +303,24 @@ pub enum Wait {
     },
     /// The end of a sequential loop's iteration.
     Iteration,
+    /// A `SEND` on a full channel.
+    ChannelFull {
+        /// The channel.
+        channel: u8,
+    },
+    /// A `CONSUME` of a channel with no token to take yet.
+    ChannelEmpty {
+        /// The channel.
+        channel: u8,
+        /// The task the oldest token stands for, while it runs.
+        task: Option<u64>,
+    },
+    /// A token whose channel latency passes at this time (the clock of
+    /// [`Context::now`]).
+    Latency {
+        /// When the token may be taken.
+        until: u64,
+    },
 }
 
 /// The result of one [`Expander::step`].
@@ -333,6 +379,23 @@ struct Frame {
     sequential: bool,
     /// Number of the first task of the current iteration.
     first: u64,
+    /// The channel of a `CONSUME`'s frame, or [`NO_CHANNEL`] for a `LOOP`'s.
+    channel: u8,
+}
+
+/// [`Frame::channel`] of a loop's frame.
+const NO_CHANNEL: u8 = 0xFF;
+
+impl Frame {
+    const EMPTY: Frame = Frame {
+        pc: 0,
+        reg: 0,
+        count: 0,
+        index: 0,
+        sequential: false,
+        first: 0,
+        channel: NO_CHANNEL,
+    };
 }
 
 const NO_SHAPE: TileShape = TileShape {
@@ -564,23 +627,86 @@ impl Site {
     }
 }
 
-/// The program machine of one run.
+/// One context of the program machine: the program's own, or a
+/// process's (see the CSP section of [`crate::abi::program`]).
 #[derive(Clone, Debug)]
-pub struct Expander {
+struct Ctx {
     pc: usize,
     /// The program's registers (`0 .. MAX_REGS`), then slots that always
     /// hold 0 ([`ZERO`]) and 1 ([`ONE`]).
     regs: [i64; SLOTS],
     frames: [Frame; MAX_LOOP_DEPTH],
     depth: usize,
+    /// The taskset of the next call (the last `DISPATCH`).
+    taskset: u8,
+    /// The run's number of the last task this context issued.
+    last_task: Option<u64>,
+    /// Bit `c`: the context's code sends on channel `c` (it closes those
+    /// it is the last sender of when it ends).
+    sends: u16,
+    /// Bit `c`: the context reserved room on channel `c` for the `SEND`
+    /// after its last call.
+    reserved: u16,
+    /// The pc of its `PROCESS`, or [`MAIN`] for the program's context.
+    start: u32,
+    /// Its replica index (0 for the program's context).
+    replica: u32,
+    /// Why it is parked, if it is.
+    park: Option<Park>,
+    /// When it parked (the context's clock), while parked on a channel.
+    parked_since: u64,
+}
+
+/// [`Ctx::start`] of the program's own context.
+const MAIN: u32 = u32::MAX;
+
+/// Contexts of the program machine: the program's and its processes'.
+pub const MAX_CONTEXTS: usize = MAX_PROCESSES + 1;
+
+impl Ctx {
+    const fn new() -> Ctx {
+        let mut regs = [0; SLOTS];
+        regs[ONE as usize] = 1;
+        Ctx {
+            pc: 0,
+            regs,
+            frames: [Frame::EMPTY; MAX_LOOP_DEPTH],
+            depth: 0,
+            taskset: 0,
+            last_task: None,
+            sends: 0,
+            reserved: 0,
+            start: MAIN,
+            replica: 0,
+            park: None,
+            parked_since: 0,
+        }
+    }
+}
+
+/// The program machine of one run: the program's context and its
+/// processes' ([`MAX_CONTEXTS`]), run in turn, and the channels between
+/// them.
+#[derive(Clone, Debug)]
+pub struct Expander {
+    /// The context running now. The others wait in `saved`; `saved[current]`
+    /// is stale while this one runs.
+    m: Ctx,
+    current: usize,
+    saved: [Ctx; MAX_CONTEXTS],
+    /// Bit `i`: context `i` is alive.
+    live: u32,
+    /// Switch to the next context before running (one task per turn).
+    rotate: bool,
     /// Bit `i`: data tensor `i` ([`ProgramInfo::data`]) has been written by
     /// a submitted task (the bit of an `INPUT` may stay clear: its data is
     /// there from the start).
     written: u8,
-    /// The taskset of the next call (the last `DISPATCH`).
-    taskset: u8,
     /// Calls decoded, by pc modulo [`CALL_SITES`].
     sites: [Option<Site>; CALL_SITES],
+    channels: [Chan; MAX_CHANNELS],
+    /// `CHANNEL_FULL` and `CHANNEL_EMPTY` figures.
+    channel_stats: [ResourceStats; 2],
 }
 
 impl Expander {
@@ -598,31 +724,385 @@ impl Expander {
                 }
             }
         }
-        Expander {
-            pc: 0,
-            regs: {
-                let mut regs = [0; SLOTS];
-                regs[ONE as usize] = 1;
-                regs
-            },
-            frames: [Frame::default(); MAX_LOOP_DEPTH],
-            depth: 0,
-            written,
-            taskset: 0,
-            sites: [None; CALL_SITES],
+        let mut channels = [Chan::EMPTY; MAX_CHANNELS];
+        for (c, chan) in channels.iter_mut().enumerate() {
+            if let Some((capacity, latency)) = info.channel(c) {
+                chan.capacity = capacity as u8;
+                chan.latency = latency;
+            }
         }
+        // The program's own context sends on the channels its code outside
+        // process bodies sends on.
+        let mut main = Ctx::new();
+        let program = table.program();
+        let mut pc = 0;
+        while let Some(ins) = program.get(pc) {
+            match ins.op {
+                OP_PROCESS => pc = ins.imm.get() as usize,
+                OP_SEND => main.sends |= 1 << (ins.imm.get() as usize % MAX_CHANNELS),
+                _ => {}
+            }
+            pc += 1;
+        }
+        for_each_bit(main.sends, |c| channels[c].senders += 1);
+        let mut stats = [ResourceStats::default(); 2];
+        stats[0].capacity = channels
+            .iter()
+            .map(|c| c.capacity as u64)
+            .max()
+            .unwrap_or(0);
+        stats[1].capacity = MAX_PROCESSES as u64;
+        Expander {
+            m: main,
+            current: 0,
+            saved: [const { Ctx::new() }; MAX_CONTEXTS],
+            live: 1,
+            rotate: false,
+            written,
+            sites: [None; CALL_SITES],
+            channels,
+            channel_stats: stats,
+        }
+    }
+
+    /// The `CHANNEL_FULL` and `CHANNEL_EMPTY` figures so far: parks, ticks
+    /// parked (the [`Context::now`] clock) and high-water marks (see
+    /// [`StallReason::ChannelFull`](crate::orch::StallReason::ChannelFull)).
+    pub fn channel_stats(&self) -> [ResourceStats; 2] {
+        self.channel_stats
+    }
+
+    /// Every live context's state: the program's own first, then the
+    /// processes in the order they started.
+    pub fn processes(&self) -> impl Iterator<Item = ProcessState> + '_ {
+        (0..MAX_CONTEXTS)
+            .filter(|&i| self.live & (1 << i) != 0)
+            .map(|i| {
+                let ctx = if i == self.current {
+                    &self.m
+                } else {
+                    &self.saved[i]
+                };
+                ProcessState {
+                    process: (ctx.start != MAIN).then_some(ctx.start),
+                    replica: ctx.replica,
+                    pc: ctx.pc as u32,
+                    park: ctx.park,
+                }
+            })
+    }
+
+    /// Every declared channel's state.
+    pub fn channels<'t>(&'t self, table: &'t Table<'_>) -> impl Iterator<Item = ChannelState> + 't {
+        let info = table.program_info();
+        (0..MAX_CHANNELS)
+            .filter(move |&c| info.channel(c).is_some())
+            .map(|c| {
+                let ch = &self.channels[c];
+                let oldest = &ch.tokens[ch.head as usize % MAX_CHANNEL_CAPACITY];
+                ChannelState {
+                    channel: c as u8,
+                    capacity: ch.capacity,
+                    queued: ch.queued,
+                    in_body: ch.in_body,
+                    closed: ch.closed,
+                    senders: ch.senders,
+                    sent: ch.sent,
+                    oldest_task: if ch.queued > 0 { oldest.task } else { None },
+                }
+            })
+    }
+
+    /// The report of a channel deadlock in the machine's current state.
+    pub fn channel_report(&self, table: &Table<'_>) -> ChannelReport {
+        let mut report = ChannelReport {
+            processes: [None; MAX_CONTEXTS],
+            channels: [None; MAX_CHANNELS],
+        };
+        for (out, p) in report.processes.iter_mut().zip(self.processes()) {
+            *out = Some(p);
+        }
+        for (out, c) in report.channels.iter_mut().zip(self.channels(table)) {
+            *out = Some(c);
+        }
+        report
+    }
+
+    /// Whether every live context is parked on a channel (not on data,
+    /// an iteration or a latency): with no task in flight, nothing can
+    /// wake any of them.
+    pub fn parked_on_channels(&self) -> bool {
+        self.live != 0
+            && self
+                .processes()
+                .all(|p| matches!(p.park, Some(Park::Full { .. } | Park::Empty { .. })))
+    }
+
+    /// Makes context `to` the running one.
+    fn switch(&mut self, to: usize) {
+        if to != self.current {
+            core::mem::swap(&mut self.m, &mut self.saved[self.current]);
+            core::mem::swap(&mut self.m, &mut self.saved[to]);
+            self.current = to;
+        }
+    }
+
+    /// The next live context after the current one (round robin) whose
+    /// bit in `skip` is clear.
+    fn next_live(&self, skip: u32) -> Option<usize> {
+        (1..=MAX_CONTEXTS)
+            .map(|k| (self.current + k) % MAX_CONTEXTS)
+            .find(|&i| (self.live & !skip) & (1 << i) != 0)
+    }
+
+    /// The running context ended: it closes the channels it was the last
+    /// live sender of.
+    fn end_context(&mut self) {
+        let channels = &mut self.channels;
+        for_each_bit(self.m.sends, |c| {
+            let ch = &mut channels[c];
+            ch.senders = ch.senders.saturating_sub(1);
+            if ch.senders == 0 {
+                ch.closed = true;
+            }
+        });
+        self.m.park = None;
+        self.live &= !(1 << self.current);
+    }
+
+    /// Starts the replicas of the `PROCESS` at the pc (the program's
+    /// context runs it) and returns the pc after its body.
+    #[cold]
+    fn start_processes(&mut self, table: &Table<'_>, ins: &Instr) -> Result<usize, ExpandError> {
+        let count = if ins.x[0] == NO_REG {
+            1
+        } else {
+            self.read(ins.x[0])
+        };
+        let most = ins.imm2.get();
+        if count < 0 || count > most as i64 {
+            return Err(ExpandError::BadCount { count, max: most });
+        }
+        let live = self.live.count_ones() - 1;
+        if live as i64 + count > MAX_PROCESSES as i64 {
+            return Err(ExpandError::TooManyProcesses {
+                live,
+                starting: count,
+                max: MAX_PROCESSES as u32,
+            });
+        }
+        let end = ins.imm.get() as usize;
+        let mut sends = 0u16;
+        for body in table.program().get(self.m.pc + 1..end).unwrap_or(&[]) {
+            if body.op == OP_SEND {
+                sends |= 1 << (body.imm.get() as usize % MAX_CHANNELS);
+            }
+        }
+        for replica in 0..count {
+            let Some(slot) = (1..MAX_CONTEXTS).find(|&i| self.live & (1 << i) == 0) else {
+                unreachable!("MAX_PROCESSES processes fit beside the program's context");
+            };
+            let ctx = &mut self.saved[slot];
+            *ctx = Ctx::new();
+            ctx.pc = self.m.pc + 1;
+            ctx.regs = self.m.regs;
+            if let Some(r) = ctx.regs[..MAX_REGS].get_mut(ins.r as usize) {
+                *r = replica;
+            }
+            ctx.taskset = self.m.taskset;
+            ctx.sends = sends;
+            ctx.start = self.m.pc as u32;
+            ctx.replica = replica as u32;
+            self.live |= 1 << slot;
+            for_each_bit(sends, |c| self.channels[c].senders += 1);
+        }
+        Ok(end + 1)
+    }
+
+    /// Parks the running context for `park`, counting a new park on a
+    /// channel in the figures.
+    fn park(&mut self, park: Park, cx: &impl Context) {
+        let Some(kind) = channel_kind(Some(park)) else {
+            self.m.park = Some(park);
+            return;
+        };
+        if channel_kind(self.m.park) != Some(kind) {
+            self.unpark(cx);
+            self.channel_stats[kind].stalls += 1;
+            self.m.parked_since = cx.now();
+        }
+        self.m.park = Some(park);
+        if kind == 1 {
+            let parked = self
+                .processes()
+                .filter(|p| channel_kind(p.park) == Some(1))
+                .count() as u64;
+            let stats = &mut self.channel_stats[1];
+            stats.high_water = stats.high_water.max(parked);
+        }
+    }
+
+    /// The running context goes on: ends its park, adding the time it
+    /// spent parked on a channel to the figures.
+    fn unpark(&mut self, cx: &impl Context) {
+        if let Some(kind) = channel_kind(self.m.park.take()) {
+            self.channel_stats[kind].stall_ticks += cx.now().saturating_sub(self.m.parked_since);
+        }
+    }
+
+    /// The earliest time a context parked on a channel's latency may go on.
+    pub fn wake_at(&self) -> Option<u64> {
+        self.processes()
+            .filter_map(|p| match p.park {
+                Some(Park::Latency { until, .. }) => Some(until),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether channel `c` has room for one more token from the running
+    /// context (a rendezvous: and a consumer waits that no queued token
+    /// will serve).
+    fn room(&self, c: usize) -> bool {
+        let ch = &self.channels[c];
+        ch.held() < (ch.capacity as usize).max(1)
+            && (ch.capacity != 0 || self.waiting_consumers(c) > ch.queued as usize)
+    }
+
+    /// Before the `CALL` at the pc is issued: reserves room for the token
+    /// of each `SEND` right after the call's operands, so that the task
+    /// that fills what the token stands for (e.g. a staging-buffer slot)
+    /// is not issued before its token fits. `Ok(false)`: a channel is
+    /// full and the context is parked.
+    #[cold]
+    fn reserve(
+        &mut self,
+        table: &Table<'_>,
+        ins: &Instr,
+        cx: &impl Context,
+    ) -> Result<bool, ExpandError> {
+        let Some(kernel) = wsp_ffi::lookup(ins.imm.get()) else {
+            return Ok(true);
+        };
+        let end = self.m.pc + 1 + kernel.num_tensors as usize + kernel.num_scalars as usize;
+        let sends = table.program().get(end..).unwrap_or(&[]);
+        let sends = sends.iter().take_while(|s| s.op == OP_SEND);
+        let mut wanted = 0u16;
+        for send in sends.clone() {
+            let c = send.imm.get() as usize % MAX_CHANNELS;
+            if self.channels[c].closed {
+                return Err(ExpandError::SendOnClosed { channel: c as u32 });
+            }
+            if wanted & (1 << c) == 0 && self.m.reserved & (1 << c) == 0 && !self.room(c) {
+                self.park(Park::Full { channel: c as u8 }, cx);
+                return Ok(false);
+            }
+            wanted |= 1 << c;
+        }
+        for_each_bit(wanted & !self.m.reserved, |c| {
+            self.channels[c].reserved += 1
+        });
+        self.m.reserved |= wanted;
+        Ok(true)
+    }
+
+    /// A `SEND` of the running context: `Ok(true)` if the token went in.
+    fn send(&mut self, ins: &Instr, cx: &impl Context) -> Result<bool, ExpandError> {
+        let c = ins.imm.get() as usize % MAX_CHANNELS;
+        let value = self.read(ins.x[0]);
+        if self.channels[c].closed {
+            return Err(ExpandError::SendOnClosed { channel: c as u32 });
+        }
+        if self.m.reserved & (1 << c) != 0 {
+            // Its call reserved the room.
+            self.m.reserved &= !(1 << c);
+            self.channels[c].reserved -= 1;
+        } else if !self.room(c) {
+            self.park(Park::Full { channel: c as u8 }, cx);
+            return Ok(false);
+        }
+        let task = self.m.last_task;
+        let ch = &mut self.channels[c];
+        let at = (ch.head as usize + ch.queued as usize) % MAX_CHANNEL_CAPACITY;
+        ch.tokens[at] = Token {
+            value,
+            task,
+            ready_at: None,
+        };
+        ch.queued += 1;
+        ch.sent += 1;
+        ch.high_water = ch.high_water.max(ch.held() as u8);
+        let held = ch.high_water as u64;
+        let stats = &mut self.channel_stats[0];
+        stats.high_water = stats.high_water.max(held);
+        self.unpark(cx);
+        Ok(true)
+    }
+
+    /// Contexts other than the running one parked at a `CONSUME` of channel `c`.
+    fn waiting_consumers(&self, c: usize) -> usize {
+        (0..MAX_CONTEXTS)
+            .filter(|&i| i != self.current && self.live & (1 << i) != 0)
+            .filter(|&i| matches!(self.saved[i].park, Some(Park::Empty { channel, .. }) if channel as usize == c))
+            .count()
+    }
+
+    /// A `CONSUME` of the running context takes a token: its value, or
+    /// `Err(None)` when the channel is closed and drained, or
+    /// `Err(Some(wait))` when it must wait (the context is parked).
+    fn take(&mut self, c: usize, cx: &impl Context) -> Result<i64, Option<Wait>> {
+        let ch = &mut self.channels[c % MAX_CHANNELS];
+        let latency = ch.latency as u64;
+        let closed = ch.closed;
+        let channel = c as u8;
+        let Some(token) = ch.front() else {
+            if closed {
+                return Err(None);
+            }
+            self.park(
+                Park::Empty {
+                    channel,
+                    task: None,
+                },
+                cx,
+            );
+            return Err(Some(Wait::ChannelEmpty {
+                channel,
+                task: None,
+            }));
+        };
+        if let Some(task) = token.task {
+            if !cx.task_done(task) {
+                let task = Some(task);
+                self.park(Park::Empty { channel, task }, cx);
+                return Err(Some(Wait::ChannelEmpty { channel, task }));
+            }
+        }
+        if latency > 0 {
+            let until = *token.ready_at.get_or_insert_with(|| cx.now() + latency);
+            if cx.now() < until {
+                self.park(Park::Latency { channel, until }, cx);
+                return Err(Some(Wait::Latency { until }));
+            }
+        }
+        let value = token.value;
+        ch.head = ((ch.head as usize + 1) % MAX_CHANNEL_CAPACITY) as u8;
+        ch.queued -= 1;
+        ch.in_body += 1;
+        self.unpark(cx);
+        Ok(value)
     }
 
     /// The pc of the next instruction.
     pub fn pc(&self) -> u32 {
-        self.pc as u32
+        self.m.pc as u32
     }
 
     #[inline(always)]
     fn read(&self, r: u8) -> i64 {
         // Without a branch: `NO_REG` (and any other number past the
         // registers, which validation refuses) reads as 0.
-        let value = self.regs[r as usize % SLOTS];
+        let value = self.m.regs[r as usize % SLOTS];
         if (r as usize) < MAX_REGS {
             value
         } else {
@@ -659,15 +1139,92 @@ impl Expander {
     /// [`step`](Self::step), writing the task, when there is one
     /// ([`Next::Task`]), to `spec` (every field of it) instead of returning
     /// it. Any other result, and an error, may leave `spec` changed.
+    ///
+    /// With processes, the step runs the live contexts in turn: a context
+    /// that issued a task gives the next its turn on the next step; one
+    /// that waits lets the others run; the step waits only when every
+    /// live context waits and none has moved since the last looked.
     pub fn step_into(
         &mut self,
         table: &Table<'_>,
         cx: &mut impl Context,
         spec: &mut TaskSpec,
     ) -> Result<Next, ExpandError> {
+        let mut budget = STEP_BUDGET;
+        if self.live == 0 {
+            return Ok(Next::Done);
+        }
+        let mut tried = 0u32;
+        let mut first = None;
+        loop {
+            if core::mem::take(&mut self.rotate) {
+                if let Some(next) = self.next_live(0) {
+                    self.switch(next);
+                }
+            }
+            let (before, parked) = (budget, self.m.park);
+            let next = self.run(table, cx, spec, &mut budget)?;
+            if self.live == 1 && next != Next::Done {
+                // One context (no process started, or all but one ended):
+                // no turns to take.
+                return Ok(next);
+            }
+            match next {
+                Next::Task => {
+                    self.rotate = self.live.count_ones() > 1;
+                    return Ok(Next::Task);
+                }
+                Next::Done => {
+                    self.end_context();
+                    if self.live == 0 {
+                        return Ok(Next::Done);
+                    }
+                    // Its end may close channels others wait on.
+                    tried = 0;
+                    first = None;
+                }
+                Next::Wait(wait) => {
+                    // It moved (sent, consumed), or it parked anew (a
+                    // consumer now waiting lets a rendezvous sender go):
+                    // the others may go on now. Each context parks anew
+                    // at most once per instruction it reaches, so this
+                    // ends.
+                    if budget != before || self.m.park != parked {
+                        tried = 0;
+                        first = None;
+                    }
+                    if self.m.park.is_none() {
+                        self.m.park = Some(Park::Other);
+                    }
+                    tried |= 1 << self.current;
+                    first.get_or_insert(wait);
+                }
+                other => return Ok(other),
+            }
+            match self.next_live(tried) {
+                Some(next) => self.switch(next),
+                // Every live context waits; `first` is set (the current
+                // one waited, or the loop would have gone on).
+                None => return Ok(Next::Wait(first.unwrap_or(Wait::Iteration))),
+            }
+        }
+    }
+
+    /// Runs the current context until a task, an event op, a wait, its
+    /// end, or `budget` instructions; each instruction run (not one that
+    /// waits) takes one from `budget`.
+    #[inline(always)]
+    fn run(
+        &mut self,
+        table: &Table<'_>,
+        cx: &mut impl Context,
+        spec: &mut TaskSpec,
+        budget: &mut usize,
+    ) -> Result<Next, ExpandError> {
         let program = table.program();
-        for _ in 0..STEP_BUDGET {
-            let Some(ins) = program.get(self.pc) else {
+        while *budget > 0 {
+            *budget -= 1;
+            let Some(ins) = program.get(self.m.pc) else {
                 return Ok(Next::Done);
             };
             let r = ins.r as usize;
@@ -692,7 +1249,10 @@ impl Expander {
                 }
                 OP_LOAD => match self.load(table, ins, cx)? {
                     Ok(value) => self.set(r, value as i64),
-                    Err(wait) => return Ok(Next::Wait(wait)),
+                    Err(wait) => {
+                        *budget += 1;
+                        return Ok(Next::Wait(wait));
+                    }
                 },
                 OP_ADD..=OP_EQ => {
                     let value = arith(ins.op, self.read(ins.x[0]), self.read(ins.x[1]))?;
@@ -704,76 +1264,160 @@ impl Expander {
                         return Err(ExpandError::BadCount { count: a, max });
                     }
                     if a == 0 {
-                        self.pc = ins.imm.get() as usize + 1;
+                        self.m.pc = ins.imm.get() as usize + 1;
                         continue;
                     }
                     // Validation nests loops at most `MAX_LOOP_DEPTH` deep.
-                    let Some(frame) = self.frames.get_mut(self.depth) else {
+                    let Some(frame) = self.m.frames.get_mut(self.m.depth) else {
                         unreachable!("loops nested deeper than MAX_LOOP_DEPTH");
                     };
                     *frame = Frame {
-                        pc: self.pc as u32,
+                        pc: self.m.pc as u32,
                         reg: ins.r,
                         count: a,
                         index: 0,
                         sequential: ins.x[1] == LOOP_SEQUENTIAL,
                         first: cx.next_task(),
+                        channel: NO_CHANNEL,
                     };
-                    self.depth += 1;
+                    self.m.depth += 1;
                     self.set(r, 0);
                 }
                 OP_END => {
                     // Validation matches every END with an open LOOP.
-                    let Some(frame) = self.depth.checked_sub(1).and_then(|d| self.frames.get(d))
+                    let Some(frame) = self
+                        .m
+                        .depth
+                        .checked_sub(1)
+                        .and_then(|d| self.m.frames.get(d))
                     else {
                         unreachable!("END without a LOOP");
                     };
+                    if frame.channel != NO_CHANNEL {
+                        // A consume body ended: its token no longer counts
+                        // against the channel; back to the CONSUME.
+                        let ch = &mut self.channels[frame.channel as usize % MAX_CHANNELS];
+                        ch.in_body = ch.in_body.saturating_sub(1);
+                        self.m.pc = frame.pc as usize;
+                        continue;
+                    }
                     if frame.index + 1 < frame.count {
                         if frame.sequential && !cx.completed_since(frame.first) {
+                            *budget += 1;
                             return Ok(Next::Wait(Wait::Iteration));
                         }
                         let next = cx.next_task();
-                        let frame = &mut self.frames[self.depth - 1];
+                        let frame = &mut self.m.frames[self.m.depth - 1];
                         frame.index += 1;
                         frame.first = next;
                         let (reg, index, pc) = (frame.reg as usize, frame.index, frame.pc);
                         self.set(reg, index);
-                        self.pc = pc as usize + 1;
+                        self.m.pc = pc as usize + 1;
                         continue;
                     }
-                    self.depth -= 1;
+                    self.m.depth -= 1;
                 }
                 OP_WHEN => {
                     if self.read(ins.x[0]) == 0 {
-                        self.pc = ins.imm.get() as usize;
+                        self.m.pc = ins.imm.get() as usize;
                         continue;
                     }
                 }
                 OP_JUMP => {
-                    self.pc = ins.imm.get() as usize;
+                    self.m.pc = ins.imm.get() as usize;
                     continue;
                 }
                 OP_CALL => {
-                    self.pc = match self.call_fast(table, spec) {
+                    if self.m.sends != 0 && !self.reserve(table, ins, cx)? {
+                        *budget += 1;
+                        let channel = match self.m.park {
+                            Some(Park::Full { channel }) => channel,
+                            _ => 0,
+                        };
+                        return Ok(Next::Wait(Wait::ChannelFull { channel }));
+                    }
+                    self.m.pc = match self.call_fast(table, spec) {
                         Some(end) => end,
                         None => self.call(table, ins, spec)?,
                     };
+                    self.m.last_task = Some(cx.next_task());
+                    if self.m.park.is_some() {
+                        self.unpark(cx);
+                    }
                     return Ok(Next::Task);
                 }
+                OP_PROCESS => {
+                    self.m.pc = self.start_processes(table, ins)?;
+                    continue;
+                }
+                OP_PROCESS_END => return Ok(Next::Done),
+                OP_SEND => {
+                    if !self.send(ins, cx)? {
+                        *budget += 1;
+                        return Ok(Next::Wait(Wait::ChannelFull {
+                            channel: ins.imm.get() as u8,
+                        }));
+                    }
+                }
+                OP_CONSUME => {
+                    let c = ins.imm.get() as usize % MAX_CHANNELS;
+                    let depth = self.m.depth;
+                    // Back from its body: its frame is the innermost.
+                    let again = depth
+                        .checked_sub(1)
+                        .and_then(|d| self.m.frames.get(d))
+                        .is_some_and(|f| f.channel != NO_CHANNEL && f.pc as usize == self.m.pc);
+                    match self.take(c, cx) {
+                        Ok(value) => {
+                            if again {
+                                self.m.frames[depth - 1].index += 1;
+                            } else {
+                                // Validation nests loops and consumes at
+                                // most `MAX_LOOP_DEPTH` deep.
+                                let Some(frame) = self.m.frames.get_mut(depth) else {
+                                    unreachable!("loops nested deeper than MAX_LOOP_DEPTH");
+                                };
+                                *frame = Frame {
+                                    pc: self.m.pc as u32,
+                                    reg: ins.r,
+                                    count: i64::MAX,
+                                    index: 0,
+                                    sequential: false,
+                                    first: cx.next_task(),
+                                    channel: c as u8,
+                                };
+                                self.m.depth += 1;
+                            }
+                            self.set(r, value);
+                        }
+                        Err(None) => {
+                            if again {
+                                self.m.depth -= 1;
+                            }
+                            self.m.pc = ins.imm2.get() as usize + 1;
+                            continue;
+                        }
+                        Err(Some(wait)) => {
+                            *budget += 1;
+                            return Ok(Next::Wait(wait));
+                        }
+                    }
+                }
+                OP_CLOSE => self.channels[ins.imm.get() as usize % MAX_CHANNELS].closed = true,
                 OP_RECORD | OP_WAIT => {
-                    self.pc += 1;
+                    self.m.pc += 1;
                     return Ok(Next::Event {
                         record: ins.op == OP_RECORD,
                         stream: ins.x[0] as u32,
                         event: ins.x[1] as u32,
                     });
                 }
-                OP_DISPATCH => self.taskset = ins.imm.get() as u8,
+                OP_DISPATCH => self.m.taskset = ins.imm.get() as u8,
                 // OP_INPUT and OP_WINDOW: declarations, used by validation
                 // and at launch.
                 _ => {}
             }
-            self.pc += 1;
+            self.m.pc += 1;
         }
         Ok(Next::Yield)
     }
@@ -781,7 +1425,7 @@ impl Expander {
     /// Sets register `r` (validated to be one: `0 .. MAX_REGS`).
     #[inline(always)]
     fn set(&mut self, r: usize, value: i64) {
-        if let Some(reg) = self.regs[..MAX_REGS].get_mut(r) {
+        if let Some(reg) = self.m.regs[..MAX_REGS].get_mut(r) {
             *reg = value;
         }
     }
@@ -838,16 +1482,16 @@ impl Expander {
     /// regions without building errors.
     #[inline(never)]
     fn call_fast(&mut self, table: &Table<'_>, spec: &mut TaskSpec) -> Option<usize> {
-        let entry = &mut self.sites[self.pc % CALL_SITES];
-        if entry.is_none_or(|site| site.pc != self.pc) {
-            *entry = Some(Site::decode(table, self.pc)?);
+        let entry = &mut self.sites[self.m.pc % CALL_SITES];
+        if entry.is_none_or(|site| site.pc != self.m.pc) {
+            *entry = Some(Site::decode(table, self.m.pc)?);
         }
         let site = entry.as_ref()?;
         let (kernel, end, writes) = (site.kernel, site.end, site.writes);
         let stream = match site.stream {
             Operand::Const(s) => s,
             Operand::Reg(r) => {
-                let value = self.regs[r as usize % SLOTS];
+                let value = self.m.regs[r as usize % SLOTS];
                 if !(0..=crate::abi::MAX_STREAMS as i64).contains(&value) {
                     return None;
                 }
@@ -866,11 +1510,11 @@ impl Expander {
         // One straight run of code per rank when all arguments have the
         // same (the common case), else a choice per argument.
         let ok = match site.rank {
-            1 => site.args_of::<1>(&self.regs, &mut spec.args, &mut tiles),
-            2 => site.args_of::<2>(&self.regs, &mut spec.args, &mut tiles),
-            3 => site.args_of::<3>(&self.regs, &mut spec.args, &mut tiles),
-            4 => site.args_of::<4>(&self.regs, &mut spec.args, &mut tiles),
-            _ => site.args_of::<0>(&self.regs, &mut spec.args, &mut tiles),
+            1 => site.args_of::<1>(&self.m.regs, &mut spec.args, &mut tiles),
+            2 => site.args_of::<2>(&self.m.regs, &mut spec.args, &mut tiles),
+            3 => site.args_of::<3>(&self.m.regs, &mut spec.args, &mut tiles),
+            4 => site.args_of::<4>(&self.m.regs, &mut spec.args, &mut tiles),
+            _ => site.args_of::<0>(&self.m.regs, &mut spec.args, &mut tiles),
         };
         for (tile, passed) in tiles.iter().zip(&site.tiles) {
             differ |= tile ^ passed;
@@ -889,7 +1533,7 @@ impl Expander {
             .zip(spec.scalars.iter_mut())
             .zip(&site.scalar_values)
         {
-            *scalar = self.regs[r as usize % SLOTS] as u64;
+            *scalar = self.m.regs[r as usize % SLOTS] as u64;
             differ |= *scalar ^ passed;
         }
         if differ != 0 {
@@ -906,14 +1550,14 @@ impl Expander {
             site.kernel
                 .check(&shapes[..num_args], spec.scalars())
                 .ok()?;
-            let site = self.sites[self.pc % CALL_SITES].as_mut()?;
+            let site = self.sites[self.m.pc % CALL_SITES].as_mut()?;
             site.tiles = tiles;
             for (passed, &value) in site.scalar_values.iter_mut().zip(spec.scalars.iter()) {
                 *passed = value;
             }
             site.passed = true;
         }
-        let frames = self.frames.get(..self.depth)?;
+        let frames = self.m.frames.get(..self.m.depth)?;
         if spec.loops.len() != frames.len() {
             spec.loops.clear();
             spec.loops.resize(frames.len(), 0).ok()?;
@@ -926,8 +1570,8 @@ impl Expander {
             kind: kernel.kind,
         };
         spec.stream = stream;
-        spec.pc = Some(self.pc as u32);
-        spec.taskset = self.taskset;
+        spec.pc = Some(self.m.pc as u32);
+        spec.taskset = self.m.taskset;
         self.written |= writes;
         Some(end)
     }
@@ -959,15 +1603,15 @@ impl Expander {
                 }
             }
         };
-        spec.pc = Some(self.pc as u32);
-        spec.taskset = self.taskset;
+        spec.pc = Some(self.m.pc as u32);
+        spec.taskset = self.m.taskset;
         spec.loops.clear();
-        for frame in &self.frames[..self.depth] {
+        for frame in &self.m.frames[..self.m.depth] {
             // At most `MAX_LOOP_DEPTH` frames are open (validation).
             let _ = spec.loops.push(frame.index as u32);
         }
         let (num_args, num_scalars) = (kernel.num_tensors as usize, kernel.num_scalars as usize);
-        let first = self.pc + 1;
+        let first = self.m.pc + 1;
         let scalars_at = first + num_args;
         let end = scalars_at + num_scalars;
         // Validation checks that the call's operands lie inside the program.
@@ -1036,6 +1680,24 @@ impl Expander {
             region.extent[row] = operand(arg.x[4], 1)?;
         }
         Ok(region)
+    }
+}
+
+/// Which channel figures a park counts in: 0 for `CHANNEL_FULL`, 1 for
+/// `CHANNEL_EMPTY`, none for other waits.
+fn channel_kind(park: Option<Park>) -> Option<usize> {
+    match park? {
+        Park::Full { .. } => Some(0),
+        Park::Empty { .. } | Park::Latency { .. } => Some(1),
+        Park::Other => None,
+    }
+}
+
+/// Calls `f` with the index of every set bit of `bits`.
+fn for_each_bit(mut bits: u16, mut f: impl FnMut(usize)) {
+    while bits != 0 {
+        f(bits.trailing_zeros() as usize);
+        bits &= bits - 1;
     }
 }
 

@@ -43,6 +43,7 @@
 #![allow(clippy::large_enum_variant, clippy::result_large_err)]
 
 pub mod abi;
+pub mod channel;
 pub mod exec;
 pub mod expand;
 pub mod mailbox;

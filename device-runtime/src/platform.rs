@@ -28,6 +28,14 @@ pub trait Clock {
     fn pause(&self) {
         self.relax()
     }
+    /// The scheduler has nothing to do before `deadline` (a channel's
+    /// latency passes then) unless a task completes first. A clock that
+    /// only moves when the scheduler waits (semantic time) moves to the
+    /// earlier of the two; a real clock waits as in [`Clock::relax`].
+    fn relax_until(&self, deadline: u64) {
+        let _ = deadline;
+        self.relax()
+    }
 }
 
 /// The machine under the scheduler: a set of cores of two kinds, each running
@@ -75,6 +83,9 @@ impl<C: Clock + ?Sized> Clock for &mut C {
     }
     fn pause(&self) {
         (**self).pause()
+    }
+    fn relax_until(&self, deadline: u64) {
+        (**self).relax_until(deadline)
     }
 }
 
@@ -181,6 +192,9 @@ impl<C: Clock> Clock for MailboxPlatform<'_, C> {
     }
     fn pause(&self) {
         self.clock.pause()
+    }
+    fn relax_until(&self, deadline: u64) {
+        self.clock.relax_until(deadline)
     }
 }
 

@@ -418,7 +418,12 @@ pub(crate) fn validate(
                     ins.imm2.get()
                 } as usize;
                 if end <= pc || program.get(end).is_none_or(|e| e.op != OP_END) {
-                    return Err(structure(pc, "LOOP or CONSUME does not name its END"));
+                    let why = if ins.op == OP_LOOP {
+                        "LOOP does not name its END"
+                    } else {
+                        "CONSUME does not name its END"
+                    };
+                    return Err(structure(pc, why));
                 }
                 loops[depth] = pc;
                 depth += 1;

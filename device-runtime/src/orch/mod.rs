@@ -64,7 +64,7 @@ use deadlock::{REPORTED_PRODUCERS, REPORTED_TASKS};
 use dep_pool::{DepPool, NIL};
 pub use heap_ring::{HeapBlock, HeapError, HeapRing};
 pub use release::ReleaseGraph;
-pub use stall::{ResourceStats, StallReason, StallStats};
+pub use stall::{ResourceStats, StallReason, StallStats, STALL_REASONS};
 use stream::{is_stream, Streams};
 pub use stream::{EventId, StreamId};
 use tensor_map::{Place, TensorMap, Visitor};
@@ -343,7 +343,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             ready: [empty; 2],
             scopes: [Scope { name: "", first: 0 }; MAX_SCOPE_DEPTH],
             depth: 0,
-            stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0]),
+            stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0, 0, 0]),
             pass: 0,
             found: [0; 16],
             streams: Streams::new(),

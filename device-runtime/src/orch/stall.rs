@@ -3,7 +3,10 @@
 
 use core::fmt;
 
-/// The resource a submission waits for.
+/// The number of [`StallReason`]s.
+pub const STALL_REASONS: usize = 7;
+
+/// The resource a submission (or a process) waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StallReason {
     /// Every slot of the task window holds a task that has not retired.
@@ -18,16 +21,27 @@ pub enum StallReason {
     /// ready lists are intrusive (through the task slots) and cannot fill;
     /// bounded per-thread dispatch queues report this reason.
     ReadyQueueFull,
+    /// A process's `SEND` found its channel full (capacity 0: no consumer
+    /// waiting). High water: the most tokens one channel held; capacity:
+    /// the largest channel capacity.
+    ChannelFull,
+    /// A process's `CONSUME` found no token it could take yet (the channel
+    /// empty and open, or its oldest token's task still running, or its
+    /// latency not yet passed). High water: the most processes parked on
+    /// empty channels at once; capacity: the most processes.
+    ChannelEmpty,
 }
 
 impl StallReason {
     /// Every resource, in index order.
-    pub const ALL: [StallReason; 5] = [
+    pub const ALL: [StallReason; STALL_REASONS] = [
         StallReason::TaskRingFull,
         StallReason::TensorMapPoolFull,
         StallReason::DepListPoolFull,
         StallReason::HeapRingFull,
         StallReason::ReadyQueueFull,
+        StallReason::ChannelFull,
+        StallReason::ChannelEmpty,
     ];
 
     /// Its name, for reports.
@@ -38,6 +52,8 @@ impl StallReason {
             StallReason::DepListPoolFull => "DEPLIST_POOL_FULL",
             StallReason::HeapRingFull => "HEAP_RING_FULL",
             StallReason::ReadyQueueFull => "READY_QUEUE_FULL",
+            StallReason::ChannelFull => "CHANNEL_FULL",
+            StallReason::ChannelEmpty => "CHANNEL_EMPTY",
         }
     }
 
@@ -70,7 +86,7 @@ pub struct ResourceStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StallStats {
     /// Per resource, by [`StallReason`] index.
-    pub resources: [ResourceStats; 5],
+    pub resources: [ResourceStats; STALL_REASONS],
     /// What the submission in progress is waiting for, if anything.
     pub current: Option<StallReason>,
     since: u64,
@@ -78,16 +94,16 @@ pub struct StallStats {
 
 impl StallStats {
     /// Statistics for resources of these capacities (in [`StallReason::ALL`] order).
-    pub const fn new(capacity: [u64; 5]) -> Self {
+    pub const fn new(capacity: [u64; STALL_REASONS]) -> Self {
         const ZERO: ResourceStats = ResourceStats {
             stalls: 0,
             stall_ticks: 0,
             high_water: 0,
             capacity: 0,
         };
-        let mut resources = [ZERO; 5];
+        let mut resources = [ZERO; STALL_REASONS];
         let mut i = 0;
-        while i < 5 {
+        while i < STALL_REASONS {
             resources[i].capacity = capacity[i];
             i += 1;
         }

@@ -14,10 +14,10 @@ use super::record::Launch;
 use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats};
 use super::{Arena, ConfigError, Entry, Queues, SchedConfig, DISPATCH_QUEUE, RELEASED, RUNNING};
 use crate::abi::launch::Symbols;
-use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_DISPATCH, OP_END, OP_LOOP};
+use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_CONSUME, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
 use crate::abi::{Region, Table, TensorDesc, ARENA_ALIGN, STREAM_OP_RECORD, TASK_WINDOW};
-use crate::expand::{Context, Expander, Next, TaskSpec};
+use crate::expand::{Context, Expander, Next, TaskSpec, Wait};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
@@ -80,6 +80,8 @@ pub struct Dispatcher<'a> {
     spec: TaskSpec,
     /// The program has ended.
     expanded: bool,
+    /// What the program waited for at its last step, if it waited.
+    waiting: Option<Wait>,
     /// The last expansion step ran out of budget.
     yielded: bool,
     /// A task finished since the last submission (which may have stalled).
@@ -235,6 +237,7 @@ impl<'a> Dispatcher<'a> {
             next: 0,
             next_op: 0,
             expander: Expander::new(table),
+            waiting: None,
             pending: false,
             spec: TaskSpec::empty(),
             expanded: false,
@@ -307,10 +310,23 @@ impl<'a> Dispatcher<'a> {
         if self.held.iter().any(Option::is_some) {
             return Ok(());
         }
+        // Processes parked on channels with nothing in flight: no
+        // completion will come to wake them.
+        if self.waiting.is_some() && self.orch.is_drained() && self.expander.parked_on_channels() {
+            let report = self.expander.channel_report(self.table);
+            return Err(RunError::ChannelDeadlock(report));
+        }
         // Tasks of a kind without cores were refused at submission.
         self.orch
             .check_progress_linked(&self.queues.graph)
             .map_err(RunError::Deadlock)
+    }
+
+    /// When the program waits for a channel's latency to pass: the clock
+    /// time at which to look again (the caller may sleep until then, or,
+    /// in semantic time, move the clock there).
+    pub fn wake_at(&self) -> Option<u64> {
+        self.waiting.and(self.expander.wake_at())
     }
 
     /// Takes the threads' reports: completions to the orchestrator, which
@@ -358,7 +374,7 @@ impl<'a> Dispatcher<'a> {
     /// Writes the next task to submit, from the tasks section, then the
     /// program, to `self.spec`; `Ok(false)` when there is none now (the
     /// program waits or ended). Applies the event ops that come before it.
-    fn next_task(&mut self) -> Result<bool, RunError> {
+    fn next_task(&mut self, now: u64) -> Result<bool, RunError> {
         let tasks = self.table.tasks().len() as u64;
         let ops = self.table.stream_ops();
         // Event records and waits come before the task they precede.
@@ -388,12 +404,14 @@ impl<'a> Dispatcher<'a> {
                 symbols: &self.symbols,
                 base: self.base,
                 next: self.next,
+                now,
             };
             let pc = self.expander.pc();
             let step = self
                 .expander
                 .step_into(self.table, &mut cx, &mut self.spec)
                 .map_err(|why| RunError::Expand { pc, why })?;
+            self.waiting = None;
             match step {
                 Next::Task => return Ok(true),
                 Next::Event {
@@ -405,7 +423,10 @@ impl<'a> Dispatcher<'a> {
                     self.stream_op(record, stream, event)
                         .map_err(|why| RunError::ProgramEventRefused { pc, why })?;
                 }
-                Next::Wait(_) => return Ok(false),
+                Next::Wait(wait) => {
+                    self.waiting = Some(wait);
+                    return Ok(false);
+                }
                 Next::Yield => {
                     self.yielded = true;
                     return Ok(false);
@@ -442,7 +463,7 @@ impl<'a> Dispatcher<'a> {
                 }
                 Err(_) => unreachable!("a full window stalls or deadlocks"),
             }
-            if !core::mem::take(&mut self.pending) && !self.next_task()? {
+            if !core::mem::take(&mut self.pending) && !self.next_task(now)? {
                 // A program that ran out of its step budget has more to do
                 // now: that is progress. (One that waits is not: it needs a
                 // completion first.)
@@ -649,6 +670,9 @@ impl<'a> Dispatcher<'a> {
     pub fn fill_stats(&self, stats: &mut RunStats) {
         stats.stalls = *self.orch.stats();
         stats.stalls.resources[StallReason::ReadyQueueFull as usize] = self.ready_queue;
+        let [full, empty] = self.expander.channel_stats();
+        stats.stalls.resources[StallReason::ChannelFull as usize] = full;
+        stats.stalls.resources[StallReason::ChannelEmpty as usize] = empty;
         stats.policy = self.policy.decision();
         stats.window = self.orch.window();
         for (set, out) in stats.tasksets.iter_mut().enumerate() {
@@ -713,7 +737,7 @@ fn check_keys(
     let (mut depth, mut set) = (0, 0);
     for (pc, ins) in program.iter().enumerate() {
         match ins.op {
-            OP_LOOP => depth += 1,
+            OP_LOOP | OP_CONSUME => depth += 1,
             OP_END => depth -= 1,
             OP_DISPATCH => set = ins.imm.get() as usize,
             OP_CALL => {
@@ -739,9 +763,18 @@ struct Expansion<'x, 'a> {
     symbols: &'x Symbols,
     base: TaskId,
     next: u64,
+    now: u64,
 }
 
 impl Context for Expansion<'_, '_> {
+    fn task_done(&self, task: u64) -> bool {
+        task < self.next && !self.orch.is_live(self.base + task)
+    }
+
+    fn now(&self) -> u64 {
+        self.now
+    }
+
     fn symbol(&self, index: usize) -> Option<i64> {
         self.symbols.get(index)
     }

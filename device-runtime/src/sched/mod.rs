@@ -395,7 +395,10 @@ pub fn drive_stepped<P: crate::platform::Platform>(
                 for s in schedulers.iter() {
                     s.check_timeouts()?;
                 }
-                schedulers[0].relax();
+                match dispatcher.wake_at() {
+                    Some(deadline) => schedulers[0].relax_until(deadline),
+                    None => schedulers[0].relax(),
+                }
             }
         }
         Ok(())
@@ -428,7 +431,10 @@ pub fn drive_leader<P: crate::platform::Platform>(
             if !progress {
                 dispatcher.check_progress()?;
                 scheduler.check_timeouts()?;
-                scheduler.relax();
+                match dispatcher.wake_at() {
+                    Some(deadline) => scheduler.relax_until(deadline),
+                    None => scheduler.relax(),
+                }
             }
         }
         Ok(())

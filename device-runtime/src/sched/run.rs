@@ -177,7 +177,7 @@ impl RunStats {
             tasks: 0,
             wall_ticks: 0,
             ticks_per_second,
-            stalls: StallStats::new([0; 5]),
+            stalls: StallStats::new([0; crate::orch::stall::STALL_REASONS]),
             policy: "",
             window: 0,
             tasksets: [None; MAX_TASKSETS],
@@ -333,6 +333,10 @@ pub enum RunError {
     OrchestratorBusy { in_flight: u64 },
     /// No progress is possible; the report says why.
     Deadlock(DeadlockReport),
+    /// Every process of the program is parked on a channel and no task is
+    /// in flight: the report names the processes, the channels' states
+    /// and what to change.
+    ChannelDeadlock(crate::channel::ChannelReport),
     /// A scheduling setting the runtime cannot honour.
     Config(ConfigError),
     /// Another scheduler thread failed; its own error says why.
@@ -398,6 +402,7 @@ impl fmt::Display for RunError {
                 write!(f, "the orchestrator still holds {in_flight} tasks of an earlier run")
             }
             RunError::Deadlock(report) => write!(f, "{report}"),
+            RunError::ChannelDeadlock(report) => write!(f, "{report}"),
             RunError::Config(e) => write!(f, "scheduling: {e}"),
             RunError::ThreadFailed => f.write_str("another scheduler thread failed"),
             RunError::CompletionRingFull { thread } => write!(

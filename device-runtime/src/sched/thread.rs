@@ -273,6 +273,12 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         }
     }
 
+    /// Waits as [`relax`](Self::relax) does, but no later than `deadline`
+    /// on a clock the scheduler moves ([`Clock::relax_until`]).
+    pub(super) fn relax_until(&mut self, deadline: u64) {
+        self.platform.relax_until(deadline)
+    }
+
     fn busy(&self) -> u64 {
         !self.idle & (self.kind_mask[0] | self.kind_mask[1])
     }

@@ -663,6 +663,23 @@ fn print_stalls(stalls: &device_runtime::orch::StallStats) {
             r.stalls
         );
     }
+    // Processes parked on channels: only where a program has channels.
+    for (reason, what) in [
+        (StallReason::ChannelFull, "tokens held"),
+        (StallReason::ChannelEmpty, "processes parked"),
+    ] {
+        let r = stalls.of(reason);
+        if r.stalls > 0 || r.high_water > 0 {
+            println!(
+                "  {:<20} high water {:>5} {what} (of {}), {} parks, {} ticks parked",
+                reason.name(),
+                r.high_water,
+                r.capacity,
+                r.stalls,
+                r.stall_ticks
+            );
+        }
+    }
 }
 
 /// Prints the check of `arena` (and of the task count, when the run's is

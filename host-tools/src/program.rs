@@ -866,6 +866,13 @@ impl Workload {
     /// program's top level) made before the send, since the device's token
     /// stands for the last task the process issued; otherwise `finish`
     /// says so. The process closes `ch` when it ends.
+    ///
+    /// A send made right after its call (nothing between them) is lowered
+    /// so that the device reserves the token's room before it issues the
+    /// call's task: a loader that fills staging slot `i % slots` then
+    /// cannot overwrite a slot whose token is still in the channel, as
+    /// long as the channel's depth is at most the slots. `value` is then
+    /// computed before the call.
     pub fn send(&mut self, ch: Channel, value: impl Into<Expr>, after: Call) {
         let name = match self.channel_name(ch) {
             Ok(name) => name,
@@ -1320,7 +1327,9 @@ impl Lower {
 
     fn nodes(&mut self, nodes: &[Node], builder: &mut TableBuilder) -> Result<(), LowerError> {
         let scope = self.vars.len();
-        for node in nodes {
+        let mut next = 0;
+        while let Some(node) = nodes.get(next) {
+            next += 1;
             match node {
                 Node::Let { var, value } => {
                     let r = self.expr(value)?;
@@ -1395,7 +1404,25 @@ impl Lower {
                     stream_of,
                     args,
                     scalars,
-                } => self.call(*kernel, *stream, stream_of.as_ref(), args, scalars, builder)?,
+                } => {
+                    // The sends right after the call: their values are
+                    // computed before it, so that each SEND directly
+                    // follows the call's operands and the device reserves
+                    // the token's room before it issues the task (which
+                    // then cannot overwrite what an earlier token, still
+                    // in the channel, stands for).
+                    let mut sends = Vec::new();
+                    while let Some(Node::Send { channel, value }) = nodes.get(next) {
+                        sends.push((*channel, self.operand(value, Some(0), &mut Vec::new())?));
+                        next += 1;
+                    }
+                    self.call(*kernel, *stream, stream_of.as_ref(), args, scalars, builder)?;
+                    for &(channel, r) in &sends {
+                        let x = [r, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
+                        self.emit(OP_SEND, 0, x, channel, 0);
+                    }
+                    sends.iter().for_each(|&(_, r)| self.free(r));
+                }
                 Node::Dispatch { set, body } => {
                     let outer = std::mem::replace(&mut self.taskset, *set);
                     self.dispatch(*set);

@@ -70,13 +70,16 @@ fn channels_and_processes_lower_to_the_expected_ops() {
     let loader_end = got[1].3 as usize;
     assert_eq!(got[loader_end], (OP_PROCESS_END, 0, n, 1, 0));
     let body: Vec<u8> = got[2..loader_end].iter().map(|o| o.0).collect();
+    // The send's value is computed before the call, so that the SEND
+    // follows the call's operands directly (the device then reserves the
+    // token's room before issuing the task).
     assert_eq!(
         body,
-        [OP_CONST, OP_CALL, OP_ARG, OP_ARG, OP_ARG, OP_CONST, OP_SEND],
+        [OP_CONST, OP_CONST, OP_CALL, OP_ARG, OP_ARG, OP_ARG, OP_SEND],
         "{got:?}"
     );
     let send = got[loader_end - 1];
-    let value = got[loader_end - 2];
+    let value = got[2];
     assert_eq!((value.3, value.4), (5, 0), "CONST 5");
     assert_eq!(
         (send.2, send.3),

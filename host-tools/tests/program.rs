@@ -175,7 +175,7 @@ fn malformed_programs_are_refused_with_the_instruction_named() {
         (
             end_pc,
             Box::new(|i: &mut [u8]| i[0] = OP_JUMP),
-            "LOOP does not name its END",
+            "does not name its END",
         ),
     ];
     for (pc, edit, text) in cases {

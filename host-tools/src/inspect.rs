@@ -11,6 +11,7 @@ use device_runtime::abi::{
 };
 use device_runtime::expand::Context;
 
+use crate::program::CspNames;
 use crate::task_count::{count_tasks, TaskCount};
 use zerocopy::{FromBytes, Immutable, KnownLayout};
 
@@ -25,8 +26,14 @@ pub fn inspect(bytes: &[u8], all_tasks: bool) -> String {
 /// As [`inspect`], counting the program's tasks with `symbols` bound by
 /// position.
 pub fn inspect_with(bytes: &[u8], all_tasks: bool, symbols: &[i64]) -> String {
+    inspect_named(bytes, all_tasks, symbols, &CspNames::default())
+}
+
+/// As [`inspect_with`], naming channels and processes as the workload did
+/// (the table knows them only by number and by the pc of their `PROCESS`).
+pub fn inspect_named(bytes: &[u8], all_tasks: bool, symbols: &[i64], names: &CspNames) -> String {
     let mut out = String::new();
-    dump(&mut out, bytes, all_tasks);
+    dump(&mut out, bytes, all_tasks, names);
     match Table::parse(bytes) {
         Ok(t) => {
             let _ = writeln!(out, "valid: {}", summary(&t, None, symbols));
@@ -58,7 +65,7 @@ fn name(raw: &[u8; 16]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-fn dump(out: &mut String, bytes: &[u8], all_tasks: bool) {
+fn dump(out: &mut String, bytes: &[u8], all_tasks: bool, names: &CspNames) {
     let Ok((h, _)) = TableHeader::read_from_prefix(bytes) else {
         let _ = writeln!(out, "{} bytes: too short for a table header", bytes.len());
         return;
@@ -153,7 +160,7 @@ fn dump(out: &mut String, bytes: &[u8], all_tasks: bool) {
         );
     }
     let program: &[Instr] = section(out, bytes, "program", &h.program);
-    program_text(out, program, tensors);
+    program_text(out, program, tensors, names);
 }
 
 fn reg(r: u8) -> String {
@@ -165,11 +172,20 @@ fn reg(r: u8) -> String {
 }
 
 /// The program as indented loops, one instruction per line with its pc.
-fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc]) {
+fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc], names: &CspNames) {
     let tname = |t: u32| {
         tensors
             .get(t as usize)
             .map_or_else(|| format!("tensor{t}?"), |d| name(&d.name))
+    };
+    // "channel 2 (to_compute)", or "channel 2" where the name is unknown.
+    let chname = |c: u32| match names.channels.get(c as usize) {
+        Some(d) => format!("channel {c} ({})", d.name),
+        None => format!("channel {c}"),
+    };
+    let pname = |pc: usize| match names.processes.iter().find(|(at, _)| *at == pc) {
+        Some((_, n)) => format!(" {n}"),
+        None => String::new(),
     };
     let mut depth = 1usize;
     for (pc, ins) in program.iter().enumerate() {
@@ -217,8 +233,70 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc]) {
             }
             OP_END => {
                 depth = depth.saturating_sub(1).max(1);
-                "}".to_string()
+                match program.get(imm as usize) {
+                    Some(c) if c.op == OP_CONSUME => {
+                        format!("}}  (next token of {})", chname(c.imm.get()))
+                    }
+                    _ => "}".to_string(),
+                }
             }
+            OP_CHANNEL => {
+                let bits = ins.imm2.get();
+                let capacity = match bits & 0xFF {
+                    0 => "capacity 0 (a rendezvous)".to_string(),
+                    c => format!("capacity {c}"),
+                };
+                format!(
+                    "declare {}: {capacity}, latency {} ticks",
+                    chname(imm),
+                    bits >> 8
+                )
+            }
+            OP_PROCESS | OP_CONSUME => {
+                let line = if ins.op == OP_PROCESS {
+                    let replicas = if x[0] == NO_REG {
+                        String::new()
+                    } else {
+                        let index = if ins.r == NO_REG {
+                            String::new()
+                        } else {
+                            format!(" as r{}", ins.r)
+                        };
+                        format!(
+                            " x {} replicas{index} (at most {})",
+                            reg(x[0]),
+                            ins.imm2.get()
+                        )
+                    };
+                    format!("process{}{replicas} {{", pname(pc))
+                } else {
+                    let token = if ins.r == NO_REG {
+                        String::new()
+                    } else {
+                        format!(" as r{}", ins.r)
+                    };
+                    format!(
+                        "consume {}{token}, until closed and drained {{",
+                        chname(imm)
+                    )
+                };
+                let _ = writeln!(out, "  {pc:>4}  {}{line}", "  ".repeat(depth));
+                depth += 1;
+                continue;
+            }
+            OP_PROCESS_END => {
+                depth = depth.saturating_sub(1).max(1);
+                format!(
+                    "}}  (end of process{}: closes the channels it sends on)",
+                    pname(imm as usize)
+                )
+            }
+            OP_SEND => format!(
+                "send {} on {}: the process's last task completed",
+                reg(x[0]),
+                chname(imm)
+            ),
+            OP_CLOSE => format!("close {}", chname(imm)),
             OP_WHEN => format!("when {} == 0: go to {imm}", reg(x[0])),
             OP_JUMP => format!("go to {imm}"),
             OP_CALL => {

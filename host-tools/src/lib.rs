@@ -6,7 +6,8 @@
 //! - [`program_examples`]: small programs, one per axis and loop kind, with
 //!   checks against the host's reference expansion (shim and QEMU tests).
 //! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
-//!   their f64 checks; [`reference`](mod@reference) holds the f64 math.
+//!   their f64 checks; [`reference`](mod@reference) holds the f64 math;
+//!   [`pipeline`] is the CSP pipeline (processes over token channels).
 //! - [`dag`]: random DAG tables and their in-order meaning (scheduling tests).
 //! - [`shim`]: runs the device runtime on host threads.
 //! - [`inspect`]: a readable dump of any table, valid or not;
@@ -18,6 +19,7 @@ pub mod dag;
 pub mod heap;
 pub mod inspect;
 pub mod moe;
+pub mod pipeline;
 pub mod program;
 pub mod program_examples;
 pub mod reference;

@@ -245,6 +245,83 @@ enum Node {
         set: u8,
         body: Vec<Node>,
     },
+    /// A process (`Workload::processes[index]`): `count` replicas (at
+    /// most `max`) of `body`, the replica index in `var` (`None`: one,
+    /// no index).
+    Process {
+        index: usize,
+        var: Option<u32>,
+        count: Expr,
+        max: u32,
+        body: Vec<Node>,
+    },
+    /// A token on `channel` with `value`.
+    Send {
+        channel: u32,
+        value: Expr,
+    },
+    /// `body` once per token of `channel`, its value in `var`.
+    Consume {
+        channel: u32,
+        var: u32,
+        body: Vec<Node>,
+    },
+    /// Closes `channel`.
+    Close {
+        channel: u32,
+    },
+}
+
+/// A token channel of a workload ([`Workload::channel`]): its number in
+/// the program (`0 .. MAX_CHANNELS`, in declaration order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Channel(pub u32);
+
+/// A call a workload made ([`Workload::call`]): what a
+/// [`Workload::send`] names as the task its token stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Call(u64);
+
+/// A declared channel: its name, capacity and latency.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelDecl {
+    /// The name it was declared with.
+    pub name: String,
+    /// Tokens it holds at most (0: a rendezvous).
+    pub depth: u32,
+    /// Clock ticks between a token's task completing and its consumer
+    /// going on.
+    pub latency: u32,
+}
+
+/// The names of a workload's channels and processes, as the device
+/// reports them: channels by number, processes by the pc of their
+/// `PROCESS` instruction (plus a replica index).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CspNames {
+    /// Channel `c` is `channels[c]`.
+    pub channels: Vec<ChannelDecl>,
+    /// (pc of the `PROCESS`, the process's name), in program order; empty
+    /// until [`Workload::finish`] has lowered the program.
+    pub processes: Vec<(usize, String)>,
+}
+
+impl CspNames {
+    /// The name of channel `c`, or `channel c` if it has none.
+    pub fn channel(&self, c: u32) -> String {
+        self.channels
+            .get(c as usize)
+            .map_or_else(|| format!("channel {c}"), |d| d.name.clone())
+    }
+
+    /// The name of the process whose `PROCESS` is at `pc`, or `process at
+    /// pc N` if none is.
+    pub fn process(&self, pc: usize) -> String {
+        self.processes
+            .iter()
+            .find(|(at, _)| *at == pc)
+            .map_or_else(|| format!("process at pc {pc}"), |(_, n)| n.clone())
+    }
 }
 
 /// Why a workload cannot be lowered.
@@ -300,6 +377,27 @@ pub enum LowerError {
     /// A schedule the device cannot honour (too many tasksets, a task
     /// window out of range).
     Schedule(String),
+    /// A channel that cannot be declared or used as written.
+    Channel {
+        /// The channel's name.
+        channel: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A process that cannot be started as written.
+    Process {
+        /// The process's name.
+        process: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A send whose token would not stand for the call it names.
+    Send {
+        /// The channel's name.
+        channel: String,
+        /// What is wrong.
+        why: String,
+    },
     /// The table the workload lowers to does not validate.
     Invalid(String),
 }
@@ -327,6 +425,9 @@ impl std::fmt::Display for LowerError {
                 "the program has {instructions} instructions, at most {max}"
             ),
             LowerError::Schedule(why) => write!(f, "schedule: {why}"),
+            LowerError::Channel { channel, why } => write!(f, "channel {channel}: {why}"),
+            LowerError::Process { process, why } => write!(f, "process {process}: {why}"),
+            LowerError::Send { channel, why } => write!(f, "send on channel {channel}: {why}"),
             LowerError::Invalid(why) => write!(f, "the lowered table is invalid: {why}"),
         }
     }
@@ -353,6 +454,20 @@ pub struct Workload {
     /// The schedules of tasksets 1 .., in order of first use.
     tasksets: Vec<Schedule>,
     window: Option<u32>,
+    /// Declared channels, by number.
+    channels: Vec<ChannelDecl>,
+    /// Process names, by `Node::Process::index`.
+    processes: Vec<String>,
+    /// (pc of each `PROCESS`, its name), set by `finish`.
+    process_pcs: Vec<(usize, String)>,
+    /// Whether a process body is being built.
+    in_process: bool,
+    /// The last call of each open context (the program's, then the
+    /// process's being built), for `send`'s check.
+    last_call: Vec<Option<Call>>,
+    next_call: u64,
+    /// The first error found while building (returned by `finish`).
+    error: Option<LowerError>,
 }
 
 impl Default for Workload {
@@ -373,6 +488,13 @@ impl Workload {
             stream_of: None,
             tasksets: Vec::new(),
             window: None,
+            channels: Vec::new(),
+            processes: Vec::new(),
+            process_pcs: Vec::new(),
+            in_process: false,
+            last_call: vec![None],
+            next_call: 0,
+            error: None,
         }
     }
 
@@ -580,8 +702,10 @@ impl Workload {
     }
 
     /// A call of kernel `kernel` on `args` (in the kernel's signature
-    /// order; access modes come from the registry) with `scalars`.
-    pub fn call(&mut self, kernel: u32, args: &[Region], scalars: &[Expr]) {
+    /// order; access modes come from the registry) with `scalars`. The
+    /// handle it returns is what a [`Workload::send`] right after it names
+    /// (ignore it otherwise).
+    pub fn call(&mut self, kernel: u32, args: &[Region], scalars: &[Expr]) -> Call {
         self.push(Node::Call {
             kernel,
             stream: self.stream,
@@ -589,12 +713,233 @@ impl Workload {
             args: args.to_vec(),
             scalars: scalars.to_vec(),
         });
+        let call = Call(self.next_call);
+        self.next_call += 1;
+        *self.last_call.last_mut().expect("the program's context") = Some(call);
+        call
+    }
+
+    /// Keeps the first error found while building, for `finish`.
+    fn fail(&mut self, e: LowerError) {
+        self.error.get_or_insert(e);
+    }
+
+    /// Whether the program's top level is being built (not a loop,
+    /// branch, taskset or process body).
+    fn at_top_level(&self) -> bool {
+        self.bodies.len() == 1 && !self.in_process
+    }
+
+    /// Declares a token channel holding at most `depth` tokens (0: a
+    /// rendezvous, the sender waits for the consumer; at most
+    /// `MAX_CHANNEL_CAPACITY`), with latency 0. Channels are declared at
+    /// the top level, at most `MAX_CHANNELS` per workload, each with its
+    /// own name.
+    pub fn channel(&mut self, name: &str, depth: u32) -> Result<Channel, LowerError> {
+        self.channel_with_latency(name, depth, 0)
+    }
+
+    /// As [`Workload::channel`], with a latency: a consumer goes on
+    /// `latency_ticks` clock ticks (at most `MAX_CHANNEL_LATENCY`) after
+    /// the task a token stands for completed.
+    pub fn channel_with_latency(
+        &mut self,
+        name: &str,
+        depth: u32,
+        latency_ticks: u32,
+    ) -> Result<Channel, LowerError> {
+        let bad = |why: String| LowerError::Channel {
+            channel: name.to_string(),
+            why,
+        };
+        if !self.at_top_level() {
+            return Err(bad(
+                "declared inside a loop, branch, dispatch or process; channels are declared at the top level"
+                    .into(),
+            ));
+        }
+        if self.channels.iter().any(|c| c.name == name) {
+            return Err(bad("declared twice".into()));
+        }
+        if self.channels.len() == MAX_CHANNELS {
+            return Err(bad(format!(
+                "one channel too many: a workload has at most {MAX_CHANNELS}"
+            )));
+        }
+        if depth as usize > MAX_CHANNEL_CAPACITY {
+            return Err(bad(format!(
+                "depth {depth}; a channel holds 0 to {MAX_CHANNEL_CAPACITY} tokens"
+            )));
+        }
+        if latency_ticks > MAX_CHANNEL_LATENCY {
+            return Err(bad(format!(
+                "latency {latency_ticks}; at most {MAX_CHANNEL_LATENCY} ticks"
+            )));
+        }
+        self.channels.push(ChannelDecl {
+            name: name.to_string(),
+            depth,
+            latency: latency_ticks,
+        });
+        Ok(Channel(self.channels.len() as u32 - 1))
+    }
+
+    /// A process called `name`: `body` runs as a context of its own,
+    /// concurrently with the rest of the program (which goes on after it at
+    /// once) and with the other processes. Processes start at the top
+    /// level; one started elsewhere is an error from `finish`.
+    pub fn process(&mut self, name: &str, body: impl FnOnce(&mut Self)) {
+        self.start_process(name, None, |w, _| body(w));
+    }
+
+    /// `axis`'s size of replicas of a process called `name` (at most
+    /// `MAX_PROCESSES`, e.g. one compute process per core pair): `body`
+    /// gets the replica index.
+    pub fn process_over(&mut self, name: &str, axis: Axis, body: impl FnOnce(&mut Self, Expr)) {
+        self.start_process(name, Some(axis), body);
+    }
+
+    fn start_process(
+        &mut self,
+        name: &str,
+        axis: Option<Axis>,
+        body: impl FnOnce(&mut Self, Expr),
+    ) {
+        let top = self.at_top_level();
+        let (var, count, max) = match axis {
+            None => (None, Expr::Const(1), 1),
+            Some(axis) => {
+                let var = self.next_var;
+                self.next_var += 1;
+                let (count, max) = match axis {
+                    Axis::Dense(n) => (Expr::Const(n as i64), n),
+                    Axis::DenseDyn { symbol, max } => (Expr::Symbol(symbol), max),
+                    Axis::Ragged { lengths, at, max } => (Expr::Load(lengths, at), max),
+                };
+                (Some(var), count, max)
+            }
+        };
+        let bad = |why: String| LowerError::Process {
+            process: name.to_string(),
+            why,
+        };
+        if !top {
+            self.fail(bad(
+                "started inside a loop, branch, dispatch or another process; processes start at the top level"
+                    .into(),
+            ));
+        } else if max == 0 || max as usize > MAX_PROCESSES {
+            self.fail(bad(format!(
+                "{max} replicas at most; a process has 1 to {MAX_PROCESSES}"
+            )));
+        }
+        let outer = std::mem::replace(&mut self.in_process, true);
+        self.last_call.push(None);
+        let index_expr = var.map_or(Expr::Const(0), Expr::Var);
+        let body = self.body(|w| body(w, index_expr));
+        self.last_call.pop();
+        self.in_process = outer;
+        let index = self.processes.len();
+        self.processes.push(name.to_string());
+        self.push(Node::Process {
+            index,
+            var,
+            count,
+            max,
+            body,
+        });
+    }
+
+    /// The name of `ch`, or an error if this workload did not declare it.
+    fn channel_name(&self, ch: Channel) -> Result<String, LowerError> {
+        self.channels
+            .get(ch.0 as usize)
+            .map(|c| c.name.clone())
+            .ok_or(LowerError::Channel {
+                channel: format!("number {}", ch.0),
+                why: "not declared by this workload".into(),
+            })
+    }
+
+    /// Sends a token with `value` on `ch`: "the task of `after` has
+    /// completed". `after` must be the last call this process (or the
+    /// program's top level) made before the send, since the device's token
+    /// stands for the last task the process issued; otherwise `finish`
+    /// says so. The process closes `ch` when it ends.
+    ///
+    /// A send made right after its call (nothing between them) is lowered
+    /// so that the device reserves the token's room before it issues the
+    /// call's task: a loader that fills staging slot `i % slots` then
+    /// cannot overwrite a slot whose token is still in the channel, as
+    /// long as the channel's depth is at most the slots. `value` is then
+    /// computed before the call.
+    pub fn send(&mut self, ch: Channel, value: impl Into<Expr>, after: Call) {
+        let name = match self.channel_name(ch) {
+            Ok(name) => name,
+            Err(e) => return self.fail(e),
+        };
+        let last = *self.last_call.last().expect("the program's context");
+        if last != Some(after) {
+            let why = match last {
+                None => "`after` names a call, but this process made no call before the send",
+                Some(_) => {
+                    "`after` is not the last call this process made before the send                      (the token stands for the last task the process issued)"
+                }
+            };
+            return self.fail(LowerError::Send {
+                channel: name,
+                why: why.into(),
+            });
+        }
+        self.push(Node::Send {
+            channel: ch.0,
+            value: value.into(),
+        });
+    }
+
+    /// Runs `body` once per token of `ch`, with the token's value, until
+    /// `ch` is closed and drained. Every task `body` issues starts after
+    /// the token's task ended, as well as after what its regions imply.
+    pub fn consume(&mut self, ch: Channel, body: impl FnOnce(&mut Self, Expr)) {
+        if let Err(e) = self.channel_name(ch) {
+            self.fail(e);
+        }
+        let var = self.next_var;
+        self.next_var += 1;
+        let body = self.body(|w| body(w, Expr::Var(var)));
+        self.push(Node::Consume {
+            channel: ch.0,
+            var,
+            body,
+        });
+    }
+
+    /// Closes `ch`: no more sends; its consumers drain it and leave their
+    /// loops. (A process closes the channels it sends on when it ends.)
+    pub fn close(&mut self, ch: Channel) {
+        if let Err(e) = self.channel_name(ch) {
+            return self.fail(e);
+        }
+        self.push(Node::Close { channel: ch.0 });
+    }
+
+    /// The workload's channel and process names, to name what the device
+    /// reports (channels by number, processes by the pc of their
+    /// `PROCESS`; the pcs are known once `finish` has run).
+    pub fn csp_names(&self) -> CspNames {
+        CspNames {
+            channels: self.channels.clone(),
+            processes: self.process_pcs.clone(),
+        }
     }
 
     /// Lowers the workload and writes the table (validated as the device
     /// will validate it).
     pub fn finish(&mut self) -> Result<Vec<u8>, LowerError> {
         assert_eq!(self.bodies.len(), 1, "finish inside a loop body");
+        if let Some(e) = self.error.clone() {
+            return Err(e);
+        }
         if self.tasksets.len() >= MAX_TASKSETS {
             return Err(LowerError::Schedule(format!(
                 "{} dispatch schedules; a workload has at most {} besides the run's",
@@ -609,6 +954,8 @@ impl Workload {
             layouts: self.builder.layouts().to_vec(),
             tasksets: self.tasksets.clone(),
             taskset: 0,
+            processes: self.processes.clone(),
+            process_pcs: Vec::new(),
         };
         if let Some(tasks) = self.window {
             if tasks == 0 || tasks as usize > TASK_WINDOW {
@@ -621,8 +968,13 @@ impl Workload {
         for &t in &self.inputs {
             lower.emit(OP_INPUT, 0, [NO_REG; 6], t.0, 0);
         }
+        for (c, decl) in self.channels.iter().enumerate() {
+            let bits = decl.depth | decl.latency << 8;
+            lower.emit(OP_CHANNEL, 0, [NO_REG; 6], c as u32, bits);
+        }
         let program = self.bodies[0].clone();
         lower.nodes(&program, &mut self.builder)?;
+        self.process_pcs = std::mem::take(&mut lower.process_pcs);
         if lower.code.len() > MAX_PROGRAM {
             return Err(LowerError::TooLong {
                 instructions: lower.code.len(),
@@ -805,6 +1157,15 @@ impl RefCx<'_> {
                         taskset,
                     });
                 }
+                Node::Process { .. }
+                | Node::Send { .. }
+                | Node::Consume { .. }
+                | Node::Close { .. } => {
+                    return Err("the reference expansion does not follow processes and \
+                                channels: which tasks a consume runs depends on the \
+                                tokens sent at run time"
+                        .to_string())
+                }
                 Node::Event { .. } => {}
                 Node::Let { var, value } => {
                     let v = self.eval(value, vars)?;
@@ -829,6 +1190,10 @@ struct Lower {
     /// lowered.
     tasksets: Vec<Schedule>,
     taskset: u8,
+    /// Process names, by `Node::Process::index`, and (pc, name) of each
+    /// `PROCESS` emitted.
+    processes: Vec<String>,
+    process_pcs: Vec<(usize, String)>,
 }
 
 impl Lower {
@@ -962,7 +1327,9 @@ impl Lower {
 
     fn nodes(&mut self, nodes: &[Node], builder: &mut TableBuilder) -> Result<(), LowerError> {
         let scope = self.vars.len();
-        for node in nodes {
+        let mut next = 0;
+        while let Some(node) = nodes.get(next) {
+            next += 1;
             match node {
                 Node::Let { var, value } => {
                     let r = self.expr(value)?;
@@ -1037,13 +1404,88 @@ impl Lower {
                     stream_of,
                     args,
                     scalars,
-                } => self.call(*kernel, *stream, stream_of.as_ref(), args, scalars, builder)?,
+                } => {
+                    // The sends right after the call: their values are
+                    // computed before it, so that each SEND directly
+                    // follows the call's operands and the device reserves
+                    // the token's room before it issues the task (which
+                    // then cannot overwrite what an earlier token, still
+                    // in the channel, stands for).
+                    let mut sends = Vec::new();
+                    while let Some(Node::Send { channel, value }) = nodes.get(next) {
+                        sends.push((*channel, self.operand(value, Some(0), &mut Vec::new())?));
+                        next += 1;
+                    }
+                    self.call(*kernel, *stream, stream_of.as_ref(), args, scalars, builder)?;
+                    for &(channel, r) in &sends {
+                        let x = [r, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
+                        self.emit(OP_SEND, 0, x, channel, 0);
+                    }
+                    sends.iter().for_each(|&(_, r)| self.free(r));
+                }
                 Node::Dispatch { set, body } => {
                     let outer = std::mem::replace(&mut self.taskset, *set);
                     self.dispatch(*set);
                     self.nodes(body, builder)?;
                     self.taskset = outer;
                     self.dispatch(outer);
+                }
+                Node::Process {
+                    index,
+                    var,
+                    count,
+                    max,
+                    body,
+                } => {
+                    let c = match count {
+                        Expr::Const(1) => NO_REG,
+                        count => self.expr(count)?,
+                    };
+                    // The index gets a register of its own (not the
+                    // count's), freed after the body.
+                    let r = match var {
+                        Some(v) => {
+                            let r = self.alloc()?;
+                            self.vars.push((*v, r));
+                            r
+                        }
+                        None => NO_REG,
+                    };
+                    let x = [c, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
+                    let at = self.emit(OP_PROCESS, r, x, 0, *max);
+                    self.free(c);
+                    self.process_pcs.push((at, self.processes[*index].clone()));
+                    self.nodes(body, builder)?;
+                    if var.is_some() {
+                        self.vars.pop();
+                        self.free(r);
+                    }
+                    let end = self.emit(OP_PROCESS_END, 0, [NO_REG; 6], at as u32, 0);
+                    self.code[at].imm = U32::new(end as u32);
+                }
+                Node::Send { channel, value } => {
+                    let r = self.operand(value, Some(0), &mut Vec::new())?;
+                    let x = [r, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
+                    self.emit(OP_SEND, 0, x, *channel, 0);
+                    self.free(r);
+                }
+                Node::Consume { channel, var, body } => {
+                    if self.vars.len() == MAX_LOOP_DEPTH {
+                        return Err(LowerError::TooDeep {
+                            max: MAX_LOOP_DEPTH,
+                        });
+                    }
+                    let r = self.alloc()?;
+                    let at = self.emit(OP_CONSUME, r, [NO_REG; 6], *channel, 0);
+                    self.vars.push((*var, r));
+                    self.nodes(body, builder)?;
+                    self.vars.pop();
+                    self.free(r);
+                    let end = self.emit(OP_END, 0, [NO_REG; 6], at as u32, 0);
+                    self.code[at].imm2 = U32::new(end as u32);
+                }
+                Node::Close { channel } => {
+                    self.emit(OP_CLOSE, 0, [NO_REG; 6], *channel, 0);
                 }
                 Node::Event {
                     record,

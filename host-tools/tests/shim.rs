@@ -31,6 +31,9 @@ fn every_workload_passes_and_core_count_does_not_change_a_bit() {
         // 64-wide rows.
         let (m, n, k) = if name.starts_with("moe") {
             (48, 64, 64)
+        } else if name == "pipeline" {
+            // Square tiles: 4 of 32 x 32.
+            (128, 32, 32)
         } else {
             (128, 128, 96)
         };

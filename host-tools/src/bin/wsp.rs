@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use device_runtime::abi::launch::Symbols;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunOptions, RunStats};
-use host_tools::inspect::inspect_with;
+use host_tools::inspect::inspect_named;
 use host_tools::semantic::run_semantic_with;
 use host_tools::shim::Shim;
 use host_tools::table::Arena;
@@ -112,7 +112,7 @@ enum Command {
 
 #[derive(Args)]
 struct WorkloadArgs {
-    /// A built-in workload (gemm, mlp, streams, moe, moe-var), a workload
+    /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline), a workload
     /// file (a path ending in .toml, or another existing file that is not a
     /// table), or, for `wsp run` only, a built table (a path ending in .bin,
     /// or a file that starts with the table magic).
@@ -136,6 +136,10 @@ struct WorkloadArgs {
     /// A built-in workload's data seed: changes the data, never the sizes (default: 1).
     #[arg(long)]
     seed: Option<u64>,
+    /// The pipeline workload's channel depth: tokens each channel holds,
+    /// 0 (a rendezvous) to 16 (default: 2).
+    #[arg(long)]
+    depth: Option<u32>,
 }
 
 /// A built-in workload or a workload file's.
@@ -260,7 +264,12 @@ fn load_file(path: &str, symbols: &[String]) -> Result<FileWorkload> {
 
 impl WorkloadArgs {
     fn sizes_given(&self) -> bool {
-        self.m.or(self.n).or(self.k).or(self.tile).is_some()
+        self.m
+            .or(self.n)
+            .or(self.k)
+            .or(self.tile)
+            .or(self.depth)
+            .is_some()
     }
 
     /// The built-in workload or workload file named; `command` is the
@@ -280,7 +289,7 @@ impl WorkloadArgs {
             }
             Input::File => {
                 if self.sizes_given() || self.seed.is_some() {
-                    bail!("--m, --n, --k, --tile and --seed apply to built-in workloads; a workload file gives its own sizes and data");
+                    bail!("--m, --n, --k, --tile, --depth and --seed apply to built-in workloads; a workload file gives its own sizes and data");
                 }
                 Ok(Loaded::File(Box::new(load_file(
                     &self.workload,
@@ -305,14 +314,20 @@ impl WorkloadArgs {
             tile: self.tile.unwrap_or(d.tile),
             seed: self.seed.unwrap_or(d.seed),
         };
-        Workload::build(&self.workload, p)
-            .with_context(|| format!("building workload {}", self.workload))
+        let built = match self.depth {
+            Some(depth) if self.workload == "pipeline" => {
+                host_tools::pipeline::pipeline(p, depth).map(|(w, _)| w)
+            }
+            Some(_) => bail!("--depth applies to the pipeline workload"),
+            None => Workload::build(&self.workload, p),
+        };
+        built.with_context(|| format!("building workload {}", self.workload))
     }
 
     /// Refuses the flags that do not apply to a table.
     fn check_table_flags(&self) -> Result<()> {
         if self.sizes_given() || self.seed.is_some() {
-            bail!("--m, --n, --k, --tile and --seed apply to built-in workloads; a table has its sizes and data built in");
+            bail!("--m, --n, --k, --tile, --depth and --seed apply to built-in workloads; a table has its sizes and data built in");
         }
         if !self.symbols.is_empty() {
             bail!("--symbol NAME=VALUE applies to workload files; bind a table's symbols by position: --symbols V0,V1,...");
@@ -621,7 +636,11 @@ fn run(cli: Cli) -> Result<bool> {
                     (bytes, None, table_symbols.unwrap_or_default())
                 }
             };
-            let text = inspect_with(&bytes, all, &bound);
+            let names = file
+                .as_ref()
+                .map(|f| f.program().csp_names())
+                .unwrap_or_default();
+            let text = inspect_named(&bytes, all, &bound, &names);
             print!("{text}");
             if let Some(f) = file {
                 let w = Loaded::File(Box::new(f));

@@ -114,7 +114,9 @@ pub(super) fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>) {
                     })
                     .collect();
                 let scalars: Vec<Expr> = scalars.iter().map(|s| to_expr(s, env)).collect();
-                w.on_stream(*stream, |w| w.call(kernel.id, &regions, &scalars));
+                w.on_stream(*stream, |w| {
+                    w.call(kernel.id, &regions, &scalars);
+                });
             }
             Step::Stream { stream, body } => {
                 w.on_stream(*stream, |w| {

@@ -24,8 +24,12 @@
 //!    place) with the orchestrator's answers stubbed: no writer pending and
 //!    every task completed the moment it is issued (a device whose kernels
 //!    finish at once), ns per token for both programs; the difference is
-//!    the cost of the token. With `WSP_BENCH_PROFILE=1` the bench runs each
-//!    expansion once, untimed, for callgrind (instructions per token).
+//!    the cost of the token. The baseline puts one instruction between
+//!    its two calls ([`Program::Baseline`]); the figure without it is
+//!    printed too. `WSP_BENCH_PROFILE=baseline|adjacent|DEPTH` expands one
+//!    program of 10,000 tokens once, untimed, for callgrind: the inclusive
+//!    instructions of `Expander::step_into` / 10,000 are its instructions
+//!    per token.
 //! 2. End to end in semantic time ([`run_semantic`] on 4 vector cores):
 //!    wall-clock ns per token of the whole run (expansion, orchestration,
 //!    scheduling and the kernels' execution on the host, small tiles).
@@ -69,6 +73,8 @@ const DEPTHS: [u32; 2] = [1, 4];
 const R_I: u8 = 0;
 const R_COLS: u8 = 8;
 const R_N: u8 = 9;
+/// The register the baseline's padding instruction writes.
+const R_PAD: u8 = 10;
 
 /// A program under construction, with its labels patched as they become
 /// known (as in the CSP device tests).
@@ -142,9 +148,22 @@ struct Tensors {
     c: TensorId,
 }
 
-/// A table of `n` tokens: with a channel of `depth`, or the baseline
-/// (`None`).
-fn table(n: u32, depth: Option<u32>) -> (Vec<u8>, TableBuilder, Tensors) {
+/// The program of a table.
+#[derive(Clone, Copy)]
+enum Program {
+    /// Producer and consumer processes and a channel of this depth.
+    Channel(u32),
+    /// One loop issuing both calls. `pad`: one instruction (a `CONST`)
+    /// between the calls, so that they fall in different slots of the
+    /// expander's call-site cache (keyed by the pc modulo
+    /// [`CALL_SITES`](device_runtime::expand::CALL_SITES)); without it the
+    /// two calls, four instructions apart, share a slot and each is
+    /// decoded anew every time.
+    Baseline { pad: bool },
+}
+
+/// A table of `n` tokens (or loop iterations) running `program`.
+fn table(n: u32, program: Program) -> (Vec<u8>, TableBuilder, Tensors) {
     let mut tb = TableBuilder::new();
     let t = Tensors {
         a: tb.tensor("a", &[n, COLS]).unwrap(),
@@ -154,13 +173,13 @@ fn table(n: u32, depth: Option<u32>) -> (Vec<u8>, TableBuilder, Tensors) {
     };
     tb.declare_kernel(ADD).unwrap();
     let mut asm = Asm::default();
-    if let Some(depth) = depth {
+    if let Program::Channel(depth) = program {
         asm.channel(0, depth);
     }
     asm.konst(R_COLS, COLS as i64);
     asm.konst(R_N, n as i64);
-    match depth {
-        Some(_) => {
+    match program {
+        Program::Channel(_) => {
             let producer = asm.process();
             let l = asm.looop(R_I, R_N, n);
             asm.add_row(t.a, t.zero, t.b, R_I);
@@ -173,9 +192,12 @@ fn table(n: u32, depth: Option<u32>) -> (Vec<u8>, TableBuilder, Tensors) {
             asm.end(c);
             asm.process_end(consumer);
         }
-        None => {
+        Program::Baseline { pad } => {
             let l = asm.looop(R_I, R_N, n);
             asm.add_row(t.a, t.zero, t.b, R_I);
+            if pad {
+                asm.konst(R_PAD, 0);
+            }
             asm.add_row(t.b, t.zero, t.c, R_I);
             asm.end(l);
         }
@@ -213,16 +235,20 @@ impl Context for Instantly {
     }
 }
 
-/// Expands the whole program (the timed work); returns the tasks and the
-/// sum of their output rows. Not inlined, so that a profiler can count it
-/// on its own.
+/// What an expansion gave: tasks, the sum of their output rows, and the
+/// steps that returned a wait.
+type Expanded = (u64, u64, u64);
+
+/// Expands the whole program (the timed work). Not inlined, so that a
+/// profiler can count it on its own.
 #[inline(never)]
-fn expand_all(table: &Table<'_>) -> (u64, u64) {
+fn expand_all(table: &Table<'_>) -> Expanded {
     let mut expander = Expander::new(table);
     let mut cx = Instantly { next: 0 };
     let mut spec = TaskSpec::empty();
     let mut rows = 0u64;
     let mut waits = 0u32;
+    let mut all_waits = 0u64;
     loop {
         match expander.step_into(table, &mut cx, &mut spec).unwrap() {
             Next::Task => {
@@ -235,6 +261,7 @@ fn expand_all(table: &Table<'_>) -> (u64, u64) {
                 // Every task has completed: a wait that repeats can only
                 // mean the expansion is stuck.
                 waits += 1;
+                all_waits += 1;
                 assert!(
                     waits < 4,
                     "the expansion waits on {w:?} with nothing running"
@@ -244,24 +271,12 @@ fn expand_all(table: &Table<'_>) -> (u64, u64) {
             Next::Yield | Next::Event { .. } => {}
         }
     }
-    (cx.next, rows)
-}
-
-/// [`expand_all`] of the channel program, named apart for the profiler.
-#[inline(never)]
-fn expand_channels(table: &Table<'_>) -> (u64, u64) {
-    expand_all(table)
-}
-
-/// [`expand_all`] of the baseline, named apart for the profiler.
-#[inline(never)]
-fn expand_baseline(table: &Table<'_>) -> (u64, u64) {
-    expand_all(table)
+    (cx.next, rows, all_waits)
 }
 
 /// Checks an expansion of `n` tokens: 2n tasks whose output rows are
 /// 0..n twice.
-fn check_expansion(n: u32, (tasks, rows): (u64, u64), what: &str) {
+fn check_expansion(n: u32, (tasks, rows, _): Expanded, what: &str) {
     let n = n as u64;
     assert_eq!(tasks, 2 * n, "{what}: tasks");
     assert_eq!(rows, n * (n - 1), "{what}: rows of the tasks");
@@ -316,55 +331,70 @@ fn main() {
     } else {
         (200_000, 20_000, 200_000, 9)
     };
+    let padded = Program::Baseline { pad: true };
+    let adjacent = Program::Baseline { pad: false };
 
-    if std::env::var_os("WSP_BENCH_PROFILE").is_some() {
-        // One untimed expansion each, for callgrind:
-        // valgrind --tool=callgrind ... then the inclusive counts of
-        // `expand_channels` and `expand_baseline`, divided by N.
+    if let Ok(which) = std::env::var("WSP_BENCH_PROFILE") {
+        // One untimed expansion of one program, for callgrind: the
+        // inclusive count of `Expander::step_into`, divided by N.
         let n = 10_000;
-        for depth in DEPTHS {
-            let (bytes, ..) = table(n, Some(depth));
-            let tab = Table::parse(&bytes).unwrap();
-            check_expansion(n, expand_channels(&tab), "channels");
-        }
-        let (bytes, ..) = table(n, None);
+        let program = match which.as_str() {
+            "baseline" => padded,
+            "adjacent" => adjacent,
+            depth => Program::Channel(
+                depth
+                    .parse()
+                    .expect("WSP_BENCH_PROFILE: baseline, adjacent or a channel depth"),
+            ),
+        };
+        let (bytes, ..) = table(n, program);
         let tab = Table::parse(&bytes).unwrap();
-        check_expansion(n, expand_baseline(&tab), "baseline");
-        println!("profiled {n} tokens: depth {DEPTHS:?} (expand_channels, once each), baseline (expand_baseline)");
+        check_expansion(n, expand_all(&tab), &which);
+        println!("profiled {which}: N = {n}");
         return;
     }
 
     // 1. The expander.
-    let base_bytes = table(n_expand, None).0;
+    let bytes_of = |p| table(n_expand, p).0;
+    let (base_bytes, adj_bytes) = (bytes_of(padded), bytes_of(adjacent));
+    let chan_bytes: Vec<Vec<u8>> = DEPTHS
+        .iter()
+        .map(|&d| bytes_of(Program::Channel(d)))
+        .collect();
     let base = Table::parse(&base_bytes).unwrap();
-    let chan_bytes: Vec<Vec<u8>> = DEPTHS.iter().map(|&d| table(n_expand, Some(d)).0).collect();
+    let adj = Table::parse(&adj_bytes).unwrap();
     let chans: Vec<Table<'_>> = chan_bytes
         .iter()
         .map(|b| Table::parse(b).unwrap())
         .collect();
-    let mut base_ns = Vec::new();
+    let per_token = |table: &Table<'_>, what: &str| {
+        let start = Instant::now();
+        let got = expand_all(table);
+        let ns = start.elapsed().as_nanos() as f64 / n_expand as f64;
+        check_expansion(n_expand, got, what);
+        ns
+    };
+    let (mut base_ns, mut adj_ns) = (Vec::new(), Vec::new());
     let mut chan_ns = vec![Vec::new(); DEPTHS.len()];
     for _ in 0..runs {
-        let start = Instant::now();
-        let got = expand_baseline(&base);
-        base_ns.push(start.elapsed().as_nanos() as f64 / n_expand as f64);
-        check_expansion(n_expand, got, "baseline");
+        base_ns.push(per_token(&base, "baseline"));
+        adj_ns.push(per_token(&adj, "adjacent"));
         for (table, ns) in chans.iter().zip(&mut chan_ns) {
-            let start = Instant::now();
-            let got = expand_channels(table);
-            ns.push(start.elapsed().as_nanos() as f64 / n_expand as f64);
-            check_expansion(n_expand, got, "channels");
+            ns.push(per_token(table, "channels"));
         }
     }
-    let base_ns = median(base_ns);
+    let (base_ns, adj_ns) = (median(base_ns), median(adj_ns));
     let chan_ns: Vec<f64> = chan_ns.into_iter().map(median).collect();
 
     // 2. End to end in semantic time.
     let a: Vec<f32> = (0..n_semantic * COLS)
         .map(|i| (i % 251) as f32 - 125.0)
         .collect();
-    let (sb, stb, st) = table(n_semantic, None);
-    let semantic_chans: Vec<_> = DEPTHS.iter().map(|&d| table(n_semantic, Some(d))).collect();
+    let (sb, stb, st) = table(n_semantic, padded);
+    let semantic_chans: Vec<_> = DEPTHS
+        .iter()
+        .map(|&d| table(n_semantic, Program::Channel(d)))
+        .collect();
     let mut sbase = Vec::new();
     let mut schan = vec![Vec::new(); DEPTHS.len()];
     for _ in 0..runs {
@@ -384,15 +414,20 @@ fn main() {
 
     println!("CSP token channels: N tokens, 2N tasks (b[i] = a[i] + 0; c[i] = b[i] + 0, 1 x {COLS} tiles)");
     println!(
-        "  footprint                 {BYTES_PER_CHANNEL} bytes per channel ({MAX_CHANNELS} channels: {} bytes); expander {} bytes",
+        "  footprint                 {BYTES_PER_CHANNEL} bytes per channel ({MAX_CHANNELS} channels: {} bytes); whole expander {} bytes",
         BYTES_PER_CHANNEL * MAX_CHANNELS,
         std::mem::size_of::<Expander>()
     );
     println!("  expander, N = {n_expand}, every task done at once (median of {runs}):");
     println!("    no channel              {base_ns:.1} ns per i (2 tasks)");
-    for (d, ns) in DEPTHS.iter().zip(&chan_ns) {
+    println!(
+        "    no channel, adjacent    {adj_ns:.1} ns per i (the two calls share a call-site slot)"
+    );
+    for ((d, ns), table) in DEPTHS.iter().zip(&chan_ns).zip(&chans) {
+        // Untimed: how often a step found every context parked.
+        let waits = expand_all(table).2 as f64 / n_expand as f64;
         println!(
-            "    depth {d}                 {ns:.1} ns per token (2 tasks); the token: {:+.1} ns",
+            "    depth {d}                 {ns:.1} ns per token (2 tasks); the token {:+.1} ns; {waits:.2} waiting steps per token",
             ns - base_ns
         );
     }
@@ -400,14 +435,14 @@ fn main() {
     println!("    no channel              {sbase:.0} ns per i (2 tasks)");
     for (d, ns) in DEPTHS.iter().zip(&schan) {
         println!(
-            "    depth {d}                 {ns:.0} ns per token (2 tasks); the token: {:+.0} ns",
+            "    depth {d}                 {ns:.0} ns per token (2 tasks); the token {:+.0} ns",
             ns - sbase
         );
     }
-    println!("  peer: std::sync::mpsc::sync_channel, 2 threads, N = {n_peer} (median of {runs}; two threads on a shared machine):");
+    println!("  peer: std::sync::mpsc::sync_channel, N = {n_peer} (median of {runs}), two threads on a shared machine:");
     for (i, d) in DEPTHS.iter().enumerate() {
         println!(
-            "    depth {d}                 {:.1} ns per value; ours/peer: expander {:.2} (token alone {:.2}), semantic {:.2}",
+            "    depth {d}                 {:.1} ns per value; ours/peer: expander {:.3} (the token alone {:.3}), semantic run {:.2}",
             peer_ns[i],
             chan_ns[i] / peer_ns[i],
             (chan_ns[i] - base_ns) / peer_ns[i],

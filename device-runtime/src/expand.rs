@@ -414,9 +414,20 @@ const ZERO: u8 = MAX_REGS as u8;
 const ONE: u8 = MAX_REGS as u8 + 1;
 const _: () = assert!(SLOTS.is_power_of_two() && (ONE as usize) < SLOTS);
 
-/// Calls the expander keeps decoded, by the pc of the `CALL` modulo this
-/// (a loop body with up to this many calls decodes each once).
-pub const CALL_SITES: usize = 4;
+/// Calls the expander keeps decoded, by a hash of the pc of the `CALL`
+/// ([`site_of`]): the calls of a loop body (or of a pipeline's processes,
+/// which take turns) decode once while they fit. Adjacent calls of one
+/// kernel are a fixed number of instructions apart; the hash folds the
+/// pc's higher bits in, so that such a run of calls does not map to one
+/// entry (with the pc modulo 4, two adjacent calls of three arguments did,
+/// and each decoded again on every iteration).
+pub const CALL_SITES: usize = 8;
+
+/// The entry of [`CALL_SITES`] for the `CALL` at `pc`.
+#[inline(always)]
+fn site_of(pc: usize) -> usize {
+    (pc ^ pc >> 3 ^ pc >> 6) % CALL_SITES
+}
 
 /// An operand that is a constant or a register slot.
 #[derive(Clone, Copy, Debug)]
@@ -657,11 +668,34 @@ struct Ctx {
     parked_since: u64,
 }
 
+impl Ctx {
+    /// Copies what a context is into `to`: the registers (not the
+    /// constant slots), the open loops' frames and the rest, not the
+    /// frames past its depth (a switch copies what is live, not all).
+    fn copy_to(&self, to: &mut Ctx) {
+        to.pc = self.pc;
+        to.regs[..MAX_REGS].copy_from_slice(&self.regs[..MAX_REGS]);
+        let depth = self.depth.min(MAX_LOOP_DEPTH);
+        to.frames[..depth].copy_from_slice(&self.frames[..depth]);
+        to.depth = depth;
+        to.taskset = self.taskset;
+        to.last_task = self.last_task;
+        to.sends = self.sends;
+        to.reserved = self.reserved;
+        to.start = self.start;
+        to.replica = self.replica;
+        to.park = self.park;
+        to.parked_since = self.parked_since;
+    }
+}
+
 /// [`Ctx::start`] of the program's own context.
 const MAIN: u32 = u32::MAX;
 
 /// Contexts of the program machine: the program's and its processes'.
 pub const MAX_CONTEXTS: usize = MAX_PROCESSES + 1;
+// The live contexts are the bits of a u32.
+const _: () = assert!(MAX_CONTEXTS <= 32);
 
 impl Ctx {
     const fn new() -> Ctx {
@@ -702,7 +736,7 @@ pub struct Expander {
     /// a submitted task (the bit of an `INPUT` may stay clear: its data is
     /// there from the start).
     written: u8,
-    /// Calls decoded, by pc modulo [`CALL_SITES`].
+    /// Calls decoded, by [`site_of`] their pc.
     sites: [Option<Site>; CALL_SITES],
     channels: [Chan; MAX_CHANNELS],
     /// `CHANNEL_FULL` and `CHANNEL_EMPTY` figures.
@@ -845,8 +879,8 @@ impl Expander {
     /// Makes context `to` the running one.
     fn switch(&mut self, to: usize) {
         if to != self.current {
-            core::mem::swap(&mut self.m, &mut self.saved[self.current]);
-            core::mem::swap(&mut self.m, &mut self.saved[to]);
+            self.m.copy_to(&mut self.saved[self.current]);
+            self.saved[to].copy_to(&mut self.m);
             self.current = to;
         }
     }
@@ -854,9 +888,16 @@ impl Expander {
     /// The next live context after the current one (round robin) whose
     /// bit in `skip` is clear.
     fn next_live(&self, skip: u32) -> Option<usize> {
-        (1..=MAX_CONTEXTS)
-            .map(|k| (self.current + k) % MAX_CONTEXTS)
-            .find(|&i| (self.live & !skip) & (1 << i) != 0)
+        const N: u32 = MAX_CONTEXTS as u32;
+        const ALL: u32 = (1 << N) - 1;
+        let mask = self.live & !skip & ALL;
+        if mask == 0 {
+            return None;
+        }
+        // Rotate so that the context after the current one is bit 0.
+        let from = (self.current as u32 + 1) % N;
+        let rotated = (mask >> from | mask << (N - from)) & ALL;
+        Some(((from + rotated.trailing_zeros()) % N) as usize)
     }
 
     /// The running context ended: it closes the channels it was the last
@@ -1558,7 +1599,7 @@ impl Expander {
     /// regions without building errors.
     #[inline(never)]
     fn call_fast(&mut self, table: &Table<'_>, spec: &mut TaskSpec) -> Option<usize> {
-        let entry = &mut self.sites[self.m.pc % CALL_SITES];
+        let entry = &mut self.sites[site_of(self.m.pc)];
         if entry.is_none_or(|site| site.pc != self.m.pc) {
             *entry = Some(Site::decode(table, self.m.pc)?);
         }
@@ -1626,7 +1667,7 @@ impl Expander {
             site.kernel
                 .check(&shapes[..num_args], spec.scalars())
                 .ok()?;
-            let site = self.sites[self.m.pc % CALL_SITES].as_mut()?;
+            let site = self.sites[site_of(self.m.pc)].as_mut()?;
             site.tiles = tiles;
             for (passed, &value) in site.scalar_values.iter_mut().zip(spec.scalars.iter()) {
                 *passed = value;

@@ -32,14 +32,25 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         // The first seed whose routing is clear of ties (for the MoE ones).
         let w = (1..50)
             .find_map(|seed| {
-                // The pipeline squares square tiles: n = k = tile.
+                // The pipeline squares square tiles: n = k = tile; the
+                // attention pipeline takes up to 16 queries and KV tiles
+                // of 64 keys.
                 let nk = if name == "pipeline" { 32 } else { 64 };
-                let p = Params {
-                    m: 64,
-                    n: nk,
-                    k: nk,
-                    tile: 32,
-                    seed,
+                let p = match name {
+                    "attention-pipeline" => Params {
+                        m: 16,
+                        n: 128,
+                        k: 64,
+                        tile: 64,
+                        seed,
+                    },
+                    _ => Params {
+                        m: 64,
+                        n: nk,
+                        k: nk,
+                        tile: 32,
+                        seed,
+                    },
                 };
                 Workload::build(name, p).ok()
             })

@@ -446,3 +446,58 @@ fn the_hosts_launch_block_is_the_runtimes() {
         Err(LaunchError::TooManySymbols { count: 17 })
     );
 }
+
+#[test]
+fn csp_pipelines_are_bit_identical_in_shim_and_qemu() {
+    for name in ["pipeline", "attention-pipeline"] {
+        shim_and_qemu_agree(name, Params::of(name).unwrap());
+    }
+}
+
+/// Two processes that each consume before they send: the firmware ends
+/// the run with the channel deadlock report, not a hang.
+#[test]
+fn a_channel_deadlock_in_qemu_ends_with_its_report() {
+    use host_tools::program::Workload as Program;
+    use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
+    let mut w = Program::new();
+    let x = w.tensor("x", &[16, 16]).unwrap();
+    let y = w.tensor("y", &[16, 16]).unwrap();
+    let ping = w.channel("ping", 1).unwrap();
+    let pong = w.channel("pong", 1).unwrap();
+    for (name, from, to) in [("left", ping, pong), ("right", pong, ping)] {
+        w.process(name, |w| {
+            w.consume(from, |w, t| {
+                let call = w.call(
+                    ADD,
+                    &[
+                        x.tile(0, 0, 16, 16),
+                        x.tile(0, 0, 16, 16),
+                        y.tile(0, 0, 16, 16),
+                    ],
+                    &[],
+                );
+                w.send(to, t, call);
+            });
+        });
+    }
+    let table = w.finish().unwrap();
+    let arena = Arena::zeroed(w.arena_size());
+    let outcome = run_in_qemu(&table, &arena.bytes);
+    fails_with(
+        &outcome,
+        1,
+        "channel deadlock: every process is parked on a channel",
+    );
+    for needle in [
+        "CONSUME waits for a token on channel 0",
+        "CONSUME waits for a token on channel 1",
+        "in a cycle",
+    ] {
+        assert!(
+            outcome.stdout.contains(needle),
+            "{needle}: {}",
+            outcome.stdout
+        );
+    }
+}

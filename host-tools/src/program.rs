@@ -897,6 +897,21 @@ impl Workload {
         });
     }
 
+    /// As [`Workload::send`], naming the last call this process (or the
+    /// top level) made; without one, `finish` says so.
+    pub fn send_after_last_call(&mut self, ch: Channel, value: impl Into<Expr>) {
+        match *self.last_call.last().expect("the program's context") {
+            Some(call) => self.send(ch, value, call),
+            None => {
+                let channel = self.channel_name(ch).unwrap_or_else(|e| e.to_string());
+                self.fail(LowerError::Send {
+                    channel,
+                    why: "no call before the send in this process: the token stands for one".into(),
+                });
+            }
+        }
+    }
+
     /// Runs `body` once per token of `ch`, with the token's value, until
     /// `ch` is closed and drained. Every task `body` issues starts after
     /// the token's task ended, as well as after what its regions imply.

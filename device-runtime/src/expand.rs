@@ -707,6 +707,9 @@ pub struct Expander {
     channels: [Chan; MAX_CHANNELS],
     /// `CHANNEL_FULL` and `CHANNEL_EMPTY` figures.
     channel_stats: [ResourceStats; 2],
+    /// Changes of channel state (a send, a take, a body's end, a close)
+    /// and of the live contexts: a context that waited may go on after one.
+    events: u64,
 }
 
 impl Expander {
@@ -762,6 +765,7 @@ impl Expander {
             sites: [None; CALL_SITES],
             channels,
             channel_stats: stats,
+            events: 0,
         }
     }
 
@@ -868,11 +872,13 @@ impl Expander {
         });
         self.m.park = None;
         self.live &= !(1 << self.current);
+        self.events += 1;
     }
 
     /// Starts the replicas of the `PROCESS` at the pc (the program's
     /// context runs it) and returns the pc after its body.
     #[cold]
+    #[inline(never)]
     fn start_processes(&mut self, table: &Table<'_>, ins: &Instr) -> Result<usize, ExpandError> {
         let count = if ins.x[0] == NO_REG {
             1
@@ -916,6 +922,9 @@ impl Expander {
             self.live |= 1 << slot;
             for_each_bit(sends, |c| self.channels[c].senders += 1);
         }
+        self.events += 1;
+        // The processes take their turns from the next step on.
+        self.rotate = count > 0;
         Ok(end + 1)
     }
 
@@ -950,6 +959,32 @@ impl Expander {
         }
     }
 
+    /// A `CALL` of a context that sends on channels: reserves room for the
+    /// `SEND`s after it ([`reserve`](Self::reserve)), then writes the task
+    /// to `spec`, which the tokens it sends next stand for.
+    #[inline(never)]
+    fn call_sending(
+        &mut self,
+        table: &Table<'_>,
+        ins: &Instr,
+        cx: &impl Context,
+        spec: &mut TaskSpec,
+    ) -> Result<Next, ExpandError> {
+        if !self.reserve(table, ins, cx)? {
+            let channel = match self.m.park {
+                Some(Park::Full { channel }) => channel,
+                _ => 0,
+            };
+            return Ok(Next::Wait(Wait::ChannelFull { channel }));
+        }
+        self.m.pc = match self.call_fast(table, spec) {
+            Some(end) => end,
+            None => self.call(table, ins, spec)?,
+        };
+        self.m.last_task = Some(cx.next_task());
+        Ok(Next::Task)
+    }
+
     /// The earliest time a context parked on a channel's latency may go on.
     pub fn wake_at(&self) -> Option<u64> {
         self.processes()
@@ -975,6 +1010,7 @@ impl Expander {
     /// is not issued before its token fits. `Ok(false)`: a channel is
     /// full and the context is parked.
     #[cold]
+    #[inline(never)]
     fn reserve(
         &mut self,
         table: &Table<'_>,
@@ -1003,10 +1039,13 @@ impl Expander {
             self.channels[c].reserved += 1
         });
         self.m.reserved |= wanted;
+        self.events += 1;
+        self.unpark(cx);
         Ok(true)
     }
 
     /// A `SEND` of the running context: `Ok(true)` if the token went in.
+    #[inline(never)]
     fn send(&mut self, ins: &Instr, cx: &impl Context) -> Result<bool, ExpandError> {
         let c = ins.imm.get() as usize % MAX_CHANNELS;
         let value = self.read(ins.x[0]);
@@ -1031,6 +1070,7 @@ impl Expander {
         };
         ch.queued += 1;
         ch.sent += 1;
+        self.events += 1;
         ch.high_water = ch.high_water.max(ch.held() as u8);
         let held = ch.high_water as u64;
         let stats = &mut self.channel_stats[0];
@@ -1050,6 +1090,7 @@ impl Expander {
     /// A `CONSUME` of the running context takes a token: its value, or
     /// `Err(None)` when the channel is closed and drained, or
     /// `Err(Some(wait))` when it must wait (the context is parked).
+    #[inline(never)]
     fn take(&mut self, c: usize, cx: &impl Context) -> Result<i64, Option<Wait>> {
         let ch = &mut self.channels[c % MAX_CHANNELS];
         let latency = ch.latency as u64;
@@ -1089,6 +1130,7 @@ impl Expander {
         ch.head = ((ch.head as usize + 1) % MAX_CHANNEL_CAPACITY) as u8;
         ch.queued -= 1;
         ch.in_body += 1;
+        self.events += 1;
         self.unpark(cx);
         Ok(value)
     }
@@ -1144,29 +1186,57 @@ impl Expander {
     /// that issued a task gives the next its turn on the next step; one
     /// that waits lets the others run; the step waits only when every
     /// live context waits and none has moved since the last looked.
+    #[inline]
     pub fn step_into(
         &mut self,
         table: &Table<'_>,
         cx: &mut impl Context,
         spec: &mut TaskSpec,
     ) -> Result<Next, ExpandError> {
-        let mut budget = STEP_BUDGET;
+        if self.live == 1 {
+            // One context (no process started, or all but one ended): no
+            // turns to take, the hot path.
+            match self.run(table, cx, spec)? {
+                Next::Done => {
+                    self.end_context();
+                    if self.live == 0 {
+                        return Ok(Next::Done);
+                    }
+                }
+                // It started processes: they take their turns now (after
+                // a task, `start_processes` set `rotate` for the next step).
+                Next::Wait(_) if self.live > 1 => {}
+                other => return Ok(other),
+            }
+        }
         if self.live == 0 {
             return Ok(Next::Done);
         }
+        self.take_turns(table, cx, spec)
+    }
+
+    /// [`step_into`](Self::step_into) with several live contexts.
+    #[inline(never)]
+    fn take_turns(
+        &mut self,
+        table: &Table<'_>,
+        cx: &mut impl Context,
+        spec: &mut TaskSpec,
+    ) -> Result<Next, ExpandError> {
         let mut tried = 0u32;
         let mut first = None;
-        loop {
+        // Each turn runs at most STEP_BUDGET instructions; a step takes at
+        // most this many turns (then yields), however the contexts wake
+        // each other.
+        for _ in 0..4 * MAX_CONTEXTS {
             if core::mem::take(&mut self.rotate) {
                 if let Some(next) = self.next_live(0) {
                     self.switch(next);
                 }
             }
-            let (before, parked) = (budget, self.m.park);
-            let next = self.run(table, cx, spec, &mut budget)?;
+            let (events, parked) = (self.events, self.m.park);
+            let next = self.run_turn(table, cx, spec)?;
             if self.live == 1 && next != Next::Done {
-                // One context (no process started, or all but one ended):
-                // no turns to take.
                 return Ok(next);
             }
             match next {
@@ -1184,12 +1254,11 @@ impl Expander {
                     first = None;
                 }
                 Next::Wait(wait) => {
-                    // It moved (sent, consumed), or it parked anew (a
+                    // It changed a channel (sent, took, ended a body,
+                    // closed, started processes), or it parked anew (a
                     // consumer now waiting lets a rendezvous sender go):
-                    // the others may go on now. Each context parks anew
-                    // at most once per instruction it reaches, so this
-                    // ends.
-                    if budget != before || self.m.park != parked {
+                    // the others may go on now.
+                    if self.events != events || self.m.park != parked {
                         tried = 0;
                         first = None;
                     }
@@ -1208,22 +1277,32 @@ impl Expander {
                 None => return Ok(Next::Wait(first.unwrap_or(Wait::Iteration))),
             }
         }
+        Ok(Next::Yield)
+    }
+
+    /// [`run`](Self::run), not inlined: the turns of several contexts
+    /// need not copy the interpreter.
+    #[inline(never)]
+    fn run_turn(
+        &mut self,
+        table: &Table<'_>,
+        cx: &mut impl Context,
+        spec: &mut TaskSpec,
+    ) -> Result<Next, ExpandError> {
+        self.run(table, cx, spec)
     }
 
     /// Runs the current context until a task, an event op, a wait, its
-    /// end, or `budget` instructions; each instruction run (not one that
-    /// waits) takes one from `budget`.
+    /// end, or [`STEP_BUDGET`] instructions.
     #[inline(always)]
     fn run(
         &mut self,
         table: &Table<'_>,
         cx: &mut impl Context,
         spec: &mut TaskSpec,
-        budget: &mut usize,
     ) -> Result<Next, ExpandError> {
         let program = table.program();
-        while *budget > 0 {
-            *budget -= 1;
+        for _ in 0..STEP_BUDGET {
             let Some(ins) = program.get(self.m.pc) else {
                 return Ok(Next::Done);
             };
@@ -1250,7 +1329,6 @@ impl Expander {
                 OP_LOAD => match self.load(table, ins, cx)? {
                     Ok(value) => self.set(r, value as i64),
                     Err(wait) => {
-                        *budget += 1;
                         return Ok(Next::Wait(wait));
                     }
                 },
@@ -1293,18 +1371,24 @@ impl Expander {
                     else {
                         unreachable!("END without a LOOP");
                     };
-                    if frame.channel != NO_CHANNEL {
-                        // A consume body ended: its token no longer counts
-                        // against the channel; back to the CONSUME.
-                        let ch = &mut self.channels[frame.channel as usize % MAX_CHANNELS];
-                        ch.in_body = ch.in_body.saturating_sub(1);
-                        self.m.pc = frame.pc as usize;
-                        continue;
-                    }
                     if frame.index + 1 < frame.count {
-                        if frame.sequential && !cx.completed_since(frame.first) {
-                            *budget += 1;
-                            return Ok(Next::Wait(Wait::Iteration));
+                        // (A consume's frame counts as sequential, so
+                        // that a parallel loop's END checks nothing more.)
+                        if frame.sequential {
+                            if frame.channel != NO_CHANNEL {
+                                // A consume body ended: its token no longer
+                                // counts against the channel; back to the
+                                // CONSUME.
+                                let c = frame.channel as usize % MAX_CHANNELS;
+                                self.m.pc = frame.pc as usize;
+                                let ch = &mut self.channels[c];
+                                ch.in_body = ch.in_body.saturating_sub(1);
+                                self.events += 1;
+                                continue;
+                            }
+                            if !cx.completed_since(frame.first) {
+                                return Ok(Next::Wait(Wait::Iteration));
+                            }
                         }
                         let next = cx.next_task();
                         let frame = &mut self.m.frames[self.m.depth - 1];
@@ -1328,22 +1412,13 @@ impl Expander {
                     continue;
                 }
                 OP_CALL => {
-                    if self.m.sends != 0 && !self.reserve(table, ins, cx)? {
-                        *budget += 1;
-                        let channel = match self.m.park {
-                            Some(Park::Full { channel }) => channel,
-                            _ => 0,
-                        };
-                        return Ok(Next::Wait(Wait::ChannelFull { channel }));
+                    if self.m.sends != 0 {
+                        return self.call_sending(table, ins, cx, spec);
                     }
                     self.m.pc = match self.call_fast(table, spec) {
                         Some(end) => end,
                         None => self.call(table, ins, spec)?,
                     };
-                    self.m.last_task = Some(cx.next_task());
-                    if self.m.park.is_some() {
-                        self.unpark(cx);
-                    }
                     return Ok(Next::Task);
                 }
                 OP_PROCESS => {
@@ -1353,7 +1428,6 @@ impl Expander {
                 OP_PROCESS_END => return Ok(Next::Done),
                 OP_SEND => {
                     if !self.send(ins, cx)? {
-                        *budget += 1;
                         return Ok(Next::Wait(Wait::ChannelFull {
                             channel: ins.imm.get() as u8,
                         }));
@@ -1382,7 +1456,7 @@ impl Expander {
                                     reg: ins.r,
                                     count: i64::MAX,
                                     index: 0,
-                                    sequential: false,
+                                    sequential: true,
                                     first: cx.next_task(),
                                     channel: c as u8,
                                 };
@@ -1398,12 +1472,14 @@ impl Expander {
                             continue;
                         }
                         Err(Some(wait)) => {
-                            *budget += 1;
                             return Ok(Next::Wait(wait));
                         }
                     }
                 }
-                OP_CLOSE => self.channels[ins.imm.get() as usize % MAX_CHANNELS].closed = true,
+                OP_CLOSE => {
+                    self.channels[ins.imm.get() as usize % MAX_CHANNELS].closed = true;
+                    self.events += 1;
+                }
                 OP_RECORD | OP_WAIT => {
                     self.m.pc += 1;
                     return Ok(Next::Event {

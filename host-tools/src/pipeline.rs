@@ -185,6 +185,7 @@ pub fn pipeline(p: Params, depth: u32) -> Result<(Workload, CspNames), WorkloadE
         tensors: layouts,
         tasks: 4 * tiles as usize,
         check: Box::new(check),
+        csp: names.clone(),
     };
     Ok((workload, names))
 }

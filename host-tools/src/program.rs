@@ -314,6 +314,31 @@ impl CspNames {
             .map_or_else(|| format!("channel {c}"), |d| d.name.clone())
     }
 
+    /// What the numbers of a channel deadlock report stand for: the
+    /// processes (by the pc of their `PROCESS`) and channels it names,
+    /// one line; `None` if it names none this workload has names for.
+    pub fn legend(&self, report: &device_runtime::channel::ChannelReport) -> Option<String> {
+        let mut parts = Vec::new();
+        let mut seen = Vec::new();
+        for p in report.processes.iter().flatten() {
+            if let Some(pc) = p.process {
+                let pc = pc as usize;
+                if let Some((_, name)) = self.processes.iter().find(|(at, _)| *at == pc) {
+                    if !seen.contains(&pc) {
+                        seen.push(pc);
+                        parts.push(format!("process of pc {pc} is `{name}`"));
+                    }
+                }
+            }
+        }
+        for c in report.channels.iter().flatten() {
+            if let Some(d) = self.channels.get(c.channel as usize) {
+                parts.push(format!("channel {} is `{}`", c.channel, d.name));
+            }
+        }
+        (!parts.is_empty()).then(|| format!("where {}", parts.join(", ")))
+    }
+
     /// The name of the process whose `PROCESS` is at `pc`, or `process at
     /// pc N` if none is.
     pub fn process(&self, pc: usize) -> String {

@@ -204,3 +204,30 @@ fn a_replicated_process_binds_its_index() {
     let stats = Shim::default().run(&w.table, &mut arena.bytes).unwrap();
     assert_eq!(stats.tasks, 4);
 }
+
+#[test]
+fn a_file_that_deadlocks_is_refused_with_the_named_report() {
+    // The producer's replicas are bound to 0: nothing ever sends.
+    let text = BASE
+        .replace(
+            "[channels]",
+            "[symbols]\nn = { max = 2, default = 0 }\n\n[channels]",
+        )
+        .replace(r#"process = "p""#, "process = \"p\"\ndense_dyn = \"n\"");
+    let e = refused(&text);
+    assert_eq!(e.kind, ErrorKind::Expand, "{e}");
+    for want in [
+        "channel deadlock",
+        "CONSUME waits for a token on channel 0",
+        "no live process sends on channel 0",
+        "is `q`, channel 0 is `c`",
+    ] {
+        assert!(e.message.contains(want), "no `{want}` in {e}");
+    }
+    // With a replica, it runs.
+    let w = WorkloadFile::parse(&text)
+        .unwrap()
+        .build(&[("n".into(), 1)])
+        .unwrap();
+    assert_eq!(w.tasks.len(), 2);
+}

@@ -300,7 +300,7 @@ impl WorkloadFile {
         if csp {
             let parsed = device_runtime::abi::Table::parse(&table)
                 .map_err(|e| plain(ErrorKind::Lower, format!("lowering the program: {e}")))?;
-            shadow.table(&parsed)?;
+            shadow.table(&parsed, &w.csp_names())?;
         } else {
             shadow.steps(&self.steps)?;
         }

@@ -13,7 +13,7 @@ use super::expr::{arith, RExpr};
 use super::kernels::{run_kernel, Tile};
 use super::resolve::{RAxis, RRegion, Step};
 use super::{ErrorKind, FileError, Src};
-use crate::program::Expanded;
+use crate::program::{CspNames, Expanded};
 use crate::table::{Arena, TensorId, TensorLayout};
 // The bounds of every host walk that lists tasks one by one.
 use crate::task_count::{MAX_HOST_ITERATIONS as MAX_ITERATIONS, MAX_HOST_TASKS as MAX_TASKS};
@@ -273,7 +273,7 @@ impl<'a> Shadow<'a> {
     /// shadow as it is issued. The values stay the f64 kernels'; a run
     /// whose tasks overtook one another where the program does not order
     /// them (a race) fails the check.
-    pub(super) fn table(&mut self, table: &Table<'_>) -> Result<(), FileError> {
+    pub(super) fn table(&mut self, table: &Table<'_>, names: &CspNames) -> Result<(), FileError> {
         let fail = |m: String| self.src.at(ErrorKind::Expand, None, m);
         let mut expander = Expander::new(table);
         let clock = Cell::new(0u64);
@@ -310,11 +310,17 @@ impl<'a> Shadow<'a> {
                 }
                 Ok(ExpandStep::Done) => return Ok(()),
                 Ok(ExpandStep::Event { .. } | ExpandStep::Yield) => {}
-                Ok(ExpandStep::Wait(wait)) => {
+                Ok(ExpandStep::Wait(_)) => {
                     idle += 1;
                     if idle > 1 << 16 {
+                        // Every task is complete and the clock past every
+                        // latency: the processes wait on each other.
+                        let report = expander.channel_report(table);
+                        let legend = names
+                            .legend(&report)
+                            .map_or(String::new(), |l| format!("\n{l}"));
                         return Err(fail(format!(
-                            "the program waits for ever ({wait:?}) with every task complete"
+                            "the reference cannot finish, and neither can a run: {report}{legend}"
                         )));
                     }
                 }

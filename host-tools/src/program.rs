@@ -43,6 +43,31 @@
 //! });
 //! ```
 //!
+//! Pipelines (CSP): [`Workload::channel`] declares a bounded token
+//! channel, [`Workload::process`] (or [`Workload::process_over`], one
+//! replica per index of an axis) starts a body that runs concurrently
+//! with the rest, [`Workload::send`] puts a token on a channel that stands
+//! for the call it names (the last call of its process), and
+//! [`Workload::consume`] runs a body once per token, after the token's
+//! task ended. The device's rules are in `device_runtime::abi::program`.
+//!
+//! ```no_run
+//! # use host_tools::program::{Axis, Workload};
+//! # let mut w = Workload::new();
+//! # let (x, stage) = (w.tensor("x", &[512, 64]).unwrap(), w.tensor("s", &[128, 64]).unwrap());
+//! # let add = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+//! let tiles = w.channel("tiles", 2).unwrap();
+//! w.process("loader", |w| {
+//!     w.parallel(Axis::Dense(8), |w, i| {
+//!         let slot = (i.clone() % 2) * 64;
+//!         let load = w.call(add, &[x.tile(i.clone() * 64, 0, 64, 64), x.tile(i.clone() * 64, 0, 64, 64),
+//!                                  stage.tile(slot, 0, 64, 64)], &[]);
+//!         w.send(tiles, i, load);
+//!     });
+//! });
+//! w.process("storer", |w| w.consume(tiles, |w, i| { /* calls reading stage[i % 2] */ }));
+//! ```
+//!
 //! Every error is found when the workload is lowered ([`Workload::finish`])
 //! and says why: a loop nested too deep, more live values than the
 //! program machine's registers, a call with the wrong arguments, or
@@ -1034,7 +1059,9 @@ impl Workload {
     /// [`MAX_HOST_TASKS`] tasks and runs
     /// at most [`MAX_HOST_ITERATIONS`]
     /// loop iterations: past either it returns an error saying so (count a
-    /// bigger program with [`crate::task_count::count_tasks`]).
+    /// bigger program with [`crate::task_count::count_tasks`]). A program
+    /// with processes and channels is refused with an error: which tasks
+    /// its consume loops run depends on the tokens sent at run time.
     pub fn expand(&self, arena: &Arena, symbols: &[i64]) -> Result<Vec<Expanded>, String> {
         let mut out = Vec::new();
         let mut vars = std::collections::HashMap::new();

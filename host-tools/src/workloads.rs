@@ -54,6 +54,16 @@ impl Params {
                     seed: 1,
                 })
             }
+            // 16 queries against 8 KV tiles of 64 keys.
+            "attention-pipeline" => {
+                return Ok(Params {
+                    m: 16,
+                    n: 512,
+                    k: 64,
+                    tile: 64,
+                    seed: 1,
+                })
+            }
             _ => return Err(WorkloadError::Unknown(name.to_string())),
         };
         Ok(Params {
@@ -86,7 +96,15 @@ pub fn is_tiled(name: &str) -> bool {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 6] = ["gemm", "mlp", "streams", "moe", "moe-var", "pipeline"];
+pub const NAMES: [&str; 7] = [
+    "gemm",
+    "mlp",
+    "streams",
+    "moe",
+    "moe-var",
+    "pipeline",
+    "attention-pipeline",
+];
 
 /// A built workload.
 pub struct Workload {
@@ -207,6 +225,10 @@ impl Workload {
             "pipeline" => {
                 crate::pipeline::pipeline(p, crate::pipeline::DEFAULT_DEPTH).map(|(w, _)| w)
             }
+            "attention-pipeline" => {
+                crate::attention_pipeline::attention_pipeline(p, crate::pipeline::DEFAULT_DEPTH)
+                    .map(|(w, _)| w)
+            }
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }
@@ -303,7 +325,9 @@ fn gemm_tasks_on(
     Ok(())
 }
 
-pub(crate) fn gemm_bound(abs: Vec<f64>, k: u32) -> impl Fn(usize) -> f64 {
+/// The f32 error bound of each element of a `k`-term GEMM, from the
+/// per-element sums of |products| that [`crate::reference::gemm`] returns.
+pub fn gemm_bound(abs: Vec<f64>, k: u32) -> impl Fn(usize) -> f64 {
     // Recursive summation of k products in f32: |error| <= gamma_(k+1) * sum|a*b|,
     // gamma_n = n*u / (1 - n*u), plus the smallest normal to cover all-zero sums.
     let n = (k + 1) as f64;

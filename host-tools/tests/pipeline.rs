@@ -36,11 +36,11 @@ fn the_pipeline_matches_its_reference_on_the_shim_and_in_semantic_time() {
     ];
     for depth in [0, 1, 2, 4] {
         let w = build(depth);
-        // 8 loads, 8 squares, 8 stores and 8 clears.
+        // 8 loads, 8 squares and 8 stores.
         let table = Table::parse(&w.table).unwrap();
         assert_eq!(
             count_tasks(&table, None, &[]).unwrap(),
-            TaskCount::Exact(32)
+            TaskCount::Exact(24)
         );
         let mut semantic = w.arena.clone();
         let run = run_semantic(
@@ -50,7 +50,7 @@ fn the_pipeline_matches_its_reference_on_the_shim_and_in_semantic_time() {
             &RunOptions::default(),
         )
         .unwrap_or_else(|e| panic!("depth {depth}: {e}"));
-        assert_eq!(run.stats.tasks, 32, "depth {depth}");
+        assert_eq!(run.stats.tasks, 24, "depth {depth}");
         let v = w.verify(&semantic);
         assert!(v.passed(), "depth {depth}, semantic time: {v}");
         let mut threads = w.arena.clone();
@@ -62,7 +62,7 @@ fn the_pipeline_matches_its_reference_on_the_shim_and_in_semantic_time() {
         let stats = shim
             .run(&w.table, &mut threads.bytes)
             .unwrap_or_else(|e| panic!("depth {depth}: {e}"));
-        assert_eq!(stats.tasks, 32, "depth {depth}");
+        assert_eq!(stats.tasks, 24, "depth {depth}");
         let v = w.verify(&threads);
         assert!(v.passed(), "depth {depth}, shim: {v}");
         assert!(

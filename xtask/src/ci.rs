@@ -152,6 +152,9 @@ fn bench(root: &Path) -> Result<()> {
     )?;
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "expansion"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
+        .args(["bench", "-p", "host-tools", "--bench", "channels"])
         .env("WSP_BENCH_SMOKE", "1"))
 }
 

@@ -113,7 +113,8 @@ enum Command {
 
 #[derive(Args)]
 struct WorkloadArgs {
-    /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline), a workload
+    /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline,
+    /// attention-pipeline), a workload
     /// file (a path ending in .toml, or another existing file that is not a
     /// table), or, for `wsp run` only, a built table (a path ending in .bin,
     /// or a file that starts with the table magic).
@@ -327,7 +328,10 @@ impl WorkloadArgs {
             Some(depth) if self.workload == "pipeline" => {
                 host_tools::pipeline::pipeline(p, depth).map(|(w, _)| w)
             }
-            Some(_) => bail!("--depth applies to the pipeline workload"),
+            Some(depth) if self.workload == "attention-pipeline" => {
+                host_tools::attention_pipeline::attention_pipeline(p, depth).map(|(w, _)| w)
+            }
+            Some(_) => bail!("--depth applies to the pipeline and attention-pipeline workloads"),
             None => Workload::build(&self.workload, p),
         };
         built.with_context(|| format!("building workload {}", self.workload))

@@ -247,7 +247,7 @@ fn the_pipeline_runs_at_a_depth_and_inspect_names_its_channels() {
     let o = wsp(&["run", "gemm", "--depth", "2"]);
     assert!(!o.status.success());
     assert!(
-        stderr(&o).contains("--depth applies to the pipeline workload"),
+        stderr(&o).contains("--depth applies to the pipeline"),
         "{}",
         stderr(&o)
     );
@@ -266,7 +266,7 @@ fn the_pipeline_runs_at_a_depth_and_inspect_names_its_channels() {
         "declare channel 0 (to_compute): capacity 2, latency 0 ticks",
         "process loader {",
         "consume channel 0 (to_compute) as r",
-        "expands to 32 tasks",
+        "expands to 24 tasks",
     ] {
         assert!(text.contains(want), "no `{want}` in\n{text}");
     }

@@ -17,10 +17,10 @@ fn example() -> WorkloadFile {
 #[test]
 fn the_pipeline_file_runs_and_passes_its_check() {
     let w = example().build(&[]).unwrap();
-    assert_eq!(w.tasks.len(), 32);
+    assert_eq!(w.tasks.len(), 24);
     let mut arena = w.arena.clone();
     let stats = Shim::default().run(&w.table, &mut arena.bytes).unwrap();
-    assert_eq!(stats.tasks, 32);
+    assert_eq!(stats.tasks, 24);
     let checks = w.check(&arena);
     assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
     // The file is the built-in workload, written in TOML.

@@ -32,14 +32,21 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         // The first seed whose routing is clear of ties (for the MoE ones).
         let w = (1..50)
             .find_map(|seed| {
-                // The pipeline squares square tiles: n = k = tile.
-                let nk = if name == "pipeline" { 32 } else { 64 };
-                let p = Params {
-                    m: 64,
-                    n: nk,
-                    k: nk,
-                    tile: 32,
-                    seed,
+                // The pipelines have sizes of their own (square tiles):
+                // their defaults, which give small tables too.
+                let p = if name.contains("pipeline") {
+                    Params {
+                        seed,
+                        ..Params::of(name).unwrap()
+                    }
+                } else {
+                    Params {
+                        m: 64,
+                        n: 64,
+                        k: 64,
+                        tile: 32,
+                        seed,
+                    }
                 };
                 Workload::build(name, p).ok()
             })

@@ -265,6 +265,7 @@ pub fn attention_pipeline(
         tensors: layouts,
         tasks: 7 * tiles as usize,
         check: Box::new(check),
+        csp: names.clone(),
     };
     Ok((workload, names))
 }

@@ -230,6 +230,7 @@ pub fn moe_with(
         tensors: w.layouts().to_vec(),
         tasks,
         check: Box::new(check),
+        csp: Default::default(),
     })
 }
 

@@ -174,6 +174,7 @@ pub fn pipeline(p: Params, depth: u32) -> Result<(Workload, CspNames), WorkloadE
         tensors: layouts,
         tasks: 3 * tiles as usize,
         check: Box::new(check),
+        csp: names.clone(),
     };
     Ok((workload, names))
 }

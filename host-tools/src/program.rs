@@ -43,6 +43,31 @@
 //! });
 //! ```
 //!
+//! Pipelines (CSP): [`Workload::channel`] declares a bounded token
+//! channel, [`Workload::process`] (or [`Workload::process_over`], one
+//! replica per index of an axis) starts a body that runs concurrently
+//! with the rest, [`Workload::send`] puts a token on a channel that stands
+//! for the call it names (the last call of its process), and
+//! [`Workload::consume`] runs a body once per token, after the token's
+//! task ended. The device's rules are in `device_runtime::abi::program`.
+//!
+//! ```no_run
+//! # use host_tools::program::{Axis, Workload};
+//! # let mut w = Workload::new();
+//! # let (x, stage) = (w.tensor("x", &[512, 64]).unwrap(), w.tensor("s", &[128, 64]).unwrap());
+//! # let add = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+//! let tiles = w.channel("tiles", 2).unwrap();
+//! w.process("loader", |w| {
+//!     w.parallel(Axis::Dense(8), |w, i| {
+//!         let slot = (i.clone() % 2) * 64;
+//!         let load = w.call(add, &[x.tile(i.clone() * 64, 0, 64, 64), x.tile(i.clone() * 64, 0, 64, 64),
+//!                                  stage.tile(slot, 0, 64, 64)], &[]);
+//!         w.send(tiles, i, load);
+//!     });
+//! });
+//! w.process("storer", |w| w.consume(tiles, |w, i| { /* calls reading stage[i % 2] */ }));
+//! ```
+//!
 //! Every error is found when the workload is lowered ([`Workload::finish`])
 //! and says why: a loop nested too deep, more live values than the
 //! program machine's registers, a call with the wrong arguments, or
@@ -312,6 +337,31 @@ impl CspNames {
         self.channels
             .get(c as usize)
             .map_or_else(|| format!("channel {c}"), |d| d.name.clone())
+    }
+
+    /// What the numbers of a channel deadlock report stand for: the
+    /// processes (by the pc of their `PROCESS`) and channels it names,
+    /// one line; `None` if it names none this workload has names for.
+    pub fn legend(&self, report: &device_runtime::channel::ChannelReport) -> Option<String> {
+        let mut parts = Vec::new();
+        let mut seen = Vec::new();
+        for p in report.processes.iter().flatten() {
+            if let Some(pc) = p.process {
+                let pc = pc as usize;
+                if let Some((_, name)) = self.processes.iter().find(|(at, _)| *at == pc) {
+                    if !seen.contains(&pc) {
+                        seen.push(pc);
+                        parts.push(format!("process of pc {pc} is `{name}`"));
+                    }
+                }
+            }
+        }
+        for c in report.channels.iter().flatten() {
+            if let Some(d) = self.channels.get(c.channel as usize) {
+                parts.push(format!("channel {} is `{}`", c.channel, d.name));
+            }
+        }
+        (!parts.is_empty()).then(|| format!("where {}", parts.join(", ")))
     }
 
     /// The name of the process whose `PROCESS` is at `pc`, or `process at
@@ -897,6 +947,21 @@ impl Workload {
         });
     }
 
+    /// As [`Workload::send`], naming the last call this process (or the
+    /// top level) made; without one, `finish` says so.
+    pub fn send_after_last_call(&mut self, ch: Channel, value: impl Into<Expr>) {
+        match *self.last_call.last().expect("the program's context") {
+            Some(call) => self.send(ch, value, call),
+            None => {
+                let channel = self.channel_name(ch).unwrap_or_else(|e| e.to_string());
+                self.fail(LowerError::Send {
+                    channel,
+                    why: "no call before the send in this process: the token stands for one".into(),
+                });
+            }
+        }
+    }
+
     /// Runs `body` once per token of `ch`, with the token's value, until
     /// `ch` is closed and drained. Every task `body` issues starts after
     /// the token's task ended, as well as after what its regions imply.
@@ -994,7 +1059,9 @@ impl Workload {
     /// [`MAX_HOST_TASKS`] tasks and runs
     /// at most [`MAX_HOST_ITERATIONS`]
     /// loop iterations: past either it returns an error saying so (count a
-    /// bigger program with [`crate::task_count::count_tasks`]).
+    /// bigger program with [`crate::task_count::count_tasks`]). A program
+    /// with processes and channels is refused with an error: which tasks
+    /// its consume loops run depends on the tokens sent at run time.
     pub fn expand(&self, arena: &Arena, symbols: &[i64]) -> Result<Vec<Expanded>, String> {
         let mut out = Vec::new();
         let mut vars = std::collections::HashMap::new();

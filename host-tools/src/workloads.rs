@@ -120,6 +120,9 @@ pub struct Workload {
     pub tensors: Vec<TensorLayout>,
     /// Tasks a run executes, the program's included.
     pub tasks: usize,
+    /// The names of its channels and processes (none unless it is a
+    /// pipeline), to name what a channel deadlock report numbers.
+    pub csp: crate::program::CspNames,
     pub(crate) check: Box<dyn Fn(&Arena) -> Verification>,
 }
 
@@ -373,6 +376,7 @@ fn gemm(p: Params) -> Result<Workload, WorkloadError> {
         tensors: b.layouts().to_vec(),
         tasks: b.num_tasks(),
         check: Box::new(check),
+        csp: Default::default(),
     })
 }
 
@@ -474,6 +478,7 @@ fn mlp(p: Params) -> Result<Workload, WorkloadError> {
         tensors: b.layouts().to_vec(),
         tasks: b.num_tasks(),
         check: Box::new(check),
+        csp: Default::default(),
     })
 }
 
@@ -544,5 +549,6 @@ fn streams(p: Params) -> Result<Workload, WorkloadError> {
         tensors: b.layouts().to_vec(),
         tasks: b.num_tasks(),
         check: Box::new(check),
+        csp: Default::default(),
     })
 }

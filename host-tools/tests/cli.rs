@@ -232,3 +232,42 @@ fn inspect_counts_a_tables_tasks_with_the_symbols_given() {
         stderr(&o)
     );
 }
+
+#[test]
+fn the_pipeline_runs_at_a_depth_and_inspect_names_its_channels() {
+    let o = wsp(&["run", "pipeline", "--depth", "0", "--semantic"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        workload_line(&o).contains("channels of depth 0"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+    // --depth is the pipeline's.
+    let o = wsp(&["run", "gemm", "--depth", "2"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--depth applies to the pipeline"),
+        "{}",
+        stderr(&o)
+    );
+    let o = wsp(&["run", "pipeline", "--depth", "17"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("depth 17"), "{}", stderr(&o));
+    // A workload file's inspect names its channels and processes.
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/workloads/pipeline.toml"
+    );
+    let o = wsp(&["inspect", file]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for want in [
+        "declare channel 0 (to_compute): capacity 2, latency 0 ticks",
+        "process loader {",
+        "consume channel 0 (to_compute) as r",
+        "expands to 24 tasks",
+    ] {
+        assert!(text.contains(want), "no `{want}` in\n{text}");
+    }
+}

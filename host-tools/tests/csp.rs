@@ -456,3 +456,58 @@ fn inspect_renders_channels_processes_and_tokens() {
     assert!(plain.contains("consume channel 0 as r"), "{plain}");
     assert!(plain.contains("process {"), "{plain}");
 }
+
+#[test]
+fn a_deadlock_report_is_named_by_the_workload() {
+    use device_runtime::abi::launch::Symbols;
+    use device_runtime::sched::{RunError, RunOptions};
+    use host_tools::semantic::run_semantic;
+    use host_tools::shim::ShimError;
+    // The producer is replicated over a symbol bound to 0: no live sender.
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    w.tensor("y", &[64, 64]).unwrap();
+    let ch = w.channel("tiles", 1).unwrap();
+    w.process_over("producer", Axis::DenseDyn { symbol: 0, max: 2 }, |w, i| {
+        let c = touch(w, x, i * 8);
+        w.send(ch, 0, c);
+    });
+    w.process("consumer", |w| {
+        w.consume(ch, |w, t| {
+            touch(w, x, t * 8);
+        })
+    });
+    let table = w.finish().unwrap();
+    let names = w.csp_names();
+    let mut arena = vec![0u8; w.arena_size() as usize];
+    let options = RunOptions {
+        symbols: Symbols::new(&[0]).unwrap(),
+        ..RunOptions::default()
+    };
+    let kinds = [wsp_ffi::CoreKind::Vector; 2];
+    let e = run_semantic(&table, &mut arena, &kinds, &options).unwrap_err();
+    let ShimError::Run(run) = e else {
+        panic!("not a run error: {e}")
+    };
+    let RunError::ChannelDeadlock(report) = *run else {
+        panic!("not a channel deadlock: {run}")
+    };
+    let consumer = names
+        .processes
+        .iter()
+        .find(|p| p.1 == "consumer")
+        .unwrap()
+        .0;
+    let legend = names.legend(&report).unwrap();
+    assert_eq!(
+        legend,
+        format!("where process of pc {consumer} is `consumer`, channel 0 is `tiles`")
+    );
+    // The report itself numbers what the legend names.
+    let text = report.to_string();
+    assert!(
+        text.contains(&format!("process of pc {consumer}")),
+        "{text}"
+    );
+    assert!(text.contains("channel 0"), "{text}");
+}

@@ -75,9 +75,20 @@ fn every_example_runs_and_passes_the_f64_check() {
         // Every example computes something.
         assert!(arena.bytes != w.arena.bytes, "{}", path.display());
         // The reference's tasks are the host reference expansion's (of the
-        // program the file lowered to, reading the run's data), in order.
-        let expanded = w.program().expand(&arena, &w.symbols).unwrap();
-        assert_eq!(w.tasks, expanded, "{}", path.display());
+        // program the file lowered to, reading the run's data), in order;
+        // that expansion does not follow channels (a pipeline's reference
+        // takes its order from the expander instead).
+        match w.program().expand(&arena, &w.symbols) {
+            Ok(expanded) => assert_eq!(w.tasks, expanded, "{}", path.display()),
+            Err(e) => {
+                assert!(
+                    !w.program().csp_names().channels.is_empty(),
+                    "{}: {e}",
+                    path.display()
+                );
+                assert!(e.contains("processes and channels"), "{e}");
+            }
+        }
     }
 }
 

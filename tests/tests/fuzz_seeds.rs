@@ -32,25 +32,21 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         // The first seed whose routing is clear of ties (for the MoE ones).
         let w = (1..50)
             .find_map(|seed| {
-                // The pipeline squares square tiles: n = k = tile; the
-                // attention pipeline takes up to 16 queries and KV tiles
-                // of 64 keys.
-                let nk = if name == "pipeline" { 32 } else { 64 };
-                let p = match name {
-                    "attention-pipeline" => Params {
-                        m: 16,
-                        n: 128,
-                        k: 64,
-                        tile: 64,
+                // The pipelines have sizes of their own (square tiles):
+                // their defaults, which give small tables too.
+                let p = if name.contains("pipeline") {
+                    Params {
                         seed,
-                    },
-                    _ => Params {
+                        ..Params::of(name).unwrap()
+                    }
+                } else {
+                    Params {
                         m: 64,
-                        n: nk,
-                        k: nk,
+                        n: 64,
+                        k: 64,
                         tile: 32,
                         seed,
-                    },
+                    }
                 };
                 Workload::build(name, p).ok()
             })

@@ -7,10 +7,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use device_runtime::abi::launch::Symbols;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
-use device_runtime::sched::{RunOptions, RunStats};
+use device_runtime::sched::{RunError, RunOptions, RunStats};
 use host_tools::inspect::inspect_named;
+use host_tools::program::CspNames;
 use host_tools::semantic::run_semantic_with;
-use host_tools::shim::Shim;
+use host_tools::shim::{Shim, ShimError};
 use host_tools::table::Arena;
 use host_tools::workload_file::{FileWorkload, WorkloadFile};
 use host_tools::workloads::{is_tiled, Params, Verification, Workload, NAMES};
@@ -162,6 +163,14 @@ impl Loaded {
             Loaded::File(f) => &f.summary,
         }
     }
+    /// The names of its channels and processes.
+    fn csp_names(&self) -> CspNames {
+        match self {
+            Loaded::Named(w) => w.csp.clone(),
+            Loaded::File(f) => f.program().csp_names(),
+        }
+    }
+
     fn table(&self) -> &[u8] {
         match self {
             Loaded::Named(w) => &w.table,
@@ -397,6 +406,22 @@ impl RunSetup {
     }
 }
 
+/// A channel deadlock report with a line naming the processes and
+/// channels it numbers; other errors unchanged.
+fn name_deadlock(e: anyhow::Error, names: &CspNames) -> anyhow::Error {
+    let legend = match e.downcast_ref::<ShimError>() {
+        Some(ShimError::Run(run)) => match &**run {
+            RunError::ChannelDeadlock(report) => names.legend(report),
+            _ => None,
+        },
+        _ => None,
+    };
+    match legend {
+        Some(legend) => anyhow::anyhow!("{e:#}\n{legend}"),
+        None => e,
+    }
+}
+
 /// Per-taskset, per-thread and per-core figures, and backpressure.
 fn print_stats(stats: &RunStats, semantic: bool) {
     println!("policy    {}", stats.policy);
@@ -578,7 +603,9 @@ fn run(cli: Cli) -> Result<bool> {
                 w.arena().bytes.len()
             );
             let mut arena = w.arena().clone();
-            let stats = setup.run(w.table(), &mut arena.bytes)?;
+            let stats = setup
+                .run(w.table(), &mut arena.bytes)
+                .map_err(|e| name_deadlock(e, &w.csp_names()))?;
             write_out(out.as_deref(), &arena.bytes)?;
             Ok(report(&w, &arena, Some(stats.tasks as usize)))
         }

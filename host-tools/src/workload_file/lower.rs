@@ -6,7 +6,7 @@ use device_runtime::abi::program::{
 
 use super::expr::RExpr;
 use super::resolve::{Kind, RAxis, Step};
-use crate::program::{Axis, Expr, Region, Workload as Program};
+use crate::program::{Axis, Channel, Expr, Region, Workload as Program};
 
 fn to_expr(e: &RExpr, env: &[Expr]) -> Expr {
     match e {
@@ -32,30 +32,34 @@ fn to_expr(e: &RExpr, env: &[Expr]) -> Expr {
     }
 }
 
+fn to_axis(axis: &RAxis, env: &[Expr]) -> Axis {
+    match axis {
+        RAxis::Dense(n) => Axis::Dense(*n),
+        RAxis::DenseDyn { symbol, max } => Axis::DenseDyn {
+            symbol: *symbol,
+            max: *max,
+        },
+        RAxis::Ragged { lengths, at, max } => Axis::Ragged {
+            lengths: *lengths,
+            at: at.iter().map(|e| to_expr(e, env)).collect(),
+            max: *max,
+        },
+    }
+}
+
 /// Lowers `steps` with `env` holding the workload language's value of
 /// each slot in scope.
-pub(super) fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>) {
+pub(super) fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>, channels: &[Channel]) {
     let depth = env.len();
     for step in steps {
         match step {
             Step::Loop {
                 kind, axis, body, ..
             } => {
-                let axis = match axis {
-                    RAxis::Dense(n) => Axis::Dense(*n),
-                    RAxis::DenseDyn { symbol, max } => Axis::DenseDyn {
-                        symbol: *symbol,
-                        max: *max,
-                    },
-                    RAxis::Ragged { lengths, at, max } => Axis::Ragged {
-                        lengths: *lengths,
-                        at: at.iter().map(|e| to_expr(e, env)).collect(),
-                        max: *max,
-                    },
-                };
+                let axis = to_axis(axis, env);
                 let inner = |w: &mut Program, i: Expr| {
                     env.push(i);
-                    lower(w, body, env);
+                    lower(w, body, env, channels);
                     env.pop();
                 };
                 match kind {
@@ -75,7 +79,7 @@ pub(super) fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>) {
                 w.select(*indptr, *indices, row, *max, |w, j, value| {
                     env.push(j);
                     env.push(value);
-                    lower(w, body, env);
+                    lower(w, body, env, channels);
                     env.truncate(env.len() - 2);
                 });
             }
@@ -89,8 +93,8 @@ pub(super) fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>) {
                 let (mut e1, mut e2) = (env.clone(), env.clone());
                 w.when(
                     cond,
-                    |w| lower(w, then, &mut e1),
-                    |w| lower(w, otherwise, &mut e2),
+                    |w| lower(w, then, &mut e1, channels),
+                    |w| lower(w, otherwise, &mut e2, channels),
                 );
             }
             Step::Let { value, .. } => {
@@ -121,17 +125,43 @@ pub(super) fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>) {
             Step::Stream { stream, body } => {
                 w.on_stream(*stream, |w| {
                     let depth = env.len();
-                    lower(w, body, env);
+                    lower(w, body, env, channels);
                     env.truncate(depth);
                 });
             }
             Step::Dispatch { schedule, body, .. } => {
                 w.dispatch(schedule.policy, schedule.key, |w| {
                     let depth = env.len();
-                    lower(w, body, env);
+                    lower(w, body, env, channels);
                     env.truncate(depth);
                 });
             }
+            Step::Process { name, axis, body } => match axis {
+                Some(axis) => w.process_over(name, to_axis(axis, env), |w, i| {
+                    env.push(i);
+                    lower(w, body, env, channels);
+                    env.pop();
+                }),
+                None => w.process(name, |w| {
+                    let depth = env.len();
+                    lower(w, body, env, channels);
+                    env.truncate(depth);
+                }),
+            },
+            // The resolver checked that the send follows a call of its
+            // process; the workload language checks it again.
+            Step::Send { channel, value } => {
+                let value = to_expr(value, env);
+                w.send_after_last_call(channels[*channel as usize], value);
+            }
+            Step::Consume { channel, body } => {
+                w.consume(channels[*channel as usize], |w, t| {
+                    env.push(t);
+                    lower(w, body, env, channels);
+                    env.pop();
+                });
+            }
+            Step::Close { channel } => w.close(channels[*channel as usize]),
             Step::Event {
                 record,
                 stream,

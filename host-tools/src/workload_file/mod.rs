@@ -39,7 +39,10 @@
 //! of each kernel's own operations (in the order `kernels/src/*.cpp` do
 //! them) plus the error of its inputs carried through to first order. A
 //! run passes when every element the tasks wrote is within its bound, the
-//! i32 outputs are equal, and nothing else changed.
+//! i32 outputs are equal, and nothing else changed. A file with channels
+//! and processes has no single program order: its reference follows the
+//! order in which the device's expander, run on the host with every task
+//! complete at once, issues the tasks (`Shadow::table`).
 
 // From text to a run's check: raw (serde) -> parse (declarations) ->
 // resolve, expr, call (the body, with names resolved) -> lower (onto the
@@ -102,6 +105,10 @@ pub enum ErrorKind {
     /// The reference expansion failed: a loop count out of range, a
     /// region past its tensor, a division by zero, for some loop indices.
     Expand,
+    /// A channel declaration out of range, an unknown channel, or a
+    /// process, send or consume where it cannot be (a process inside a
+    /// loop, a send whose `after` is not the last call before it).
+    Channel,
 }
 
 /// A mistake in a workload file, with its line and column when it has one.
@@ -180,6 +187,8 @@ pub struct WorkloadFile {
     steps: Vec<Step>,
     /// `[schedule] window`.
     window: Option<u32>,
+    /// `[channels]`, by number.
+    channels: Vec<parse::ChannelDef>,
 }
 
 impl WorkloadFile {
@@ -263,7 +272,14 @@ impl WorkloadFile {
         if let Some(n) = self.window {
             w.window(n);
         }
-        lower(&mut w, &self.steps, &mut Vec::new());
+        let mut channels = Vec::new();
+        for c in &self.channels {
+            channels.push(
+                w.channel_with_latency(&c.name, c.depth, c.latency)
+                    .map_err(lowering)?,
+            );
+        }
+        lower(&mut w, &self.steps, &mut Vec::new(), &channels);
         let table = w.finish().map_err(lowering)?;
         let layouts = w.layouts().to_vec();
         let mut arena = Arena::zeroed(w.arena_size());
@@ -276,7 +292,18 @@ impl WorkloadFile {
         }
         let src = Src { text: &self.text };
         let mut shadow = Shadow::new(&src, &layouts, &arena, &values);
-        shadow.steps(&self.steps)?;
+        let csp = !self.channels.is_empty()
+            || self
+                .steps
+                .iter()
+                .any(|s| matches!(s, resolve::Step::Process { .. }));
+        if csp {
+            let parsed = device_runtime::abi::Table::parse(&table)
+                .map_err(|e| plain(ErrorKind::Lower, format!("lowering the program: {e}")))?;
+            shadow.table(&parsed, &w.csp_names())?;
+        } else {
+            shadow.steps(&self.steps)?;
+        }
         let Shadow {
             val,
             err,

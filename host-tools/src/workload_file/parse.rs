@@ -5,8 +5,8 @@ use device_runtime::abi::program::MAX_SYMBOLS;
 use device_runtime::abi::MAX_RANK;
 use wsp_ffi::{DTYPE_F32, DTYPE_I32};
 
-use super::raw::{RawFile, RawSymbol, RawTensor};
-use super::resolve::{dtype_text, is_ident, Resolver, RESERVED};
+use super::raw::{RawChannel, RawFile, RawSymbol, RawTensor};
+use super::resolve::{dtype_text, is_ident, Resolver, Step, RESERVED};
 use super::{ErrorKind, FileError, Src, WorkloadFile};
 use crate::rng::SplitMix64;
 
@@ -24,6 +24,13 @@ pub(super) enum Data {
     Zeros,
     F32(Vec<f32>),
     I32(Vec<i32>),
+}
+
+/// A declared channel.
+pub(super) struct ChannelDef {
+    pub(super) name: String,
+    pub(super) depth: u32,
+    pub(super) latency: u32,
 }
 
 pub(super) struct SymbolDef {
@@ -115,6 +122,7 @@ impl WorkloadFile {
                 default: s.default,
             });
         }
+        let channels = channel_defs(&src, raw.channels, &symbol_defs)?;
         let mut r = Resolver {
             src,
             written: vec![false; defs.len()],
@@ -124,8 +132,27 @@ impl WorkloadFile {
             loads: Vec::new(),
             expr_base: 0,
             tasksets: Vec::new(),
+            channels: channels.iter().map(|(_, c)| c.name.clone()).collect(),
+            nesting: 0,
+            in_process: false,
+            last_call: vec![None],
         };
         let steps = r.body(&raw.body, 0)?;
+        // A channel nobody sends on would leave its consumers waiting.
+        let mut sent = vec![false; channels.len()];
+        mark_sent(&steps, &mut sent);
+        if let Some(c) = sent.iter().position(|s| !s) {
+            let (at, def) = &channels[c];
+            return Err(r.err(
+                ErrorKind::Channel,
+                *at,
+                format!(
+                    "channel `{}`: nothing sends on it, so its consumers would wait forever \
+                     (send on it, or remove it)",
+                    def.name
+                ),
+            ));
+        }
         // A load of data nobody writes must be of an input.
         for &(t, at) in &r.loads {
             let def = &r.tensors[t.0 as usize];
@@ -174,7 +201,85 @@ impl WorkloadFile {
             symbols,
             steps,
             window,
+            channels: channels.into_iter().map(|(_, c)| c).collect(),
         })
+    }
+}
+
+/// The `[channels]` declarations, in file order, with their offsets.
+fn channel_defs(
+    src: &Src<'_>,
+    raw: std::collections::BTreeMap<String, toml::Spanned<RawChannel>>,
+    symbols: &[SymbolDef],
+) -> Result<Vec<(usize, ChannelDef)>, FileError> {
+    use device_runtime::abi::program::{MAX_CHANNELS, MAX_CHANNEL_CAPACITY, MAX_CHANNEL_LATENCY};
+    let mut list: Vec<(usize, String, RawChannel)> = raw
+        .into_iter()
+        .map(|(name, c)| (c.span().start, name, c.into_inner()))
+        .collect();
+    list.sort_by_key(|c| c.0);
+    let mut defs = Vec::new();
+    for (i, (at, name, c)) in list.into_iter().enumerate() {
+        let bad = |at: usize, message: String| src.at(ErrorKind::Channel, Some(at), message);
+        if i == MAX_CHANNELS {
+            return Err(bad(at, format!("more than {MAX_CHANNELS} channels")));
+        }
+        if !is_ident(&name) || RESERVED.contains(&name.as_str()) {
+            return Err(bad(
+                at,
+                format!("`{name}` cannot name a channel: use letters, digits and _, not min, max, load or x"),
+            ));
+        }
+        if symbols.iter().any(|s| s.name == name) {
+            return Err(bad(at, format!("channel `{name}`: already a symbol")));
+        }
+        let depth = c.depth.as_ref().map_or(1, |d| *d.get_ref());
+        if depth as usize > MAX_CHANNEL_CAPACITY {
+            let at = c.depth.as_ref().map_or(at, |d| d.span().start);
+            return Err(bad(
+                at,
+                format!("channel `{name}`: depth {depth}; a channel holds 0 to {MAX_CHANNEL_CAPACITY} tokens"),
+            ));
+        }
+        let latency = c.latency.as_ref().map_or(0, |l| *l.get_ref());
+        if latency > MAX_CHANNEL_LATENCY {
+            let at = c.latency.as_ref().map_or(at, |l| l.span().start);
+            return Err(bad(
+                at,
+                format!("channel `{name}`: latency {latency}; at most {MAX_CHANNEL_LATENCY} ticks"),
+            ));
+        }
+        defs.push((
+            at,
+            ChannelDef {
+                name,
+                depth,
+                latency,
+            },
+        ));
+    }
+    Ok(defs)
+}
+
+/// Sets `sent[c]` for each channel some send of `steps` sends on.
+fn mark_sent(steps: &[Step], sent: &mut [bool]) {
+    for step in steps {
+        match step {
+            Step::Send { channel, .. } => sent[*channel as usize] = true,
+            Step::Loop { body, .. }
+            | Step::Select { body, .. }
+            | Step::Stream { body, .. }
+            | Step::Dispatch { body, .. }
+            | Step::Process { body, .. }
+            | Step::Consume { body, .. } => mark_sent(body, sent),
+            Step::When {
+                then, otherwise, ..
+            } => {
+                mark_sent(then, sent);
+                mark_sent(otherwise, sent);
+            }
+            Step::Let { .. } | Step::Call { .. } | Step::Event { .. } | Step::Close { .. } => {}
+        }
     }
 }
 

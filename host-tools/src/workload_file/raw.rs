@@ -17,8 +17,19 @@ pub(super) struct RawFile {
     #[serde(default)]
     pub(super) tensors: BTreeMap<String, Spanned<RawTensor>>,
     #[serde(default)]
+    pub(super) channels: BTreeMap<String, Spanned<RawChannel>>,
+    #[serde(default)]
     pub(super) body: Vec<Spanned<RawNode>>,
     pub(super) schedule: Option<Spanned<RawSchedule>>,
+}
+
+/// `[channels]`: `name = { depth = N, latency = T }`, in file order
+/// (channel 0 first).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawChannel {
+    pub(super) depth: Option<Spanned<u32>>,
+    pub(super) latency: Option<Spanned<u32>>,
 }
 
 /// `[schedule]`: settings of the whole workload (per-body dispatch is a
@@ -79,6 +90,15 @@ pub(super) struct RawNode {
     pub(super) args: Option<Vec<Spanned<ArgSrc>>>,
     pub(super) scalars: Option<Vec<Spanned<ExprSrc>>>,
     pub(super) body: Option<Vec<Spanned<RawNode>>>,
+    pub(super) label: Option<Spanned<String>>,
+    pub(super) process: Option<Spanned<String>>,
+    pub(super) replica: Option<Spanned<String>>,
+    pub(super) send: Option<Spanned<String>>,
+    pub(super) after: Option<Spanned<String>>,
+    pub(super) consume: Option<Spanned<String>>,
+    #[serde(rename = "as")]
+    pub(super) as_: Option<Spanned<String>>,
+    pub(super) close: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -192,6 +212,14 @@ impl RawNode {
             ("args", self.args.is_some()),
             ("scalars", self.scalars.is_some()),
             ("body", self.body.is_some()),
+            ("label", self.label.is_some()),
+            ("process", self.process.is_some()),
+            ("replica", self.replica.is_some()),
+            ("send", self.send.is_some()),
+            ("after", self.after.is_some()),
+            ("consume", self.consume.is_some()),
+            ("as", self.as_.is_some()),
+            ("close", self.close.is_some()),
         ];
         present
             .iter()

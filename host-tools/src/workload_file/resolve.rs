@@ -82,6 +82,26 @@ pub(super) enum Step {
         stream: u8,
         event: u8,
     },
+    /// A process: one, or one replica per index of `axis` (its index the
+    /// next slot in scope).
+    Process {
+        name: String,
+        axis: Option<RAxis>,
+        body: Vec<Step>,
+    },
+    /// A token on `channel`, standing for the last call before it.
+    Send {
+        channel: u32,
+        value: RExpr,
+    },
+    /// `body` once per token of `channel`, its value the next slot.
+    Consume {
+        channel: u32,
+        body: Vec<Step>,
+    },
+    Close {
+        channel: u32,
+    },
 }
 
 pub(super) struct RRegion {
@@ -114,9 +134,22 @@ pub(super) struct Resolver<'a> {
     /// The dispatch schedules of tasksets 1 .., numbered as
     /// `Workload::dispatch` numbers them (in file order).
     pub(super) tasksets: Vec<Schedule>,
+    /// The channels' names, by number.
+    pub(super) channels: Vec<String>,
+    /// Bodies open (1 at the top level).
+    pub(super) nesting: usize,
+    /// Whether a process body is being resolved.
+    pub(super) in_process: bool,
+    /// Per open context (the program's, then a process's): its last call
+    /// so far, with its label if it has one.
+    pub(super) last_call: Vec<Option<Option<String>>>,
 }
 
-const KIND_KEYS: [&str; 9] = [
+const KIND_KEYS: [&str; 13] = [
+    "process",
+    "send",
+    "consume",
+    "close",
     "dispatch",
     "parallel",
     "sequential",
@@ -208,10 +241,12 @@ impl Resolver<'_> {
         stream: u8,
     ) -> Result<Vec<Step>, FileError> {
         let depth = self.scope.len();
+        self.nesting += 1;
         let mut steps = Vec::new();
         for node in nodes {
             steps.push(self.node(node, stream)?);
         }
+        self.nesting -= 1;
         self.scope.truncate(depth);
         Ok(steps)
     }
@@ -233,7 +268,7 @@ impl Resolver<'_> {
                     ErrorKind::Structure,
                     at,
                     "a body entry needs one of: parallel, sequential, select, when, let, call, \
-                     record, wait, or stream with a body"
+                     record, wait, process, send, consume, close, or stream with a body"
                         .to_string(),
                 )),
                 many => {
@@ -252,7 +287,11 @@ impl Resolver<'_> {
             "select" => &["slot", "indptr", "indices", "row", "max", "body"],
             "when" => &["then", "otherwise"],
             "let" => &["value"],
-            "call" => &["args", "scalars", "stream"],
+            "call" => &["args", "scalars", "stream", "label"],
+            "process" => &["replica", "dense", "dense_dyn", "ragged", "max", "body"],
+            "send" => &["value", "after"],
+            "consume" => &["as", "body"],
+            "close" => &[],
             "record" | "wait" => &["stream"],
             "dispatch" => &["key", "body"],
             _ => &["body"],
@@ -378,7 +417,142 @@ impl Resolver<'_> {
                     at,
                 })
             }
-            "call" => self.call(n, at, stream),
+            "call" => {
+                let step = self.call(n, at, stream)?;
+                let label = n.label.as_ref().map(|l| l.get_ref().clone());
+                *self.last_call.last_mut().expect("the program's context") = Some(label);
+                Ok(step)
+            }
+            "process" => {
+                let name = n.process.as_ref().expect("the kind's key");
+                if self.nesting != 1 || self.in_process {
+                    return Err(self.err(
+                        ErrorKind::Channel,
+                        at,
+                        format!(
+                            "process `{}` is inside a loop, branch, dispatch or process: \
+                             processes start at the top level",
+                            name.get_ref()
+                        ),
+                    ));
+                }
+                let axis = if [n.dense.is_some(), n.dense_dyn.is_some(), n.ragged.is_some()]
+                    .contains(&true)
+                {
+                    let axis = self.axis(n, at, kind)?;
+                    let most = match &axis {
+                        RAxis::Dense(n) => *n,
+                        RAxis::DenseDyn { max, .. } | RAxis::Ragged { max, .. } => *max,
+                    };
+                    let max = device_runtime::abi::program::MAX_PROCESSES;
+                    if most == 0 || most as usize > max {
+                        return Err(self.err(
+                            ErrorKind::Channel,
+                            at,
+                            format!(
+                                "process `{}`: {most} replicas at most; a process has 1 to {max}",
+                                name.get_ref()
+                            ),
+                        ));
+                    }
+                    Some(axis)
+                } else if let Some(r) = &n.replica {
+                    return Err(self.err(
+                        ErrorKind::Structure,
+                        r.span().start,
+                        format!(
+                            "`replica` names the index of a replicated process: give process `{}` \
+                             an axis (dense = N, dense_dyn = \"symbol\" or ragged)",
+                            name.get_ref()
+                        ),
+                    ));
+                } else if n.max.is_some() {
+                    return Err(self.err(
+                        ErrorKind::Structure,
+                        at,
+                        "`max` of a process goes with dense_dyn".to_string(),
+                    ));
+                } else {
+                    None
+                };
+                let body = n.body.as_ref().ok_or_else(|| self.need(at, kind, "body"))?;
+                let depth = self.scope.len();
+                if axis.is_some() {
+                    match &n.replica {
+                        Some(r) => self.bind(r.get_ref(), "replica index", r.span().start)?,
+                        None => self.unnamed("replica index"),
+                    }
+                }
+                self.in_process = true;
+                self.last_call.push(None);
+                let body = self.body(body, stream);
+                self.last_call.pop();
+                self.in_process = false;
+                let body = body?;
+                self.scope.truncate(depth);
+                Ok(Step::Process {
+                    name: name.get_ref().clone(),
+                    axis,
+                    body,
+                })
+            }
+            "send" => {
+                let channel = self.channel(n.send.as_ref().expect("the kind's key"))?;
+                let value = match &n.value {
+                    Some(v) => self.expr(v, "send value")?,
+                    None => return Err(self.need(at, kind, "value")),
+                };
+                let last = self.last_call.last().expect("the program's context");
+                let problem = match (last, &n.after) {
+                    (None, after) => Some((
+                        after.as_ref().map_or(at, |a| a.span().start),
+                        "the token stands for the last call before the send, and this process \
+                         made none"
+                            .to_string(),
+                    )),
+                    (Some(label), Some(after)) if label.as_deref() != Some(after.get_ref()) => {
+                        Some((
+                            after.span().start,
+                            format!(
+                                "`after = \"{}\"` is not the last call before this send (that is {}): \
+                                 the token stands for the last call the process made",
+                                after.get_ref(),
+                                label.as_ref().map_or("a call without a label".to_string(), |l| {
+                                    format!("`{l}`")
+                                })
+                            ),
+                        ))
+                    }
+                    _ => None,
+                };
+                if let Some((where_, why)) = problem {
+                    return Err(self.err(
+                        ErrorKind::Channel,
+                        where_,
+                        format!(
+                            "send on `{}`: {why}",
+                            n.send.as_ref().expect("the kind's key").get_ref()
+                        ),
+                    ));
+                }
+                Ok(Step::Send { channel, value })
+            }
+            "consume" => {
+                let channel = self.channel(n.consume.as_ref().expect("the kind's key"))?;
+                let body = n.body.as_ref().ok_or_else(|| self.need(at, kind, "body"))?;
+                let depth = self.scope.len();
+                match &n.as_ {
+                    Some(t) => self.bind(t.get_ref(), "token value", t.span().start)?,
+                    None => self.unnamed("token value"),
+                }
+                let body = self.body(body, stream)?;
+                self.scope.truncate(depth);
+                Ok(Step::Consume { channel, body })
+            }
+            "close" => {
+                let channel = self.channel(n.close.as_ref().expect("the kind's key"))?;
+                Ok(Step::Close { channel })
+            }
             "record" | "wait" => {
                 let event = n
                     .record
@@ -471,6 +645,36 @@ impl Resolver<'_> {
                 let body = self.body(n.body.as_ref().expect("checked above"), stream)?;
                 Ok(Step::Stream { stream, body })
             }
+        }
+    }
+
+    /// A slot in scope that no name reaches (a process's or a consume's
+    /// value the file does not name).
+    fn unnamed(&mut self, what: &'static str) {
+        self.scope.push(ScopeEntry {
+            name: String::new(),
+            what,
+            lazy: None,
+        });
+    }
+
+    /// The number of the channel `name` names.
+    fn channel(&self, name: &Spanned<String>) -> Result<u32, FileError> {
+        match self.channels.iter().position(|c| c == name.get_ref()) {
+            Some(c) => Ok(c as u32),
+            None => Err(self.err(
+                ErrorKind::Channel,
+                name.span().start,
+                format!(
+                    "unknown channel `{}` ({})",
+                    name.get_ref(),
+                    if self.channels.is_empty() {
+                        "no channels; declare them in [channels]".to_string()
+                    } else {
+                        format!("channels: {}", self.channels.join(", "))
+                    }
+                ),
+            )),
         }
     }
 

@@ -1,7 +1,11 @@
 //! The f64 reference: the expansion, executed task by task on a shadow
 //! of the arena.
 
-use device_runtime::abi::MAX_RANK;
+use std::cell::Cell;
+
+use device_runtime::abi::program::MAX_CHANNEL_LATENCY;
+use device_runtime::abi::{Region, Table, TensorDesc, MAX_RANK};
+use device_runtime::expand::{Context, Expander, Step as ExpandStep};
 use wsp_ffi::{KernelInfo, TileShape, DTYPE_I32};
 
 use super::call::describe_shapes;
@@ -9,7 +13,7 @@ use super::expr::{arith, RExpr};
 use super::kernels::{run_kernel, Tile};
 use super::resolve::{RAxis, RRegion, Step};
 use super::{ErrorKind, FileError, Src};
-use crate::program::Expanded;
+use crate::program::{CspNames, Expanded};
 use crate::table::{Arena, TensorId, TensorLayout};
 // The bounds of every host walk that lists tasks one by one.
 use crate::task_count::{MAX_HOST_ITERATIONS as MAX_ITERATIONS, MAX_HOST_TASKS as MAX_TASKS};
@@ -242,10 +246,87 @@ impl<'a> Shadow<'a> {
                     self.env.truncate(depth);
                 }
                 Step::Event { .. } => {}
+                // Files with processes take `Shadow::table` (see there).
+                Step::Process { .. }
+                | Step::Send { .. }
+                | Step::Consume { .. }
+                | Step::Close { .. } => {
+                    return Err(self.src.at(
+                        ErrorKind::Expand,
+                        None,
+                        "processes and channels are followed by the table walk, not the steps"
+                            .to_string(),
+                    ))
+                }
             }
         }
         self.env.truncate(depth);
         Ok(())
+    }
+
+    /// The reference of a program with processes and channels. Which task
+    /// a consume loop issues, and in which order, follows the tokens, so
+    /// the order comes from the device's own expander run on the host over
+    /// `table` (every task complete as soon as it is issued, the clock
+    /// moving past every channel latency): one order the device's
+    /// dependencies allow, in which each task runs here in f64 on the
+    /// shadow as it is issued. The values stay the f64 kernels'; a run
+    /// whose tasks overtook one another where the program does not order
+    /// them (a race) fails the check.
+    pub(super) fn table(&mut self, table: &Table<'_>, names: &CspNames) -> Result<(), FileError> {
+        let fail = |m: String| self.src.at(ErrorKind::Expand, None, m);
+        let mut expander = Expander::new(table);
+        let clock = Cell::new(0u64);
+        // Consecutive steps that issued nothing (a bound: a program that
+        // can never go on again is reported, not spun on).
+        let mut idle = 0u32;
+        loop {
+            let pc = expander.pc();
+            let mut cx = ShadowCx {
+                shadow: self,
+                next: self.tasks.len() as u64,
+                clock: &clock,
+            };
+            let step = expander.step(table, &mut cx);
+            clock.set(clock.get() + MAX_CHANNEL_LATENCY as u64 + 1);
+            match step {
+                Ok(ExpandStep::Task(spec)) => {
+                    idle = 0;
+                    let args: Vec<(u32, [u32; MAX_RANK], [u32; MAX_RANK])> = spec
+                        .args
+                        .iter()
+                        .map(|a| (a.tensor, a.region.offset, a.region.extent))
+                        .collect();
+                    let kernel = wsp_ffi::lookup(spec.kernel.id)
+                        .ok_or_else(|| fail(format!("unknown kernel {}", spec.kernel.id)))?;
+                    self.run_task(
+                        kernel,
+                        spec.stream as u8,
+                        &args,
+                        spec.scalars.to_vec(),
+                        spec.taskset,
+                    )
+                    .map_err(|m| fail(format!("instruction {pc}: {m}")))?;
+                }
+                Ok(ExpandStep::Done) => return Ok(()),
+                Ok(ExpandStep::Event { .. } | ExpandStep::Yield) => {}
+                Ok(ExpandStep::Wait(_)) => {
+                    idle += 1;
+                    if idle > 1 << 16 {
+                        // Every task is complete and the clock past every
+                        // latency: the processes wait on each other.
+                        let report = expander.channel_report(table);
+                        let legend = names
+                            .legend(&report)
+                            .map_or(String::new(), |l| format!("\n{l}"));
+                        return Err(fail(format!(
+                            "the reference cannot finish, and neither can a run: {report}{legend}"
+                        )));
+                    }
+                }
+                Err(e) => return Err(fail(format!("instruction {pc}: {e}"))),
+            }
+        }
     }
 
     fn call(
@@ -256,12 +337,7 @@ impl<'a> Shadow<'a> {
         scalars: &[RExpr],
         at: usize,
     ) -> Result<(), FileError> {
-        if self.tasks.len() == MAX_TASKS {
-            return Err(self.fail(at, format!("more than {MAX_TASKS} tasks")));
-        }
         let mut expanded = Vec::new();
-        let mut views = Vec::new();
-        let mut shapes = Vec::new();
         for (k, r) in args.iter().enumerate() {
             let l = &self.layouts[r.tensor.0 as usize];
             let rank = l.shape.len();
@@ -273,7 +349,6 @@ impl<'a> Shadow<'a> {
             if rank >= 2 {
                 ext[rank - 2] = self.eval(&r.rows).map_err(|m| self.fail(at, m))?;
             }
-            let mut first = 0usize;
             for d in 0..rank {
                 let o = self.eval(&r.offset[d]).map_err(|m| self.fail(at, m))?;
                 let dim = l.shape[d] as i64;
@@ -289,6 +364,51 @@ impl<'a> Shadow<'a> {
                 }
                 offset[d] = o as u32;
                 extent[d] = ext[d] as u32;
+            }
+            expanded.push((r.tensor.0, offset, extent));
+        }
+        let scalars = scalars
+            .iter()
+            .map(|s| self.eval(s).map(|v| v as u64))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| self.fail(at, m))?;
+        self.run_task(kernel, stream, &expanded, scalars, self.taskset)
+            .map_err(|m| self.fail(at, m))
+    }
+
+    /// Runs one task on the shadow: `kernel` on the regions `args` (tensor,
+    /// offset and extent per dimension) with `scalars`, checked against
+    /// the tensors' shapes and the kernel's contract.
+    fn run_task(
+        &mut self,
+        kernel: &KernelInfo,
+        stream: u8,
+        args: &[(u32, [u32; MAX_RANK], [u32; MAX_RANK])],
+        scalars: Vec<u64>,
+        taskset: u8,
+    ) -> Result<(), String> {
+        if self.tasks.len() == MAX_TASKS {
+            return Err(format!("more than {MAX_TASKS} tasks"));
+        }
+        let mut views = Vec::new();
+        let mut shapes = Vec::new();
+        for (k, (tensor, offset, extent)) in args.iter().enumerate() {
+            let Some(l) = self.layouts.get(*tensor as usize) else {
+                return Err(format!("argument {k}: tensor {tensor} does not exist"));
+            };
+            let rank = l.shape.len();
+            let mut first = 0usize;
+            for d in 0..rank {
+                let (o, e) = (offset[d] as u64, extent[d] as u64);
+                if e < 1 || o + e > l.shape[d] as u64 {
+                    return Err(format!(
+                        "call {} argument {k} ({}): [{o}, {}) in dimension {d} is outside shape {:?}",
+                        kernel.name,
+                        l.name,
+                        o + e,
+                        l.shape
+                    ));
+                }
                 let stride: usize = l.shape[d + 1..].iter().map(|&s| s as usize).product();
                 first += o as usize * stride;
             }
@@ -304,36 +424,27 @@ impl<'a> Shadow<'a> {
                 dtype: l.dtype,
             });
             views.push(View {
-                tensor: r.tensor.0 as usize,
+                tensor: *tensor as usize,
                 first,
                 rows,
                 cols,
                 stride,
             });
-            expanded.push((r.tensor.0, offset, extent));
         }
-        let scalars = scalars
-            .iter()
-            .map(|s| self.eval(s).map(|v| v as u64))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|m| self.fail(at, m))?;
         if let Err(e) = kernel.check(&shapes, &scalars) {
-            return Err(self.fail(
-                at,
-                format!(
-                    "call {} ({}): {e}",
-                    kernel.name,
-                    describe_shapes(kernel, &shapes)
-                ),
+            return Err(format!(
+                "call {} ({}): {e}",
+                kernel.name,
+                describe_shapes(kernel, &shapes)
             ));
         }
         let task = self.tasks.len();
         self.tasks.push(Expanded {
             kernel: kernel.id,
             stream,
-            args: expanded,
+            args: args.to_vec(),
             scalars: scalars.clone(),
-            taskset: self.taskset,
+            taskset,
         });
         let inputs: Vec<Tile> = views.iter().map(|v| self.gather(v)).collect();
         let outputs = run_kernel(kernel.name, &inputs, &scalars, &mut |note| {
@@ -367,5 +478,41 @@ impl<'a> Shadow<'a> {
             self.val[v.tensor][to..to + v.cols].copy_from_slice(&t.v[r * v.cols..(r + 1) * v.cols]);
             self.err[v.tensor][to..to + v.cols].copy_from_slice(&t.e[r * v.cols..(r + 1) * v.cols]);
         }
+    }
+}
+
+/// What the device's expander sees when the shadow walks a table: every
+/// task complete as soon as it is issued, data from the shadow, a clock
+/// the walk moves on.
+struct ShadowCx<'s, 'a> {
+    shadow: &'s Shadow<'a>,
+    next: u64,
+    clock: &'s Cell<u64>,
+}
+
+impl Context for ShadowCx<'_, '_> {
+    fn symbol(&self, index: usize) -> Option<i64> {
+        self.shadow.symbols.get(index).copied()
+    }
+    fn next_task(&self) -> u64 {
+        self.next
+    }
+    fn pending_writer(&mut self, _: u32, _: &Region) -> Option<u64> {
+        None
+    }
+    fn completed_since(&self, _: u64) -> bool {
+        true
+    }
+    fn read_i32(&mut self, tensor: &TensorDesc, element: u64) -> i32 {
+        let at = tensor.arena_offset.get();
+        self.shadow
+            .layouts
+            .iter()
+            .position(|l| l.arena_offset == at)
+            .and_then(|t| self.shadow.val[t].get(element as usize))
+            .map_or(0, |&v| v as i32)
+    }
+    fn now(&self) -> u64 {
+        self.clock.get()
     }
 }

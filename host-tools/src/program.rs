@@ -933,12 +933,29 @@ impl Workload {
             let why = match last {
                 None => "`after` names a call, but this process made no call before the send",
                 Some(_) => {
-                    "`after` is not the last call this process made before the send                      (the token stands for the last task the process issued)"
+                    "`after` is not the last call this process made before the send \
+                     (the token stands for the last task the process issued)"
                 }
             };
             return self.fail(LowerError::Send {
                 channel: name,
                 why: why.into(),
+            });
+        }
+        // The device reserves a token's room before it issues the call
+        // only for a SEND right after the call's operands: anything in
+        // between (a `let_`) would let the call overwrite what an earlier
+        // token still stands for.
+        let adjacent = matches!(
+            self.bodies.last().and_then(|b| b.last()),
+            Some(Node::Call { .. } | Node::Send { .. })
+        );
+        if !adjacent {
+            return self.fail(LowerError::Send {
+                channel: name,
+                why: "a send must come right after the call it names (compute its value \
+                      before the call, not with a `let_` after it)"
+                    .into(),
             });
         }
         self.push(Node::Send {

@@ -272,6 +272,23 @@ fn a_send_must_name_the_last_call_of_its_process() {
     // The last call, inside the same consume body, is accepted.
     let (mut w, _) = pipeline(1).unwrap();
     w.finish().unwrap();
+    // A `let_` between the call and its send would keep the device from
+    // reserving the token's room before the call: refused.
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    w.tensor("y", &[64, 64]).unwrap();
+    let ch = w.channel("tiles", 1).unwrap();
+    w.process("p", |w| {
+        let call = touch(w, x, Expr::Const(0));
+        let v = w.let_(Expr::Const(3));
+        w.send(ch, v, call);
+    });
+    let e = w.finish().unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a send must come right after the call it names"),
+        "{e}"
+    );
 }
 
 fn w_ref(w: &mut Workload) -> &mut Workload {

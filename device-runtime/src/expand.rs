@@ -415,7 +415,7 @@ const ONE: u8 = MAX_REGS as u8 + 1;
 const _: () = assert!(SLOTS.is_power_of_two() && (ONE as usize) < SLOTS);
 
 /// Calls the expander keeps decoded, by a hash of the pc of the `CALL`
-/// ([`site_of`]): the calls of a loop body (or of a pipeline's processes,
+/// (`site_of`): the calls of a loop body (or of a pipeline's processes,
 /// which take turns) decode once while they fit. Adjacent calls of one
 /// kernel are a fixed number of instructions apart; the hash folds the
 /// pc's higher bits in, so that such a run of calls does not map to one

@@ -501,3 +501,61 @@ fn a_channel_deadlock_in_qemu_ends_with_its_report() {
         );
     }
 }
+
+/// The three-stage pipeline and an independent element-wise sum (a
+/// data-parallel task set of the program's own context) in one run:
+/// bit-identical in the shim and QEMU, both results right.
+#[test]
+fn a_pipeline_beside_a_data_parallel_set_is_bit_identical_in_shim_and_qemu() {
+    use host_tools::program::Axis;
+    use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
+    const T: u32 = 32;
+    let mut w = host_tools::pipeline::program(8, T, 2).unwrap();
+    let a = w.tensor("ga", &[128, 128]).unwrap();
+    let b = w.tensor("gb", &[128, 128]).unwrap();
+    let c = w.tensor("gc", &[128, 128]).unwrap();
+    w.parallel(Axis::Dense(128 / T), |w, i| {
+        w.parallel(Axis::Dense(128 / T), |w, j| {
+            w.call(
+                ADD,
+                &[
+                    a.tile(i.clone() * T, j.clone() * T, T, T),
+                    b.tile(i.clone() * T, j.clone() * T, T, T),
+                    c.tile(i * T, j * T, T, T),
+                ],
+                &[],
+            );
+        });
+    });
+    let table = w.finish().unwrap();
+    let layouts = w.layouts().to_vec();
+    let mut arena = Arena::zeroed(w.arena_size());
+    let mut rng = host_tools::rng::SplitMix64::new(9);
+    let (x, ga, gb) = (
+        rng.fill(8 * 32 * 32),
+        rng.fill(128 * 128),
+        rng.fill(128 * 128),
+    );
+    let layout = |name: &str| layouts.iter().find(|l| l.name == name).unwrap().clone();
+    arena.write_f32(&layout("x"), &x);
+    arena.write_f32(&layout("ga"), &ga);
+    arena.write_f32(&layout("gb"), &gb);
+    let tasks = 3 * 8 + 16;
+    let mut shim = arena.clone();
+    let stats = Shim::default().run(&table, &mut shim.bytes).unwrap();
+    assert_eq!(stats.tasks as usize, tasks);
+    let outcome = run_in_qemu(&table, &arena.bytes);
+    let qemu = ran(&outcome, tasks, "pipeline beside a sum");
+    assert!(shim.bytes == qemu, "shim and QEMU arenas differ");
+    // The sum exactly (one f32 rounding of the f64 sum of two f32), and
+    // the pipeline within the GEMM bound of its f64 reference.
+    let sum = shim.read_f32(&layout("gc"));
+    for (i, (&s, (&p, &q))) in sum.iter().zip(ga.iter().zip(&gb)).enumerate() {
+        assert_eq!(s, (p as f64 + q as f64) as f32, "sum element {i}");
+    }
+    let (want, abs) = host_tools::pipeline::reference(&x, 8, T as usize);
+    let bound = host_tools::workloads::gemm_bound(abs, T);
+    for (i, (&o, &w)) in shim.read_f32(&layout("out")).iter().zip(&want).enumerate() {
+        assert!((o as f64 - w).abs() <= bound(i), "pipeline element {i}");
+    }
+}

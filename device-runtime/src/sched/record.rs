@@ -52,6 +52,7 @@ impl Records {
         }
     }
 
+    /// Empty records (under loom, whose atomics are not `const`).
     #[cfg(loom)]
     pub fn new() -> Self {
         Records {

@@ -209,6 +209,15 @@ pub enum Axis {
         /// The most iterations any binding may ask for.
         max: u32,
     },
+    /// `0 .. count`: a count computed on the device from the loop
+    /// indices, symbols and data the program read (e.g. a request's KV
+    /// chunks, `(len + chunk - 1) / chunk`), at most `max`.
+    Count {
+        /// The number of iterations.
+        count: Expr,
+        /// The most iterations any value of `count` may ask for.
+        max: u32,
+    },
     /// `0 .. lengths[at]`: a length read on the device (after the task
     /// that writes it completed), at most `max`.
     Ragged {
@@ -602,6 +611,7 @@ impl Workload {
             Axis::Dense(n) => (Expr::Const(n as i64), n),
             Axis::DenseDyn { symbol, max } => (Expr::Symbol(symbol), max),
             Axis::Ragged { lengths, at, max } => (Expr::Load(lengths, at), max),
+            Axis::Count { count, max } => (count, max),
         };
         let body = self.body(|w| body(w, Expr::Var(var)));
         self.push(Node::Loop {
@@ -865,6 +875,7 @@ impl Workload {
                     Axis::Dense(n) => (Expr::Const(n as i64), n),
                     Axis::DenseDyn { symbol, max } => (Expr::Symbol(symbol), max),
                     Axis::Ragged { lengths, at, max } => (Expr::Load(lengths, at), max),
+                    Axis::Count { count, max } => (count, max),
                 };
                 (Some(var), count, max)
             }

@@ -619,3 +619,47 @@ fn a_when_in_a_huge_loop_counts_both_branches() {
     // ... but 2 either way is exact.
     assert_eq!(count(2), TaskCount::Exact(2 * n));
 }
+
+/// A `Count` axis: the number of iterations computed on the device from
+/// data the program read, `ceil(len / 3)` column tiles per row block.
+#[test]
+fn a_count_axis_loops_over_a_count_computed_on_the_device() {
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    let lengths = w.tensor_i32("lengths", &[1, 8]).unwrap();
+    w.input(lengths);
+    w.parallel(Axis::Dense(8), |w, b| {
+        let len = w.let_(Expr::load(lengths, vec![Expr::Const(0), b.clone()]));
+        w.parallel(
+            Axis::Count {
+                count: (len + 2) / 3,
+                max: 8,
+            },
+            |w, c| add_tile(w, x, y, b.clone(), c),
+        );
+    });
+    let table = w.finish().unwrap();
+    let lens = [0i32, 1, 2, 3, 4, 9, 21, 24];
+    let mut arena = Arena::zeroed(w.arena_size());
+    arena.write_i32(w.layout(lengths), &lens);
+    let data: Vec<f32> = (0..64 * 64).map(|i| 1.0 + i as f32).collect();
+    arena.write_f32(w.layout(x), &data);
+    // ceil(len / 3) per block, derived by hand: 0+1+1+1+2+3+7+8 = 23.
+    assert_eq!(run_shim(&table, &mut arena, &[]).unwrap(), 23);
+    // Row block b got exactly its first ceil(len / 3) tiles: x + x there.
+    let (xs, ys) = (arena.read_f32(w.layout(x)), arena.read_f32(w.layout(y)));
+    for (b, &len) in lens.iter().enumerate() {
+        let tiles = (len as usize).div_ceil(3);
+        for c in 0..8 {
+            let at = b * 8 * 64 + c * 8;
+            let want = if c < tiles { xs[at] + xs[at] } else { 0.0 };
+            assert_eq!(ys[at], want, "block {b} tile {c}");
+        }
+    }
+    // A count past the stated maximum is an error, not a silent cut.
+    let mut arena = Arena::zeroed(w.arena_size());
+    arena.write_i32(w.layout(lengths), &[27, 0, 0, 0, 0, 0, 0, 0]);
+    let e = run_shim(&table, &mut arena, &[]).unwrap_err();
+    assert!(e.to_string().contains("loop count 9 outside [0, 8]"), "{e}");
+}

@@ -51,6 +51,9 @@ pub struct TaskSpec {
     /// Its taskset (`0 .. MAX_TASKSETS`; 0 for tasks of the tasks section
     /// and calls before the program's first `DISPATCH`).
     pub taskset: u8,
+    /// The context of the program machine that issued it
+    /// (`0 .. MAX_CONTEXTS`; 0 for the program's own and the tasks section).
+    pub context: u8,
 }
 
 /// An unused entry of an argument block.
@@ -85,6 +88,7 @@ impl TaskSpec {
             loops: Vec::new(),
             pc: None,
             taskset: 0,
+            context: 0,
         }
     }
 
@@ -105,6 +109,7 @@ impl TaskSpec {
         self.stream = desc.stream.get();
         self.pc = None;
         self.taskset = 0;
+        self.context = 0;
         self.loops.clear();
         // Validation bounds both counts by the capacities (`MAX_SCALARS`,
         // `MAX_TENSOR_ARGS`), so nothing is cut off.
@@ -278,6 +283,14 @@ pub trait Context {
     /// The i32 at element `element` of `tensor` (validated to lie inside it),
     /// which no task writes now.
     fn read_i32(&mut self, tensor: &TensorDesc, element: u64) -> i32;
+    /// Whether every task numbered `first` or later that context `context`
+    /// of the program machine issued has completed (a sequential loop of a
+    /// process waits for its own tasks, not for the other processes'). The
+    /// default waits for every task, which is never wrong, only late.
+    fn completed_since_in(&self, first: u64, context: u8) -> bool {
+        let _ = context;
+        self.completed_since(first)
+    }
     /// Whether the run's task `task` (submitted) has completed. The default
     /// asks [`completed_since`](Self::completed_since): true only when every
     /// later task has completed too, which is never wrong, only late.
@@ -741,6 +754,9 @@ pub struct Expander {
     channels: [Chan; MAX_CHANNELS],
     /// `CHANNEL_FULL` and `CHANNEL_EMPTY` figures.
     channel_stats: [ResourceStats; 2],
+    /// Whether the program has started processes: from then on a task's
+    /// context matters to a sequential loop ([`TaskSpec::context`]).
+    started: bool,
     /// Changes of channel state (a send, a take, a body's end, a close)
     /// and of the live contexts: a context that waited may go on after one.
     events: u64,
@@ -799,6 +815,7 @@ impl Expander {
             sites: [None; CALL_SITES],
             channels,
             channel_stats: stats,
+            started: false,
             events: 0,
         }
     }
@@ -966,6 +983,7 @@ impl Expander {
         self.events += 1;
         // The processes take their turns from the next step on.
         self.rotate = count > 0;
+        self.started |= count > 0;
         Ok(end + 1)
     }
 
@@ -1427,7 +1445,12 @@ impl Expander {
                                 self.events += 1;
                                 continue;
                             }
-                            if !cx.completed_since(frame.first) {
+                            let done = if self.started {
+                                cx.completed_since_in(frame.first, self.current as u8)
+                            } else {
+                                cx.completed_since(frame.first)
+                            };
+                            if !done {
                                 return Ok(Next::Wait(Wait::Iteration));
                             }
                         }
@@ -1689,6 +1712,7 @@ impl Expander {
         spec.stream = stream;
         spec.pc = Some(self.m.pc as u32);
         spec.taskset = self.m.taskset;
+        spec.context = self.current as u8;
         self.written |= writes;
         Some(end)
     }
@@ -1722,6 +1746,7 @@ impl Expander {
         };
         spec.pc = Some(self.m.pc as u32);
         spec.taskset = self.m.taskset;
+        spec.context = self.current as u8;
         spec.loops.clear();
         for frame in &self.m.frames[..self.m.depth] {
             // At most `MAX_LOOP_DEPTH` frames are open (validation).

@@ -649,3 +649,51 @@ fn validation_names_bad_channel_programs() {
     assert_eq!((e.index, e.field), (1, "op"));
     assert!(e.to_string().contains("jump leaves its loop"), "{e}");
 }
+
+/// A process's sequential loop waits for its own tasks of the iteration,
+/// not for another process's: a long task of one process does not hold
+/// back the iterations of the other.
+#[test]
+fn a_sequential_loop_of_a_process_waits_for_its_own_tasks_only() {
+    let mut b = TableBuilder::new();
+    let big_a = b.tensor("big_a", &[64, 64]).unwrap();
+    let big_c = b.tensor("big_c", &[64, 64]).unwrap();
+    let small = b.tensor("small", &[4 * T as u32, T as u32]).unwrap();
+    let small_out = b.tensor("small_out", &[4 * T as u32, T as u32]).unwrap();
+    let zero = b.tensor("zero", &[T as u32, T as u32]).unwrap();
+    b.declare_kernel(ADD).unwrap();
+    let mut a = Asm::default();
+    a.konst(8, T);
+    a.konst(7, 64);
+    a.konst(9, 4);
+    // The steps first: its first iteration's task comes before the long
+    // task, whose number is then inside the iteration's range.
+    let steps = a.process(NO_REG, NO_REG, 1);
+    let x = [9, LOOP_SEQUENTIAL, NO_REG, NO_REG, NO_REG, NO_REG];
+    let l = a.op(OP_LOOP, 0, x, 0, 4);
+    a.arith(OP_MUL, 1, 0, 8);
+    a.add((small, 1), (zero, NO_REG), (small_out, 1), 8);
+    a.end(l);
+    a.process_end(steps);
+    let long = a.process(NO_REG, NO_REG, 1);
+    a.add((big_a, NO_REG), (big_a, NO_REG), (big_c, NO_REG), 7);
+    a.process_end(long);
+    b.set_program(a.code);
+    let table = b.finish().unwrap();
+    let mut arena = Arena::zeroed(b.arena_size());
+    let run = semantic(&table, &mut arena).unwrap();
+    assert_eq!(run.stats.tasks, 5);
+    let long_end = run.launches.iter().map(|l| l.end).max().unwrap();
+    let base = arena.bytes.as_ptr() as u64 + b.layout(small_out).arena_offset;
+    let steps: Vec<_> = run
+        .launches
+        .iter()
+        .filter(|l| l.args.tensors[2].addr >= base && l.args.tensors[2].addr < base + 4 * 4 * 64)
+        .collect();
+    assert_eq!(steps.len(), 4);
+    // In order, each after the one before, all before the long task ends.
+    for w in steps.windows(2) {
+        assert!(w[1].start >= w[0].end);
+    }
+    assert!(steps[3].end < long_end, "{} vs {long_end}", steps[3].end);
+}

@@ -74,7 +74,8 @@
 //!
 //! A sequential loop runs its iterations one after another: the tasks of
 //! iteration `i + 1` are expanded only after every task of iteration `i`
-//! has completed. A parallel loop's iterations are independent except for
+//! has completed (in a process, every task the process issued in it: the
+//! other processes' tasks meanwhile do not hold it back). A parallel loop's iterations are independent except for
 //! the dependencies their tasks' regions imply.
 //!
 //! A `LOAD` reads data the device computed (the CSR arrays of an MoE router,

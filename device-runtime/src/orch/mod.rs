@@ -464,7 +464,14 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
     /// Whether every task from `first` on that was submitted has completed.
     pub fn completed_since(&self, first: TaskId) -> bool {
-        (first.max(self.head)..self.next).all(|id| self.slot(id).state == TaskState::Completed)
+        self.completed_since_where(first, |_| true)
+    }
+
+    /// Whether every task from `first` on that was submitted and that
+    /// `mine` picks has completed (e.g. the tasks of one process).
+    pub fn completed_since_where(&self, first: TaskId, mine: impl Fn(TaskId) -> bool) -> bool {
+        (first.max(self.head)..self.next)
+            .all(|id| self.slot(id).state == TaskState::Completed || !mine(id))
     }
 
     /// Submits a task at time `now` (the caller's clock, for stall times),

@@ -82,6 +82,9 @@ pub struct Dispatcher<'a> {
     expanded: bool,
     /// What the program waited for at its last step, if it waited.
     waiting: Option<Wait>,
+    /// The context of the program machine that issued each task of the
+    /// window, by slot (for a process's sequential loops).
+    contexts: [u8; TASK_WINDOW],
     /// The last expansion step ran out of budget.
     yielded: bool,
     /// A task finished since the last submission (which may have stalled).
@@ -238,6 +241,7 @@ impl<'a> Dispatcher<'a> {
             next_op: 0,
             expander: Expander::new(table),
             waiting: None,
+            contexts: [0; TASK_WINDOW],
             pending: false,
             spec: TaskSpec::empty(),
             expanded: false,
@@ -405,6 +409,7 @@ impl<'a> Dispatcher<'a> {
                 base: self.base,
                 next: self.next,
                 now,
+                contexts: &self.contexts,
             };
             let pc = self.expander.pc();
             let step = self
@@ -507,6 +512,8 @@ impl<'a> Dispatcher<'a> {
             // the submission stalls (or reports a scope deadlock).
             let room = self.orch.in_flight() < TASK_WINDOW as u64;
             if room {
+                let slot = entry.slot();
+                self.contexts[slot] = spec.context;
                 self.queues.records.set_key(index, key_value);
                 // A task of the tasks section launches from the table
                 // (shared, read-only); an expanded one from its record.
@@ -764,6 +771,7 @@ struct Expansion<'x, 'a> {
     base: TaskId,
     next: u64,
     now: u64,
+    contexts: &'x [u8; TASK_WINDOW],
 }
 
 impl Context for Expansion<'_, '_> {
@@ -789,6 +797,13 @@ impl Context for Expansion<'_, '_> {
 
     fn completed_since(&self, first: u64) -> bool {
         self.orch.completed_since(self.base + first)
+    }
+
+    fn completed_since_in(&self, first: u64, context: u8) -> bool {
+        let contexts = self.contexts;
+        self.orch.completed_since_where(self.base + first, |id| {
+            contexts[(id % TASK_WINDOW as u64) as usize] == context
+        })
     }
 
     fn read_i32(&mut self, tensor: &TensorDesc, element: u64) -> i32 {

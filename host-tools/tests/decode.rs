@@ -6,11 +6,17 @@
 //! Print the skew table: `cargo test -p host-tools --release --test decode
 //! -- --nocapture skew`.
 
+use device_runtime::sched::RunOptions;
+use host_tools::attention::figures::measure;
 use host_tools::attention::plan::{min_chunk, Item};
-use host_tools::attention::workload::decode_workload;
+use host_tools::attention::workload::{decode_workload, named_with};
 use host_tools::attention::{
     check_meta, choose_chunk, CostModel, DecodeData, DecodeShape, MetaError, Plan, Strategy,
 };
+use host_tools::semantic::{run_semantic, SemanticRun};
+use host_tools::shim::Shim;
+use host_tools::workloads::{Params, Workload};
+use wsp_ffi::CoreKind;
 
 fn shape(lengths: &[u32], d: u32, page: u32) -> DecodeShape {
     DecodeShape {
@@ -211,6 +217,160 @@ fn a_plan_lists_chunks_on_multiples_of_the_chunk_longest_first() {
     assert_eq!(plan.items[10].first, 1000);
     let unsplit = Plan::new(&s, Strategy::Unsplit);
     assert_eq!((unsplit.items.len(), unsplit.merges()), (4, 0));
+}
+
+// ---- runs ----------------------------------------------------------------
+
+/// Small sizes for debug builds: 8 requests up to 300 tokens.
+fn small(d: u32, page: u32) -> Params {
+    Params {
+        m: 8,
+        n: 300,
+        k: d,
+        tile: page,
+        seed: 5,
+    }
+}
+
+fn cores(cube: usize, vector: usize) -> Vec<CoreKind> {
+    let mut k = vec![CoreKind::Cube; cube];
+    k.extend(vec![CoreKind::Vector; vector]);
+    k
+}
+
+fn semantic(w: &Workload, kinds: &[CoreKind]) -> (SemanticRun, Vec<u8>) {
+    let mut arena = w.arena.clone();
+    let run = run_semantic(&w.table, &mut arena.bytes, kinds, &RunOptions::default()).unwrap();
+    let v = w.verify(&arena);
+    assert!(v.passed(), "{}: {v}", w.name);
+    (run, arena.bytes)
+}
+
+#[test]
+fn decode_matches_the_reference_on_the_shim_and_in_semantic_time_bit_identically() {
+    for (name, d, page) in [
+        ("decode", 64, 16),
+        ("decode", 128, 64),
+        ("decode-uniform", 64, 64),
+        ("decode-skew", 128, 16),
+    ] {
+        for strategy in [
+            Strategy::Unsplit,
+            Strategy::Fixed(64),
+            Strategy::Planned { cores: 4 },
+        ] {
+            let w = named_with(name, small(d, page), strategy).unwrap();
+            let (_, semantic_bytes) = semantic(&w, &cores(4, 4));
+            let mut arena = w.arena.clone();
+            Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+            let v = w.verify(&arena);
+            assert!(v.passed(), "{name} {strategy:?} on the shim: {v}");
+            assert!(
+                arena.bytes == semantic_bytes,
+                "{name} {strategy:?}: the shim and semantic time differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_planner_comes_within_10_percent_of_the_bound_on_a_skewed_batch() {
+    // 32 requests: one of 2048 tokens, the others 1 ..= 64; D 64, pages
+    // of 16; 24 cube cores (three times the KV heads, as an Ascend 910B)
+    // and 8 vector cores.
+    let p = Params {
+        m: 32,
+        n: 2048,
+        k: 64,
+        tile: 16,
+        seed: 3,
+    };
+    let rows = skew_table(p, 24, 8);
+    let [unsplit, fixed, planned] = &rows[..] else {
+        unreachable!()
+    };
+    // (a) waits for the long request's 8 unsplit items, on 8 of the 24
+    // cores: far above the bound.
+    assert!(unsplit.vs_least > 2.0, "{unsplit:?}");
+    assert!(fixed.vs_least < unsplit.vs_least, "{fixed:?}");
+    assert!(planned.vs_least <= 1.10, "{planned:?}");
+    assert!(planned.vs_own <= planned.vs_least);
+}
+
+/// One strategy's makespan against the bounds.
+#[derive(Debug)]
+#[allow(dead_code)] // the label is read through Debug
+struct Row {
+    label: &'static str,
+    /// Makespan / this plan's own bound (its work per core, its chain).
+    vs_own: f64,
+    /// Makespan / the least bound of any plan.
+    vs_least: f64,
+}
+
+/// Runs `decode-skew` of `p` unsplit, in fixed chunks of 512 and planned
+/// for `cube` cores; prints the table and returns its rows.
+fn skew_table(p: Params, cube: usize, vector: usize) -> Vec<Row> {
+    let kinds = cores(cube, vector);
+    let strategies = [
+        ("(a) unsplit", Strategy::Unsplit),
+        ("(b) fixed 512", Strategy::Fixed(512)),
+        ("(c) planner", Strategy::Planned { cores: cube as u32 }),
+    ];
+    let figs: Vec<_> = strategies
+        .iter()
+        .map(|&(label, s)| {
+            let w = named_with("decode-skew", p, s).unwrap();
+            let f = measure(&w, &kinds).unwrap();
+            assert!(f.check.passed(), "{label}: {}", f.check);
+            (label, w, f)
+        })
+        .collect();
+    // No plan does less cube work than the unsplit one (each split adds
+    // a fixed cost per item): the least bound of any plan.
+    let least = figs[0].2.cube_work.div_ceil(cube as u64);
+    println!(
+        "decode-skew m {} n {} D {} P {}, {cube} cube + {vector} vector cores",
+        p.m, p.n, p.k, p.tile
+    );
+    println!(
+        "{:<14} {:>6} {:>14} {:>12} {:>12} {:>12} {:>10} {:>10}",
+        "strategy", "tasks", "chunk", "makespan", "own bound", "least bound", "/own", "/least"
+    );
+    figs.iter()
+        .map(|(label, w, f)| {
+            let own = f.makespan as f64 / f.bound as f64;
+            let low = f.makespan as f64 / least as f64;
+            let chunk = w
+                .summary
+                .split("; ")
+                .nth(1)
+                .unwrap_or("")
+                .split(':')
+                .next()
+                .unwrap_or("");
+            println!(
+                "{label:<14} {:>6} {:>14} {:>12} {:>12} {:>12} {own:>10.3} {low:>10.3}",
+                w.tasks, chunk, f.makespan, f.bound, least
+            );
+            Row {
+                label,
+                vs_own: own,
+                vs_least: low,
+            }
+        })
+        .collect()
+}
+
+/// The release-size figures: `cargo test -p host-tools --release --test
+/// decode -- --ignored --nocapture skew_figures`.
+#[test]
+#[ignore = "release-size run: minutes in a debug build"]
+fn skew_figures() {
+    let p = Params::of("decode-skew").unwrap();
+    for (cube, vector) in [(8, 8), (24, 24)] {
+        skew_table(p, cube, vector);
+    }
 }
 
 #[test]

@@ -2,16 +2,16 @@
 //! workloads.
 
 use wsp_ffi::ArgAccess::{In, Out};
+pub(crate) use wsp_ffi::{
+    WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL as PARTIAL,
+    WspKernelId_WSP_KERNEL_ATTN_MERGE as MERGE,
+};
 
 use super::kv::{DecodeData, DecodeShape};
 use super::plan::{Plan, Strategy};
 use super::reference;
 use crate::table::{Arena, Arg, TableBuilder, TensorId};
 use crate::workloads::{Params, Verification, Workload, WorkloadError};
-
-// Until the attention kernels land in `wsp_ffi`: their ABI ids.
-const PARTIAL: u32 = 7;
-const MERGE: u32 = 8;
 
 /// Query heads of the named decode workloads.
 pub const Q_HEADS: u32 = 32;

@@ -285,7 +285,7 @@ fn the_planner_comes_within_10_percent_of_the_bound_on_a_skewed_batch() {
         tile: 16,
         seed: 3,
     };
-    let rows = skew_table(p, 24, 8);
+    let rows = makespan_table("decode-skew", p, 24, 8);
     let [unsplit, fixed, planned] = &rows[..] else {
         unreachable!()
     };
@@ -308,9 +308,9 @@ struct Row {
     vs_least: f64,
 }
 
-/// Runs `decode-skew` of `p` unsplit, in fixed chunks of 512 and planned
-/// for `cube` cores; prints the table and returns its rows.
-fn skew_table(p: Params, cube: usize, vector: usize) -> Vec<Row> {
+/// Runs the decode workload `name` of `p` unsplit, in fixed chunks of 512
+/// and planned for `cube` cores; prints the table and returns its rows.
+fn makespan_table(name: &'static str, p: Params, cube: usize, vector: usize) -> Vec<Row> {
     let kinds = cores(cube, vector);
     let strategies = [
         ("(a) unsplit", Strategy::Unsplit),
@@ -320,7 +320,7 @@ fn skew_table(p: Params, cube: usize, vector: usize) -> Vec<Row> {
     let figs: Vec<_> = strategies
         .iter()
         .map(|&(label, s)| {
-            let w = named_with("decode-skew", p, s).unwrap();
+            let w = named_with(name, p, s).unwrap();
             let f = measure(&w, &kinds).unwrap();
             assert!(f.check.passed(), "{label}: {}", f.check);
             (label, w, f)
@@ -330,7 +330,7 @@ fn skew_table(p: Params, cube: usize, vector: usize) -> Vec<Row> {
     // a fixed cost per item): the least bound of any plan.
     let least = figs[0].2.cube_work.div_ceil(cube as u64);
     println!(
-        "decode-skew m {} n {} D {} P {}, {cube} cube + {vector} vector cores",
+        "{name} m {} n {} D {} P {}, {cube} cube + {vector} vector cores",
         p.m, p.n, p.k, p.tile
     );
     println!(
@@ -367,9 +367,11 @@ fn skew_table(p: Params, cube: usize, vector: usize) -> Vec<Row> {
 #[test]
 #[ignore = "release-size run: minutes in a debug build"]
 fn skew_figures() {
-    let p = Params::of("decode-skew").unwrap();
-    for (cube, vector) in [(8, 8), (24, 24)] {
-        skew_table(p, cube, vector);
+    for name in ["decode-skew", "decode", "decode-uniform"] {
+        let p = Params::of(name).unwrap();
+        for (cube, vector) in [(8, 8), (24, 24)] {
+            makespan_table(name, p, cube, vector);
+        }
     }
 }
 

@@ -840,3 +840,440 @@ fn merge_contract_rules() {
     assert!(run(MERGE, &mut [f(6, 131), f(3, 131)], &[2]).is_err());
     assert!(run(MERGE, &mut [f(4097, 6), f(1, 6)], &[4097]).is_err());
 }
+
+/// indexer_scores's cost (indexer_scores.cpp).
+fn indexer_cost(h: u64, dq: u64, s: u64) -> u64 {
+    h * dq + h + s * (dq + h * dq + 3 * h + 2)
+}
+
+/// indexer_scores on H heads of dim Dq and S keys, against f64 within
+/// gamma_(Dq+1) sum_j |w_j| sum_d |q_jd k_sd| (the dot products, through a
+/// 1-Lipschitz ReLU) + gamma_(H+1) sum_j |w_j ReLU(q_j . k_s)| (the weighted
+/// sum), times 1.01 for the second-order terms.
+fn check_indexer(h: u32, dq: u32, s: u32, seed: u64) {
+    let mut rng = Lcg(seed);
+    let mut m = [
+        Mat::random(h, dq, dq + 1, &mut rng, -1.0, 1.0),
+        Mat::random(1, h, h + 2, &mut rng, -1.0, 1.0),
+        Mat::random(s, dq, dq + 3, &mut rng, -1.0, 1.0),
+        Mat::zeros(1, s, s + 1),
+    ];
+    let cycles = run(INDEXER, &mut m, &[]).unwrap();
+    assert_eq!(
+        cycles,
+        indexer_cost(u64::from(h), u64::from(dq), u64::from(s))
+    );
+    let (h, dq) = (h as usize, dq as usize);
+    let mut positive = 0;
+    for key in 0..s as usize {
+        let (mut want, mut dots, mut sums) = (0.0, 0.0, 0.0);
+        for j in 0..h {
+            let w = f64::from(m[1].get(0, j));
+            let prods = (0..dq).map(|d| f64::from(m[0].get(j, d)) * f64::from(m[2].get(key, d)));
+            let dot: f64 = prods.clone().sum();
+            let relu = dot.max(0.0);
+            positive += usize::from(dot > 0.0);
+            want += w * relu;
+            dots += w.abs() * prods.map(f64::abs).sum::<f64>();
+            sums += (w * relu).abs();
+        }
+        let bound = 1.01 * (gamma(dq + 1) * dots + gamma(h + 1) * sums);
+        let got = f64::from(m[3].get(0, key));
+        assert!(
+            (got - want).abs() <= bound,
+            "key {key}: {got} vs {want}, bound {bound}"
+        );
+    }
+    // The ReLU cuts: some but not all dot products are positive.
+    if h * s as usize >= 16 {
+        assert!(positive > 0 && positive < h * s as usize);
+    }
+    assert!(m.iter().all(Mat::gaps_untouched));
+}
+
+#[test]
+fn indexer_scores_matches_reference() {
+    check_indexer(4, 16, 70, 51);
+    check_indexer(64, 128, 1024, 52);
+    check_indexer(1, 1, 1, 53);
+    check_indexer(3, 5, 32, 54);
+}
+
+#[test]
+fn indexer_scores_relu_and_weights() {
+    // q . k = +2 for head 0 and -2 for head 1: only head 0 counts, weighted.
+    let mut m = [
+        Mat::new(2, 2, 2, |r, _| if r == 0 { 1.0 } else { -1.0 }),
+        Mat::new(1, 2, 2, |_, c| [3.0, 100.0][c]),
+        Mat::new(1, 2, 2, |_, _| 1.0),
+        Mat::zeros(1, 1, 1),
+    ];
+    run(INDEXER, &mut m, &[]).unwrap();
+    assert_eq!(m[3].get(0, 0), 6.0);
+    // A NaN key gives a NaN score, never a silent 0.
+    m[2] = Mat::new(1, 2, 2, |_, c| [f32::NAN, 1.0][c]);
+    run(INDEXER, &mut m, &[]).unwrap();
+    assert!(m[3].get(0, 0).is_nan());
+}
+
+#[test]
+fn indexer_scores_contract_rules() {
+    let f = |r, c| Mat::zeros(r, c, c);
+    let ok = |mut m: [Mat; 4]| run(INDEXER, &mut m, &[]).is_ok();
+    assert!(ok([f(3, 4), f(1, 3), f(5, 4), f(1, 5)]));
+    assert!(ok([f(64, 128), f(1, 64), f(1024, 128), f(1, 1024)]));
+    // w cols != H, k cols != Dq, scores cols != S, w with 2 rows.
+    assert!(!ok([f(3, 4), f(1, 4), f(5, 4), f(1, 5)]));
+    assert!(!ok([f(3, 4), f(1, 3), f(5, 5), f(1, 5)]));
+    assert!(!ok([f(3, 4), f(1, 3), f(5, 4), f(1, 6)]));
+    assert!(!ok([f(3, 4), f(2, 3), f(5, 4), f(1, 5)]));
+    // Capacities: 65 heads, Dq 129, 1025 keys.
+    assert!(!ok([f(65, 4), f(1, 65), f(5, 4), f(1, 5)]));
+    assert!(!ok([f(3, 129), f(1, 3), f(5, 129), f(1, 5)]));
+    assert!(!ok([f(3, 4), f(1, 3), f(1025, 4), f(1, 1025)]));
+}
+
+/// The top-k reference: positions by score descending, then position
+/// ascending; the first k, in increasing order.
+fn topk_reference(scores: &[f32], k: usize) -> Vec<i32> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| {
+        scores[b]
+            .partial_cmp(&scores[a])
+            .expect("no NaN")
+            .then(a.cmp(&b))
+    });
+    let mut top: Vec<i32> = order[..k].iter().map(|&p| p as i32).collect();
+    top.sort_unstable();
+    top
+}
+
+/// topk's cost (topk.cpp): depth = floor(log2 k) + 1.
+fn topk_cost(len: u64, k: u64) -> u64 {
+    let depth = u64::from(64 - k.leading_zeros());
+    len * (2 + depth) + k * (depth + 1)
+}
+
+fn check_topk(scores: &[f32], k: usize) -> Vec<i32> {
+    let len = scores.len() as u32;
+    let mut m = [
+        Mat::new(1, len, len + 1, |_, c| scores[c]),
+        Mat::zeros_i32(1, k as u32, k as u32 + 3),
+    ];
+    let cycles = run(TOPK, &mut m, &[k as u64]).unwrap();
+    assert_eq!(cycles, topk_cost(u64::from(len), k as u64));
+    let got: Vec<i32> = (0..k).map(|i| m[1].get_i32(0, i)).collect();
+    assert_eq!(got, topk_reference(scores, k), "k = {k} of {len}");
+    assert!(m.iter().all(Mat::gaps_untouched));
+    got
+}
+
+#[test]
+fn topk_matches_reference_with_ties() {
+    let mut rng = Lcg(61);
+    // Scores from 8 levels: many ties across the k-th place.
+    for (len, k) in [
+        (100, 10),
+        (100, 1),
+        (100, 100),
+        (1000, 333),
+        (16384, 2048),
+        (1, 1),
+    ] {
+        let scores: Vec<f32> = (0..len)
+            .map(|_| (rng.next(0.0, 8.0) as i32) as f32 - 4.0)
+            .collect();
+        check_topk(&scores, k);
+    }
+    // Continuous scores, and a worst case for the heap: increasing scores.
+    let scores: Vec<f32> = (0..5000).map(|_| rng.next(-1e3, 1e3)).collect();
+    check_topk(&scores, 700);
+    let rising: Vec<f32> = (0..3000).map(|i| i as f32).collect();
+    assert_eq!(check_topk(&rising, 5), [2995, 2996, 2997, 2998, 2999]);
+    // Ties go to the lower position, -0 ties with +0, and infinities rank.
+    let all_equal = vec![1.5f32; 50];
+    assert_eq!(check_topk(&all_equal, 3), [0, 1, 2]);
+    let zeros = [0.0f32, -0.0, 0.0, -0.0, -1.0];
+    assert_eq!(check_topk(&zeros, 3), [0, 1, 2]);
+    let mixed = [-0.0f32, 0.0, f32::NEG_INFINITY, f32::INFINITY, -0.0];
+    assert_eq!(check_topk(&mixed, 2), [0, 3]);
+    assert_eq!(check_topk(&mixed, 5), [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn topk_rejects_a_nan_score() {
+    for at in [0, 7, 99] {
+        let mut m = [
+            Mat::new(
+                1,
+                100,
+                100,
+                |_, c| if c == at { f32::NAN } else { c as f32 },
+            ),
+            Mat::new(1, 10, 10, |_, _| f32::from_bits(77)).with_dtype(DTYPE_I32),
+        ];
+        let (checked, result) = invoke(TOPK, &mut m, &[10]);
+        assert_eq!(checked, Ok(()));
+        assert_eq!(result, Err(KernelRejected { kernel: TOPK }), "NaN at {at}");
+        assert!((0..10).all(|i| m[1].get_i32(0, i) == 77), "nothing written");
+    }
+}
+
+#[test]
+fn topk_contract_rules() {
+    let kernel = lookup(TOPK).unwrap();
+    let mats = |len: u32, cols: u32| [Mat::zeros(1, len, len), Mat::zeros_i32(1, cols, cols)];
+    let check = |len: u32, cols: u32, k: u64| {
+        let m = mats(len, cols);
+        kernel.check(&[m[0].shape(), m[1].shape()], &[k])
+    };
+    for (len, cols, k) in [(8, 5, 5), (8, 8, 8), (1, 1, 1), (16384, 2048, 2048)] {
+        assert_eq!(check(len, cols, k), Ok(()));
+        assert!(run(TOPK, &mut mats(len, cols), &[k]).is_ok());
+    }
+    // k = 0, k > L, idx cols != k, k > 2048 (idx capped at 2048 cols).
+    for (len, cols, k) in [
+        (8, 1, 0),
+        (8, 8, 9),
+        (8, 5, 4),
+        (8, 4, 5),
+        (4096, 2048, 2049),
+    ] {
+        let e = check(len, cols, k).unwrap_err();
+        assert_eq!(
+            e,
+            ShapeError::Select {
+                index: 0,
+                k,
+                arg: 0,
+                max: len.min(2048),
+                idx: 1,
+                idx_cols: cols
+            }
+        );
+        assert!(run(TOPK, &mut mats(len, cols), &[k]).is_err());
+    }
+    assert_eq!(
+        check(8, 5, 9).unwrap_err().to_string(),
+        "scalar 0: k 9 must be in 1..=8 (the cols of tensor argument 0, at most 2048) and \
+         equal the cols 5 of tensor argument 1"
+    );
+    // Capacities: L = 16385, idx of 2049 cols; 2 rows of scores.
+    assert!(run(TOPK, &mut mats(16385, 5), &[5]).is_err());
+    assert!(run(TOPK, &mut mats(4096, 2049), &[2049]).is_err());
+    let mut m = mats(8, 5);
+    m[0] = Mat::zeros(2, 8, 8);
+    assert!(run(TOPK, &mut m, &[5]).is_err());
+}
+
+/// attn_sparse_partial's cost (attn_sparse_partial.cpp).
+fn sparse_cost(g: u64, d: u64, n: u64) -> u64 {
+    let nb = n.div_ceil(BLOCK as u64);
+    n + 4 * g * d + 4 * g + n * (2 * d + 2 * g * d + 6 * g) + nb * (g * d + 6 * g)
+}
+
+/// The sparse kernel's tensors for a request of context `lc` on a pool of
+/// `pages` pages of P (table shuffled, W = `w` entries) and `selected`
+/// positions (meta row 1, the rest of the row -5).
+fn sparse_mats(q: &Mat, pool: &Pool, table: &[i32], selected: &[i32], w: usize) -> [Mat; 4] {
+    let (g, d) = (q.rows, q.cols);
+    let mut row0 = table.to_vec();
+    row0.resize(w, -7);
+    let mut row1 = selected.to_vec();
+    row1.resize(w, -5);
+    [
+        Mat::new(g, d, d + 2, |r, c| q.get(r, c)),
+        Mat::new(pool.kv.rows, d, pool.kv.stride, |r, c| pool.kv.get(r, c)),
+        i32_mat(&[row0, row1], w as u32 + 1),
+        Mat::zeros(g, d + 2, d + 3),
+    ]
+}
+
+#[test]
+fn sparse_partial_matches_reference() {
+    let (g, d, page) = (4u32, 64u32, 16u32);
+    let mut rng = Lcg(71);
+    let pool = Pool::random(40, page, d, d + 1, &mut rng);
+    let lc = 500usize;
+    let table = shuffled_table(lc.div_ceil(page as usize), pool.pages(), &mut rng);
+    let q = Mat::random(g, d, d, &mut rng, -1.0, 1.0);
+    for (n, w, scale) in [(1, 40, 0.125f32), (100, 120, 0.125), (300, 300, 1.5)] {
+        // Random positions in a random order, duplicates allowed.
+        let selected: Vec<i32> = (0..n).map(|_| rng.below(lc) as i32).collect();
+        let tokens: Vec<usize> = selected.iter().map(|&t| t as usize).collect();
+        let (keys, values) = pool.gather(&table, &tokens);
+        let want = reference_partial(&q, &keys, &values, scale);
+        let mut m = sparse_mats(&q, &pool, &table, &selected, w);
+        let scalars = [n as u64, u64::from(page), f32_bits(scale), lc as u64];
+        let cycles = run(SPARSE, &mut m, &scalars).unwrap();
+        assert_eq!(cycles, sparse_cost(u64::from(g), u64::from(d), n as u64));
+        assert_state_near(&State::read(&m[3], 0, g as usize), &want, 1.0, "sparse");
+        assert!(m.iter().all(Mat::gaps_untouched));
+    }
+}
+
+#[test]
+fn sparse_over_a_contiguous_range_is_the_decode_partial_bit_for_bit() {
+    // The same core over the same tokens in the same order.
+    let (g, d, page) = (8u32, 32u32, 4u32);
+    let mut rng = Lcg(72);
+    let pool = Pool::random(30, page, d, d, &mut rng);
+    let table = shuffled_table(30, pool.pages(), &mut rng);
+    let q = Mat::random(g, d, d, &mut rng, -1.0, 1.0);
+    let (first, n, scale) = (9usize, 70usize, 0.3f32);
+    let selected: Vec<i32> = (first as i32..(first + n) as i32).collect();
+    let mut sparse = sparse_mats(&q, &pool, &table, &selected, 100);
+    run(SPARSE, &mut sparse, &[n as u64, 4, f32_bits(scale), 120]).unwrap();
+    let mut dense = [
+        Mat::new(g, d, d, |r, c| q.get(r, c)),
+        Mat::new(pool.kv.rows, d, d, |r, c| pool.kv.get(r, c)),
+        i32_mat(std::slice::from_ref(&table), 30),
+        Mat::zeros(g, d + 2, d + 2),
+    ];
+    run(
+        DECODE,
+        &mut dense,
+        &[first as u64, n as u64, 4, f32_bits(scale)],
+    )
+    .unwrap();
+    for r in 0..g as usize {
+        for c in 0..d as usize + 2 {
+            assert_eq!(
+                sparse[3].get(r, c).to_bits(),
+                dense[3].get(r, c).to_bits(),
+                "({r}, {c})"
+            );
+        }
+    }
+}
+
+#[test]
+fn sparse_partial_rejects_bad_positions_and_pages() {
+    // Context 10 tokens on pages of 4 (entries 0..3 used), a pool of 4 pages.
+    let mut rng = Lcg(73);
+    let pool = Pool::random(4, 4, 8, 8, &mut rng);
+    let q = Mat::random(2, 8, 8, &mut rng, -1.0, 1.0);
+    let scalars = [3, 4, f32_bits(0.5), 10];
+    let good_table = [3, 0, 1, 2];
+    let cases: [(&[i32], [i32; 3]); 5] = [
+        (&good_table, [1, 10, 2]),       // position = Lc
+        (&good_table, [-1, 0, 2]),       // negative position
+        (&good_table, [0, 5, i32::MAX]), // far past Lc
+        (&[3, 4, 1, 2], [0, 5, 1]),      // token 5 on page 4 of 4
+        (&[3, 0, -2, 2], [0, 9, 8]),     // token 8 on page -2
+    ];
+    for (table, selected) in cases {
+        let mut m = sparse_mats(&q, &pool, table, &selected, 6);
+        m[3] = Mat::new(2, 10, 10, |_, _| 7.0);
+        let (checked, result) = invoke(SPARSE, &mut m, &scalars);
+        assert_eq!(checked, Ok(()), "{selected:?}");
+        assert_eq!(
+            result,
+            Err(KernelRejected { kernel: SPARSE }),
+            "{selected:?}"
+        );
+        assert!(m[3].data.iter().all(|&v| v == 7.0), "nothing written");
+    }
+    // Bad pages and positions outside the n selected are no error.
+    let mut m = sparse_mats(&q, &pool, &[3, 0, 1, -9], &[0, 9, 5, 99, -1], 6);
+    assert!(run(SPARSE, &mut m, &scalars).is_ok());
+}
+
+#[test]
+fn sparse_partial_contract_rules() {
+    let kernel = lookup(SPARSE).unwrap();
+    let half = f32_bits(0.5);
+    // q 3 x 4, a pool of 4 pages of P = 2, meta 2 x 6, part 3 x 6.
+    let mats = || {
+        [
+            Mat::zeros(3, 4, 4),
+            Mat::zeros(16, 4, 4),
+            Mat::zeros_i32(2, 6, 6),
+            Mat::zeros(3, 6, 6),
+        ]
+    };
+    let err = |m: &mut [Mat], s: &[u64]| {
+        let shapes: Vec<TileShape> = m.iter().map(Mat::shape).collect();
+        let e = kernel.check(&shapes, s).unwrap_err();
+        assert!(run(SPARSE, m, s).is_err(), "{e}");
+        e
+    };
+    // Valid: n = W, the table covering Lc = W x P exactly.
+    assert!(run(SPARSE, &mut mats(), &[6, 2, half, 12]).is_ok());
+    assert!(run(SPARSE, &mut mats(), &[1, 2, half, 1]).is_ok());
+    // n = 0, n > W.
+    for n in [0, 7] {
+        let e = err(&mut mats(), &[n, 2, half, 7]);
+        assert_eq!(
+            e,
+            ShapeError::Count {
+                index: 0,
+                value: n,
+                arg: 2,
+                max: 6
+            }
+        );
+    }
+    assert_eq!(
+        err(&mut mats(), &[7, 2, half, 7]).to_string(),
+        "scalar 0: count 7 is not in 1..=6 (the cols of tensor argument 2)"
+    );
+    // Lc = 0; a context above the page table: (13 - 1) / 2 = 6 >= 6.
+    let e = err(&mut mats(), &[1, 2, half, 0]);
+    assert!(matches!(
+        e,
+        ShapeError::Count {
+            index: 3,
+            value: 0,
+            ..
+        }
+    ));
+    let e = err(&mut mats(), &[1, 2, half, 13]);
+    assert_eq!(
+        e,
+        ShapeError::Span {
+            count: 3,
+            last: 12,
+            entry: 6,
+            table: 2,
+            cols: 6
+        }
+    );
+    // P = 0, P not splitting 16 rows; a bad scale.
+    assert!(matches!(
+        err(&mut mats(), &[1, 0, half, 7]),
+        ShapeError::PageSize { .. }
+    ));
+    assert!(matches!(
+        err(&mut mats(), &[1, 3, half, 7]),
+        ShapeError::PageSize { .. }
+    ));
+    let nan = f32_bits(f32::NAN);
+    assert!(matches!(
+        err(&mut mats(), &[1, 2, nan, 7]),
+        ShapeError::Scale { index: 2, .. }
+    ));
+    // meta with 1 row; part cols != D + 2; an f32 meta.
+    let mut m = mats();
+    m[2] = Mat::zeros_i32(1, 6, 6);
+    assert_eq!(
+        err(&mut m, &[1, 2, half, 7]),
+        ShapeError::Rows {
+            arg: 2,
+            value: 1,
+            expected: 2
+        }
+    );
+    let mut m = mats();
+    m[3] = Mat::zeros(3, 5, 5);
+    assert!(matches!(
+        err(&mut m, &[1, 2, half, 7]),
+        ShapeError::Mismatch { arg: 3, .. }
+    ));
+    let mut m = mats();
+    m[2].dtype = DTYPE_F32;
+    assert!(matches!(
+        err(&mut m, &[1, 2, half, 7]),
+        ShapeError::Dtype { arg: 2, .. }
+    ));
+}

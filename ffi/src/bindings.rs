@@ -14,6 +14,11 @@ pub const WspKernelId_WSP_KERNEL_RMSNORM: WspKernelId = 3;
 pub const WspKernelId_WSP_KERNEL_SOFTMAX: WspKernelId = 4;
 pub const WspKernelId_WSP_KERNEL_ROUTE_TOPK: WspKernelId = 5;
 pub const WspKernelId_WSP_KERNEL_EXPERT_ROWS: WspKernelId = 6;
+pub const WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL: WspKernelId = 7;
+pub const WspKernelId_WSP_KERNEL_ATTN_MERGE: WspKernelId = 8;
+pub const WspKernelId_WSP_KERNEL_INDEXER_SCORES: WspKernelId = 9;
+pub const WspKernelId_WSP_KERNEL_TOPK: WspKernelId = 10;
+pub const WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL: WspKernelId = 11;
 pub type WspKernelId = core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -77,4 +82,19 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn wsp_kernel_expert_rows(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_attn_decode_partial(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_attn_merge(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_indexer_scores(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_topk(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_attn_sparse_partial(args: *const WspKernelArgs) -> u64;
 }

@@ -110,6 +110,71 @@ pub enum ShapeError {
         rows_of: u32,
         scalar: u32,
     },
+    /// Scalar `index`, a count, is 0 or more than `max`, the cols of tensor
+    /// argument `arg` (`max` is `u32::MAX` and `arg` unused when the count
+    /// has no upper bound).
+    Count {
+        index: u32,
+        value: u64,
+        arg: u32,
+        max: u32,
+    },
+    /// Scalar `index`, a page size, is 0 or does not divide tensor argument
+    /// `arg`'s `rows` (a paged KV pool) into pages of 2 x `value` rows.
+    PageSize {
+        index: u32,
+        value: u64,
+        arg: u32,
+        rows: u32,
+    },
+    /// Scalar `index` is not an attention scale: a finite f32 held in the
+    /// low 32 bits with the high 32 bits zero.
+    Scale { index: u32, value: u64 },
+    /// Scalar `index`, a number of partial states `n`, is 0 or `n` times the
+    /// rows of tensor argument `out` (`out_rows`) is not the rows of tensor
+    /// argument `arg` (`rows`).
+    States {
+        index: u32,
+        n: u64,
+        arg: u32,
+        rows: u32,
+        out: u32,
+        out_rows: u32,
+    },
+    /// Scalar `index`, a top-k count `k`, is not in `1..=max` (`max` = the
+    /// cols of tensor argument `arg`, at most 2048), or tensor argument
+    /// `idx` has `idx_cols` cols, not k.
+    Select {
+        index: u32,
+        k: u64,
+        arg: u32,
+        max: u32,
+        idx: u32,
+        idx_cols: u32,
+    },
+    /// The tokens up to `last` (from scalars `first` and `count`, page size
+    /// scalar `page`, `last` = `u64::MAX` on overflow) need page table entry
+    /// `entry`, beyond the `cols` entries of the page table (row 0 of tensor
+    /// argument `table`): a length above the page table.
+    Span {
+        count: u32,
+        last: u64,
+        entry: u64,
+        table: u32,
+        cols: u32,
+    },
+    /// Tensor argument `arg`'s cols `value` are neither `other_value` (a
+    /// partial state) nor `other_value` - 2 (its output only), the cols of
+    /// tensor argument `other`, which must be at least 3.
+    StateCols {
+        arg: u32,
+        value: u32,
+        other: u32,
+        other_value: u32,
+    },
+    /// Tensor argument `arg` has `value` rows where the kernel takes exactly
+    /// `expected`.
+    Rows { arg: u32, value: u32, expected: u32 },
 }
 
 /// The name of a `WSP_DTYPE_*` value, if it is one.
@@ -205,6 +270,98 @@ impl fmt::Display for ShapeError {
                 "tensor argument {arg}: cols {value} are fewer than {min}, \
                  the rows of tensor argument {rows_of} times scalar {scalar}"
             ),
+            Self::Count {
+                index,
+                value,
+                arg,
+                max,
+            } => {
+                if max == u32::MAX {
+                    write!(f, "scalar {index}: count {value} must be at least 1")
+                } else {
+                    write!(
+                        f,
+                        "scalar {index}: count {value} is not in 1..={max} \
+                         (the cols of tensor argument {arg})"
+                    )
+                }
+            }
+            Self::PageSize {
+                index,
+                value,
+                arg,
+                rows,
+            } => write!(
+                f,
+                "scalar {index}: page size {value} must be at least 1 and split the rows {rows} \
+                 of tensor argument {arg} (the KV pool) into pages of 2 x {value} rows"
+            ),
+            Self::Scale { index, value } => write!(
+                f,
+                "scalar {index}: {value:#x} is not a finite f32 scale in the low 32 bits"
+            ),
+            Self::States {
+                index,
+                n,
+                arg,
+                rows,
+                out,
+                out_rows,
+            } => write!(
+                f,
+                "scalar {index}: {n} partial states of the rows {out_rows} of tensor argument \
+                 {out} do not fill the rows {rows} of tensor argument {arg} (n must be >= 1)"
+            ),
+            Self::Select {
+                index,
+                k,
+                arg,
+                max,
+                idx,
+                idx_cols,
+            } => write!(
+                f,
+                "scalar {index}: k {k} must be in 1..={max} (the cols of tensor argument {arg}, \
+                 at most {}) and equal the cols {idx_cols} of tensor argument {idx}",
+                crate::registry::MAX_TOPK
+            ),
+            Self::Span {
+                count,
+                last,
+                entry,
+                table,
+                cols,
+            } => {
+                if last == u64::MAX {
+                    write!(f, "scalar {count}: the token range overflows")
+                } else {
+                    write!(
+                        f,
+                        "scalar {count}: a length above the page table: token {last} is on \
+                         page table entry {entry}, beyond the {cols} entries of tensor \
+                         argument {table}"
+                    )
+                }
+            }
+            Self::StateCols {
+                arg,
+                value,
+                other,
+                other_value,
+            } => write!(
+                f,
+                "tensor argument {arg}: cols {value} must equal cols {other_value} of tensor \
+                 argument {other} (a partial state) or {other_value} - 2 (the output only), \
+                 with {other_value} >= 3"
+            ),
+            Self::Rows {
+                arg,
+                value,
+                expected,
+            } => write!(
+                f,
+                "tensor argument {arg}: rows {value} where the kernel takes exactly {expected}"
+            ),
         }
     }
 }
@@ -249,6 +406,98 @@ pub(crate) enum ScalarRule {
     /// A threshold: f32 bits in the low 32 bits, high bits zero, 0 <= t < 1
     /// (so finite; -0 counts as 0).
     Threshold,
+    /// Any value (a first token, bounded by a [`Span`]).
+    Start,
+    /// A count >= 1, and at most the cols of tensor argument `at_most_cols_of`
+    /// when given.
+    Count { at_most_cols_of: Option<u32> },
+    /// A page size P >= 1 with the rows of tensor argument `pool` a multiple
+    /// of 2P.
+    PageSize { pool: u32 },
+    /// An attention scale: f32 bits in the low 32 bits, high bits zero, finite.
+    Scale,
+    /// A number of partial states n >= 1 with the rows of tensor argument
+    /// `parts` equal to n times the rows of tensor argument `out`.
+    States { parts: u32, out: u32 },
+    /// A top-k count k with 1 <= k <= min(the cols of tensor argument
+    /// `scores`, `MAX_TOPK`) and the cols of tensor argument `idx` equal to k.
+    Select { scores: u32, idx: u32 },
+}
+
+/// A rule checked after every scalar's own rule.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Extra {
+    /// Tokens `first` .. `first + count` (scalars; `first` 0 when `None`)
+    /// lie in the page table, row 0 of tensor argument `table`, of pages of
+    /// scalar `page` tokens: (first + count - 1) / page < the table's cols.
+    Span {
+        first: Option<u32>,
+        count: u32,
+        page: u32,
+        table: u32,
+    },
+    /// Tensor argument `out`'s cols equal tensor argument `parts`' cols (a
+    /// partial state) or those minus 2 (its o only), and `parts` has at
+    /// least 3 cols.
+    StateCols { out: u32, parts: u32 },
+    /// Tensor argument `arg` has exactly `rows` rows.
+    Rows { arg: u32, rows: u32 },
+}
+
+impl Extra {
+    /// Checks the rule against the `views` and `scalars`, which have passed
+    /// every other check.
+    fn check(self, views: &[TileShape], scalars: &[u64]) -> Result<(), ShapeError> {
+        match self {
+            Self::Span {
+                first,
+                count,
+                page,
+                table,
+            } => {
+                let start = first.map_or(0, |i| scalars[i as usize]);
+                let cols = views[table as usize].cols;
+                // count >= 1 and page >= 1: their own rules passed.
+                let last = start.checked_add(scalars[count as usize] - 1);
+                let entry = last.map_or(u64::MAX, |last| last / scalars[page as usize]);
+                if entry < u64::from(cols) {
+                    return Ok(());
+                }
+                Err(ShapeError::Span {
+                    count,
+                    last: last.unwrap_or(u64::MAX),
+                    entry,
+                    table,
+                    cols,
+                })
+            }
+            Self::StateCols { out, parts } => {
+                let (value, other_value) = (views[out as usize].cols, views[parts as usize].cols);
+                if other_value >= 3 && (value == other_value || value == other_value - 2) {
+                    Ok(())
+                } else {
+                    Err(ShapeError::StateCols {
+                        arg: out,
+                        value,
+                        other: parts,
+                        other_value,
+                    })
+                }
+            }
+            Self::Rows { arg, rows } => {
+                let value = views[arg as usize].rows;
+                if value == rows {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Rows {
+                        arg,
+                        value,
+                        expected: rows,
+                    })
+                }
+            }
+        }
+    }
 }
 
 impl ScalarRule {
@@ -296,6 +545,73 @@ impl ScalarRule {
                     Err(ShapeError::Threshold { index, value })
                 }
             }
+            Self::Start => Ok(()),
+            Self::Count { at_most_cols_of } => {
+                let (arg, max) =
+                    at_most_cols_of.map_or((0, u32::MAX), |arg| (arg, views[arg as usize].cols));
+                if (1..=u64::from(max)).contains(&value) {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Count {
+                        index,
+                        value,
+                        arg,
+                        max,
+                    })
+                }
+            }
+            Self::PageSize { pool } => {
+                let rows = views[pool as usize].rows;
+                if value >= 1 && value <= u64::from(rows / 2) && u64::from(rows) % (2 * value) == 0
+                {
+                    Ok(())
+                } else {
+                    Err(ShapeError::PageSize {
+                        index,
+                        value,
+                        arg: pool,
+                        rows,
+                    })
+                }
+            }
+            Self::Scale => {
+                if value >> 32 == 0 && f32::from_bits(value as u32).is_finite() {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Scale { index, value })
+                }
+            }
+            Self::States { parts, out } => {
+                let (rows, out_rows) = (views[parts as usize].rows, views[out as usize].rows);
+                if value >= 1 && value.checked_mul(u64::from(out_rows)) == Some(u64::from(rows)) {
+                    Ok(())
+                } else {
+                    Err(ShapeError::States {
+                        index,
+                        n: value,
+                        arg: parts,
+                        rows,
+                        out,
+                        out_rows,
+                    })
+                }
+            }
+            Self::Select { scores, idx } => {
+                let max = views[scores as usize].cols.min(crate::registry::MAX_TOPK);
+                let idx_cols = views[idx as usize].cols;
+                if (1..=u64::from(max)).contains(&value) && u64::from(idx_cols) == value {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Select {
+                        index,
+                        k: value,
+                        arg: scores,
+                        max,
+                        idx,
+                        idx_cols,
+                    })
+                }
+            }
         }
     }
 }
@@ -303,8 +619,9 @@ impl ScalarRule {
 impl KernelInfo {
     /// Checks argument shapes and scalars against the kernel's contract:
     /// counts, each argument's dtype, non-empty, within capacity, the shape
-    /// equalities between arguments, and the scalars' values (some of which
-    /// bound shapes, as a top-k count does).
+    /// equalities between arguments, the scalars' values (some of which
+    /// bound shapes, as a top-k count does), then the rules over several
+    /// scalars and shapes (a token range inside its page table).
     pub fn check(&self, views: &[TileShape], scalars: &[u64]) -> Result<(), ShapeError> {
         let got = u32::try_from(views.len()).unwrap_or(u32::MAX);
         if got != self.num_tensors {
@@ -360,6 +677,9 @@ impl KernelInfo {
         }
         for (index, (&value, rule)) in (0u32..).zip(scalars.iter().zip(self.scalars)) {
             rule.check(index, value, views)?;
+        }
+        for rule in self.extra {
+            rule.check(views, scalars)?;
         }
         Ok(())
     }

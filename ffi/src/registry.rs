@@ -3,13 +3,17 @@
 use core::fmt;
 
 use crate::bindings::{
-    wsp_kernel_add, wsp_kernel_expert_rows, wsp_kernel_gemm_tile, wsp_kernel_rmsnorm,
-    wsp_kernel_route_topk, wsp_kernel_softmax, WspKernelArgs, WspKernelEntry,
-    WspKernelId_WSP_KERNEL_ADD, WspKernelId_WSP_KERNEL_EXPERT_ROWS,
-    WspKernelId_WSP_KERNEL_GEMM_TILE, WspKernelId_WSP_KERNEL_RMSNORM,
-    WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SOFTMAX,
+    wsp_kernel_add, wsp_kernel_attn_decode_partial, wsp_kernel_attn_merge,
+    wsp_kernel_attn_sparse_partial, wsp_kernel_expert_rows, wsp_kernel_gemm_tile,
+    wsp_kernel_indexer_scores, wsp_kernel_rmsnorm, wsp_kernel_route_topk, wsp_kernel_softmax,
+    wsp_kernel_topk, WspKernelArgs, WspKernelEntry, WspKernelId_WSP_KERNEL_ADD,
+    WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL, WspKernelId_WSP_KERNEL_ATTN_MERGE,
+    WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL, WspKernelId_WSP_KERNEL_EXPERT_ROWS,
+    WspKernelId_WSP_KERNEL_GEMM_TILE, WspKernelId_WSP_KERNEL_INDEXER_SCORES,
+    WspKernelId_WSP_KERNEL_RMSNORM, WspKernelId_WSP_KERNEL_ROUTE_TOPK,
+    WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_TOPK,
 };
-use crate::contract::{Equal, ScalarRule};
+use crate::contract::{Equal, Extra, ScalarRule};
 use crate::{DTYPE_F32, DTYPE_I32, WSP_KERNEL_REJECTED};
 
 /// The kind of AICore a kernel runs on.
@@ -101,6 +105,8 @@ pub struct KernelInfo {
     pub(crate) equal: &'static [Equal],
     /// One rule per scalar.
     pub(crate) scalars: &'static [ScalarRule],
+    /// Rules over several scalars and shapes, checked last.
+    pub(crate) extra: &'static [Extra],
     entry: unsafe extern "C" fn(*const WspKernelArgs) -> u64,
 }
 
@@ -173,7 +179,25 @@ const MAX_TOKENS: u32 = 64;
 const MAX_EXPERTS: u32 = 64;
 const MAX_SLOTS: u32 = MAX_TOKENS * MAX_EXPERTS;
 
-static KERNELS: [KernelInfo; 6] = [
+/// Attention: query rows of one KV group (G), the head dimension (D), the
+/// rows of a paged KV pool region (1 Mi rows = 512 Ki tokens of one KV head)
+/// and the entries of a page table (or of selected positions).
+const MAX_GROUP: u32 = 16;
+const MAX_DIM: u32 = 128;
+const MAX_POOL_ROWS: u32 = 1 << 20;
+const MAX_TABLE: u32 = 65536;
+/// attn_merge: rows of the stacked partial states (n x G).
+const MAX_PART_ROWS: u32 = 4096;
+/// indexer_scores: indexer heads, their dimension and keys per call.
+const MAX_INDEXER_HEADS: u32 = 64;
+const MAX_INDEXER_DIM: u32 = 128;
+const MAX_KEYS: u32 = 1024;
+/// topk: scores per call, and the largest k (the kernel's heap of k
+/// (score, position) pairs takes 8 x 2048 = 16 KiB of stack).
+const MAX_SCORES: u32 = 16384;
+pub(crate) const MAX_TOPK: u32 = 2048;
+
+static KERNELS: [KernelInfo; 11] = [
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_ADD,
         name: "add",
@@ -192,6 +216,7 @@ static KERNELS: [KernelInfo; 6] = [
             Equal::new(2, Cols, 0, Cols),
         ],
         scalars: &[],
+        extra: &[],
         entry: wsp_kernel_add,
     },
     KernelInfo {
@@ -211,6 +236,7 @@ static KERNELS: [KernelInfo; 6] = [
             Equal::new(2, Cols, 1, Cols),
         ],
         scalars: &[],
+        extra: &[],
         entry: wsp_kernel_gemm_tile,
     },
     KernelInfo {
@@ -230,6 +256,7 @@ static KERNELS: [KernelInfo; 6] = [
             Equal::new(2, Cols, 0, Cols),
         ],
         scalars: &[ScalarRule::Eps],
+        extra: &[],
         entry: wsp_kernel_rmsnorm,
     },
     KernelInfo {
@@ -241,6 +268,7 @@ static KERNELS: [KernelInfo; 6] = [
         tensor_args: &[arg("x", In, F32, 16, 1024), arg("y", Out, F32, 16, 1024)],
         equal: &[Equal::new(1, Rows, 0, Rows), Equal::new(1, Cols, 0, Cols)],
         scalars: &[],
+        extra: &[],
         entry: wsp_kernel_softmax,
     },
     KernelInfo {
@@ -268,6 +296,7 @@ static KERNELS: [KernelInfo; 6] = [
             },
             ScalarRule::Threshold,
         ],
+        extra: &[],
         entry: wsp_kernel_route_topk,
     },
     KernelInfo {
@@ -290,7 +319,133 @@ static KERNELS: [KernelInfo; 6] = [
             Equal::new(3, Cols, 1, Cols),
         ],
         scalars: &[],
+        extra: &[],
         entry: wsp_kernel_expert_rows,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL,
+        name: "attn_decode_partial",
+        kind: CoreKind::Cube,
+        num_tensors: 4,
+        num_scalars: 4,
+        tensor_args: &[
+            arg("q", In, F32, MAX_GROUP, MAX_DIM),
+            arg("kv", In, F32, MAX_POOL_ROWS, MAX_DIM),
+            arg("table", In, I32, 1, MAX_TABLE),
+            arg("part", Out, F32, MAX_GROUP, MAX_DIM + 2),
+        ],
+        equal: &[
+            Equal::new(1, Cols, 0, Cols),
+            Equal::new(3, Rows, 0, Rows),
+            Equal::new(3, Cols, 0, Cols).plus(2),
+        ],
+        // first, n, P, scale; then tokens first .. first + n in the table.
+        scalars: &[
+            ScalarRule::Start,
+            ScalarRule::Count {
+                at_most_cols_of: None,
+            },
+            ScalarRule::PageSize { pool: 1 },
+            ScalarRule::Scale,
+        ],
+        extra: &[Extra::Span {
+            first: Some(0),
+            count: 1,
+            page: 2,
+            table: 2,
+        }],
+        entry: wsp_kernel_attn_decode_partial,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_ATTN_MERGE,
+        name: "attn_merge",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 1,
+        tensor_args: &[
+            arg("parts", In, F32, MAX_PART_ROWS, MAX_DIM + 2),
+            arg("out", Out, F32, MAX_GROUP, MAX_DIM + 2),
+        ],
+        equal: &[],
+        scalars: &[ScalarRule::States { parts: 0, out: 1 }],
+        extra: &[Extra::StateCols { out: 1, parts: 0 }],
+        entry: wsp_kernel_attn_merge,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_INDEXER_SCORES,
+        name: "indexer_scores",
+        kind: CoreKind::Cube,
+        num_tensors: 4,
+        num_scalars: 0,
+        tensor_args: &[
+            arg("q", In, F32, MAX_INDEXER_HEADS, MAX_INDEXER_DIM),
+            arg("w", In, F32, 1, MAX_INDEXER_HEADS),
+            arg("k", In, F32, MAX_KEYS, MAX_INDEXER_DIM),
+            arg("scores", Out, F32, 1, MAX_KEYS),
+        ],
+        equal: &[
+            Equal::new(1, Cols, 0, Rows),
+            Equal::new(2, Cols, 0, Cols),
+            Equal::new(3, Cols, 2, Rows),
+        ],
+        scalars: &[],
+        extra: &[],
+        entry: wsp_kernel_indexer_scores,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_TOPK,
+        name: "topk",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 1,
+        tensor_args: &[
+            arg("scores", In, F32, 1, MAX_SCORES),
+            arg("idx", Out, I32, 1, MAX_TOPK),
+        ],
+        equal: &[],
+        scalars: &[ScalarRule::Select { scores: 0, idx: 1 }],
+        extra: &[],
+        entry: wsp_kernel_topk,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL,
+        name: "attn_sparse_partial",
+        kind: CoreKind::Cube,
+        num_tensors: 4,
+        num_scalars: 4,
+        tensor_args: &[
+            arg("q", In, F32, MAX_GROUP, MAX_DIM),
+            arg("kv", In, F32, MAX_POOL_ROWS, MAX_DIM),
+            arg("meta", In, I32, 2, MAX_TABLE),
+            arg("part", Out, F32, MAX_GROUP, MAX_DIM + 2),
+        ],
+        equal: &[
+            Equal::new(1, Cols, 0, Cols),
+            Equal::new(3, Rows, 0, Rows),
+            Equal::new(3, Cols, 0, Cols).plus(2),
+        ],
+        // n (<= the meta cols), P, scale, Lc; meta has 2 rows and its page
+        // table covers Lc tokens.
+        scalars: &[
+            ScalarRule::Count {
+                at_most_cols_of: Some(2),
+            },
+            ScalarRule::PageSize { pool: 1 },
+            ScalarRule::Scale,
+            ScalarRule::Count {
+                at_most_cols_of: None,
+            },
+        ],
+        extra: &[
+            Extra::Rows { arg: 2, rows: 2 },
+            Extra::Span {
+                first: None,
+                count: 3,
+                page: 1,
+                table: 2,
+            },
+        ],
+        entry: wsp_kernel_attn_sparse_partial,
     },
 ];
 

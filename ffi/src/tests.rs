@@ -1,8 +1,11 @@
 //! Host tests: each kernel through the registry against an f64 reference,
 //! strided views, the cost model, and rejections agreeing with `check`.
-//! route_topk is checked against a straightforward f64 routing written here.
+//! route_topk is checked against a straightforward f64 routing written here;
+//! the attention kernels in [`attn`].
 
 use crate::*;
+
+mod attn;
 
 /// Written into row gaps (row_stride > cols) to check kernels leave them alone.
 const GAP: u32 = 0x7fc0_dead;
@@ -115,6 +118,22 @@ impl Mat {
 /// Runs kernel `id` on `mats` (in signature order) and `scalars`, after
 /// checking that the Rust-side `check` agrees with the kernel's verdict.
 fn run(id: u32, mats: &mut [Mat], scalars: &[u64]) -> Result<u64, KernelRejected> {
+    let (checked, result) = invoke(id, mats, scalars);
+    assert_eq!(
+        checked.is_ok(),
+        result.is_ok(),
+        "check {checked:?} vs kernel {result:?}"
+    );
+    result
+}
+
+/// Runs kernel `id` on `mats` and `scalars`; returns the Rust-side `check`'s
+/// verdict (the same from `check` and `check_args`) and the kernel's.
+fn invoke(
+    id: u32,
+    mats: &mut [Mat],
+    scalars: &[u64],
+) -> (Result<(), ShapeError>, Result<u64, KernelRejected>) {
     let kernel = lookup(id).expect("registered kernel");
     let mut args = WspKernelArgs {
         num_tensors: mats.len() as u32,
@@ -131,7 +150,10 @@ fn run(id: u32, mats: &mut [Mat], scalars: &[u64]) -> Result<u64, KernelRejected
     for (slot, mat) in args.tensors.iter_mut().zip(mats.iter_mut()) {
         *slot = mat.view();
     }
-    args.scalars[..scalars.len()].copy_from_slice(scalars);
+    // A fifth scalar does not fit the block: num_scalars says it is there.
+    for (slot, &value) in args.scalars.iter_mut().zip(scalars) {
+        *slot = value;
+    }
     let shapes: Vec<TileShape> = mats.iter().map(Mat::shape).collect();
     let checked = kernel.check(&shapes, scalars);
     assert_eq!(checked, kernel.check_args(&args));
@@ -139,12 +161,7 @@ fn run(id: u32, mats: &mut [Mat], scalars: &[u64]) -> Result<u64, KernelRejected
     // from `skip` on (aligned for f32 and i32, live for the call, distinct
     // allocations), and nothing else runs.
     let result = unsafe { kernel.invoke(&args) };
-    assert_eq!(
-        checked.is_ok(),
-        result.is_ok(),
-        "check {checked:?} vs kernel {result:?}"
-    );
-    result
+    (checked, result)
 }
 
 fn eps_bits(eps: f32) -> u64 {
@@ -157,11 +174,20 @@ const RMSNORM: u32 = WspKernelId_WSP_KERNEL_RMSNORM;
 const SOFTMAX: u32 = WspKernelId_WSP_KERNEL_SOFTMAX;
 const ROUTE: u32 = WspKernelId_WSP_KERNEL_ROUTE_TOPK;
 const EXPERT: u32 = WspKernelId_WSP_KERNEL_EXPERT_ROWS;
+const DECODE: u32 = WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL;
+const MERGE: u32 = WspKernelId_WSP_KERNEL_ATTN_MERGE;
+const INDEXER: u32 = WspKernelId_WSP_KERNEL_INDEXER_SCORES;
+const TOPK: u32 = WspKernelId_WSP_KERNEL_TOPK;
+const SPARSE: u32 = WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL;
 
 #[test]
 fn registry_is_consistent() {
     let ids: Vec<u32> = all().iter().map(|k| k.id).collect();
-    assert_eq!(ids, [ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT]);
+    assert_eq!(
+        ids,
+        [ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE]
+    );
+    assert_eq!(ids, (1..=11).collect::<Vec<u32>>());
     for kernel in all() {
         assert_eq!(
             kernel.num_tensors as usize,
@@ -185,7 +211,16 @@ fn registry_is_consistent() {
             );
         }
     }
-    assert!(lookup(0).is_none() && lookup(EXPERT + 1).is_none());
+    assert!(lookup(0).is_none() && lookup(SPARSE + 1).is_none());
+    for (id, kind) in [
+        (DECODE, CoreKind::Cube),
+        (MERGE, CoreKind::Vector),
+        (INDEXER, CoreKind::Cube),
+        (TOPK, CoreKind::Vector),
+        (SPARSE, CoreKind::Cube),
+    ] {
+        assert_eq!(lookup(id).unwrap().kind, kind);
+    }
     assert_eq!(lookup(GEMM).unwrap().kind, CoreKind::Cube);
     assert_eq!(lookup(EXPERT).unwrap().kind, CoreKind::Cube);
     assert_eq!(lookup(ADD).unwrap().kind, CoreKind::Vector);
@@ -549,6 +584,19 @@ fn valid_args(id: u32) -> (Vec<(u32, u32)>, Vec<u64>) {
             vec![2, eps_bits(0.25)],
         ),
         EXPERT => (vec![(3, 4), (4, 5), (3, 1), (3, 5)], vec![]),
+        // q, a pool of 4 pages of P = 2, a table of 5 pages, part; tokens 1..7.
+        DECODE => (
+            vec![(3, 4), (16, 4), (1, 5), (3, 6)],
+            vec![1, 6, 2, eps_bits(0.5)],
+        ),
+        MERGE => (vec![(6, 6), (3, 6)], vec![2]),
+        INDEXER => (vec![(3, 4), (1, 3), (5, 4), (1, 5)], vec![]),
+        TOPK => (vec![(1, 8), (1, 5)], vec![5]),
+        // 2 selected tokens of a 7-token context, P = 2, 6 meta cols.
+        SPARSE => (
+            vec![(3, 4), (16, 4), (2, 6), (3, 6)],
+            vec![2, 2, eps_bits(0.5), 7],
+        ),
         _ => panic!("no valid arguments for kernel {id}"),
     }
 }
@@ -572,6 +620,8 @@ fn check_agrees_with_every_kernel_around_valid_args() {
         0,
         1,
         2,
+        3,
+        4,
         5,
         6,
         7,

@@ -38,9 +38,24 @@ impl Params {
     /// `gemm` 256 x 256 x 256, `mlp` 64 x 128 x 128, `streams`
     /// 128 x 128 x 128 (all in 32-tiles), `moe` and `moe-var` 32 tokens,
     /// 64 hidden, 64 ffn, `pipeline` 8 tiles of 64 x 64 (m 512, n = k =
-    /// tile = 64).
+    /// tile = 64). The decode workloads read `m` as requests, `n` as the
+    /// longest KV length, `k` as the head dimension and `tile` as the page
+    /// size: `decode` and `decode-skew` 32 requests up to 8192 tokens,
+    /// D 128, pages of 16; `decode-uniform` 32 requests of 1024, D 64,
+    /// pages of 64 (see [`crate::attention::workload::lengths_of`]).
     pub fn of(name: &str) -> Result<Params, WorkloadError> {
+        let decode = |m, n, k, tile| {
+            Ok(Params {
+                m,
+                n,
+                k,
+                tile,
+                seed: 1,
+            })
+        };
         let (m, n, k) = match name {
+            "decode" | "decode-skew" => return decode(32, 8192, 128, 16),
+            "decode-uniform" => return decode(32, 1024, 64, 64),
             "gemm" => (256, 256, 256),
             "mlp" => (64, 128, 128),
             "streams" => (128, 128, 128),
@@ -96,7 +111,7 @@ pub fn is_tiled(name: &str) -> bool {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 10] = [
     "gemm",
     "mlp",
     "streams",
@@ -104,6 +119,9 @@ pub const NAMES: [&str; 7] = [
     "moe-var",
     "pipeline",
     "attention-pipeline",
+    "decode",
+    "decode-uniform",
+    "decode-skew",
 ];
 
 /// A built workload.
@@ -229,6 +247,9 @@ impl Workload {
                 crate::attention_pipeline::attention_pipeline(p, crate::pipeline::DEFAULT_DEPTH)
                     .map(|(w, _)| w)
             }
+            "decode" => crate::attention::workload::named("decode", p),
+            "decode-uniform" => crate::attention::workload::named("decode-uniform", p),
+            "decode-skew" => crate::attention::workload::named("decode-skew", p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }

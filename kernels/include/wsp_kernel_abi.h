@@ -27,7 +27,7 @@ extern "C" {
 #define WSP_MAX_SCALARS 4
 
 /* Element types. The kernels compute on F32; I32 (4-byte signed int) holds
- * indices and counts (the outputs of ROUTE_TOPK). */
+ * indices and counts (the outputs of ROUTE_TOPK and TOPK, page tables). */
 enum WspDtype {
     WSP_DTYPE_F32 = 1,
     WSP_DTYPE_I32 = 2,
@@ -52,6 +52,35 @@ enum WspKernelId {
     /* OUT[r, :] += GATE[r, 0] * (X[r, :] x W) on f32 tiles (cube core): one
      * expert's rows, W one expert's weight matrix. */
     WSP_KERNEL_EXPERT_ROWS = 6,
+    /* Attention kernels. One log base everywhere: base 2. A partial state of
+     * G query rows over a set of KV tokens is G rows of D + 2 f32 columns:
+     * o[0..D] = sum_i p_i v_i / sum_i p_i, then m = max_i s2_i with
+     * s2_i = scale * (q . k_i) * log2(e), then l = sum_i 2^(s2_i - m); so
+     * m + log2(l) is the set's log-sum-exp in base 2. A paged KV pool of one
+     * KV head is an f32 region of pages * 2P rows x D cols: page p's keys are
+     * rows p*2P .. p*2P+P, its values rows p*2P+P .. (p+1)*2P; token t of a
+     * request lives on page table[t / P], row t % P of that page. */
+    /* Partial state of tokens first .. first+n of one request (cube core).
+     * Tensors: q [G x D], kv pool, table i32 [1 x W], part out [G x (D+2)].
+     * Scalars: first, n, page size P, scale (f32 bits). */
+    WSP_KERNEL_ATTN_DECODE_PARTIAL = 7,
+    /* Merges n partial states of the same G rows (vector core). Tensors:
+     * parts [n*G x (D+2)], out [G x (D+2)] (a state) or [G x D] (o only).
+     * Scalar: n. */
+    WSP_KERNEL_ATTN_MERGE = 8,
+    /* Lightning-indexer scores of one query token (cube core):
+     * I[s] = sum_j w[j] * ReLU(q[j] . k[s]). Tensors: q [H x Dq], w [1 x H],
+     * k [S x Dq], scores out [1 x S]. No scalars. */
+    WSP_KERNEL_INDEXER_SCORES = 9,
+    /* Positions of the k largest scores, ties toward the lower position,
+     * written in increasing position order (vector core). Tensors:
+     * scores [1 x L], idx out i32 [1 x k]. Scalar: k. */
+    WSP_KERNEL_TOPK = 10,
+    /* Partial state over selected tokens (cube core). Tensors: q [G x D],
+     * kv pool, meta i32 [2 x W] (row 0 page table, row 1 selected
+     * positions), part out [G x (D+2)]. Scalars: n selected, page size P,
+     * scale (f32 bits), context length Lc. */
+    WSP_KERNEL_ATTN_SPARSE_PARTIAL = 11,
 };
 
 /* A 2-D view of a tensor region: `rows` x `cols` valid elements starting at
@@ -75,9 +104,13 @@ typedef struct WspKernelArgs {
 } WspKernelArgs;
 
 /* A kernel returns its cost in cycles, or WSP_KERNEL_REJECTED when its
- * arguments break its contract (wrong count, shape mismatch, tile too large).
- * The runtime validates arguments before launch, so a rejection is a bug
- * that the runtime reports as a typed error, never a silent result. */
+ * arguments break its contract (wrong count, shape mismatch, tile too large)
+ * or, for the kernels that read indices from tensors, when the data holds a
+ * bad index (a page outside the pool, a position past the context, a NaN
+ * score); such a kernel checks all its indices before writing any output.
+ * The runtime validates shapes and scalars before launch, so a rejection is
+ * bad data or a bug, which the runtime reports as a typed error naming the
+ * task, never a silent result. */
 #define WSP_KERNEL_REJECTED UINT64_MAX
 
 typedef uint64_t (*WspKernelEntry)(const WspKernelArgs *args);
@@ -88,6 +121,11 @@ uint64_t wsp_kernel_rmsnorm(const WspKernelArgs *args);
 uint64_t wsp_kernel_softmax(const WspKernelArgs *args);
 uint64_t wsp_kernel_route_topk(const WspKernelArgs *args);
 uint64_t wsp_kernel_expert_rows(const WspKernelArgs *args);
+uint64_t wsp_kernel_attn_decode_partial(const WspKernelArgs *args);
+uint64_t wsp_kernel_attn_merge(const WspKernelArgs *args);
+uint64_t wsp_kernel_indexer_scores(const WspKernelArgs *args);
+uint64_t wsp_kernel_topk(const WspKernelArgs *args);
+uint64_t wsp_kernel_attn_sparse_partial(const WspKernelArgs *args);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,8 @@
  * Cost model (semantic cycles; every op returns its cost and kernels sum it):
  *   TLOAD, TSTORE                      valid rows x cols moved
  *   TEXPANDS (fill with a scalar)      valid rows x cols of the destination
- *   elementwise (TADD, TMUL, TEXP, TSQRT, TADDS, TMULS, TDIVS)
+ *   elementwise (TADD, TSUB, TMUL, TMAX, TEXP, TEXP2, TRELU, TSQRT, TADDS,
+ *   TMULS, TDIVS)
  *                                      valid rows x cols of the destination
  *   row reductions (TROWSUM, TROWMAX)  valid rows x cols of the source
  *   broadcasts (TROWEXPAND*, TCOLEXPAND*)
@@ -136,6 +137,23 @@ Cycles TADD(Tile<T, R, C> &dst, const Tile<T, R, C> &a, const Tile<T, R, C> &b) 
 }
 
 template <typename T, int R, int C>
+Cycles TSUB(Tile<T, R, C> &dst, const Tile<T, R, C> &a, const Tile<T, R, C> &b) {
+    return map2(dst, a, b, [](T x, T y) { return x - y; });
+}
+
+/* max(a, b); a NaN in b is passed on, one in a only when b is not larger. */
+template <typename T, int R, int C>
+Cycles TMAX(Tile<T, R, C> &dst, const Tile<T, R, C> &a, const Tile<T, R, C> &b) {
+    return map2(dst, a, b, [](T x, T y) { return y > x ? y : (y == y ? x : y); });
+}
+
+/* max(x, 0); a NaN stays NaN. */
+template <typename T, int R, int C>
+Cycles TRELU(Tile<T, R, C> &dst, const Tile<T, R, C> &src) {
+    return map1(dst, src, [](T x) { return x < T(0) ? T(0) : x; });
+}
+
+template <typename T, int R, int C>
 Cycles TMUL(Tile<T, R, C> &dst, const Tile<T, R, C> &a, const Tile<T, R, C> &b) {
     return map2(dst, a, b, [](T x, T y) { return x * y; });
 }
@@ -201,6 +219,39 @@ inline float exp_f32(float x) {
 template <int R, int C>
 Cycles TEXP(Tile<float, R, C> &dst, const Tile<float, R, C> &src) {
     return map1(dst, src, exp_f32);
+}
+
+/* 2^x in f32 without libm: x = k + r with k = x rounded half away from zero
+ * and |r| <= 1/2 (x - k is exact in f32), 2^r = e^(r ln2) by the degree-7
+ * Taylor polynomial of exp_f32 (|r ln2| <= 0.35, truncation < 6e-9), then a
+ * scale by 2^k from exponent bits. Relative error a few ulp (< 1e-6) on
+ * [-126, 128); x >= 128 gives +inf, x < -150 (and -inf) gives 0. */
+inline float exp2_f32(float x) {
+    if (x != x) return x;
+    if (x >= 128.0f) return __builtin_inff();
+    if (x < -150.0f) return 0.0f;
+
+    const float kLn2 = 0.693147182464599609375f;
+    const int k = static_cast<int>(x < 0.0f ? x - 0.5f : x + 0.5f);
+    const float r = (x - static_cast<float>(k)) * kLn2;
+
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+
+    if (k > 127) return p * pow2i(k - 1) * 2.0f;
+    if (k < -126) return p * pow2i(k + 64) * pow2i(-64);
+    return p * pow2i(k);
+}
+
+template <int R, int C>
+Cycles TEXP2(Tile<float, R, C> &dst, const Tile<float, R, C> &src) {
+    return map1(dst, src, exp2_f32);
 }
 
 /* ---- row reductions ---------------------------------------------------- */

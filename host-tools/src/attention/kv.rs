@@ -1,0 +1,301 @@
+//! The paged KV cache and its metadata: random queries, keys and values,
+//! pages handed to requests in shuffled order, and the checks that refuse
+//! bad metadata by request.
+
+use std::fmt;
+
+use crate::rng::SplitMix64;
+
+/// The kernels' largest GQA group (`attn_decode_partial`'s query rows).
+pub const MAX_GROUP: u32 = 16;
+/// The kernels' largest head dimension.
+pub const MAX_DIM: u32 = 128;
+
+/// The sizes of one decode step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// KV length of each request (the batch is `lengths.len()`); each >= 1.
+    pub lengths: Vec<u32>,
+    /// Query heads per request.
+    pub q_heads: u32,
+    /// KV heads per request; divides `q_heads`.
+    pub kv_heads: u32,
+    /// Head dimension, 1 ..= [`MAX_DIM`].
+    pub d: u32,
+    /// Tokens per page (`P`).
+    pub page: u32,
+}
+
+impl DecodeShape {
+    /// Requests in the batch.
+    pub fn batch(&self) -> u32 {
+        self.lengths.len() as u32
+    }
+
+    /// Query heads per KV head (`G`).
+    pub fn group(&self) -> u32 {
+        self.q_heads / self.kv_heads
+    }
+
+    /// Pages request `b` needs: `ceil(len / P)`.
+    pub fn pages_of(&self, b: usize) -> u32 {
+        self.lengths[b].div_ceil(self.page)
+    }
+
+    /// Checks the head counts, head dimension, page size and lengths.
+    pub fn check(&self) -> Result<(), MetaError> {
+        let bad = |why: String| Err(MetaError::Shape(why));
+        if self.lengths.is_empty() {
+            return bad("the batch is empty".into());
+        }
+        if self.kv_heads == 0 || self.q_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "{} query heads are not a whole number of groups of {} KV heads",
+                self.q_heads, self.kv_heads
+            ));
+        }
+        if self.group() > MAX_GROUP {
+            return bad(format!(
+                "a group of {} query heads per KV head exceeds the kernels' {MAX_GROUP}",
+                self.group()
+            ));
+        }
+        if self.d == 0 || self.d > MAX_DIM {
+            return bad(format!("head dimension {} is not in 1..={MAX_DIM}", self.d));
+        }
+        if self.page == 0 {
+            return bad("page size 0".into());
+        }
+        if let Some(b) = self.lengths.iter().position(|&l| l == 0) {
+            return Err(MetaError::EmptyRequest { request: b });
+        }
+        Ok(())
+    }
+}
+
+/// Why decode metadata is refused; every variant about one request names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaError {
+    /// Head counts, head dimension or page size the kernels cannot take.
+    Shape(String),
+    /// A request with no KV tokens: not supported (its softmax is over
+    /// nothing; a serving engine does not schedule it).
+    EmptyRequest {
+        /// The request's index in the batch.
+        request: usize,
+    },
+    /// A length above what the request's page table covers.
+    TableTooShort {
+        /// The request's index in the batch.
+        request: usize,
+        /// Its KV length.
+        len: u32,
+        /// Tokens its page table covers: its leading valid entries times `P`.
+        covered: u64,
+    },
+    /// A page table entry naming no page of the pool.
+    PageOutOfPool {
+        /// The request's index in the batch.
+        request: usize,
+        /// The entry's index in the request's page table.
+        entry: usize,
+        /// The page it names.
+        page: i32,
+        /// Pages in the pool.
+        pages: u32,
+    },
+    /// The metadata tensor's size is not `2B x W`.
+    MetaSize {
+        /// Elements given.
+        got: usize,
+        /// Elements due.
+        expected: usize,
+    },
+}
+
+impl fmt::Display for MetaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetaError::Shape(why) => write!(f, "bad decode shape: {why}"),
+            MetaError::EmptyRequest { request } => write!(
+                f,
+                "request {request}: KV length 0 (every request needs at least one token)"
+            ),
+            MetaError::TableTooShort {
+                request,
+                len,
+                covered,
+            } => write!(
+                f,
+                "request {request}: KV length {len} exceeds the {covered} tokens its page table covers"
+            ),
+            MetaError::PageOutOfPool {
+                request,
+                entry,
+                page,
+                pages,
+            } => write!(
+                f,
+                "request {request}: page table entry {entry} is page {page}, outside the pool's {pages} pages"
+            ),
+            MetaError::MetaSize { got, expected } => write!(
+                f,
+                "metadata of {got} elements, expected {expected} (2 rows per request)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+/// Checks every request's page table against its length and the pool:
+/// the first `ceil(len / P)` entries of row `2b` of `meta` (`W` = `width`
+/// columns) must name pages `0 .. pages`. Entries past those are not read.
+pub fn check_meta(
+    lengths: &[u32],
+    meta: &[i32],
+    width: u32,
+    pages: u32,
+    page: u32,
+) -> Result<(), MetaError> {
+    let w = width as usize;
+    let expected = 2 * lengths.len() * w;
+    if meta.len() != expected || page == 0 {
+        return Err(MetaError::MetaSize {
+            got: meta.len(),
+            expected,
+        });
+    }
+    for (b, &len) in lengths.iter().enumerate() {
+        if len == 0 {
+            return Err(MetaError::EmptyRequest { request: b });
+        }
+        let table = &meta[2 * b * w..(2 * b + 1) * w];
+        let needed = len.div_ceil(page) as usize;
+        for (entry, &p) in table.iter().enumerate().take(needed) {
+            if p == -1 {
+                return Err(MetaError::TableTooShort {
+                    request: b,
+                    len,
+                    covered: entry as u64 * page as u64,
+                });
+            }
+            if p < 0 || p as u32 >= pages {
+                return Err(MetaError::PageOutOfPool {
+                    request: b,
+                    entry,
+                    page: p,
+                    pages,
+                });
+            }
+        }
+        if needed > w {
+            return Err(MetaError::TableTooShort {
+                request: b,
+                len,
+                covered: w as u64 * page as u64,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One decode step's data: queries, the paged pool and the metadata, laid
+/// out as the tensors `q`, `kv` and `meta` (see [the module
+/// layout](super)).
+#[derive(Clone, Debug)]
+pub struct DecodeData {
+    /// The sizes.
+    pub shape: DecodeShape,
+    /// Pages in each KV head's pool: exactly the pages the requests use.
+    pub pages: u32,
+    /// Page table width `W`: the most pages any request uses.
+    pub width: u32,
+    /// `[B * q_heads, D]`, uniform in [-1, 1).
+    pub q: Vec<f32>,
+    /// `[kv_heads * pages * 2P, D]`, uniform in [-1, 1) (rows past a
+    /// request's last token too, so reading them shows).
+    pub kv: Vec<f32>,
+    /// `[2B, W]`: page tables (unused entries -1), selected positions (-1).
+    pub meta: Vec<i32>,
+}
+
+impl DecodeData {
+    /// Random queries and cache for `shape`, seeded by `seed`: request
+    /// `b`'s pages are a slice of a shuffled permutation of the pool.
+    pub fn build(shape: DecodeShape, seed: u64) -> Result<DecodeData, MetaError> {
+        shape.check()?;
+        let b = shape.lengths.len();
+        let per: Vec<u32> = (0..b).map(|i| shape.pages_of(i)).collect();
+        let pages: u64 = per.iter().map(|&p| p as u64).sum();
+        let width = *per.iter().max().expect("a batch is not empty");
+        let rows = shape.kv_heads as u64 * pages * 2 * shape.page as u64;
+        if rows > u32::MAX as u64 || pages > i32::MAX as u64 {
+            return Err(MetaError::Shape(format!(
+                "a pool of {rows} rows does not fit 32-bit indices"
+            )));
+        }
+        let pages = pages as u32;
+        let mut rng = SplitMix64::new(seed);
+        let mut order: Vec<i32> = (0..pages as i32).collect();
+        for i in (1..order.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            order.swap(i, j);
+        }
+        let w = width as usize;
+        let mut meta = vec![-1i32; 2 * b * w];
+        let mut next = 0usize;
+        for (i, &n) in per.iter().enumerate() {
+            let n = n as usize;
+            meta[2 * i * w..2 * i * w + n].copy_from_slice(&order[next..next + n]);
+            next += n;
+        }
+        let d = shape.d as usize;
+        let q = rng.fill(b * shape.q_heads as usize * d);
+        let kv = rng.fill(rows as usize * d);
+        Ok(DecodeData {
+            shape,
+            pages,
+            width,
+            q,
+            kv,
+            meta,
+        })
+    }
+
+    /// Rows of one KV head's pool: `pages * 2P`.
+    pub fn pool_rows(&self) -> u32 {
+        self.pages * 2 * self.shape.page
+    }
+
+    /// Request `b`'s page table (`W` entries).
+    pub fn table(&self, b: usize) -> &[i32] {
+        let w = self.width as usize;
+        &self.meta[2 * b * w..(2 * b + 1) * w]
+    }
+
+    /// Checks the metadata (see [`check_meta`]).
+    pub fn check(&self) -> Result<(), MetaError> {
+        self.shape.check()?;
+        check_meta(
+            &self.shape.lengths,
+            &self.meta,
+            self.width,
+            self.pages,
+            self.shape.page,
+        )
+    }
+
+    /// The key (`value = false`) or value row of token `t` of request `b`
+    /// for KV head `h`, read through the page table (metadata checked).
+    pub fn kv_row(&self, b: usize, h: u32, t: u32, value: bool) -> &[f32] {
+        let p = self.shape.page;
+        let page = self.table(b)[(t / p) as usize] as u64;
+        let row = h as u64 * self.pool_rows() as u64
+            + page * 2 * p as u64
+            + if value { p as u64 } else { 0 }
+            + (t % p) as u64;
+        let d = self.shape.d as usize;
+        &self.kv[row as usize * d..(row as usize + 1) * d]
+    }
+}

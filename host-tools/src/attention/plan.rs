@@ -1,0 +1,231 @@
+//! The host planner: splits each (request, KV head) into chunks of KV
+//! tokens from host-side metadata only (lengths, head counts, core count).
+//!
+//! # The chunk rule
+//!
+//! A work item is (request, KV head, chunk); its estimated cost is
+//! `item + token * tokens` cycles ([`CostModel`], from the kernel's cost
+//! formula). For a chunk size `c`, let `total(c)` be the cost of all items
+//! and `largest(c)` the cost of the largest item (`min(c, max len)`
+//! tokens). The planner picks the **largest** `c` that is a multiple of
+//! the page size `P`, at least [`min_chunk`]`(P)` = `max(P, 128 rounded
+//! up to P)` and at most the longest length rounded up to `P`, such that
+//!
+//! ```text
+//! WAVES * largest(c) * cores <= total(c)        (WAVES = 8)
+//! ```
+//!
+//! that is: each core's even share of the work holds at least `WAVES`
+//! whole waves of the largest item. `largest` grows with `c` and `total`
+//! shrinks with it, so the condition holds for every `c` up to some size
+//! and for none above: a binary search over the multiples of `P` finds
+//! it. If no allowed `c` satisfies it (the work is too small for the
+//! cores), `c` is the smallest allowed. If the longest length satisfies it
+//! (many equal requests, e.g. `B * kv_heads >= WAVES * cores` at one
+//! length), no request is split: FlashInfer's no-split case.
+//!
+//! Why it works: list scheduling (longest items first) ends within
+//! `total / cores + largest` of the start (Graham), at most
+//! `(1 + 1/WAVES) * total(c) / cores`, and the smallest chunk the rule
+//! picks keeps `total(c)` within the fixed cost per item of the least
+//! work. A request of `len <= c` tokens is not split; a longer one is
+//! split into `ceil(len / c)` chunks starting at multiples of `c` (so on
+//! page boundaries), all `c` tokens but the last.
+//!
+//! The items are listed longest first (ties in (request, KV head, chunk)
+//! order), which is the order the table issues them in.
+
+use super::kv::DecodeShape;
+use super::reference::KERNEL_BLOCK;
+
+/// Each core's share of the work holds at least this many of the largest
+/// item (see the module doc).
+pub const WAVES: u64 = 8;
+/// The smallest chunk the planner picks, before rounding up to a page.
+pub const MIN_CHUNK: u32 = 128;
+
+/// The smallest chunk for page size `page`: `max(page, MIN_CHUNK rounded
+/// up to a multiple of page)`.
+pub fn min_chunk(page: u32) -> u32 {
+    MIN_CHUNK.next_multiple_of(page).max(page)
+}
+
+/// Estimated cycles of one `attn_decode_partial` item: `item + token * n`
+/// for `n` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CostModel {
+    /// Cycles an item costs whatever its length.
+    pub item: u64,
+    /// Cycles per token.
+    pub token: u64,
+}
+
+impl CostModel {
+    /// The kernel's cost formula for `g` query rows of dimension `d`:
+    /// `4GD + 4G` per item; `2D + 2GD + 6G` per token plus a block's
+    /// `GD + 6G` per [`KERNEL_BLOCK`] tokens, rounded up.
+    pub fn of(g: u32, d: u32) -> CostModel {
+        let (g, d) = (g as u64, d as u64);
+        CostModel {
+            item: 4 * g * d + 4 * g,
+            token: 2 * d + 2 * g * d + 6 * g + (g * d + 6 * g).div_ceil(KERNEL_BLOCK as u64),
+        }
+    }
+
+    /// The estimated cost of an item of `tokens` tokens.
+    pub fn cost(&self, tokens: u32) -> u64 {
+        self.item + self.token * tokens as u64
+    }
+}
+
+/// How a run splits the KV tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// One item per (request, KV head): no split, no merge.
+    Unsplit,
+    /// Chunks of this many tokens (a multiple of the page size).
+    Fixed(u32),
+    /// The planner's chunk for this many cores that run partials.
+    Planned {
+        /// Cube cores (`attn_decode_partial` runs on cube cores).
+        cores: u32,
+    },
+}
+
+/// The chunk size of the planner's rule (see the module doc) for these
+/// lengths, `kv_heads`, `cores` and page size.
+pub fn choose_chunk(lengths: &[u32], kv_heads: u32, cores: u32, page: u32, cost: CostModel) -> u32 {
+    let longest = lengths.iter().copied().max().unwrap_or(1).max(1);
+    let lo_chunk = min_chunk(page);
+    let hi_chunk = longest.next_multiple_of(page).max(lo_chunk);
+    let fits = |c: u32| {
+        let items: u64 = lengths.iter().map(|&l| l.div_ceil(c) as u64).sum();
+        let tokens: u64 = lengths.iter().map(|&l| l as u64).sum();
+        let total = kv_heads as u64 * (items * cost.item + tokens * cost.token);
+        let largest = cost.cost(c.min(longest));
+        WAVES * largest * cores.max(1) as u64 <= total
+    };
+    if fits(hi_chunk) {
+        return hi_chunk;
+    }
+    if !fits(lo_chunk) {
+        return lo_chunk;
+    }
+    // Invariant: fits(lo * page), !fits(hi * page).
+    let (mut lo, mut hi) = (lo_chunk / page, hi_chunk / page);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid * page) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo * page
+}
+
+/// One `attn_decode_partial` task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// The request.
+    pub request: u32,
+    /// The KV head.
+    pub kv_head: u32,
+    /// The chunk's index within its (request, KV head).
+    pub chunk: u32,
+    /// Its first token.
+    pub first: u32,
+    /// Its tokens (>= 1).
+    pub count: u32,
+}
+
+/// One (request, KV head) and where its state goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// The request.
+    pub request: u32,
+    /// The KV head.
+    pub kv_head: u32,
+    /// Its chunks (1: written straight to `out`, no merge).
+    pub chunks: u32,
+    /// With more than one chunk: the first row of its `chunks * G` rows of
+    /// partial states in `parts`.
+    pub parts_row: Option<u32>,
+}
+
+/// The work list of one batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The chunk size (`u32::MAX`: no split).
+    pub chunk: u32,
+    /// Partial items, longest first (the table's order).
+    pub items: Vec<Item>,
+    /// Every (request, KV head), in (request, KV head) order.
+    pub groups: Vec<Group>,
+    /// Rows of `parts` the split groups use (`G` per chunk).
+    pub parts_rows: u32,
+}
+
+impl Plan {
+    /// The plan of `strategy` for `shape` (checked beforehand).
+    pub fn new(shape: &DecodeShape, strategy: Strategy) -> Plan {
+        let chunk = match strategy {
+            Strategy::Unsplit => u32::MAX,
+            Strategy::Fixed(c) => c.max(1),
+            Strategy::Planned { cores } => choose_chunk(
+                &shape.lengths,
+                shape.kv_heads,
+                cores,
+                shape.page,
+                CostModel::of(shape.group(), shape.d),
+            ),
+        };
+        Plan::with_chunk(shape, chunk)
+    }
+
+    /// The plan that splits every (request, KV head) into chunks of
+    /// `chunk` tokens (>= 1).
+    pub fn with_chunk(shape: &DecodeShape, chunk: u32) -> Plan {
+        let g = shape.group();
+        let (mut items, mut groups, mut parts_rows) = (Vec::new(), Vec::new(), 0u32);
+        for (b, &len) in shape.lengths.iter().enumerate() {
+            let chunks = len.div_ceil(chunk);
+            for h in 0..shape.kv_heads {
+                let parts_row = (chunks > 1).then(|| {
+                    let row = parts_rows;
+                    parts_rows += chunks * g;
+                    row
+                });
+                groups.push(Group {
+                    request: b as u32,
+                    kv_head: h,
+                    chunks,
+                    parts_row,
+                });
+                for i in 0..chunks {
+                    let first = i * chunk;
+                    items.push(Item {
+                        request: b as u32,
+                        kv_head: h,
+                        chunk: i,
+                        first,
+                        count: chunk.min(len - first),
+                    });
+                }
+            }
+        }
+        // Longest first; the sort is stable, so ties keep (request, head, chunk) order.
+        items.sort_by_key(|it| std::cmp::Reverse(it.count));
+        Plan {
+            chunk,
+            items,
+            groups,
+            parts_rows,
+        }
+    }
+
+    /// Groups split into more than one chunk (one merge each).
+    pub fn merges(&self) -> usize {
+        self.groups.iter().filter(|g| g.chunks > 1).count()
+    }
+}

@@ -1,0 +1,410 @@
+//! Decode attention: the paged cache's metadata checks, the planner's
+//! chunk rule on hand-made length sets, the outputs against the f64
+//! reference on the shim and in semantic time (bit-identical), and the
+//! planner's makespan against the lower bound on a skewed batch.
+//!
+//! Print the skew table: `cargo test -p host-tools --release --test decode
+//! -- --nocapture skew`.
+
+use device_runtime::sched::RunOptions;
+use host_tools::attention::figures::measure;
+use host_tools::attention::plan::{min_chunk, Item};
+use host_tools::attention::workload::{decode_workload, named_with};
+use host_tools::attention::{
+    check_meta, choose_chunk, CostModel, DecodeData, DecodeShape, MetaError, Plan, Strategy,
+};
+use host_tools::semantic::{run_semantic, SemanticRun};
+use host_tools::shim::Shim;
+use host_tools::workloads::{Params, Workload};
+use wsp_ffi::CoreKind;
+
+fn shape(lengths: &[u32], d: u32, page: u32) -> DecodeShape {
+    DecodeShape {
+        lengths: lengths.to_vec(),
+        q_heads: 8,
+        kv_heads: 2,
+        d,
+        page,
+    }
+}
+
+// ---- the cache and its metadata ------------------------------------------
+
+#[test]
+fn pages_are_shuffled_and_each_used_once() {
+    let data = DecodeData::build(shape(&[40, 17, 1, 64], 8, 16), 3).unwrap();
+    // ceil(40/16) + ceil(17/16) + 1 + 4 = 3 + 2 + 1 + 4 pages.
+    assert_eq!(data.pages, 10);
+    assert_eq!(data.width, 4);
+    let mut used: Vec<i32> = (0..4)
+        .flat_map(|b| data.table(b)[..data.shape.pages_of(b) as usize].to_vec())
+        .collect();
+    assert_ne!(used, (0..10).collect::<Vec<_>>(), "pages in order");
+    used.sort();
+    assert_eq!(used, (0..10).collect::<Vec<_>>());
+    // Unused entries are -1, selected-position rows too.
+    assert_eq!(data.table(1)[2..], [-1, -1]);
+    assert!(data.meta[4..8].iter().all(|&v| v == -1));
+    data.check().unwrap();
+}
+
+#[test]
+fn bad_metadata_is_refused_naming_the_request() {
+    let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
+    let (w, pages) = (data.width as usize, data.pages);
+    let lengths = data.shape.lengths.clone();
+    // A length above the page table: request 1 has 2 pages (32 tokens).
+    let mut long = lengths.clone();
+    long[1] = 33;
+    assert_eq!(
+        check_meta(&long, &data.meta, data.width, pages, 16),
+        Err(MetaError::TableTooShort {
+            request: 1,
+            len: 33,
+            covered: 32
+        })
+    );
+    // Beyond the table's width.
+    long[1] = 49;
+    long[0] = 49;
+    assert!(matches!(
+        check_meta(&long, &data.meta, data.width, pages, 16),
+        Err(MetaError::TableTooShort {
+            request: 0,
+            covered: 48,
+            ..
+        })
+    ));
+    // A page outside the pool.
+    let mut meta = data.meta.clone();
+    meta[2 * 2 * w] = pages as i32;
+    let e = check_meta(&lengths, &meta, data.width, pages, 16).unwrap_err();
+    assert_eq!(
+        e,
+        MetaError::PageOutOfPool {
+            request: 2,
+            entry: 0,
+            page: pages as i32,
+            pages
+        }
+    );
+    assert!(e.to_string().starts_with("request 2: "), "{e}");
+    meta[2 * 2 * w] = -5;
+    assert!(matches!(
+        check_meta(&lengths, &meta, data.width, pages, 16),
+        Err(MetaError::PageOutOfPool {
+            request: 2,
+            page: -5,
+            ..
+        })
+    ));
+    // A length of 0 is not supported.
+    assert_eq!(
+        DecodeData::build(shape(&[4, 0], 8, 16), 1).unwrap_err(),
+        MetaError::EmptyRequest { request: 1 }
+    );
+    // Through the workload builder: the message names the request.
+    let mut bad = data.clone();
+    bad.meta[2 * 2 * w] = pages as i32 + 3;
+    let plan = Plan::new(&bad.shape, Strategy::Unsplit);
+    let e = decode_workload("decode", &bad, &plan).err().unwrap();
+    assert!(
+        e.to_string().contains("request 2: page table entry 0"),
+        "{e}"
+    );
+}
+
+// ---- the planner ---------------------------------------------------------
+
+/// Cost = tokens only.
+const TOKENS: CostModel = CostModel { item: 0, token: 1 };
+
+#[test]
+fn all_lengths_one_are_not_split() {
+    // 32 requests of 1 token, 8 KV heads, 8 cores: at the smallest chunk
+    // (128) total = 256 items of cost(1), largest = cost(1), and
+    // 8 waves * 8 cores = 64 <= 256: the rule holds at 128, the largest
+    // allowed (1 rounded up to a page, raised to 128).
+    let cost = CostModel::of(4, 128);
+    assert_eq!(choose_chunk(&[1; 32], 8, 8, 16, cost), 128);
+    let plan = Plan::new(
+        &DecodeShape {
+            lengths: vec![1; 32],
+            q_heads: 32,
+            kv_heads: 8,
+            d: 128,
+            page: 16,
+        },
+        Strategy::Planned { cores: 8 },
+    );
+    assert_eq!(
+        (plan.items.len(), plan.merges(), plan.parts_rows),
+        (256, 0, 0)
+    );
+}
+
+#[test]
+fn one_long_request_is_split_to_fill_the_cores() {
+    // One request of 4096 tokens, one KV head; cost = tokens: total 4096
+    // whatever the chunk, largest = c. 8 waves * c * cores <= 4096:
+    // 2 cores: c <= 256; 4 cores: c <= 128; 8 cores: c <= 64, below the
+    // smallest chunk, so 128.
+    assert_eq!(choose_chunk(&[4096], 1, 2, 16, TOKENS), 256);
+    assert_eq!(choose_chunk(&[4096], 1, 4, 16, TOKENS), 128);
+    assert_eq!(choose_chunk(&[4096], 1, 8, 16, TOKENS), 128);
+    // Pages of 64: chunks are multiples of 64 (c <= 256 still).
+    assert_eq!(choose_chunk(&[4096], 1, 2, 64, TOKENS), 256);
+    // One core: c <= 512.
+    assert_eq!(choose_chunk(&[4096], 1, 1, 16, TOKENS), 512);
+    assert_eq!(min_chunk(16), 128);
+    assert_eq!(min_chunk(64), 128);
+    assert_eq!(min_chunk(256), 256);
+}
+
+#[test]
+fn the_fixed_cost_per_item_is_weighed_in_whole_waves() {
+    // Four requests of 1000 tokens, 2 KV heads, 4 cores, pages of 10, an
+    // item costs 100 + tokens. With k = ceil(1000 / c) chunks:
+    // total = 2 * (4k * 100 + 4000) = 8000 + 800k, largest = 100 + c, and
+    // the rule is 8 * 4 * (100 + c) <= 8000 + 800k.
+    // c = 250 (k 4): 11200 <= 11200 holds; c = 260 (k 4): 11520 > 11200;
+    // above, the left side only grows and the right is at most 11200.
+    let cost = CostModel {
+        item: 100,
+        token: 1,
+    };
+    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, cost), 250);
+    // At c = 250 the items are 4 * 2 * 4 = 32 equal ones: exactly 8 waves
+    // of 4 cores, whatever an item's fixed cost (here 0 and 3000: the rule
+    // holds with equality at 250 and fails at 260 for both).
+    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, TOKENS), 250);
+    let heavy = CostModel {
+        item: 3000,
+        token: 1,
+    };
+    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, heavy), 250);
+    // Many equal requests: B * kv_heads = 64 >= 8 waves * 8 cores, so no
+    // split even for long ones.
+    assert_eq!(choose_chunk(&[5000; 32], 2, 8, 16, TOKENS), 5008);
+    // One fewer request: 62 items < 64: split.
+    assert!(choose_chunk(&[5000; 31], 2, 8, 16, TOKENS) < 5000);
+}
+
+#[test]
+fn a_plan_lists_chunks_on_multiples_of_the_chunk_longest_first() {
+    let s = shape(&[1001, 3], 8, 16);
+    let plan = Plan::with_chunk(&s, 250);
+    // Request 0: chunks of 250 at 0, 250, 500, 750 and 1 token at 1000,
+    // per KV head; request 1: one chunk of 3 per head.
+    assert_eq!(plan.items.len(), 2 * 5 + 2);
+    assert_eq!(plan.merges(), 2);
+    // G = 4 rows per chunk state: 5 * 4 per split group.
+    assert_eq!(plan.parts_rows, 40);
+    assert_eq!(plan.groups[1].parts_row, Some(20));
+    assert_eq!(plan.groups[2].parts_row, None);
+    let counts: Vec<u32> = plan.items.iter().map(|i| i.count).collect();
+    assert_eq!(counts, [250, 250, 250, 250, 250, 250, 250, 250, 3, 3, 1, 1]);
+    assert_eq!(
+        plan.items[1],
+        Item {
+            request: 0,
+            kv_head: 0,
+            chunk: 1,
+            first: 250,
+            count: 250
+        }
+    );
+    assert_eq!(plan.items[10].first, 1000);
+    let unsplit = Plan::new(&s, Strategy::Unsplit);
+    assert_eq!((unsplit.items.len(), unsplit.merges()), (4, 0));
+}
+
+// ---- runs ----------------------------------------------------------------
+
+/// Small sizes for debug builds: 8 requests up to 300 tokens.
+fn small(d: u32, page: u32) -> Params {
+    Params {
+        m: 8,
+        n: 300,
+        k: d,
+        tile: page,
+        seed: 5,
+    }
+}
+
+fn cores(cube: usize, vector: usize) -> Vec<CoreKind> {
+    let mut k = vec![CoreKind::Cube; cube];
+    k.extend(vec![CoreKind::Vector; vector]);
+    k
+}
+
+fn semantic(w: &Workload, kinds: &[CoreKind]) -> (SemanticRun, Vec<u8>) {
+    let mut arena = w.arena.clone();
+    let run = run_semantic(&w.table, &mut arena.bytes, kinds, &RunOptions::default()).unwrap();
+    let v = w.verify(&arena);
+    assert!(v.passed(), "{}: {v}", w.name);
+    (run, arena.bytes)
+}
+
+#[test]
+fn decode_matches_the_reference_on_the_shim_and_in_semantic_time_bit_identically() {
+    for (name, d, page) in [
+        ("decode", 64, 16),
+        ("decode", 128, 64),
+        ("decode-uniform", 64, 64),
+        ("decode-skew", 128, 16),
+    ] {
+        for strategy in [
+            Strategy::Unsplit,
+            Strategy::Fixed(64),
+            Strategy::Planned { cores: 4 },
+        ] {
+            let w = named_with(name, small(d, page), strategy).unwrap();
+            let (_, semantic_bytes) = semantic(&w, &cores(4, 4));
+            let mut arena = w.arena.clone();
+            Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+            let v = w.verify(&arena);
+            assert!(v.passed(), "{name} {strategy:?} on the shim: {v}");
+            assert!(
+                arena.bytes == semantic_bytes,
+                "{name} {strategy:?}: the shim and semantic time differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_planner_comes_within_10_percent_of_the_bound_on_a_skewed_batch() {
+    // 32 requests: one of 2048 tokens, the others 1 ..= 64; D 64, pages
+    // of 16; 24 cube cores (three times the KV heads, as an Ascend 910B)
+    // and 8 vector cores.
+    let p = Params {
+        m: 32,
+        n: 2048,
+        k: 64,
+        tile: 16,
+        seed: 3,
+    };
+    let rows = makespan_table("decode-skew", p, 24, 8);
+    let [unsplit, fixed, planned] = &rows[..] else {
+        unreachable!()
+    };
+    // (a) waits for the long request's 8 unsplit items, on 8 of the 24
+    // cores: far above the bound.
+    assert!(unsplit.vs_least > 2.0, "{unsplit:?}");
+    assert!(fixed.vs_least < unsplit.vs_least, "{fixed:?}");
+    assert!(planned.vs_least <= 1.10, "{planned:?}");
+    assert!(planned.vs_own <= planned.vs_least);
+}
+
+/// One strategy's makespan against the bounds.
+#[derive(Debug)]
+#[allow(dead_code)] // the label is read through Debug
+struct Row {
+    label: &'static str,
+    /// Makespan / this plan's own bound (its work per core, its chain).
+    vs_own: f64,
+    /// Makespan / the least bound of any plan.
+    vs_least: f64,
+}
+
+/// Runs the decode workload `name` of `p` unsplit, in fixed chunks of 512
+/// and planned for `cube` cores; prints the table and returns its rows.
+fn makespan_table(name: &'static str, p: Params, cube: usize, vector: usize) -> Vec<Row> {
+    let kinds = cores(cube, vector);
+    let strategies = [
+        ("(a) unsplit", Strategy::Unsplit),
+        ("(b) fixed 512", Strategy::Fixed(512)),
+        ("(c) planner", Strategy::Planned { cores: cube as u32 }),
+    ];
+    let figs: Vec<_> = strategies
+        .iter()
+        .map(|&(label, s)| {
+            let w = named_with(name, p, s).unwrap();
+            let f = measure(&w, &kinds).unwrap();
+            assert!(f.check.passed(), "{label}: {}", f.check);
+            (label, w, f)
+        })
+        .collect();
+    // No plan does less cube work than the unsplit one (each split adds
+    // a fixed cost per item): the least bound of any plan.
+    let least = figs[0].2.cube_work.div_ceil(cube as u64);
+    println!(
+        "{name} m {} n {} D {} P {}, {cube} cube + {vector} vector cores",
+        p.m, p.n, p.k, p.tile
+    );
+    println!(
+        "{:<14} {:>6} {:>14} {:>12} {:>12} {:>12} {:>10} {:>10}",
+        "strategy", "tasks", "chunk", "makespan", "own bound", "least bound", "/own", "/least"
+    );
+    figs.iter()
+        .map(|(label, w, f)| {
+            let own = f.makespan as f64 / f.bound as f64;
+            let low = f.makespan as f64 / least as f64;
+            let chunk = w
+                .summary
+                .split("; ")
+                .nth(1)
+                .unwrap_or("")
+                .split(':')
+                .next()
+                .unwrap_or("");
+            println!(
+                "{label:<14} {:>6} {:>14} {:>12} {:>12} {:>12} {own:>10.3} {low:>10.3}",
+                w.tasks, chunk, f.makespan, f.bound, least
+            );
+            Row {
+                label,
+                vs_own: own,
+                vs_least: low,
+            }
+        })
+        .collect()
+}
+
+/// The release-size figures: `cargo test -p host-tools --release --test
+/// decode -- --ignored --nocapture skew_figures`.
+#[test]
+#[ignore = "release-size run: minutes in a debug build"]
+fn skew_figures() {
+    for name in ["decode-skew", "decode", "decode-uniform"] {
+        let p = Params::of(name).unwrap();
+        for (cube, vector) in [(8, 8), (24, 24)] {
+            makespan_table(name, p, cube, vector);
+        }
+    }
+}
+
+#[test]
+fn the_decode_lengths_include_the_edge_cases() {
+    let l = host_tools::attention::workload::lengths_of("decode", 32, 8192);
+    assert_eq!(l.len(), 32);
+    for edge in [1, 2, 3, 63, 64, 65, 8191, 8192] {
+        assert!(l.contains(&edge), "{edge} missing from {l:?}");
+    }
+    let skew = host_tools::attention::workload::lengths_of("decode-skew", 32, 8192);
+    assert_eq!(skew.iter().filter(|&&x| x == 8192).count(), 1);
+    assert!(skew.iter().filter(|&&x| x != 8192).all(|&x| x <= 256));
+}
+
+#[test]
+fn the_reference_of_one_token_is_its_value_row_through_the_page_table() {
+    // softmax over one token is 1: the output is the value row, which the
+    // reference must find on the page the table names (not page 0).
+    let data = DecodeData::build(shape(&[1, 1, 1], 4, 2), 9).unwrap();
+    let r = host_tools::attention::reference::attention(&data);
+    for b in 0..3 {
+        let page = data.table(b)[0] as usize;
+        for j in 0..8usize {
+            let h = j / 4;
+            // Pool of head h: rows h * pages * 2P ..; values P rows below the keys.
+            let row = h * data.pool_rows() as usize + page * 4 + 2;
+            let v: Vec<f64> = data.kv[row * 4..row * 4 + 4]
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            let at = (b * 8 + j) * 4;
+            assert_eq!(r.o[at..at + 4], v[..], "request {b} head {j}");
+        }
+    }
+}

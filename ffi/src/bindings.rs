@@ -19,6 +19,7 @@ pub const WspKernelId_WSP_KERNEL_ATTN_MERGE: WspKernelId = 8;
 pub const WspKernelId_WSP_KERNEL_INDEXER_SCORES: WspKernelId = 9;
 pub const WspKernelId_WSP_KERNEL_TOPK: WspKernelId = 10;
 pub const WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL: WspKernelId = 11;
+pub const WspKernelId_WSP_KERNEL_DECODE_PLAN: WspKernelId = 12;
 pub type WspKernelId = core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -97,4 +98,7 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn wsp_kernel_attn_sparse_partial(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_decode_plan(args: *const WspKernelArgs) -> u64;
 }

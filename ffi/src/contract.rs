@@ -90,6 +90,10 @@ pub enum ShapeError {
     /// Scalar `index` is not a finite, non-negative f32 held in the low 32
     /// bits with the high 32 bits zero.
     Scalar { index: u32, value: u64 },
+    /// Scalar `index` is not in `1..=max`.
+    Bounded { index: u32, value: u64, max: u64 },
+    /// Scalar `index` does not hold two halves of 32 bits each below `max`.
+    Halves { index: u32, value: u64, max: u32 },
     /// Scalar `index`, a top-k count `k`, is not in `1..=max`, `max` being
     /// the cols of tensor argument `arg`.
     TopK {
@@ -247,6 +251,13 @@ impl fmt::Display for ShapeError {
                 }
                 write!(f, "of tensor argument {other}")
             }
+            Self::Bounded { index, value, max } => {
+                write!(f, "scalar {index}: {value} is outside 1..={max}")
+            }
+            Self::Halves { index, value, max } => write!(
+                f,
+                "scalar {index}: {value:#x} must hold two 32-bit halves, each below {max}"
+            ),
             Self::Scalar { index, value } => write!(
                 f,
                 "scalar {index}: {value:#x} is not a finite non-negative f32 in the low 32 bits"
@@ -422,6 +433,10 @@ pub(crate) enum ScalarRule {
     /// A top-k count k with 1 <= k <= min(the cols of tensor argument
     /// `scores`, `MAX_TOPK`) and the cols of tensor argument `idx` equal to k.
     Select { scores: u32, idx: u32 },
+    /// A value in `1..=max`.
+    AtMost(u64),
+    /// Two 32-bit halves (low, high), each below the bound.
+    Halves(u32),
 }
 
 /// A rule checked after every scalar's own rule.
@@ -546,6 +561,20 @@ impl ScalarRule {
                 }
             }
             Self::Start => Ok(()),
+            Self::AtMost(max) => {
+                if (1..=max).contains(&value) {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Bounded { index, value, max })
+                }
+            }
+            Self::Halves(max) => {
+                if (value as u32) < max && ((value >> 32) as u32) < max {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Halves { index, value, max })
+                }
+            }
             Self::Count { at_most_cols_of } => {
                 let (arg, max) =
                     at_most_cols_of.map_or((0, u32::MAX), |arg| (arg, views[arg as usize].cols));

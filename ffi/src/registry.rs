@@ -4,14 +4,14 @@ use core::fmt;
 
 use crate::bindings::{
     wsp_kernel_add, wsp_kernel_attn_decode_partial, wsp_kernel_attn_merge,
-    wsp_kernel_attn_sparse_partial, wsp_kernel_expert_rows, wsp_kernel_gemm_tile,
-    wsp_kernel_indexer_scores, wsp_kernel_rmsnorm, wsp_kernel_route_topk, wsp_kernel_softmax,
-    wsp_kernel_topk, WspKernelArgs, WspKernelEntry, WspKernelId_WSP_KERNEL_ADD,
+    wsp_kernel_attn_sparse_partial, wsp_kernel_decode_plan, wsp_kernel_expert_rows,
+    wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_rmsnorm, wsp_kernel_route_topk,
+    wsp_kernel_softmax, wsp_kernel_topk, WspKernelArgs, WspKernelEntry, WspKernelId_WSP_KERNEL_ADD,
     WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL, WspKernelId_WSP_KERNEL_ATTN_MERGE,
-    WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL, WspKernelId_WSP_KERNEL_EXPERT_ROWS,
-    WspKernelId_WSP_KERNEL_GEMM_TILE, WspKernelId_WSP_KERNEL_INDEXER_SCORES,
-    WspKernelId_WSP_KERNEL_RMSNORM, WspKernelId_WSP_KERNEL_ROUTE_TOPK,
-    WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_TOPK,
+    WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL, WspKernelId_WSP_KERNEL_DECODE_PLAN,
+    WspKernelId_WSP_KERNEL_EXPERT_ROWS, WspKernelId_WSP_KERNEL_GEMM_TILE,
+    WspKernelId_WSP_KERNEL_INDEXER_SCORES, WspKernelId_WSP_KERNEL_RMSNORM,
+    WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_TOPK,
 };
 use crate::contract::{Equal, Extra, ScalarRule};
 use crate::{DTYPE_F32, DTYPE_I32, WSP_KERNEL_REJECTED};
@@ -196,8 +196,10 @@ const MAX_KEYS: u32 = 1024;
 /// (score, position) pairs takes 8 x 2048 = 16 KiB of stack).
 const MAX_SCORES: u32 = 16384;
 pub(crate) const MAX_TOPK: u32 = 2048;
+/// decode_plan: requests per batch.
+const MAX_REQUESTS: u32 = 4096;
 
-static KERNELS: [KernelInfo; 11] = [
+static KERNELS: [KernelInfo; 12] = [
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_ADD,
         name: "add",
@@ -446,6 +448,28 @@ static KERNELS: [KernelInfo; 11] = [
             },
         ],
         entry: wsp_kernel_attn_sparse_partial,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_DECODE_PLAN,
+        name: "decode_plan",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 4,
+        tensor_args: &[
+            arg("lens", In, I32, 1, MAX_REQUESTS),
+            arg("plan", Out, I32, 1, 1),
+        ],
+        equal: &[],
+        // KV heads, cores, page size, the partial's cost per item and per
+        // token (two halves). Lengths are data: checked at run time.
+        scalars: &[
+            ScalarRule::AtMost(256),
+            ScalarRule::AtMost(4096),
+            ScalarRule::AtMost(65536),
+            ScalarRule::Halves(1 << 16),
+        ],
+        extra: &[],
+        entry: wsp_kernel_decode_plan,
     },
 ];
 

@@ -6,6 +6,7 @@
 use crate::*;
 
 mod attn;
+mod plan;
 
 /// Written into row gaps (row_stride > cols) to check kernels leave them alone.
 const GAP: u32 = 0x7fc0_dead;

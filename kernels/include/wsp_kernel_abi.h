@@ -81,6 +81,11 @@ enum WspKernelId {
      * positions), part out [G x (D+2)]. Scalars: n selected, page size P,
      * scale (f32 bits), context length Lc. */
     WSP_KERNEL_ATTN_SPARSE_PARTIAL = 11,
+    /* The decode planner's KV chunk size from the requests' lengths
+     * (vector core). Tensors: lens i32 [1 x B], plan out i32 [1 x 1].
+     * Scalars: KV heads, cores, page size P, the partial's cost model
+     * (per item in the low 32 bits, per token in the high 32). */
+    WSP_KERNEL_DECODE_PLAN = 12,
 };
 
 /* A 2-D view of a tensor region: `rows` x `cols` valid elements starting at
@@ -126,6 +131,7 @@ uint64_t wsp_kernel_attn_merge(const WspKernelArgs *args);
 uint64_t wsp_kernel_indexer_scores(const WspKernelArgs *args);
 uint64_t wsp_kernel_topk(const WspKernelArgs *args);
 uint64_t wsp_kernel_attn_sparse_partial(const WspKernelArgs *args);
+uint64_t wsp_kernel_decode_plan(const WspKernelArgs *args);
 
 #ifdef __cplusplus
 }

@@ -41,6 +41,7 @@
 //! [`plan::choose_chunk`] and [`plan::Plan`] (the chunking), and
 //! [`workload::decode_table`] (the table of a plan).
 
+pub mod device;
 pub mod figures;
 pub mod kv;
 pub mod plan;

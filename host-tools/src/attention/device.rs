@@ -1,0 +1,223 @@
+//! The decode planner on the device: for when the requests' KV lengths
+//! are known only there (e.g. written by an earlier step's tasks). A
+//! program reads the lengths from a tensor, plans the chunk size with the
+//! `decode_plan` kernel (the host planner's rule, [`super::plan`], in the
+//! same integer arithmetic) and expands the partial and merge tasks:
+//!
+//! ```text
+//! decode_plan(lens -> plan)                       (kernel: the chunk size c)
+//! c = load plan[0]                                (waits for the plan task)
+//! parallel b in 0..B:
+//!     len = load lens[b]; chunks = ceil(len / c)
+//!     parallel h in 0..kv_heads:
+//!         when chunks <= 1:
+//!             attn_decode_partial(q[b, h], kv[h], meta[2b], out[b, h]; 0, len)
+//!         otherwise:
+//!             parallel i in 0..chunks:             (a Count axis)
+//!                 attn_decode_partial(..., parts[b, h, i]; i c, min(c, len - i c))
+//!             attn_merge(parts[b, h, 0..chunks] -> out[b, h]; chunks)
+//! ```
+//!
+//! The tensors are those of the host-planned table ([the module
+//! layout](super)) with two more, `lens` (i32 `[1, B]`, an input) and
+//! `plan` (i32 `[1, 1]`); `parts` gives every (request, KV head) room for
+//! the most chunks any length can need (`ceil(W P / min_chunk)`), since
+//! the device cannot pack them without the lengths' prefix sums. Each
+//! partial state is computed from the same tokens, and each merge merges
+//! the same states in the same order, as in the host plan with the same
+//! chunk, so the final states are bit-identical to the host plan's.
+
+use wsp_ffi::WspKernelId_WSP_KERNEL_DECODE_PLAN as DECODE_PLAN;
+
+use super::kv::DecodeData;
+use super::plan::{min_chunk, CostModel};
+use super::reference;
+use super::workload::{MERGE, PARTIAL};
+use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
+use crate::table::{Arena, TensorId};
+use crate::workloads::{Verification, Workload, WorkloadError};
+
+/// The tensors of the device-planned program, in declaration order. They
+/// hold the same bytes as the host-planned table's ([the module
+/// layout](super)), seen with more dimensions so that a call's regions are
+/// offsets by loop indices alone: the program machine has 16 registers,
+/// and every offset, extent and scalar of a call takes one while it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceTensors {
+    /// `[B, kv_heads, G, D]`: `[B * q_heads, D]`.
+    pub q: TensorId,
+    /// `[kv_heads, pages * 2P, D]`.
+    pub kv: TensorId,
+    /// i32 `[B, 2, W]`: `[2B, W]`.
+    pub meta: TensorId,
+    /// `[B, kv_heads, G, D + 2]`: the final states, `[B * q_heads, D + 2]`.
+    pub out: TensorId,
+    /// `[B * kv_heads, max_chunks * G, D + 2]`: partial states.
+    pub parts: TensorId,
+    /// i32 `[1, B]`: the lengths, read on the device.
+    pub lens: TensorId,
+    /// i32 `[1, 1]`: the chunk size `decode_plan` chose.
+    pub plan: TensorId,
+}
+
+/// The most chunks a request of the shape's page-table width can need:
+/// `ceil(W P / min_chunk(P))`.
+pub fn max_chunks(data: &DecodeData) -> u32 {
+    (data.width * data.shape.page).div_ceil(min_chunk(data.shape.page))
+}
+
+/// The program of the device planner for `data`'s shape, planning for
+/// `cores` cores that run partials.
+pub fn decode_program(
+    data: &DecodeData,
+    cores: u32,
+) -> Result<(Program, DeviceTensors), LowerError> {
+    let s = &data.shape;
+    let (b, d, g, kvh, page) = (s.batch(), s.d, s.group(), s.kv_heads, s.page);
+    let (most, pool, width) = (max_chunks(data), data.pool_rows(), data.width);
+    let mut w = Program::new();
+    let t = DeviceTensors {
+        q: w.tensor("q", &[b, kvh, g, d])?,
+        kv: w.tensor("kv", &[kvh, pool, d])?,
+        meta: w.tensor_i32("meta", &[b, 2, width])?,
+        out: w.tensor("out", &[b, kvh, g, d + 2])?,
+        parts: w.tensor("parts", &[b * kvh, most * g, d + 2])?,
+        lens: w.tensor_i32("lens", &[1, b])?,
+        plan: w.tensor_i32("plan", &[1, 1])?,
+    };
+    w.input(t.lens);
+    let cost = CostModel::of(g, d);
+    w.call(
+        DECODE_PLAN,
+        &[t.lens.tile(0, 0, 1, b), t.plan.tile(0, 0, 1, 1)],
+        &[
+            Expr::Const(kvh as i64),
+            Expr::Const(cores as i64),
+            Expr::Const(page as i64),
+            Expr::Const((cost.item | cost.token << 32) as i64),
+        ],
+    );
+    let c = w.let_(Expr::load(t.plan, vec![Expr::Const(0), Expr::Const(0)]));
+    let scale = Expr::Const(((1.0 / (d as f64).sqrt()) as f32).to_bits() as i64);
+    let zero = || Expr::Const(0);
+    w.parallel(Axis::Dense(b), |w, r| {
+        // Read where used (a load is one instruction), not held: registers.
+        let len = || Expr::load(t.lens, vec![Expr::Const(0), r.clone()]);
+        let chunks = || (len() + c.clone() - 1) / c.clone();
+        w.parallel(Axis::Dense(kvh), |w, h| {
+            let at = |t: TensorId, rows: u32, cols: u32| Region {
+                tensor: t,
+                offset: vec![r.clone(), h.clone(), zero(), zero()],
+                rows: rows.into(),
+                cols: cols.into(),
+            };
+            let partial = |w: &mut Program, part: Region, first: Expr, n: Expr| {
+                let kv = Region {
+                    tensor: t.kv,
+                    offset: vec![h.clone(), zero(), zero()],
+                    rows: pool.into(),
+                    cols: d.into(),
+                };
+                let meta = Region {
+                    tensor: t.meta,
+                    offset: vec![r.clone(), zero(), zero()],
+                    rows: 1.into(),
+                    cols: width.into(),
+                };
+                w.call(
+                    PARTIAL,
+                    &[at(t.q, g, d), kv, meta, part],
+                    &[first, n, Expr::Const(page as i64), scale.clone()],
+                );
+            };
+            w.when(
+                chunks().le(1),
+                |w| partial(w, at(t.out, g, d + 2), zero(), len()),
+                |w| {
+                    let group = || r.clone() * kvh + h.clone();
+                    w.parallel(
+                        Axis::Count {
+                            count: chunks(),
+                            max: most,
+                        },
+                        |w, i| {
+                            let first = || i.clone() * c.clone();
+                            let part = Region {
+                                tensor: t.parts,
+                                offset: vec![group(), i.clone() * g, zero()],
+                                rows: g.into(),
+                                cols: (d + 2).into(),
+                            };
+                            partial(w, part, first(), (len() - first()).min(c.clone()));
+                        },
+                    );
+                    let parts = Region {
+                        tensor: t.parts,
+                        offset: vec![group(), zero(), zero()],
+                        rows: chunks() * g,
+                        cols: (d + 2).into(),
+                    };
+                    w.call(MERGE, &[parts, at(t.out, g, d + 2)], &[chunks()]);
+                },
+            );
+        });
+    });
+    Ok((w, t))
+}
+
+/// The device-planned decode of `data` for `cores` cores, checked against
+/// the f64 reference like the host-planned one. The chunk the device
+/// plans is not known when the check is built: the bound assumes the
+/// most chunks any (request, KV head) may have, which only loosens it.
+pub fn device_decode_workload(
+    name: &'static str,
+    data: &DecodeData,
+    cores: u32,
+) -> Result<Workload, WorkloadError> {
+    data.check()
+        .map_err(|e| WorkloadError::Params(e.to_string()))?;
+    let lower = |e: LowerError| WorkloadError::Params(e.to_string());
+    let (mut w, t) = decode_program(data, cores).map_err(lower)?;
+    let table = w.finish().map_err(lower)?;
+    let mut arena = Arena::zeroed(w.arena_size());
+    arena.write_f32(w.layout(t.q), &data.q);
+    arena.write_f32(w.layout(t.kv), &data.kv);
+    arena.write_i32(w.layout(t.meta), &data.meta);
+    let lens: Vec<i32> = data.shape.lengths.iter().map(|&l| l as i32).collect();
+    arena.write_i32(w.layout(t.lens), &lens);
+    let s = data.shape.clone();
+    let d = s.d as usize;
+    let most = max_chunks(data);
+    let copy = data.clone();
+    let out = w.layout(t.out).clone();
+    let check = move |arena: &Arena| {
+        let want = reference::attention(&copy);
+        let bound = reference::bound(&want, |_| most);
+        let got: Vec<f32> = arena
+            .read_f32(&out)
+            .chunks_exact(d + 2)
+            .flat_map(|row| row[..d].to_vec())
+            .collect();
+        Verification::compare("out", &got, &want.o, |i| bound[i], reference::TOLERANCE)
+    };
+    let total: u64 = s.lengths.iter().map(|&l| l as u64).sum();
+    Ok(Workload {
+        name,
+        summary: format!(
+            "decode attention planned on the device: {} requests, {total} KV tokens, {} query / {} KV heads, \
+             D {}, pages of {}; chunk chosen by decode_plan for {cores} cores",
+            s.batch(),
+            s.q_heads,
+            s.kv_heads,
+            s.d,
+            s.page
+        ),
+        table,
+        arena,
+        tensors: w.layouts().to_vec(),
+        // Known only once the device has planned.
+        tasks: 0,
+        check: Box::new(check),
+        csp: Default::default(),
+    })
+}

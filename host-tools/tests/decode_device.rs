@@ -1,0 +1,140 @@
+//! Decode attention planned on the device: the `decode_plan` kernel picks
+//! the host planner's chunk for the same lengths, and the program's final
+//! states are bit-identical to the host-planned table's with that chunk,
+//! on the shim and in semantic time; bad lengths end the run with a clear
+//! error.
+
+use device_runtime::sched::{RunError, RunOptions};
+use host_tools::attention::device::{decode_program, device_decode_workload};
+use host_tools::attention::workload::decode_workload;
+use host_tools::attention::{choose_chunk, CostModel, DecodeData, DecodeShape, Plan};
+use host_tools::semantic::run_semantic;
+use host_tools::shim::{Shim, ShimError};
+use host_tools::table::Arena;
+use wsp_ffi::CoreKind;
+
+fn shape(lengths: &[u32]) -> DecodeShape {
+    DecodeShape {
+        lengths: lengths.to_vec(),
+        q_heads: 8,
+        kv_heads: 2,
+        d: 32,
+        page: 16,
+    }
+}
+
+const KINDS: [CoreKind; 6] = [
+    CoreKind::Cube,
+    CoreKind::Cube,
+    CoreKind::Cube,
+    CoreKind::Vector,
+    CoreKind::Vector,
+    CoreKind::Vector,
+];
+
+/// The final states (`out`) of a run of `w` in semantic time and on the
+/// shim (asserted equal), and the run's task count.
+fn run_both(w: &host_tools::workloads::Workload) -> (Vec<u8>, Arena, u64) {
+    let mut semantic = w.arena.clone();
+    let run = run_semantic(
+        &w.table,
+        &mut semantic.bytes,
+        &KINDS,
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let mut threads = w.arena.clone();
+    let shim = Shim {
+        cube_cores: 3,
+        vector_cores: 3,
+        ..Shim::default()
+    };
+    shim.run(&w.table, &mut threads.bytes).unwrap();
+    let out = w.tensors.iter().find(|l| l.name == "out").unwrap();
+    let bytes = |a: &Arena| {
+        let at = out.arena_offset as usize;
+        a.bytes[at..at + 4 * out.elements()].to_vec()
+    };
+    assert_eq!(
+        bytes(&semantic),
+        bytes(&threads),
+        "semantic time and the shim differ"
+    );
+    let v = w.verify(&semantic);
+    assert!(v.passed(), "{v}");
+    (bytes(&semantic), semantic, run.stats.tasks)
+}
+
+#[test]
+fn the_device_plans_the_hosts_chunk_and_matches_its_states_bit_for_bit() {
+    // Lengths around page and chunk edges, and two long ones to split.
+    for (lengths, cores) in [
+        (vec![1, 5, 63, 64, 65, 200, 700, 1000], 3),
+        (vec![1000, 3, 1000, 17], 8),
+        (vec![40; 6], 2),
+    ] {
+        let data = DecodeData::build(shape(&lengths), 11).unwrap();
+        let s = &data.shape;
+        let chunk = choose_chunk(
+            &s.lengths,
+            s.kv_heads,
+            cores,
+            s.page,
+            CostModel::of(s.group(), s.d),
+        );
+        let device = device_decode_workload("decode-device", &data, cores).unwrap();
+        let (device_out, arena, device_tasks) = run_both(&device);
+        // The plan the device wrote.
+        let plan = device.tensors.iter().find(|l| l.name == "plan").unwrap();
+        assert_eq!(arena.read_i32(plan), vec![chunk as i32], "{lengths:?}");
+        // The host plan with that chunk: the same states, bit for bit,
+        // and the same tasks but the planning one.
+        let host_plan = Plan::with_chunk(s, chunk);
+        let host = decode_workload("decode", &data, &host_plan).unwrap();
+        let (host_out, _, host_tasks) = run_both(&host);
+        assert!(device_out == host_out, "{lengths:?}: states differ");
+        assert_eq!(device_tasks, host_tasks + 1, "{lengths:?}");
+        if lengths == [1000, 3, 1000, 17] {
+            // Split: the long requests have several chunks and merges.
+            assert!(host_plan.merges() >= 2, "chunk {chunk}");
+        }
+    }
+}
+
+#[test]
+fn bad_lengths_end_the_device_planned_run_clearly() {
+    let data = DecodeData::build(shape(&[40, 17, 9]), 5).unwrap();
+    let (mut w, t) = decode_program(&data, 2).unwrap();
+    let table = w.finish().unwrap();
+    let base = {
+        let mut arena = Arena::zeroed(w.arena_size());
+        arena.write_f32(w.layout(t.q), &data.q);
+        arena.write_f32(w.layout(t.kv), &data.kv);
+        arena.write_i32(w.layout(t.meta), &data.meta);
+        arena
+    };
+    let run = |lens: &[i32]| {
+        let mut arena = base.clone();
+        arena.write_i32(w.layout(t.lens), lens);
+        let e = Shim::default().run(&table, &mut arena.bytes).unwrap_err();
+        match e {
+            ShimError::Run(r) => *r,
+            other => panic!("{other}"),
+        }
+    };
+    // A length of 0: the planning kernel refuses it at run time.
+    let e = run(&[40, 0, 9]);
+    assert!(matches!(e, RunError::KernelRejected { .. }), "{e}");
+    // A length past request 1's pages (2 of 16 tokens; its third table
+    // entry is -1): the partial kernel finds no page at run time.
+    let e = run(&[40, 33, 9]);
+    assert!(
+        matches!(e, RunError::KernelRejected { kernel_id: 7, .. }),
+        "{e}"
+    );
+    // A length past the page table's width (3 pages): the partial breaks
+    // the kernel's contract, refused when it is expanded.
+    let e = run(&[49, 3, 9]);
+    assert!(matches!(e, RunError::Expand { .. }), "{e}");
+    assert!(e.to_string().contains("page table"), "{e}");
+}

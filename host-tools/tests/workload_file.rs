@@ -347,7 +347,9 @@ fn malformed_files_say_what_and_where() {
         (
             body(r#"{ call = "matmul", args = [] },"#),
             ErrorKind::UnknownKernel,
-            "unknown kernel `matmul` (kernels: add, gemm_tile, rmsnorm, softmax, route_topk, expert_rows, attn_decode_partial, attn_merge, indexer_scores, topk, attn_sparse_partial)",
+            "unknown kernel `matmul` (kernels: add, gemm_tile, rmsnorm, softmax, route_topk, \
+             expert_rows, attn_decode_partial, attn_merge, indexer_scores, topk, \
+             attn_sparse_partial, decode_plan)",
             Some(13),
         ),
         (

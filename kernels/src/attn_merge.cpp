@@ -15,7 +15,8 @@
  *       per state: load o_c, m_c, l_c; subtract, exp2,
  *       multiply, add to l; scale o_c, add to acc          n (3 G D + 6 G)
  *       divide by l, store o (and m, l for a state)        2 G D (+ 2 G)
- * total = 3GD + 2G + n (3GD + 8G) (+ 2G when out is a state). */
+ * total = 3GD + 2G + n (3GD + 8G) (+ 2G when out is a state).
+ * Stack: two 16 x 128 tiles, about 17 KiB. */
 #include "wsp_tile.hpp"
 
 using namespace wsp;

@@ -14,7 +14,9 @@
  * Cost: load q and w                               H Dq + H
  *       per key: gather its row (Dq), clear L (H), Q x K^T (H Dq x 1),
  *       ReLU (H), clear I (1), w x R (1 x H x 1), store (1)
- * total = H Dq + H + S (Dq + H Dq + 3 H + 2). */
+ * total = H Dq + H + S (Dq + H Dq + 3 H + 2).
+ * Stack: Q (32 KiB), a block of K^T (16 KiB) and of L (8 KiB), about
+ * 57 KiB. */
 #include "wsp_tile.hpp"
 
 using namespace wsp;

@@ -1277,3 +1277,57 @@ fn sparse_partial_contract_rules() {
         ShapeError::Dtype { arg: 2, .. }
     ));
 }
+
+#[test]
+fn exp2_is_within_the_bound_the_others_assume() {
+    // Through attn_merge: state A (o = 1, m = x, l = 1) with state B (o = 0,
+    // m = 0, l = 0) and x <= 0 merge to l = 1 x 2^(x - 0) + 0: the kernel's
+    // exp2(x), unrounded by anything else. Checked against f64 within EXP2
+    // (relative) on the normal range, on a grid over [-126, 0] and near the
+    // integers where the reduction switches k.
+    let mut xs: Vec<f32> = (0..=126 * 64).map(|i| -(i as f32) / 64.0).collect();
+    for k in 0..126 {
+        for delta in [0.499_99f32, 0.5, 0.500_01, 1e-6] {
+            xs.push(-(k as f32) - delta);
+            xs.push(-(k as f32) + delta.min(k as f32));
+        }
+    }
+    let mut worst = 0.0f64;
+    for chunk in xs.chunks(16) {
+        let g = chunk.len();
+        let mut rows = Vec::new();
+        for &x in chunk {
+            rows.push(vec![1.0, x, 1.0]);
+        }
+        rows.extend((0..g).map(|_| vec![0.0, 0.0, 0.0]));
+        let mut m = [
+            Mat::new(2 * g as u32, 3, 3, |r, c| rows[r][c]),
+            Mat::zeros(g as u32, 3, 3),
+        ];
+        run(MERGE, &mut m, &[2]).unwrap();
+        for (r, &x) in chunk.iter().enumerate() {
+            let want = f64::from(x).exp2();
+            let got = f64::from(m[1].get(r, 2));
+            let rel = (got - want).abs() / want;
+            assert!(rel <= EXP2, "exp2({x}) = {got}, want {want}: {rel:e}");
+            worst = worst.max(rel);
+        }
+    }
+    // Some error is there to see: the grid is no set of exact cases.
+    assert!(worst > 0.0);
+    // Exact at 0; 0 below -150 and at -inf.
+    let mut m = [
+        Mat::new(4, 3, 3, |r, c| {
+            [
+                [1.0, 0.0, 1.0],
+                [1.0, -151.0, 1.0],
+                [0.0, 0.0, 0.0],
+                [0.0, 0.0, 0.0],
+            ][r][c]
+        }),
+        Mat::zeros(2, 3, 3),
+    ];
+    run(MERGE, &mut m, &[2]).unwrap();
+    assert_eq!(m[1].get(0, 2), 1.0);
+    assert_eq!(m[1].get(1, 2), 0.0);
+}

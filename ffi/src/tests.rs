@@ -180,15 +180,16 @@ const MERGE: u32 = WspKernelId_WSP_KERNEL_ATTN_MERGE;
 const INDEXER: u32 = WspKernelId_WSP_KERNEL_INDEXER_SCORES;
 const TOPK: u32 = WspKernelId_WSP_KERNEL_TOPK;
 const SPARSE: u32 = WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL;
+const PLAN: u32 = WspKernelId_WSP_KERNEL_DECODE_PLAN;
 
 #[test]
 fn registry_is_consistent() {
     let ids: Vec<u32> = all().iter().map(|k| k.id).collect();
     assert_eq!(
         ids,
-        [ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE]
+        [ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE, PLAN]
     );
-    assert_eq!(ids, (1..=11).collect::<Vec<u32>>());
+    assert_eq!(ids, (1..=12).collect::<Vec<u32>>());
     for kernel in all() {
         assert_eq!(
             kernel.num_tensors as usize,
@@ -212,7 +213,7 @@ fn registry_is_consistent() {
             );
         }
     }
-    assert!(lookup(0).is_none() && lookup(SPARSE + 1).is_none());
+    assert!(lookup(0).is_none() && lookup(PLAN + 1).is_none());
     for (id, kind) in [
         (DECODE, CoreKind::Cube),
         (MERGE, CoreKind::Vector),
@@ -598,17 +599,24 @@ fn valid_args(id: u32) -> (Vec<(u32, u32)>, Vec<u64>) {
             vec![(3, 4), (16, 4), (2, 6), (3, 6)],
             vec![2, 2, eps_bits(0.5), 7],
         ),
+        // 4 lengths; 2 KV heads, 3 cores, P = 16, items of 100 + 10 t.
+        PLAN => (vec![(1, 4), (1, 1)], vec![2, 3, 16, 100 | 10 << 32]),
         _ => panic!("no valid arguments for kernel {id}"),
     }
 }
 
 /// Runs kernel `id` on zero-filled tensors of these shapes and dtypes
-/// (`run` asserts that `check` and the kernel agree).
+/// (decode_plan's lengths 1) (`run` asserts that `check` and the kernel
+/// agree).
 fn run_shapes(id: u32, dims: &[(u32, u32)], dtypes: &[u32], scalars: &[u64]) -> bool {
     let mut mats: Vec<Mat> = dims
         .iter()
         .zip(dtypes)
-        .map(|(&(r, c), &dtype)| Mat::zeros(r, c, c).with_dtype(dtype))
+        .map(|(&(r, c), &dtype)| match (id, dtype) {
+            // decode_plan's lengths must be at least 1 (a run-time rule).
+            (PLAN, DTYPE_I32) => Mat::new(r, c, c, |_, _| f32::from_bits(1)).with_dtype(dtype),
+            _ => Mat::zeros(r, c, c).with_dtype(dtype),
+        })
         .collect();
     run(id, &mut mats, scalars).is_ok()
 }

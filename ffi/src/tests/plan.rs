@@ -3,8 +3,6 @@
 
 use super::*;
 
-const PLAN: u32 = WspKernelId_WSP_KERNEL_DECODE_PLAN;
-
 /// The lengths as an i32 row.
 fn lens(values: &[i32]) -> Mat {
     Mat::new(1, values.len() as u32, values.len() as u32, |_, c| {

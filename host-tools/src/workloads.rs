@@ -54,7 +54,7 @@ impl Params {
             })
         };
         let (m, n, k) = match name {
-            "decode" | "decode-skew" => return decode(32, 8192, 128, 16),
+            "decode" | "decode-skew" | "decode-device" => return decode(32, 8192, 128, 16),
             "decode-uniform" => return decode(32, 1024, 64, 64),
             "gemm" => (256, 256, 256),
             "mlp" => (64, 128, 128),
@@ -111,7 +111,7 @@ pub fn is_tiled(name: &str) -> bool {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "gemm",
     "mlp",
     "streams",
@@ -122,6 +122,7 @@ pub const NAMES: [&str; 10] = [
     "decode",
     "decode-uniform",
     "decode-skew",
+    "decode-device",
 ];
 
 /// A built workload.
@@ -250,6 +251,7 @@ impl Workload {
             "decode" => crate::attention::workload::named("decode", p),
             "decode-uniform" => crate::attention::workload::named("decode-uniform", p),
             "decode-skew" => crate::attention::workload::named("decode-skew", p),
+            "decode-device" => crate::attention::device::named(p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }

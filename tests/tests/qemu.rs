@@ -559,3 +559,20 @@ fn a_pipeline_beside_a_data_parallel_set_is_bit_identical_in_shim_and_qemu() {
         assert!((o as f64 - w).abs() <= bound(i), "pipeline element {i}");
     }
 }
+
+/// Decode attention over a paged KV cache, planned on the host and on the
+/// device, at reduced sizes: bit-identical arenas and the same cycles.
+#[test]
+fn decode_attention_is_bit_identical_in_shim_and_qemu() {
+    // 8 requests up to 300 tokens, D 32, pages of 16.
+    let p = Params {
+        m: 8,
+        n: 300,
+        k: 32,
+        tile: 16,
+        seed: 4,
+    };
+    for name in ["decode", "decode-skew", "decode-device"] {
+        shim_and_qemu_agree(name, p);
+    }
+}

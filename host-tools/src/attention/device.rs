@@ -215,9 +215,37 @@ pub fn device_decode_workload(
         table,
         arena,
         tensors: w.layouts().to_vec(),
-        // Known only once the device has planned.
-        tasks: 0,
+        // What the host planner's rule predicts: the planning task, the
+        // partials and merges of the same chunk.
+        tasks: {
+            let s = &data.shape;
+            let chunk = super::plan::choose_chunk(
+                &s.lengths,
+                s.kv_heads,
+                cores,
+                s.page,
+                CostModel::of(s.group(), s.d),
+            );
+            let plan = super::plan::Plan::with_chunk(s, chunk);
+            1 + plan.items.len() + plan.merges()
+        },
         check: Box::new(check),
         csp: Default::default(),
     })
+}
+
+/// `decode-device`: the `decode` batch (see
+/// [`super::workload::shape_of`]), planned on the device for
+/// [`super::workload::PLAN_CORES`] cores.
+pub fn named(p: crate::workloads::Params) -> Result<Workload, WorkloadError> {
+    if p.m == 0 || p.n == 0 {
+        return Err(WorkloadError::Params(format!(
+            "m (requests) = {} and n (longest KV length) = {} must be positive",
+            p.m, p.n
+        )));
+    }
+    let shape = super::workload::shape_of("decode", &p);
+    let data =
+        DecodeData::build(shape, p.seed).map_err(|e| WorkloadError::Params(e.to_string()))?;
+    device_decode_workload("decode-device", &data, super::workload::PLAN_CORES)
 }

@@ -114,7 +114,8 @@ enum Command {
 #[derive(Args)]
 struct WorkloadArgs {
     /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline,
-    /// attention-pipeline, decode, decode-uniform, decode-skew), a workload
+    /// attention-pipeline, decode, decode-uniform, decode-skew,
+    /// decode-device), a workload
     /// file (a path ending in .toml, or another existing file that is not a
     /// table), or, for `wsp run` only, a built table (a path ending in .bin,
     /// or a file that starts with the table magic).

@@ -46,6 +46,7 @@ pub mod figures;
 pub mod kv;
 pub mod plan;
 pub mod reference;
+pub mod sparse;
 pub mod workload;
 
 pub use kv::{check_meta, DecodeData, DecodeShape, MetaError};

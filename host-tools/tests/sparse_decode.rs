@@ -210,6 +210,36 @@ fn the_named_workload_mixes_tiers_and_refuses_a_longer_request() {
     assert!(e.to_string().contains("request 0"), "{e}");
 }
 
+/// Runs `w` in semantic time with row 0 of `lens` (the lengths the
+/// program reads) replaced by `lengths`.
+fn run_with_lengths(w: &Workload, lengths: &[i32]) -> Result<SemanticRun, String> {
+    let lens = w.tensors.iter().find(|l| l.name == "lens").unwrap();
+    let mut arena = w.arena.clone();
+    let mut v = arena.read_i32(lens);
+    v[..lengths.len()].copy_from_slice(lengths);
+    arena.write_i32(lens, &v);
+    run_semantic(&w.table, &mut arena.bytes, &KINDS, &RunOptions::default())
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_tier_is_decided_on_the_device_from_the_lengths_it_reads() {
+    // Built for 200 tokens (tier 1: 7 chunks of 32); the device reads other
+    // lengths and takes their tiers, with the same table.
+    let data = SparseData::build(shape(&[200]), 2).unwrap();
+    let w = sparse_workload("sparse-decode", &data).unwrap();
+    let counts = |len: i32| per_kernel(&run_with_lengths(&w, &[len]).unwrap());
+    assert_eq!(counts(200), [0, 7, 1, 2]);
+    assert_eq!(counts(128), [0, 8, 1, 2], "tier 0: chunks of 16");
+    assert_eq!(counts(60), [2, 0, 0, 0], "dense");
+    // A length above the last tier, only on the device: its indexer loop
+    // asks for 17 chunks where the program allows 16: the run ends.
+    let big = SparseData::build(shape(&[512, 100]), 2).unwrap();
+    let w = sparse_workload("sparse-decode", &big).unwrap();
+    let e = run_with_lengths(&w, &[513]).unwrap_err();
+    assert!(e.contains("loop count 17 outside [0, 16]"), "{e}");
+}
+
 /// The release-size run: k = 2,048, one 16K request among dense and
 /// sparse ones (`cargo test --release -- --ignored`).
 #[test]

@@ -685,7 +685,13 @@ pub fn sparse_workload_with(
             .chunks_exact(d + 2)
             .flat_map(|row| row[..d].to_vec())
             .collect();
-        Verification::compare("out", &got, &r.o, |i| bound[i], reference::TOLERANCE)
+        Verification::compare(
+            "out (every selection equal to the f64 top-k)",
+            &got,
+            &r.o,
+            |i| bound[i],
+            reference::TOLERANCE,
+        )
     };
     let dense = s
         .lengths

@@ -580,12 +580,14 @@ pub fn sparse_program(data: &SparseData) -> Result<(Program, SparseTensors), Low
 
 /// Tasks the program expands for `tiers` over `lengths` with `kv_heads`
 /// KV heads: `kv_heads` per dense request; per sparse one, its indexer
-/// chunks, one `topk` and `kv_heads` sparse partials.
+/// chunks, one `topk` and `kv_heads` sparse partials; none for a length
+/// no tier takes (refused before a run).
 pub fn task_count(tiers: &Tiers, lengths: &[u32], kv_heads: u32) -> usize {
     lengths
         .iter()
         .map(|&len| match tiers.path(len) {
-            Some(Path::Dense) | None => kv_heads as usize,
+            None => 0,
+            Some(Path::Dense) => kv_heads as usize,
             Some(Path::Sparse { tier }) => {
                 len.div_ceil(tiers.sparse[tier].chunk) as usize + 1 + kv_heads as usize
             }
@@ -593,7 +595,7 @@ pub fn task_count(tiers: &Tiers, lengths: &[u32], kv_heads: u32) -> usize {
         .sum()
 }
 
-/// The failed check of request `b`, for `why`.
+/// A failed check that compared nothing: `output` says what failed.
 fn failed(output: String, tolerance: &'static str) -> Verification {
     Verification {
         output,

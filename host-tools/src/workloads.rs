@@ -42,7 +42,10 @@ impl Params {
     /// longest KV length, `k` as the head dimension and `tile` as the page
     /// size: `decode` and `decode-skew` 32 requests up to 8192 tokens,
     /// D 128, pages of 16; `decode-uniform` 32 requests of 1024, D 64,
-    /// pages of 64 (see [`crate::attention::workload::lengths_of`]).
+    /// pages of 64 (see [`crate::attention::workload::lengths_of`]);
+    /// `sparse-decode` 8 requests up to 16,384 tokens (one 16K request
+    /// among dense and sparse ones), D 128, pages of 64 (see
+    /// [`crate::attention::sparse::lengths_of`]).
     pub fn of(name: &str) -> Result<Params, WorkloadError> {
         let decode = |m, n, k, tile| {
             Ok(Params {
@@ -56,6 +59,7 @@ impl Params {
         let (m, n, k) = match name {
             "decode" | "decode-skew" | "decode-device" => return decode(32, 8192, 128, 16),
             "decode-uniform" => return decode(32, 1024, 64, 64),
+            "sparse-decode" => return decode(8, 16384, 128, 64),
             "gemm" => (256, 256, 256),
             "mlp" => (64, 128, 128),
             "streams" => (128, 128, 128),
@@ -111,7 +115,7 @@ pub fn is_tiled(name: &str) -> bool {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 11] = [
+pub const NAMES: [&str; 12] = [
     "gemm",
     "mlp",
     "streams",
@@ -123,6 +127,7 @@ pub const NAMES: [&str; 11] = [
     "decode-uniform",
     "decode-skew",
     "decode-device",
+    "sparse-decode",
 ];
 
 /// A built workload.
@@ -252,6 +257,7 @@ impl Workload {
             "decode-uniform" => crate::attention::workload::named("decode-uniform", p),
             "decode-skew" => crate::attention::workload::named("decode-skew", p),
             "decode-device" => crate::attention::device::named(p),
+            "sparse-decode" => crate::attention::sparse::named("sparse-decode", p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }

@@ -1,6 +1,8 @@
 //! Decode attention over a paged KV cache: the cache and its metadata, the
-//! f64 reference, the host planner (FlashInfer-style split-KV) and the
-//! `decode` workloads.
+//! f64 reference, the host planner (FlashInfer-style split-KV), the
+//! `decode` workloads and, in [`sparse`], the `sparse-decode` workload
+//! (dense or indexer + top-k + sparse attention per request, the tier
+//! chosen on the device).
 //!
 //! One decode step: each of `B` requests has one query token with
 //! `q_heads` query heads and a KV cache of `len[b]` tokens with `kv_heads`
@@ -46,6 +48,7 @@ pub mod figures;
 pub mod kv;
 pub mod plan;
 pub mod reference;
+pub mod sparse;
 pub mod workload;
 
 pub use kv::{check_meta, DecodeData, DecodeShape, MetaError};

@@ -31,12 +31,21 @@ pub struct Reference {
     pub score2_abs: Vec<f64>,
     /// Head dimension.
     pub d: u32,
-    /// Per query row: its request's KV length.
+    /// Per query row: the tokens it attends to (its request's KV length
+    /// for dense attention).
     pub len: Vec<u32>,
 }
 
 /// The reference for `data` (metadata checked), scale `1/sqrt(D)` exactly.
 pub fn attention(data: &DecodeData) -> Reference {
+    attention_over(data, |b| (0..data.shape.lengths[b]).collect())
+}
+
+/// The reference over a subset of each request's tokens: request `b`
+/// attends to the positions `tokens(b)` only (each `< len[b]`, in any
+/// order; e.g. the ones a sparse indexer selected). [`Reference::len`]
+/// is then the number of tokens attended, which is what [`bound`] needs.
+pub fn attention_over(data: &DecodeData, tokens: impl Fn(usize) -> Vec<u32>) -> Reference {
     let s = &data.shape;
     let (d, g) = (s.d as usize, s.group());
     let scale = 1.0 / (s.d as f64).sqrt();
@@ -50,13 +59,14 @@ pub fn attention(data: &DecodeData) -> Reference {
         len: vec![0; rows],
     };
     let mut scores = Vec::new();
-    for (b, &len) in s.lengths.iter().enumerate() {
+    for b in 0..s.lengths.len() {
+        let picked = tokens(b);
         for j in 0..s.q_heads {
             let row = b * s.q_heads as usize + j as usize;
             let h = j / g;
             let q = &data.q[row * d..(row + 1) * d];
             scores.clear();
-            for t in 0..len {
+            for &t in &picked {
                 let k = data.kv_row(b, h, t, false);
                 let dot: f64 = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
                 let abs: f64 = q
@@ -76,14 +86,14 @@ pub fn attention(data: &DecodeData) -> Reference {
                 &mut r.o[row * d..(row + 1) * d],
                 &mut r.weighted_abs[row * d..(row + 1) * d],
             );
-            for (t, &pt) in p.iter().enumerate() {
-                let v = data.kv_row(b, h, t as u32, true);
+            for (&t, &pt) in picked.iter().zip(&p) {
+                let v = data.kv_row(b, h, t, true);
                 for e in 0..d {
                     o[e] += pt / sum * v[e] as f64;
                     wa[e] += pt / sum * (v[e] as f64).abs();
                 }
             }
-            r.len[row] = len;
+            r.len[row] = picked.len() as u32;
         }
     }
     r

@@ -115,10 +115,10 @@ enum Command {
 struct WorkloadArgs {
     /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline,
     /// attention-pipeline, decode, decode-uniform, decode-skew,
-    /// decode-device), a workload
-    /// file (a path ending in .toml, or another existing file that is not a
-    /// table), or, for `wsp run` only, a built table (a path ending in .bin,
-    /// or a file that starts with the table magic).
+    /// decode-device, sparse-decode), a workload file (a path ending in
+    /// .toml, or another existing file that is not a table), or, for `wsp
+    /// run` only, a built table (a path ending in .bin, or a file that
+    /// starts with the table magic).
     workload: String,
     /// A workload file's symbol value, NAME=VALUE (repeatable); unset
     /// symbols take the file's defaults.

@@ -26,7 +26,9 @@
 //!    finish at once), ns per token for both programs; the difference is
 //!    the cost of the token. The baseline puts one instruction between
 //!    its two calls ([`Program::Baseline`]); the figure without it is
-//!    printed too. `WSP_BENCH_PROFILE=baseline|adjacent|DEPTH` expands one
+//!    printed too (before the call-site cache hashed the pc, two adjacent
+//!    three-argument calls shared an entry and decoded on every
+//!    iteration). `WSP_BENCH_PROFILE=baseline|adjacent|DEPTH` expands one
 //!    program of 10,000 tokens once, untimed, for callgrind: the inclusive
 //!    instructions of `Expander::step_into` / 10,000 are its instructions
 //!    per token.
@@ -52,18 +54,16 @@ use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use device_runtime::abi::program::*;
-use device_runtime::abi::{Instr, Region, Table, TensorDesc};
+use device_runtime::abi::{Region, Table, TensorDesc};
 use device_runtime::channel::BYTES_PER_CHANNEL;
 use device_runtime::expand::{Context, Expander, Next, TaskSpec, Wait};
 use device_runtime::orch::TaskId;
 use device_runtime::sched::RunOptions;
+use host_tools::asm::{Asm, READ, WRITE};
 use host_tools::semantic::run_semantic;
 use host_tools::table::{Arena, TableBuilder, TensorId};
 use wsp_ffi::{CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD};
-use zerocopy::byteorder::little_endian::U32;
 
-const READ: u8 = 1;
-const WRITE: u8 = 2;
 /// Columns of a tile (and of the tensors); a tile is one row.
 const COLS: u32 = 8;
 /// Channel depths measured.
@@ -76,68 +76,13 @@ const R_N: u8 = 9;
 /// The register the baseline's padding instruction writes.
 const R_PAD: u8 = 10;
 
-/// A program under construction, with its labels patched as they become
-/// known (as in the CSP device tests).
-#[derive(Default)]
-struct Asm {
-    code: Vec<Instr>,
-}
-
-impl Asm {
-    fn op(&mut self, op: u8, r: u8, x: [u8; 6], imm: u32, imm2: u32) -> usize {
-        self.code.push(Instr {
-            op,
-            r,
-            x,
-            imm: U32::new(imm),
-            imm2: U32::new(imm2),
-        });
-        self.code.len() - 1
-    }
-    fn konst(&mut self, r: u8, value: i64) {
-        self.op(OP_CONST, r, [NO_REG; 6], value as u32, (value >> 32) as u32);
-    }
-    fn channel(&mut self, c: u32, capacity: u32) {
-        self.op(OP_CHANNEL, 0, [NO_REG; 6], c, capacity);
-    }
-    /// One process; returns its pc, to close with `process_end`.
-    fn process(&mut self) -> usize {
-        self.op(OP_PROCESS, NO_REG, [NO_REG; 6], 0, 1)
-    }
-    fn process_end(&mut self, start: usize) {
-        let end = self.op(OP_PROCESS_END, 0, [NO_REG; 6], start as u32, 0);
-        self.code[start].imm = U32::new(end as u32);
-    }
-    fn looop(&mut self, r: u8, count: u8, most: u32) -> usize {
-        let x = [count, LOOP_PARALLEL, NO_REG, NO_REG, NO_REG, NO_REG];
-        self.op(OP_LOOP, r, x, 0, most)
-    }
-    fn consume(&mut self, r: u8, c: u32) -> usize {
-        self.op(OP_CONSUME, r, [NO_REG; 6], c, 0)
-    }
-    /// Closes the `LOOP` or `CONSUME` at `start`.
-    fn end(&mut self, start: usize) {
-        let end = self.op(OP_END, 0, [NO_REG; 6], start as u32, 0) as u32;
-        if self.code[start].op == OP_LOOP {
-            self.code[start].imm = U32::new(end);
-        } else {
-            self.code[start].imm2 = U32::new(end);
-        }
-    }
-    fn send(&mut self, c: u32, value: u8) {
-        let x = [value, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
-        self.op(OP_SEND, 0, x, c, 0);
-    }
-    /// `out[row] = x[row] + zero[0]` on one row of `COLS` (register
-    /// `R_COLS`) of 2-D tensors.
-    fn add_row(&mut self, x: TensorId, zero: TensorId, out: TensorId, row: u8) {
-        let call = [0, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
-        self.op(OP_CALL, 0, call, ADD, 0);
-        for (t, r, access) in [(x, row, READ), (zero, NO_REG, READ), (out, row, WRITE)] {
-            let x = [r, NO_REG, NO_REG, NO_REG, NO_REG, R_COLS];
-            self.op(OP_ARG, access, x, t.0, 0);
-        }
-    }
+/// `out[row] = x[row] + zero[0]` on one row of `COLS` (register `R_COLS`)
+/// of 2-D tensors.
+fn add_row(asm: &mut Asm, x: TensorId, zero: TensorId, out: TensorId, row: u8) {
+    asm.call(ADD);
+    asm.arg(x, READ, row, NO_REG, R_COLS);
+    asm.arg(zero, READ, NO_REG, NO_REG, R_COLS);
+    asm.arg(out, WRITE, row, NO_REG, R_COLS);
 }
 
 /// The tensors a, zero, b, c of N rows (zero: one).
@@ -174,31 +119,31 @@ fn table(n: u32, program: Program) -> (Vec<u8>, TableBuilder, Tensors) {
     tb.declare_kernel(ADD).unwrap();
     let mut asm = Asm::default();
     if let Program::Channel(depth) = program {
-        asm.channel(0, depth);
+        asm.channel(0, depth, 0);
     }
     asm.konst(R_COLS, COLS as i64);
     asm.konst(R_N, n as i64);
     match program {
         Program::Channel(_) => {
-            let producer = asm.process();
-            let l = asm.looop(R_I, R_N, n);
-            asm.add_row(t.a, t.zero, t.b, R_I);
+            let producer = asm.process(NO_REG, NO_REG, 1);
+            let l = asm.looop(R_I, R_N, LOOP_PARALLEL, n);
+            add_row(&mut asm, t.a, t.zero, t.b, R_I);
             asm.send(0, R_I);
             asm.end(l);
             asm.process_end(producer);
-            let consumer = asm.process();
+            let consumer = asm.process(NO_REG, NO_REG, 1);
             let c = asm.consume(R_I, 0);
-            asm.add_row(t.b, t.zero, t.c, R_I);
+            add_row(&mut asm, t.b, t.zero, t.c, R_I);
             asm.end(c);
             asm.process_end(consumer);
         }
         Program::Baseline { pad } => {
-            let l = asm.looop(R_I, R_N, n);
-            asm.add_row(t.a, t.zero, t.b, R_I);
+            let l = asm.looop(R_I, R_N, LOOP_PARALLEL, n);
+            add_row(&mut asm, t.a, t.zero, t.b, R_I);
             if pad {
                 asm.konst(R_PAD, 0);
             }
-            asm.add_row(t.b, t.zero, t.c, R_I);
+            add_row(&mut asm, t.b, t.zero, t.c, R_I);
             asm.end(l);
         }
     }
@@ -421,7 +366,7 @@ fn main() {
     println!("  expander, N = {n_expand}, every task done at once (median of {runs}):");
     println!("    no channel              {base_ns:.1} ns per i (2 tasks)");
     println!(
-        "    no channel, adjacent    {adj_ns:.1} ns per i (the two calls share a call-site slot)"
+        "    no channel, adjacent    {adj_ns:.1} ns per i (no instruction between the two calls)"
     );
     for ((d, ns), table) in DEPTHS.iter().zip(&chan_ns).zip(&chans) {
         // Untimed: how often a step found every context parked.

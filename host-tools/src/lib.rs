@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod asm;
 pub mod attention;
 pub mod attention_pipeline;
 pub mod dag;

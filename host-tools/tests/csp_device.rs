@@ -17,93 +17,18 @@ use host_tools::table::{Arena, TableBuilder, TensorId};
 use wsp_ffi::{CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD};
 use zerocopy::byteorder::little_endian::U32;
 
-const READ: u8 = 1;
-const WRITE: u8 = 2;
+use host_tools::asm::{Asm, READ, WRITE};
+
 /// Tile side and tile count of the pipeline.
 const T: i64 = 8;
 const TILES: i64 = 8;
 
-/// A program under construction, with its labels patched as they become
-/// known.
-#[derive(Default)]
-struct Asm {
-    code: Vec<Instr>,
-}
-
-impl Asm {
-    fn op(&mut self, op: u8, r: u8, x: [u8; 6], imm: u32, imm2: u32) -> usize {
-        self.code.push(Instr {
-            op,
-            r,
-            x,
-            imm: U32::new(imm),
-            imm2: U32::new(imm2),
-        });
-        self.code.len() - 1
-    }
-    fn konst(&mut self, r: u8, value: i64) {
-        self.op(OP_CONST, r, [NO_REG; 6], value as u32, (value >> 32) as u32);
-    }
-    fn arith(&mut self, op: u8, r: u8, a: u8, b: u8) {
-        self.op(op, r, [a, b, NO_REG, NO_REG, NO_REG, NO_REG], 0, 0);
-    }
-    fn channel(&mut self, c: u32, capacity: u32, latency: u32) {
-        self.op(OP_CHANNEL, 0, [NO_REG; 6], c, capacity | latency << 8);
-    }
-    /// A `PROCESS` of `replicas` (a register, or `NO_REG` for one) with
-    /// replica register `r`; returns its pc, to close with `process_end`.
-    fn process(&mut self, r: u8, replicas: u8, most: u32) -> usize {
-        self.op(
-            OP_PROCESS,
-            r,
-            [replicas, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
-            0,
-            most,
-        )
-    }
-    fn process_end(&mut self, start: usize) {
-        let end = self.op(OP_PROCESS_END, 0, [NO_REG; 6], start as u32, 0);
-        self.code[start].imm = U32::new(end as u32);
-    }
-    fn looop(&mut self, r: u8, count: u8, most: u32) -> usize {
-        let x = [count, LOOP_PARALLEL, NO_REG, NO_REG, NO_REG, NO_REG];
-        self.op(OP_LOOP, r, x, 0, most)
-    }
-    fn consume(&mut self, r: u8, c: u32) -> usize {
-        self.op(OP_CONSUME, r, [NO_REG; 6], c, 0)
-    }
-    /// Closes the `LOOP` or `CONSUME` at `start`.
-    fn end(&mut self, start: usize) {
-        let end = self.op(OP_END, 0, [NO_REG; 6], start as u32, 0) as u32;
-        if self.code[start].op == OP_LOOP {
-            self.code[start].imm = U32::new(end);
-        } else {
-            self.code[start].imm2 = U32::new(end);
-        }
-    }
-    fn send(&mut self, c: u32, value: u8) {
-        self.op(
-            OP_SEND,
-            0,
-            [value, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
-            c,
-            0,
-        );
-    }
-    /// `c = a + b` on T x T tiles at rows `ra`, `rb`, `rc` (registers, or
-    /// `NO_REG` for row 0) of 2-D tensors; `ext` holds T.
-    fn add(&mut self, a: (TensorId, u8), b: (TensorId, u8), c: (TensorId, u8), ext: u8) {
-        self.op(
-            OP_CALL,
-            0,
-            [0, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
-            ADD,
-            0,
-        );
-        for ((t, row), access) in [(a, READ), (b, READ), (c, WRITE)] {
-            let x = [row, NO_REG, NO_REG, NO_REG, ext, ext];
-            self.op(OP_ARG, access, x, t.0, 0);
-        }
+/// `c = a + b` on T x T tiles at rows `ra`, `rb`, `rc` (registers, or
+/// `NO_REG` for row 0) of 2-D tensors; `ext` holds T.
+fn add(a: &mut Asm, x: (TensorId, u8), y: (TensorId, u8), z: (TensorId, u8), ext: u8) {
+    a.call(ADD);
+    for ((t, row), access) in [(x, READ), (y, READ), (z, WRITE)] {
+        a.arg(t, access, row, ext, ext);
     }
 }
 
@@ -172,11 +97,11 @@ fn pipeline(p: &Pipe, depth: u32, latency: u32) -> Vec<Instr> {
     constants_with(&mut a, p.slots);
     // Loader: stage[i % 2] = x[i] + 0; send i.
     let loader = a.process(NO_REG, NO_REG, 1);
-    let l = a.looop(0, 9, TILES as u32);
+    let l = a.looop(0, 9, LOOP_PARALLEL, TILES as u32);
     a.arith(OP_MUL, 1, 0, 8);
     a.arith(OP_REM, 2, 0, 10);
     a.arith(OP_MUL, 3, 2, 8);
-    a.add((p.x, 1), (p.zero, NO_REG), (p.stage, 3), 8);
+    add(&mut a, (p.x, 1), (p.zero, NO_REG), (p.stage, 3), 8);
     a.send(0, 0);
     a.end(l);
     a.process_end(loader);
@@ -185,7 +110,7 @@ fn pipeline(p: &Pipe, depth: u32, latency: u32) -> Vec<Instr> {
     let c = a.consume(0, 0);
     a.arith(OP_REM, 2, 0, 10);
     a.arith(OP_MUL, 3, 2, 8);
-    a.add((p.stage, 3), (p.stage, 3), (p.squared, 3), 8);
+    add(&mut a, (p.stage, 3), (p.stage, 3), (p.squared, 3), 8);
     a.send(1, 0);
     a.end(c);
     a.process_end(doubler);
@@ -195,7 +120,7 @@ fn pipeline(p: &Pipe, depth: u32, latency: u32) -> Vec<Instr> {
     a.arith(OP_REM, 2, 0, 10);
     a.arith(OP_MUL, 3, 2, 8);
     a.arith(OP_MUL, 1, 0, 8);
-    a.add((p.squared, 3), (p.zero, NO_REG), (p.out, 1), 8);
+    add(&mut a, (p.squared, 3), (p.zero, NO_REG), (p.out, 1), 8);
     a.end(c);
     a.process_end(storer);
     a.code
@@ -306,10 +231,10 @@ fn a_consumer_task_waits_for_its_token_task_beyond_regions() {
     a.channel(0, 1, 0);
     constants(&mut a);
     let producer = a.process(NO_REG, NO_REG, 1);
-    let l = a.looop(0, 9, TILES as u32);
+    let l = a.looop(0, 9, LOOP_PARALLEL, TILES as u32);
     a.arith(OP_MUL, 1, 0, 8);
     // Writes out[i]; the consumer reads x and writes stage: disjoint.
-    a.add((p.x, 1), (p.zero, NO_REG), (p.out, 1), 8);
+    add(&mut a, (p.x, 1), (p.zero, NO_REG), (p.out, 1), 8);
     a.send(0, 0);
     a.end(l);
     a.process_end(producer);
@@ -318,7 +243,7 @@ fn a_consumer_task_waits_for_its_token_task_beyond_regions() {
     a.arith(OP_MUL, 1, 0, 8);
     a.arith(OP_REM, 2, 0, 10);
     a.arith(OP_MUL, 3, 2, 8);
-    a.add((p.x, 1), (p.x, 1), (p.stage, 3), 8);
+    add(&mut a, (p.x, 1), (p.x, 1), (p.stage, 3), 8);
     a.end(c);
     a.process_end(consumer);
     let table = build(&mut p, a.code);
@@ -399,7 +324,13 @@ fn a_cycle_of_processes_ends_with_a_report() {
     for (from, to) in [(0, 1), (1, 0)] {
         let proc_ = a.process(NO_REG, NO_REG, 1);
         let c = a.consume(0, from);
-        a.add((p.x, NO_REG), (p.zero, NO_REG), (p.stage, NO_REG), 8);
+        add(
+            &mut a,
+            (p.x, NO_REG),
+            (p.zero, NO_REG),
+            (p.stage, NO_REG),
+            8,
+        );
         a.send(to, 0);
         a.end(c);
         a.process_end(proc_);
@@ -458,11 +389,23 @@ fn a_consumer_without_a_live_sender_ends_with_a_report() {
     constants(&mut a);
     a.konst(11, 0);
     let senders = a.process(0, 11, 4);
-    a.add((p.x, NO_REG), (p.zero, NO_REG), (p.stage, NO_REG), 8);
+    add(
+        &mut a,
+        (p.x, NO_REG),
+        (p.zero, NO_REG),
+        (p.stage, NO_REG),
+        8,
+    );
     a.send(3, 0);
     a.process_end(senders);
     let c = a.consume(0, 3);
-    a.add((p.stage, NO_REG), (p.zero, NO_REG), (p.out, NO_REG), 8);
+    add(
+        &mut a,
+        (p.stage, NO_REG),
+        (p.zero, NO_REG),
+        (p.out, NO_REG),
+        8,
+    );
     a.end(c);
     let table = build(&mut p, a.code);
     for runner in [semantic_err, shim_err] {
@@ -534,7 +477,13 @@ fn a_send_on_a_closed_channel_is_an_error() {
     a.channel(0, 2, 0);
     constants(&mut a);
     a.op(OP_CLOSE, 0, [NO_REG; 6], 0, 0);
-    a.add((p.x, NO_REG), (p.zero, NO_REG), (p.stage, NO_REG), 8);
+    add(
+        &mut a,
+        (p.x, NO_REG),
+        (p.zero, NO_REG),
+        (p.stage, NO_REG),
+        8,
+    );
     a.send(0, 0);
     let table = build(&mut p, a.code);
     let (mut arena, _) = arena(&p);
@@ -564,7 +513,7 @@ fn replicated_consumers_share_a_channel() {
     a.channel(0, 2, 0);
     constants(&mut a);
     let loader = a.process(NO_REG, NO_REG, 1);
-    let l = a.looop(0, 9, TILES as u32);
+    let l = a.looop(0, 9, LOOP_PARALLEL, TILES as u32);
     a.arith(OP_MUL, 1, 0, 8);
     a.send(0, 0);
     a.end(l);
@@ -573,7 +522,7 @@ fn replicated_consumers_share_a_channel() {
     let doublers = a.process(5, 12, 2);
     let c = a.consume(0, 0);
     a.arith(OP_MUL, 1, 0, 8);
-    a.add((p.x, 1), (p.x, 1), (p.out, 1), 8);
+    add(&mut a, (p.x, 1), (p.x, 1), (p.out, 1), 8);
     a.end(c);
     a.process_end(doublers);
     let table = build(&mut p, a.code);
@@ -609,7 +558,13 @@ fn validation_names_bad_channel_programs() {
     a.channel(1, 1, 0);
     a.send(0, NO_REG);
     let c = a.consume(0, 1);
-    a.add((p.x, NO_REG), (p.zero, NO_REG), (p.stage, NO_REG), 8);
+    add(
+        &mut a,
+        (p.x, NO_REG),
+        (p.zero, NO_REG),
+        (p.stage, NO_REG),
+        8,
+    );
     a.end(c);
     let e = validation(a.code);
     assert_eq!((e.index, e.field), (1, "imm"));
@@ -632,7 +587,7 @@ fn validation_names_bad_channel_programs() {
     // A process inside a loop.
     let mut a = Asm::default();
     a.konst(9, 2);
-    let l = a.looop(0, 9, 2);
+    let l = a.looop(0, 9, LOOP_PARALLEL, 2);
     let pr = a.process(NO_REG, NO_REG, 1);
     a.process_end(pr);
     a.end(l);
@@ -672,11 +627,11 @@ fn a_sequential_loop_of_a_process_waits_for_its_own_tasks_only() {
     let x = [9, LOOP_SEQUENTIAL, NO_REG, NO_REG, NO_REG, NO_REG];
     let l = a.op(OP_LOOP, 0, x, 0, 4);
     a.arith(OP_MUL, 1, 0, 8);
-    a.add((small, 1), (zero, NO_REG), (small_out, 1), 8);
+    add(&mut a, (small, 1), (zero, NO_REG), (small_out, 1), 8);
     a.end(l);
     a.process_end(steps);
     let long = a.process(NO_REG, NO_REG, 1);
-    a.add((big_a, NO_REG), (big_a, NO_REG), (big_c, NO_REG), 7);
+    add(&mut a, (big_a, NO_REG), (big_a, NO_REG), (big_c, NO_REG), 7);
     a.process_end(long);
     b.set_program(a.code);
     let table = b.finish().unwrap();

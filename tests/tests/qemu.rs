@@ -572,7 +572,7 @@ fn decode_attention_is_bit_identical_in_shim_and_qemu() {
         tile: 16,
         seed: 4,
     };
-    for name in ["decode", "decode-skew", "decode-device"] {
+    for name in ["decode", "decode-uniform", "decode-skew", "decode-device"] {
         shim_and_qemu_agree(name, p);
     }
 }

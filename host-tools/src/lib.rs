@@ -31,5 +31,6 @@ pub mod semantic;
 pub mod shim;
 pub mod table;
 pub mod task_count;
+pub mod trace;
 pub mod workload_file;
 pub mod workloads;

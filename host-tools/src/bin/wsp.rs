@@ -49,6 +49,12 @@ enum Command {
         /// counts drive a virtual clock, and the run reports its makespan.
         #[arg(long)]
         semantic: bool,
+        /// Write a Chrome trace-event JSON file of the run (open it in
+        /// Perfetto's UI or chrome://tracing): a lane per AICore, a
+        /// complete event per task, the tasks in flight. Semantic-time runs
+        /// only, for now.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
         /// Scheduler threads (1 to 4); core c belongs to thread c % threads.
         /// The default is every runner's (QEMU's too): 2.
         #[arg(long, default_value_t = SchedConfig::default().threads)]
@@ -371,6 +377,8 @@ fn parse_key(text: &str) -> Result<DispatchKey> {
 struct RunSetup {
     shim: Shim,
     semantic: bool,
+    /// Where to write the run's trace (semantic runs).
+    trace: Option<PathBuf>,
 }
 
 impl RunSetup {
@@ -388,6 +396,16 @@ impl RunSetup {
                 "ran       {} tasks, makespan {} cycles",
                 run.stats.tasks, run.makespan
             );
+            if let Some(path) = &self.trace {
+                let trace = host_tools::trace::chrome_trace(&run, &shim.core_kinds(), threads);
+                std::fs::write(path, trace.to_string())
+                    .with_context(|| format!("writing the trace to {}", path.display()))?;
+                println!(
+                    "trace     {} ({} events)",
+                    path.display(),
+                    trace["traceEvents"].as_array().map_or(0, Vec::len)
+                );
+            }
             run.stats
         } else {
             println!(
@@ -532,6 +550,7 @@ fn run(cli: Cli) -> Result<bool> {
             cube,
             vector,
             semantic,
+            trace,
             threads,
             policy,
             key,
@@ -539,6 +558,9 @@ fn run(cli: Cli) -> Result<bool> {
             issue_depth,
             window,
         } => {
+            if trace.is_some() && !semantic {
+                bail!("--trace records semantic-time runs only, for now: add --semantic");
+            }
             let policy = PolicyKind::parse(&policy)
                 .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
             if key.is_some() && matches!(policy, PolicyKind::RoundRobin | PolicyKind::Shared) {
@@ -568,6 +590,7 @@ fn run(cli: Cli) -> Result<bool> {
                     },
                 },
                 semantic,
+                trace,
             };
             if classify(&workload.workload) == Input::Table {
                 workload.check_table_flags()?;

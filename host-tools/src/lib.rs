@@ -29,6 +29,7 @@ pub mod reference;
 pub mod rng;
 pub mod semantic;
 pub mod shim;
+pub mod summary;
 pub mod table;
 pub mod task_count;
 pub mod trace;

@@ -2,7 +2,8 @@
 //! format with one complete event per task at its launch's times, named
 //! lanes per core whose events do not overlap (Perfetto requires events in
 //! a lane to nest), and a tasks-in-flight counter that starts and ends at
-//! 0; and `wsp run --trace` writes it (and refuses a threaded run).
+//! 0; and `wsp run --trace` writes it (and refuses a threaded run); `wsp
+//! run --json` prints the run's figures as JSON alone.
 
 use std::process::Command;
 
@@ -111,4 +112,38 @@ fn wsp_run_writes_the_trace_and_refuses_it_without_semantic_time() {
         stderr.contains("--trace records semantic-time runs only"),
         "{stderr}"
     );
+}
+
+#[test]
+fn wsp_run_json_prints_the_figures_as_one_json_object() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wsp"))
+        .args(["run", "mlp", "--json", "--cube", "3", "--vector", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Standard output is the JSON alone: no text lines around it.
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["workload"], "mlp");
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["run"]["tasks"], 48);
+    assert_eq!(v["run"]["cores"].as_array().unwrap().len(), 5);
+    let per_core: u64 = v["run"]["cores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["tasks"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_core, 48);
+    for reason in device_runtime::orch::StallReason::ALL {
+        assert!(
+            v["run"]["stalls"][reason.name()].is_object(),
+            "{}",
+            reason.name()
+        );
+    }
+    assert_eq!(v["checks"][0]["passed"], true);
 }

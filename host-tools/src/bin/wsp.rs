@@ -16,6 +16,19 @@ use host_tools::table::Arena;
 use host_tools::workload_file::{FileWorkload, WorkloadFile};
 use host_tools::workloads::{is_tiled, Params, Verification, Workload, NAMES};
 
+/// Set by `--json`: the human-readable lines are not printed, the run's
+/// figures are printed as one JSON object instead.
+static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `println!`, unless `--json` asked for JSON alone on standard output.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        if !JSON.load(std::sync::atomic::Ordering::Relaxed) {
+            println!($($arg)*);
+        }
+    };
+}
+
 #[derive(Parser)]
 #[command(name = "wsp", about = "Build, run and inspect pto-wsp workloads")]
 struct Cli {
@@ -55,6 +68,10 @@ enum Command {
         /// only, for now.
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
+        /// Print the run's figures (tasks, time, per thread, per core, per
+        /// stall reason, the checks) as one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
         /// Scheduler threads (1 to 4); core c belongs to thread c % threads.
         /// The default is every runner's (QEMU's too): 2.
         #[arg(long, default_value_t = SchedConfig::default().threads)]
@@ -387,20 +404,21 @@ impl RunSetup {
         let (shim, sched) = (&self.shim, &self.shim.sched);
         let (threads, cube, vector) = (sched.threads, shim.cube_cores, shim.vector_cores);
         let stats = if self.semantic {
-            println!(
+            say!(
                 "shim      semantic time on one host thread: {threads} scheduler threads ({}), {cube} cube + {vector} vector AICores",
                 sched.policy.name()
             );
             let run = run_semantic_with(table, arena, &shim.core_kinds(), sched, &shim.options)?;
-            println!(
+            say!(
                 "ran       {} tasks, makespan {} cycles",
-                run.stats.tasks, run.makespan
+                run.stats.tasks,
+                run.makespan
             );
             if let Some(path) = &self.trace {
                 let trace = host_tools::trace::chrome_trace(&run, &shim.core_kinds(), threads);
                 std::fs::write(path, trace.to_string())
                     .with_context(|| format!("writing the trace to {}", path.display()))?;
-                println!(
+                say!(
                     "trace     {} ({} events)",
                     path.display(),
                     trace["traceEvents"].as_array().map_or(0, Vec::len)
@@ -408,12 +426,12 @@ impl RunSetup {
             }
             run.stats
         } else {
-            println!(
+            say!(
                 "shim      {threads} AICPU scheduler threads ({}), {cube} cube + {vector} vector AICore threads",
                 sched.policy.name()
             );
             let stats = shim.run(table, arena)?;
-            println!(
+            say!(
                 "ran       {} tasks in {:.3} ms wall",
                 stats.tasks,
                 stats.wall_micros() as f64 / 1000.0
@@ -443,32 +461,33 @@ fn name_deadlock(e: anyhow::Error, names: &CspNames) -> anyhow::Error {
 
 /// Per-taskset, per-thread and per-core figures, and backpressure.
 fn print_stats(stats: &RunStats, semantic: bool) {
-    println!("policy    {}", stats.policy);
+    say!("policy    {}", stats.policy);
     for (set, t) in stats.tasksets.iter().enumerate() {
         if let (1.., Some(t)) = (set, t) {
             let key = t.key.map_or("none".to_string(), |k| k.to_string());
-            println!(
+            say!(
                 "  taskset {set} (the program's): {}, key {key}, placed {} tasks",
-                t.decision, t.placed
+                t.decision,
+                t.placed
             );
         }
     }
-    println!("window    {} tasks in flight at most", stats.window);
+    say!("window    {} tasks in flight at most", stats.window);
     let ticks = if semantic { "cycles" } else { "ns" };
     for t in stats.threads() {
-        println!(
+        say!(
             "  thread {}: placed {:>5} released {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
             t.thread, t.placed, t.released, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
         );
     }
     for c in stats.cores() {
         let idle = stats.wall_ticks.saturating_sub(c.busy_ticks);
-        println!(
+        say!(
             "  core {} ({:?}, thread {}): {:>5} tasks {:>12} cycles, busy {} {ticks}, idle {} {ticks}",
             c.core, c.kind, c.thread, c.tasks, c.cycles, c.busy_ticks, idle
         );
     }
-    println!("  total semantic cycles {}", stats.total_cycles());
+    say!("  total semantic cycles {}", stats.total_cycles());
     print_stalls(&stats.stalls);
 }
 
@@ -476,7 +495,7 @@ fn print_stats(stats: &RunStats, semantic: bool) {
 fn write_out(out: Option<&Path>, arena: &[u8]) -> Result<()> {
     if let Some(out) = out {
         std::fs::write(out, arena).with_context(|| format!("writing {}", out.display()))?;
-        println!(
+        say!(
             "wrote     {} (the arena after the run, {} bytes)",
             out.display(),
             arena.len()
@@ -522,21 +541,21 @@ fn run_table(
         );
     }
     setup.shim.options.symbols = Symbols::new(symbols).context("--symbols: too many symbols")?;
-    println!(
+    say!(
         "table     {path}: {}",
         host_tools::inspect::summary(&table, None, symbols)
     );
     match arena {
-        Some(a) => println!("arena     {} ({size} bytes)", a.display()),
-        None => println!("arena     {size} bytes of zeroes"),
+        Some(a) => say!("arena     {} ({size} bytes)", a.display()),
+        None => say!("arena     {size} bytes of zeroes"),
     }
     if !symbols.is_empty() {
         let list: Vec<String> = symbols.iter().map(i64::to_string).collect();
-        println!("symbols   {}", list.join(", "));
+        say!("symbols   {}", list.join(", "));
     }
     setup.run(&bytes, &mut data)?;
     write_out(out, &data)?;
-    println!("no reference for a table: check the arena with `wsp verify WORKLOAD --arena OUT`");
+    say!("no reference for a table: check the arena with `wsp verify WORKLOAD --arena OUT`");
     Ok(true)
 }
 
@@ -551,6 +570,7 @@ fn run(cli: Cli) -> Result<bool> {
             vector,
             semantic,
             trace,
+            json,
             threads,
             policy,
             key,
@@ -558,6 +578,7 @@ fn run(cli: Cli) -> Result<bool> {
             issue_depth,
             window,
         } => {
+            JSON.store(json, std::sync::atomic::Ordering::Relaxed);
             if trace.is_some() && !semantic {
                 bail!("--trace records semantic-time runs only, for now: add --semantic");
             }
@@ -610,9 +631,9 @@ fn run(cli: Cli) -> Result<bool> {
             }
             let w = workload.load("run")?;
             setup.shim.options.symbols = Symbols::new(w.symbols()).context("too many symbols")?;
-            println!("workload  {}: {}", w.name(), w.summary());
+            say!("workload  {}: {}", w.name(), w.summary());
             if let Some(line) = w.symbols_line() {
-                println!("symbols   {line}");
+                say!("symbols   {line}");
             }
             let parsed =
                 device_runtime::abi::Table::parse(w.table()).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -620,7 +641,7 @@ fn run(cli: Cli) -> Result<bool> {
                 0 => String::new(),
                 n => format!(" (a program of {n} instructions, expanded on the device)"),
             };
-            println!(
+            say!(
                 "table     {} tasks{program}, {} bytes, arena {} bytes",
                 w.tasks(),
                 w.table().len(),
@@ -631,21 +652,32 @@ fn run(cli: Cli) -> Result<bool> {
                 .run(w.table(), &mut arena.bytes)
                 .map_err(|e| name_deadlock(e, &w.csp_names()))?;
             write_out(out.as_deref(), &arena.bytes)?;
-            Ok(report(&w, &arena, Some(stats.tasks as usize)))
+            let (passed, checks) = report(&w, &arena, Some(stats.tasks as usize));
+            if json {
+                let figures = host_tools::summary::run_json(&stats, semantic);
+                let out = serde_json::json!({
+                    "workload": w.name(),
+                    "run": figures,
+                    "checks": checks.iter().map(host_tools::summary::check_json).collect::<Vec<_>>(),
+                    "passed": passed,
+                });
+                println!("{out}");
+            }
+            Ok(passed)
         }
         Command::Build { workload, out } => {
             let w = workload.load("build")?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             std::fs::write(out.join("table.bin"), w.table()).context("writing table.bin")?;
             std::fs::write(out.join("arena.bin"), &w.arena().bytes).context("writing arena.bin")?;
-            println!(
+            say!(
                 "wrote {}/table.bin ({} tasks) and arena.bin ({} bytes)",
                 out.display(),
                 w.tasks(),
                 w.arena().bytes.len()
             );
             if let Some(line) = w.symbols_line() {
-                println!("the program's symbols, to bind at launch: {line}");
+                say!("the program's symbols, to bind at launch: {line}");
             }
             Ok(true)
         }
@@ -653,7 +685,7 @@ fn run(cli: Cli) -> Result<bool> {
             let w = workload.load("verify")?;
             let bytes =
                 std::fs::read(&arena).with_context(|| format!("reading {}", arena.display()))?;
-            Ok(report(&w, &Arena { bytes }, None))
+            Ok(report(&w, &Arena { bytes }, None).0)
         }
         Command::Inspect {
             table,
@@ -702,7 +734,7 @@ fn run(cli: Cli) -> Result<bool> {
                 let with = w
                     .symbols_line()
                     .map_or(String::new(), |s| format!(" with {s}"));
-                println!(
+                say!(
                     "the f64 reference expands the program{with} to {} tasks",
                     w.tasks()
                 );
@@ -725,7 +757,7 @@ fn print_stalls(stalls: &device_runtime::orch::StallStats) {
         StallReason::ReadyQueueFull,
     ] {
         let r = stalls.of(reason);
-        println!(
+        say!(
             "  {:<20} high water {:>5} of {:>5}, {} stalls",
             reason.name(),
             r.high_water,
@@ -740,7 +772,7 @@ fn print_stalls(stalls: &device_runtime::orch::StallStats) {
     ] {
         let r = stalls.of(reason);
         if r.stalls > 0 || r.high_water > 0 {
-            println!(
+            say!(
                 "  {:<20} high water {:>5} {what} (of {}), {} parks, {} ticks parked",
                 reason.name(),
                 r.high_water,
@@ -754,13 +786,13 @@ fn print_stalls(stalls: &device_runtime::orch::StallStats) {
 
 /// Prints the check of `arena` (and of the task count, when the run's is
 /// known) and whether it passed.
-fn report(w: &Loaded, arena: &Arena, ran: Option<usize>) -> bool {
+fn report(w: &Loaded, arena: &Arena, ran: Option<usize>) -> (bool, Vec<Verification>) {
     let checks: Vec<Verification> = match w {
         Loaded::Named(w) => vec![w.verify(arena)],
         Loaded::File(f) => {
-            println!("bound     {}", host_tools::workload_file::F32_BOUND);
+            say!("bound     {}", host_tools::workload_file::F32_BOUND);
             for note in &f.notes {
-                println!("note      {note}");
+                say!("note      {note}");
             }
             let mut checks: Vec<Verification> =
                 ran.map(|n| f.check_task_count(n)).into_iter().collect();
@@ -769,9 +801,9 @@ fn report(w: &Loaded, arena: &Arena, ran: Option<usize>) -> bool {
         }
     };
     for v in &checks {
-        println!("check     {v}");
+        say!("check     {v}");
     }
     let passed = checks.iter().all(Verification::passed);
-    println!("{}", if passed { "PASS" } else { "FAIL" });
-    passed
+    say!("{}", if passed { "PASS" } else { "FAIL" });
+    (passed, checks)
 }

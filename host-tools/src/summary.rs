@@ -1,0 +1,86 @@
+//! A run's figures as JSON, for scripts (`wsp run --json`): the same
+//! figures `wsp run` prints as text.
+
+use device_runtime::orch::StallReason;
+use device_runtime::sched::RunStats;
+use serde_json::{json, Value};
+
+use crate::workloads::Verification;
+
+/// The run's figures: tasks, time (semantic cycles or platform ticks and
+/// microseconds), policy, window, per thread, per core and per stall
+/// reason.
+pub fn run_json(stats: &RunStats, semantic: bool) -> Value {
+    let threads: Vec<Value> = stats
+        .threads()
+        .iter()
+        .map(|t| {
+            json!({
+                "thread": t.thread,
+                "placed": t.placed,
+                "released": t.released,
+                "issued": t.issued,
+                "from_shared": t.from_shared,
+                "queued_behind_running": t.queued,
+                "steal_attempts": t.steal_attempts,
+                "steals": t.steals,
+                "queue_high_water": t.queue_high_water,
+                "busy_ticks": t.busy_ticks,
+            })
+        })
+        .collect();
+    let cores: Vec<Value> = stats
+        .cores()
+        .iter()
+        .map(|c| {
+            json!({
+                "core": c.core,
+                "kind": format!("{:?}", c.kind),
+                "thread": c.thread,
+                "tasks": c.tasks,
+                "cycles": c.cycles,
+                "busy_ticks": c.busy_ticks,
+                "idle_ticks": stats.wall_ticks.saturating_sub(c.busy_ticks),
+            })
+        })
+        .collect();
+    let stalls: serde_json::Map<String, Value> = StallReason::ALL
+        .iter()
+        .map(|&r| {
+            let s = stats.stalls.of(r);
+            let figures = json!({
+                "stalls": s.stalls,
+                "stall_ticks": s.stall_ticks,
+                "high_water": s.high_water,
+                "capacity": s.capacity,
+            });
+            (r.name().to_string(), figures)
+        })
+        .collect();
+    json!({
+        "tasks": stats.tasks,
+        "clock": if semantic { "cycles" } else { "ticks" },
+        "ticks": stats.wall_ticks,
+        "ticks_per_second": stats.ticks_per_second,
+        "wall_micros": stats.wall_micros(),
+        "total_cycles": stats.total_cycles(),
+        "policy": stats.policy,
+        "window": stats.window,
+        "threads": threads,
+        "cores": cores,
+        "stalls": stalls,
+    })
+}
+
+/// One check against the f64 reference.
+pub fn check_json(v: &Verification) -> Value {
+    json!({
+        "output": v.output,
+        "elements": v.elements,
+        "max_abs_err": v.max_abs_err,
+        "max_rel_err": v.max_rel_err,
+        "worst_error_over_bound": v.worst_error_over_bound,
+        "tolerance": v.tolerance,
+        "passed": v.passed(),
+    })
+}

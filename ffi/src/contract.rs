@@ -179,6 +179,29 @@ pub enum ShapeError {
     /// Tensor argument `arg` has `value` rows where the kernel takes exactly
     /// `expected`.
     Rows { arg: u32, value: u32, expected: u32 },
+    /// Tensor argument `arg` holds `value` elements where tensor argument
+    /// `other` holds `other_value` (the kernel moves one into the other), or
+    /// more than `max`.
+    Elements {
+        arg: u32,
+        value: u64,
+        other: u32,
+        other_value: u64,
+        max: u64,
+    },
+    /// Tensor argument `arg` (`rows` x `cols`) is neither the shape of tensor
+    /// argument `heads` (`n` x `d`) nor one row of its `n * d` elements.
+    Heads {
+        arg: u32,
+        rows: u32,
+        cols: u32,
+        heads: u32,
+        n: u32,
+        d: u32,
+    },
+    /// Tensor argument `arg` has an odd number of cols, `value`: the kernel
+    /// pairs column `i` with column `i + cols / 2`.
+    OddCols { arg: u32, value: u32 },
 }
 
 /// The name of a `WSP_DTYPE_*` value, if it is one.
@@ -373,6 +396,35 @@ impl fmt::Display for ShapeError {
                 f,
                 "tensor argument {arg}: rows {value} where the kernel takes exactly {expected}"
             ),
+            Self::Elements {
+                arg,
+                value,
+                other,
+                other_value,
+                max,
+            } => write!(
+                f,
+                "tensor argument {arg} holds {value} elements, tensor argument {other} \
+                 {other_value}: they must be equal and at most {max}"
+            ),
+            Self::Heads {
+                arg,
+                rows,
+                cols,
+                heads,
+                n,
+                d,
+            } => write!(
+                f,
+                "tensor argument {arg} is {rows} x {cols}: it must be {n} x {d} like tensor \
+                 argument {heads}, or 1 x {}",
+                u64::from(n) * u64::from(d)
+            ),
+            Self::OddCols { arg, value } => write!(
+                f,
+                "tensor argument {arg}: cols {value} must be even (column i pairs with \
+                 column i + cols / 2)"
+            ),
         }
     }
 }
@@ -457,6 +509,14 @@ pub(crate) enum Extra {
     StateCols { out: u32, parts: u32 },
     /// Tensor argument `arg` has exactly `rows` rows.
     Rows { arg: u32, rows: u32 },
+    /// Tensor arguments `arg` and `other` hold the same number of elements,
+    /// at most `max`.
+    Elements { arg: u32, other: u32, max: u64 },
+    /// Tensor argument `arg` has the shape of tensor argument `heads` or is
+    /// one row of the same number of elements.
+    Heads { arg: u32, heads: u32 },
+    /// Tensor argument `arg` has an even number of cols.
+    EvenCols { arg: u32 },
 }
 
 impl Extra {
@@ -497,6 +557,49 @@ impl Extra {
                         other: parts,
                         other_value,
                     })
+                }
+            }
+            Self::Elements { arg, other, max } => {
+                let count = |i: u32| {
+                    let v = &views[i as usize];
+                    u64::from(v.rows) * u64::from(v.cols)
+                };
+                let (value, other_value) = (count(arg), count(other));
+                if value == other_value && value <= max {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Elements {
+                        arg,
+                        value,
+                        other,
+                        other_value,
+                        max,
+                    })
+                }
+            }
+            Self::Heads { arg, heads } => {
+                let (x, y) = (views[arg as usize], views[heads as usize]);
+                let one_row =
+                    x.rows == 1 && u64::from(x.cols) == u64::from(y.rows) * u64::from(y.cols);
+                if (x.rows == y.rows && x.cols == y.cols) || one_row {
+                    Ok(())
+                } else {
+                    Err(ShapeError::Heads {
+                        arg,
+                        rows: x.rows,
+                        cols: x.cols,
+                        heads,
+                        n: y.rows,
+                        d: y.cols,
+                    })
+                }
+            }
+            Self::EvenCols { arg } => {
+                let value = views[arg as usize].cols;
+                if value.is_multiple_of(2) {
+                    Ok(())
+                } else {
+                    Err(ShapeError::OddCols { arg, value })
                 }
             }
             Self::Rows { arg, rows } => {

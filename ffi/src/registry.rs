@@ -4,14 +4,16 @@ use core::fmt;
 
 use crate::bindings::{
     wsp_kernel_add, wsp_kernel_attn_decode_partial, wsp_kernel_attn_merge,
-    wsp_kernel_attn_sparse_partial, wsp_kernel_decode_plan, wsp_kernel_expert_rows,
-    wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_rmsnorm, wsp_kernel_route_topk,
-    wsp_kernel_softmax, wsp_kernel_topk, WspKernelArgs, WspKernelEntry, WspKernelId_WSP_KERNEL_ADD,
-    WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL, WspKernelId_WSP_KERNEL_ATTN_MERGE,
-    WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL, WspKernelId_WSP_KERNEL_DECODE_PLAN,
+    wsp_kernel_attn_sparse_partial, wsp_kernel_copy, wsp_kernel_decode_plan,
+    wsp_kernel_expert_rows, wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_rmsnorm,
+    wsp_kernel_rope, wsp_kernel_route_topk, wsp_kernel_softmax, wsp_kernel_topk, WspKernelArgs,
+    WspKernelEntry, WspKernelId_WSP_KERNEL_ADD, WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL,
+    WspKernelId_WSP_KERNEL_ATTN_MERGE, WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL,
+    WspKernelId_WSP_KERNEL_COPY, WspKernelId_WSP_KERNEL_DECODE_PLAN,
     WspKernelId_WSP_KERNEL_EXPERT_ROWS, WspKernelId_WSP_KERNEL_GEMM_TILE,
     WspKernelId_WSP_KERNEL_INDEXER_SCORES, WspKernelId_WSP_KERNEL_RMSNORM,
-    WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_TOPK,
+    WspKernelId_WSP_KERNEL_ROPE, WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SOFTMAX,
+    WspKernelId_WSP_KERNEL_TOPK,
 };
 use crate::contract::{Equal, Extra, ScalarRule};
 use crate::{DTYPE_F32, DTYPE_I32, WSP_KERNEL_REJECTED};
@@ -198,8 +200,10 @@ const MAX_SCORES: u32 = 16384;
 pub(crate) const MAX_TOPK: u32 = 2048;
 /// decode_plan: requests per batch.
 const MAX_REQUESTS: u32 = 4096;
+/// `rope`'s most heads per task.
+const MAX_ROPE_HEADS: u32 = 64;
 
-static KERNELS: [KernelInfo; 12] = [
+static KERNELS: [KernelInfo; 14] = [
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_ADD,
         name: "add",
@@ -470,6 +474,42 @@ static KERNELS: [KernelInfo; 12] = [
         ],
         extra: &[],
         entry: wsp_kernel_decode_plan,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_ROPE,
+        name: "rope",
+        kind: CoreKind::Vector,
+        num_tensors: 3,
+        num_scalars: 0,
+        // x is y's n heads of D, as [n x D] or one row [1 x n*D].
+        tensor_args: &[
+            arg("x", In, F32, MAX_ROPE_HEADS, MAX_ROPE_HEADS * MAX_DIM),
+            arg("cs", In, F32, 1, MAX_DIM),
+            arg("y", Out, F32, MAX_ROPE_HEADS, MAX_DIM),
+        ],
+        equal: &[Equal::new(1, Cols, 2, Cols)],
+        scalars: &[],
+        extra: &[
+            Extra::EvenCols { arg: 2 },
+            Extra::Heads { arg: 0, heads: 2 },
+        ],
+        entry: wsp_kernel_rope,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_COPY,
+        name: "copy",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 0,
+        tensor_args: &[arg("x", In, F32, 64, 4096), arg("y", Out, F32, 64, 4096)],
+        equal: &[],
+        scalars: &[],
+        extra: &[Extra::Elements {
+            arg: 0,
+            other: 1,
+            max: 65536,
+        }],
+        entry: wsp_kernel_copy,
     },
 ];
 

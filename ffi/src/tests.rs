@@ -6,6 +6,7 @@
 use crate::*;
 
 mod attn;
+mod model;
 mod plan;
 
 /// Written into row gaps (row_stride > cols) to check kernels leave them alone.
@@ -181,15 +182,21 @@ const INDEXER: u32 = WspKernelId_WSP_KERNEL_INDEXER_SCORES;
 const TOPK: u32 = WspKernelId_WSP_KERNEL_TOPK;
 const SPARSE: u32 = WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL;
 const PLAN: u32 = WspKernelId_WSP_KERNEL_DECODE_PLAN;
+const ROPE: u32 = WspKernelId_WSP_KERNEL_ROPE;
+const COPY: u32 = WspKernelId_WSP_KERNEL_COPY;
 
 #[test]
 fn registry_is_consistent() {
     let ids: Vec<u32> = all().iter().map(|k| k.id).collect();
     assert_eq!(
         ids,
-        [ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE, PLAN]
+        [
+            ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE, PLAN,
+            ROPE, COPY
+        ]
     );
-    assert_eq!(ids, (1..=12).collect::<Vec<u32>>());
+    assert_eq!(&ids[..12], (1..=12).collect::<Vec<u32>>());
+    assert_eq!(&ids[12..], [20, 21]);
     for kernel in all() {
         assert_eq!(
             kernel.num_tensors as usize,
@@ -213,7 +220,7 @@ fn registry_is_consistent() {
             );
         }
     }
-    assert!(lookup(0).is_none() && lookup(PLAN + 1).is_none());
+    assert!(lookup(0).is_none() && lookup(COPY + 1).is_none());
     for (id, kind) in [
         (DECODE, CoreKind::Cube),
         (MERGE, CoreKind::Vector),
@@ -601,6 +608,9 @@ fn valid_args(id: u32) -> (Vec<(u32, u32)>, Vec<u64>) {
         ),
         // 4 lengths; 2 KV heads, 3 cores, P = 16, items of 100 + 10 t.
         PLAN => (vec![(1, 4), (1, 1)], vec![2, 3, 16, 100 | 10 << 32]),
+        // 3 heads of 4 as one row.
+        ROPE => (vec![(1, 12), (1, 4), (3, 4)], vec![]),
+        COPY => (vec![(3, 4), (2, 6)], vec![]),
         _ => panic!("no valid arguments for kernel {id}"),
     }
 }

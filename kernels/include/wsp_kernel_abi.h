@@ -86,6 +86,14 @@ enum WspKernelId {
      * Scalars: KV heads, cores, page size P, the partial's cost model
      * (per item in the low 32 bits, per token in the high 32). */
     WSP_KERNEL_DECODE_PLAN = 12,
+    /* Rotary position embedding of one token's n heads of D (vector core,
+     * half-split pairing). Tensors: X [1 x n*D] or [n x D], CS [1 x D] (the
+     * position's cos in columns 0 .. D/2, sin in D/2 .. D), Y out [n x D].
+     * No scalars. */
+    WSP_KERNEL_ROPE = 20,
+    /* Y = X element by element in row-major order, between layouts of the
+     * same number of elements (vector core). Tensors: X, Y out. No scalars. */
+    WSP_KERNEL_COPY = 21,
 };
 
 /* A 2-D view of a tensor region: `rows` x `cols` valid elements starting at
@@ -132,6 +140,8 @@ uint64_t wsp_kernel_indexer_scores(const WspKernelArgs *args);
 uint64_t wsp_kernel_topk(const WspKernelArgs *args);
 uint64_t wsp_kernel_attn_sparse_partial(const WspKernelArgs *args);
 uint64_t wsp_kernel_decode_plan(const WspKernelArgs *args);
+uint64_t wsp_kernel_rope(const WspKernelArgs *args);
+uint64_t wsp_kernel_copy(const WspKernelArgs *args);
 
 #ifdef __cplusplus
 }

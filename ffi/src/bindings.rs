@@ -20,6 +20,7 @@ pub const WspKernelId_WSP_KERNEL_INDEXER_SCORES: WspKernelId = 9;
 pub const WspKernelId_WSP_KERNEL_TOPK: WspKernelId = 10;
 pub const WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL: WspKernelId = 11;
 pub const WspKernelId_WSP_KERNEL_DECODE_PLAN: WspKernelId = 12;
+pub const WspKernelId_WSP_KERNEL_SILU_MUL: WspKernelId = 13;
 pub const WspKernelId_WSP_KERNEL_ROPE: WspKernelId = 20;
 pub const WspKernelId_WSP_KERNEL_COPY: WspKernelId = 21;
 pub type WspKernelId = core::ffi::c_uint;
@@ -103,6 +104,9 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn wsp_kernel_decode_plan(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_silu_mul(args: *const WspKernelArgs) -> u64;
 }
 unsafe extern "C" {
     pub fn wsp_kernel_rope(args: *const WspKernelArgs) -> u64;

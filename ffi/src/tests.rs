@@ -182,6 +182,7 @@ const INDEXER: u32 = WspKernelId_WSP_KERNEL_INDEXER_SCORES;
 const TOPK: u32 = WspKernelId_WSP_KERNEL_TOPK;
 const SPARSE: u32 = WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL;
 const PLAN: u32 = WspKernelId_WSP_KERNEL_DECODE_PLAN;
+const SILU: u32 = WspKernelId_WSP_KERNEL_SILU_MUL;
 const ROPE: u32 = WspKernelId_WSP_KERNEL_ROPE;
 const COPY: u32 = WspKernelId_WSP_KERNEL_COPY;
 
@@ -192,11 +193,13 @@ fn registry_is_consistent() {
         ids,
         [
             ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE, PLAN,
-            ROPE, COPY
+            SILU, ROPE, COPY
         ]
     );
-    assert_eq!(&ids[..12], (1..=12).collect::<Vec<u32>>());
-    assert_eq!(&ids[12..], [20, 21]);
+    // Ids are stable numbers, in order; 14-19 are the MoE and the earlier
+    // examples' kernels.
+    assert_eq!(&ids[..13], (1..=13).collect::<Vec<u32>>());
+    assert_eq!(&ids[13..], [20, 21]);
     for kernel in all() {
         assert_eq!(
             kernel.num_tensors as usize,
@@ -227,6 +230,7 @@ fn registry_is_consistent() {
         (INDEXER, CoreKind::Cube),
         (TOPK, CoreKind::Vector),
         (SPARSE, CoreKind::Cube),
+        (SILU, CoreKind::Vector),
     ] {
         assert_eq!(lookup(id).unwrap().kind, kind);
     }
@@ -281,6 +285,68 @@ fn add_full_tile() {
     ];
     assert_eq!(run(ADD, &mut m, &[]), Ok(4 * 64 * 64));
     assert_eq!(m[2].get(63, 63), m[0].get(63, 63) + m[1].get(63, 63));
+}
+
+/// OUT = SiLU(G) * U against f64 within 12 u of |SiLU(g) u| (the kernel's
+/// stated bound is (e + 3) u with the exp's error e < 8 ulp), on strided
+/// views; the extremes: a large negative gate gives -0, NaN stays NaN.
+#[test]
+fn silu_mul_matches_f64() {
+    let mut rng = Lcg(31);
+    let (r, c) = (11, 37);
+    let mut m = [
+        Mat::random(r, c, 40, &mut rng, -12.0, 12.0),
+        Mat::random(r, c, c, &mut rng, -3.0, 3.0),
+        Mat::zeros(r, c, 45),
+    ];
+    let cycles = run(SILU, &mut m, &[]).unwrap();
+    assert_eq!(cycles, 8 * u64::from(r * c));
+    let u = f64::from(f32::EPSILON) / 2.0;
+    for i in 0..r as usize {
+        for j in 0..c as usize {
+            let (g, up) = (f64::from(m[0].get(i, j)), f64::from(m[1].get(i, j)));
+            let want = g / (1.0 + (-g).exp()) * up;
+            let got = f64::from(m[2].get(i, j));
+            assert!(
+                (got - want).abs() <= 12.0 * u * want.abs(),
+                "({i}, {j}): {got} vs {want}"
+            );
+        }
+    }
+    assert!(m.iter().all(Mat::gaps_untouched));
+
+    let gates = [-100.0f32, f32::NAN, 0.0, 100.0];
+    let mut m = [
+        Mat::new(1, 4, 4, |_, j| gates[j]),
+        Mat::new(1, 4, 4, |_, _| 2.0),
+        Mat::zeros(1, 4, 4),
+    ];
+    assert_eq!(run(SILU, &mut m, &[]), Ok(8 * 4));
+    assert_eq!(m[2].get(0, 0).to_bits(), (-0.0f32).to_bits());
+    assert!(m[2].get(0, 1).is_nan());
+    assert_eq!(m[2].get(0, 2), 0.0);
+    assert_eq!(m[2].get(0, 3), 200.0);
+    // Shapes that disagree, or a tile past 64 x 64, are rejected.
+    assert!(run(
+        SILU,
+        &mut [
+            Mat::zeros(2, 3, 3),
+            Mat::zeros(2, 3, 3),
+            Mat::zeros(3, 2, 2)
+        ],
+        &[]
+    )
+    .is_err());
+    assert!(run(
+        SILU,
+        &mut [
+            Mat::zeros(65, 2, 2),
+            Mat::zeros(65, 2, 2),
+            Mat::zeros(65, 2, 2)
+        ],
+        &[]
+    )
+    .is_err());
 }
 
 /// C += A x B, compared per element within 1e-5 of sum |c| + sum |a b|.
@@ -608,6 +674,7 @@ fn valid_args(id: u32) -> (Vec<(u32, u32)>, Vec<u64>) {
         ),
         // 4 lengths; 2 KV heads, 3 cores, P = 16, items of 100 + 10 t.
         PLAN => (vec![(1, 4), (1, 1)], vec![2, 3, 16, 100 | 10 << 32]),
+        SILU => (vec![(3, 5); 3], vec![]),
         // 3 heads of 4 as one row.
         ROPE => (vec![(1, 12), (1, 4), (3, 4)], vec![]),
         COPY => (vec![(3, 4), (2, 6)], vec![]),

@@ -86,6 +86,9 @@ enum WspKernelId {
      * Scalars: KV heads, cores, page size P, the partial's cost model
      * (per item in the low 32 bits, per token in the high 32). */
     WSP_KERNEL_DECODE_PLAN = 12,
+    /* OUT = SiLU(G) * U elementwise, SiLU(g) = g / (1 + e^-g), on f32 tiles
+     * (vector core). Tensors: G, U (in), OUT (out), one shape. No scalars. */
+    WSP_KERNEL_SILU_MUL = 13,
     /* Rotary position embedding of one token's n heads of D (vector core,
      * half-split pairing). Tensors: X [1 x n*D] or [n x D], CS [1 x D] (the
      * position's cos in columns 0 .. D/2, sin in D/2 .. D), Y out [n x D].
@@ -140,6 +143,7 @@ uint64_t wsp_kernel_indexer_scores(const WspKernelArgs *args);
 uint64_t wsp_kernel_topk(const WspKernelArgs *args);
 uint64_t wsp_kernel_attn_sparse_partial(const WspKernelArgs *args);
 uint64_t wsp_kernel_decode_plan(const WspKernelArgs *args);
+uint64_t wsp_kernel_silu_mul(const WspKernelArgs *args);
 uint64_t wsp_kernel_rope(const WspKernelArgs *args);
 uint64_t wsp_kernel_copy(const WspKernelArgs *args);
 

@@ -141,7 +141,7 @@ fn device_expansion(reps: u32) {
         // for the loads, the rest of the bytes untouched.
         let mut arena = Arena::zeroed(w.arena_size());
         let lens: Vec<i32> = shape.lengths.iter().map(|&l| l as i32).collect();
-        arena.write_i32(w.layout(t.lens), &lens);
+        arena.write_i32(w.layout(t.attn.lens), &lens);
         arena.write_i32(w.layout(t.plan), &[chunk as i32]);
         let plan = Plan::with_chunk(&shape, chunk);
         let tasks = expand_all(&table, &arena.bytes);

@@ -7,7 +7,8 @@
 //!   checks against the host's reference expansion (shim and QEMU tests).
 //! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
 //!   their f64 checks; [`reference`](mod@reference) holds the f64 math;
-//!   [`pipeline`] is the CSP pipeline (processes over token channels).
+//!   [`pipeline`] is the CSP pipeline (processes over token channels);
+//!   [`model`] the transformer decode layer.
 //! - [`dag`]: random DAG tables and their in-order meaning (scheduling tests).
 //! - [`shim`]: runs the device runtime on host threads.
 //! - [`inspect`]: a readable dump of any table, valid or not;
@@ -21,6 +22,7 @@ pub mod attention_pipeline;
 pub mod dag;
 pub mod heap;
 pub mod inspect;
+pub mod model;
 pub mod moe;
 pub mod pipeline;
 pub mod program;

@@ -60,6 +60,7 @@ impl Params {
             "decode" | "decode-skew" | "decode-device" => return decode(32, 8192, 128, 16),
             "decode-uniform" => return decode(32, 1024, 64, 64),
             "sparse-decode" => return decode(8, 16384, 128, 64),
+            "decode-layer-dense" => return decode(16, 2048, 512, 16),
             "gemm" => (256, 256, 256),
             "mlp" => (64, 128, 128),
             "streams" => (128, 128, 128),
@@ -115,7 +116,7 @@ pub fn is_tiled(name: &str) -> bool {
 }
 
 /// The names `Workload::build` accepts.
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 13] = [
     "gemm",
     "mlp",
     "streams",
@@ -128,6 +129,7 @@ pub const NAMES: [&str; 12] = [
     "decode-skew",
     "decode-device",
     "sparse-decode",
+    "decode-layer-dense",
 ];
 
 /// A built workload.
@@ -258,6 +260,9 @@ impl Workload {
             "decode-skew" => crate::attention::workload::named("decode-skew", p),
             "decode-device" => crate::attention::device::named(p),
             "sparse-decode" => crate::attention::sparse::named("sparse-decode", p),
+            "decode-layer-dense" => {
+                crate::model::layer::named("decode-layer-dense", p, crate::model::Mlp::Dense)
+            }
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }

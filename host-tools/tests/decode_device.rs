@@ -108,14 +108,14 @@ fn bad_lengths_end_the_device_planned_run_clearly() {
     let table = w.finish().unwrap();
     let base = {
         let mut arena = Arena::zeroed(w.arena_size());
-        arena.write_f32(w.layout(t.q), &data.q);
-        arena.write_f32(w.layout(t.kv), &data.kv);
-        arena.write_i32(w.layout(t.meta), &data.meta);
+        arena.write_f32(w.layout(t.attn.q), &data.q);
+        arena.write_f32(w.layout(t.attn.kv), &data.kv);
+        arena.write_i32(w.layout(t.attn.meta), &data.meta);
         arena
     };
     let run = |lens: &[i32]| {
         let mut arena = base.clone();
-        arena.write_i32(w.layout(t.lens), lens);
+        arena.write_i32(w.layout(t.attn.lens), lens);
         let e = Shim::default().run(&table, &mut arena.bytes).unwrap_err();
         match e {
             ShimError::Run(r) => *r,

@@ -44,60 +44,102 @@ use crate::workloads::{Verification, Workload, WorkloadError};
 /// and every offset, extent and scalar of a call takes one while it runs.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceTensors {
-    /// `[B, kv_heads, G, D]`: `[B * q_heads, D]`.
+    /// The tensors [`attention_calls`] reads and writes.
+    pub attn: AttnTensors,
+    /// i32 `[1, 1]`: the chunk size `decode_plan` chose.
+    pub plan: TensorId,
+}
+
+/// The tensors of one device-planned decode attention.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnTensors {
+    /// `[B, q_heads, D]`: `[B * q_heads, D]`.
     pub q: TensorId,
     /// `[kv_heads, pages * 2P, D]`.
     pub kv: TensorId,
     /// i32 `[B, 2, W]`: `[2B, W]`.
     pub meta: TensorId,
-    /// `[B, kv_heads, G, D + 2]`: the final states, `[B * q_heads, D + 2]`.
+    /// `[B, q_heads, D + 2]`: the final states, `[B * q_heads, D + 2]`.
     pub out: TensorId,
     /// `[B * kv_heads, max_chunks * G, D + 2]`: partial states.
     pub parts: TensorId,
     /// i32 `[1, B]`: the lengths, read on the device.
     pub lens: TensorId,
-    /// i32 `[1, 1]`: the chunk size `decode_plan` chose.
-    pub plan: TensorId,
+}
+
+/// The sizes [`attention_calls`] needs.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDims {
+    /// Requests.
+    pub batch: u32,
+    /// KV heads.
+    pub kv_heads: u32,
+    /// Query heads per KV head.
+    pub group: u32,
+    /// Head dimension.
+    pub d: u32,
+    /// Tokens per page.
+    pub page: u32,
+    /// Rows of one KV head's pool.
+    pub pool: u32,
+    /// Page table width.
+    pub width: u32,
+    /// The most chunks a request may be split into ([`max_chunks`]).
+    pub most: u32,
+}
+
+impl AttnDims {
+    /// The sizes of `data`'s decode step.
+    pub fn of(data: &DecodeData) -> AttnDims {
+        let s = &data.shape;
+        AttnDims {
+            batch: s.batch(),
+            kv_heads: s.kv_heads,
+            group: s.group(),
+            d: s.d,
+            page: s.page,
+            pool: data.pool_rows(),
+            width: data.width,
+            most: max_chunks(data),
+        }
+    }
 }
 
 /// The most chunks a request of the shape's page-table width can need:
-/// `ceil(W P / min_chunk(P))`.
+/// `ceil(W P / min_chunk)`.
 pub fn max_chunks(data: &DecodeData) -> u32 {
     (data.width * data.shape.page).div_ceil(min_chunk(data.shape.page))
 }
 
-/// The program of the device planner for `data`'s shape, planning for
-/// `cores` cores that run partials.
-pub fn decode_program(
-    data: &DecodeData,
-    cores: u32,
-) -> Result<(Program, DeviceTensors), LowerError> {
-    let s = &data.shape;
-    let (b, d, g, kvh, page) = (s.batch(), s.d, s.group(), s.kv_heads, s.page);
-    let (most, pool, width) = (max_chunks(data), data.pool_rows(), data.width);
-    let mut w = Program::new();
-    let t = DeviceTensors {
-        q: w.tensor("q", &[b, kvh, g, d])?,
-        kv: w.tensor("kv", &[kvh, pool, d])?,
-        meta: w.tensor_i32("meta", &[b, 2, width])?,
-        out: w.tensor("out", &[b, kvh, g, d + 2])?,
-        parts: w.tensor("parts", &[b * kvh, most * g, d + 2])?,
-        lens: w.tensor_i32("lens", &[1, b])?,
-        plan: w.tensor_i32("plan", &[1, 1])?,
-    };
-    w.input(t.lens);
-    let cost = CostModel::of(g, d);
+/// Adds one `decode_plan` call planning for `cores` cores: it reads
+/// `lens` and writes the chunk size into `plan`.
+pub fn plan_call(w: &mut Program, dims: &AttnDims, lens: TensorId, plan: TensorId, cores: u32) {
+    let cost = CostModel::of(dims.group, dims.d);
     w.call(
         DECODE_PLAN,
-        &[t.lens.tile(0, 0, 1, b), t.plan.tile(0, 0, 1, 1)],
+        &[lens.tile(0, 0, 1, dims.batch), plan.tile(0, 0, 1, 1)],
         &[
-            Expr::Const(kvh as i64),
+            Expr::Const(dims.kv_heads as i64),
             Expr::Const(cores as i64),
-            Expr::Const(page as i64),
+            Expr::Const(dims.page as i64),
             Expr::Const((cost.item | cost.token << 32) as i64),
         ],
     );
-    let c = w.let_(Expr::load(t.plan, vec![Expr::Const(0), Expr::Const(0)]));
+}
+
+/// Adds the partial and merge calls of one decode attention in chunks of
+/// `c` tokens (an expression: e.g. the chunk `decode_plan` wrote, loaded).
+pub fn attention_calls(w: &mut Program, t: &AttnTensors, dims: &AttnDims, c: &Expr) {
+    let &AttnDims {
+        batch: b,
+        kv_heads: kvh,
+        group: g,
+        d,
+        page,
+        pool,
+        width,
+        most,
+    } = dims;
     let scale = Expr::Const(((1.0 / (d as f64).sqrt()) as f32).to_bits() as i64);
     let zero = || Expr::Const(0);
     w.parallel(Axis::Dense(b), |w, r| {
@@ -105,10 +147,10 @@ pub fn decode_program(
         let len = || Expr::load(t.lens, vec![Expr::Const(0), r.clone()]);
         let chunks = || (len() + c.clone() - 1) / c.clone();
         w.parallel(Axis::Dense(kvh), |w, h| {
-            let at = |t: TensorId, rows: u32, cols: u32| Region {
+            let at = |t: TensorId, cols: u32| Region {
                 tensor: t,
-                offset: vec![r.clone(), h.clone(), zero(), zero()],
-                rows: rows.into(),
+                offset: vec![r.clone(), h.clone() * g, zero()],
+                rows: g.into(),
                 cols: cols.into(),
             };
             let partial = |w: &mut Program, part: Region, first: Expr, n: Expr| {
@@ -126,13 +168,13 @@ pub fn decode_program(
                 };
                 w.call(
                     PARTIAL,
-                    &[at(t.q, g, d), kv, meta, part],
+                    &[at(t.q, d), kv, meta, part],
                     &[first, n, Expr::Const(page as i64), scale.clone()],
                 );
             };
             w.when(
                 chunks().le(1),
-                |w| partial(w, at(t.out, g, d + 2), zero(), len()),
+                |w| partial(w, at(t.out, d + 2), zero(), len()),
                 |w| {
                     let group = || r.clone() * kvh + h.clone();
                     w.parallel(
@@ -157,11 +199,39 @@ pub fn decode_program(
                         rows: chunks() * g,
                         cols: (d + 2).into(),
                     };
-                    w.call(MERGE, &[parts, at(t.out, g, d + 2)], &[chunks()]);
+                    w.call(MERGE, &[parts, at(t.out, d + 2)], &[chunks()]);
                 },
             );
         });
     });
+}
+
+/// The program of the device planner for `data`'s shape, planning for
+/// `cores` cores that run partials.
+pub fn decode_program(
+    data: &DecodeData,
+    cores: u32,
+) -> Result<(Program, DeviceTensors), LowerError> {
+    let s = &data.shape;
+    let dims = AttnDims::of(data);
+    let (b, d, kvh) = (s.batch(), s.d, s.kv_heads);
+    let mut w = Program::new();
+    let attn = AttnTensors {
+        q: w.tensor("q", &[b, s.q_heads, d])?,
+        kv: w.tensor("kv", &[kvh, dims.pool, d])?,
+        meta: w.tensor_i32("meta", &[b, 2, dims.width])?,
+        out: w.tensor("out", &[b, s.q_heads, d + 2])?,
+        parts: w.tensor("parts", &[b * kvh, dims.most * dims.group, d + 2])?,
+        lens: w.tensor_i32("lens", &[1, b])?,
+    };
+    let t = DeviceTensors {
+        attn,
+        plan: w.tensor_i32("plan", &[1, 1])?,
+    };
+    w.input(attn.lens);
+    plan_call(&mut w, &dims, attn.lens, t.plan, cores);
+    let c = w.let_(Expr::load(t.plan, vec![Expr::Const(0), Expr::Const(0)]));
+    attention_calls(&mut w, &attn, &dims, &c);
     Ok((w, t))
 }
 
@@ -180,16 +250,17 @@ pub fn device_decode_workload(
     let (mut w, t) = decode_program(data, cores).map_err(lower)?;
     let table = w.finish().map_err(lower)?;
     let mut arena = Arena::zeroed(w.arena_size());
-    arena.write_f32(w.layout(t.q), &data.q);
-    arena.write_f32(w.layout(t.kv), &data.kv);
-    arena.write_i32(w.layout(t.meta), &data.meta);
+    let a = &t.attn;
+    arena.write_f32(w.layout(a.q), &data.q);
+    arena.write_f32(w.layout(a.kv), &data.kv);
+    arena.write_i32(w.layout(a.meta), &data.meta);
     let lens: Vec<i32> = data.shape.lengths.iter().map(|&l| l as i32).collect();
-    arena.write_i32(w.layout(t.lens), &lens);
+    arena.write_i32(w.layout(a.lens), &lens);
     let s = data.shape.clone();
     let d = s.d as usize;
     let most = max_chunks(data);
     let copy = data.clone();
-    let out = w.layout(t.out).clone();
+    let out = w.layout(t.attn.out).clone();
     let check = move |arena: &Arena| {
         let want = reference::attention(&copy);
         let bound = reference::bound(&want, |_| most);

@@ -126,17 +126,15 @@ pub const TOLERANCE: &str =
 ///   absolute each: `n * 2^-126` covers them (|v| < 1).
 pub fn bound(r: &Reference, chunks: impl Fn(usize) -> u32) -> Vec<f64> {
     let d = r.d as usize;
-    let ln2 = std::f64::consts::LN_2;
-    let log2e = std::f64::consts::LOG2_E;
-    let scale = 1.0 / (r.d as f64).sqrt();
     let per_row: Vec<f64> = (0..r.len.len())
         .map(|row| {
-            let (n, c) = (r.len[row] as f64, chunks(row) as f64);
-            let e2 = log2e * scale * (gamma(r.d as f64) + 3.0 * U) * r.dot_abs[row];
-            let blocks = (r.len[row].div_ceil(KERNEL_BLOCK)) as f64;
-            let rho = ln2 * (e2 + 6.0 * U * r.score2_abs[row])
-                + (blocks + 2.0 * c + 1.0) * (EXP2_ERROR + 2.0 * U);
-            2.0 * rho + 2.0 * gamma(n + c + 2.0) + 2.0 * U
+            relative_error(
+                r.len[row],
+                chunks(row),
+                r.d,
+                r.dot_abs[row],
+                r.score2_abs[row],
+            )
         })
         .collect();
     (0..r.o.len())
@@ -144,4 +142,19 @@ pub fn bound(r: &Reference, chunks: impl Fn(usize) -> u32) -> Vec<f64> {
             per_row[i / d] * r.weighted_abs[i] + r.len[i / d] as f64 * f32::MIN_POSITIVE as f64
         })
         .collect()
+}
+
+/// The factor of [`bound`] for one query row of `len` tokens in `chunks`
+/// chunks, head dimension `d`, whose largest `sum_i |q_i k_ji|` is
+/// `dot_abs` and largest base-2 score magnitude `score2_abs`: the row's
+/// error is at most this times `sum_j p_j |v_j|`, plus `len * 2^-126`.
+pub fn relative_error(len: u32, chunks: u32, d: u32, dot_abs: f64, score2_abs: f64) -> f64 {
+    let ln2 = std::f64::consts::LN_2;
+    let log2e = std::f64::consts::LOG2_E;
+    let scale = 1.0 / (d as f64).sqrt();
+    let (n, c) = (len as f64, chunks as f64);
+    let e2 = log2e * scale * (gamma(d as f64) + 3.0 * U) * dot_abs;
+    let blocks = (len.div_ceil(KERNEL_BLOCK)) as f64;
+    let rho = ln2 * (e2 + 6.0 * U * score2_abs) + (blocks + 2.0 * c + 1.0) * (EXP2_ERROR + 2.0 * U);
+    2.0 * rho + 2.0 * gamma(n + c + 2.0) + 2.0 * U
 }

@@ -1,0 +1,703 @@
+//! The decode layer: its sizes, data, program and workload (see [the
+//! module](super)).
+
+use wsp_ffi::{
+    WspKernelId_WSP_KERNEL_COPY as COPY, WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM,
+    WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM, WspKernelId_WSP_KERNEL_ROPE as ROPE,
+    WspKernelId_WSP_KERNEL_SILU_MUL as SILU_MUL,
+};
+
+use super::reference;
+use crate::attention::device::{attention_calls, plan_call, AttnDims, AttnTensors};
+use crate::attention::kv::{DecodeData, DecodeShape, MAX_DIM, MAX_GROUP};
+use crate::attention::plan::{choose_chunk, min_chunk, CostModel, Plan};
+use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
+use crate::rng::SplitMix64;
+use crate::table::{Arena, TensorId};
+use crate::workloads::{Verification, Workload, WorkloadError};
+
+/// Edge of the GEMM tiles.
+pub const TILE: u32 = 64;
+/// Rows of one `rmsnorm` task.
+const NORM_ROWS: u32 = 16;
+/// Largest batch: the GEMM tiles' rows.
+pub const MAX_BATCH: u32 = 64;
+/// Largest hidden size: `rmsnorm`'s row.
+pub const MAX_HIDDEN: u32 = 1024;
+/// The RMSNorm epsilon.
+pub const EPS: f32 = 1e-5;
+/// The rotary embedding's base.
+pub const THETA: f64 = 10000.0;
+/// Cube cores the device planner plans attention for.
+pub const PLAN_CORES: u32 = 8;
+
+/// The feed-forward block of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mlp {
+    /// `(silu(x Wg) * (x Wu)) Wd`.
+    Dense,
+}
+
+/// The sizes of a decode step through `layers` layers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerShape {
+    /// KV length of each request, this step's token included (each >= 1):
+    /// the new token is at position `len - 1`.
+    pub lengths: Vec<u32>,
+    /// Query heads.
+    pub q_heads: u32,
+    /// KV heads; divides `q_heads`.
+    pub kv_heads: u32,
+    /// Head dimension (even). The hidden size is `q_heads * d`.
+    pub d: u32,
+    /// The feed-forward block's inner size, a multiple of [`TILE`].
+    pub ffn: u32,
+    /// Tokens per page of the KV cache.
+    pub page: u32,
+    /// Layers, back to back.
+    pub layers: u32,
+    /// The feed-forward block.
+    pub mlp: Mlp,
+}
+
+impl LayerShape {
+    /// Requests.
+    pub fn batch(&self) -> u32 {
+        self.lengths.len() as u32
+    }
+
+    /// The hidden size, `q_heads * d`.
+    pub fn hidden(&self) -> u32 {
+        self.q_heads * self.d
+    }
+
+    /// Columns of the QKV projection: `(q_heads + 2 kv_heads) * d`.
+    pub fn qkv(&self) -> u32 {
+        (self.q_heads + 2 * self.kv_heads) * self.d
+    }
+
+    /// The attention's shape (the lengths as they are after the append).
+    pub fn attention(&self) -> DecodeShape {
+        DecodeShape {
+            lengths: self.lengths.clone(),
+            q_heads: self.q_heads,
+            kv_heads: self.kv_heads,
+            d: self.d,
+            page: self.page,
+        }
+    }
+
+    /// Refuses sizes the kernels or the tiling cannot take, naming them.
+    pub fn check(&self) -> Result<(), WorkloadError> {
+        let bad = |why: String| Err(WorkloadError::Params(why));
+        let (b, h) = (self.batch(), self.hidden());
+        if b == 0 || b > MAX_BATCH {
+            return bad(format!("{b} requests: the layer takes 1 ..= {MAX_BATCH}"));
+        }
+        if self.layers == 0 {
+            return bad("0 layers".into());
+        }
+        if self.d == 0 || !self.d.is_multiple_of(2) || self.d > MAX_DIM {
+            return bad(format!(
+                "head dimension {} must be even and at most {MAX_DIM} (rope pairs halves)",
+                self.d
+            ));
+        }
+        if self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "{} query heads are not a whole number of groups of {} KV heads",
+                self.q_heads, self.kv_heads
+            ));
+        }
+        if self.q_heads / self.kv_heads > MAX_GROUP {
+            return bad(format!("a GQA group above {MAX_GROUP}"));
+        }
+        if h == 0 || !h.is_multiple_of(TILE) || h > MAX_HIDDEN {
+            return bad(format!(
+                "hidden size {h} (q_heads x d) must be a multiple of {TILE} up to {MAX_HIDDEN}"
+            ));
+        }
+        if !self.qkv().is_multiple_of(TILE) {
+            return bad(format!(
+                "the QKV projection's {} columns are not a multiple of {TILE}",
+                self.qkv()
+            ));
+        }
+        if self.ffn == 0 || !self.ffn.is_multiple_of(TILE) {
+            return bad(format!(
+                "ffn {} must be a positive multiple of {TILE}",
+                self.ffn
+            ));
+        }
+        self.attention()
+            .check()
+            .map_err(|e| WorkloadError::Params(e.to_string()))
+    }
+}
+
+/// One layer's weights and KV cache.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// `[1, H]`: the attention norm's gain.
+    pub g1: Vec<f32>,
+    /// `[H, QKV]`: query heads, then key heads, then value heads.
+    pub wqkv: Vec<f32>,
+    /// `[H, H]`.
+    pub wo: Vec<f32>,
+    /// `[1, H]`: the feed-forward norm's gain.
+    pub g2: Vec<f32>,
+    /// `[H, F]`.
+    pub wg: Vec<f32>,
+    /// `[H, F]`.
+    pub wu: Vec<f32>,
+    /// `[F, H]`.
+    pub wd: Vec<f32>,
+    /// `[kv_heads, pool rows, D]`: the paged cache (rows at each request's
+    /// new position are overwritten by the step).
+    pub kv: Vec<f32>,
+}
+
+/// A decode step's inputs.
+#[derive(Clone, Debug)]
+pub struct LayerData {
+    /// The sizes.
+    pub shape: LayerShape,
+    /// `[B, H]`: the new tokens' hidden states entering layer 0.
+    pub x: Vec<f32>,
+    /// Each layer's weights and cache.
+    pub layers: Vec<LayerWeights>,
+    /// The page tables, shared by every layer's cache (`[B, 2, W]` as the
+    /// attention kernels take it).
+    pub meta: Vec<i32>,
+    /// Pages per KV head's pool.
+    pub pages: u32,
+    /// Page table width.
+    pub width: u32,
+    /// `[max length, D]`: row `p` holds `cos(p f_i)` then `sin(p f_i)`,
+    /// `f_i = THETA^(-2i/D)`, computed in f64 and rounded.
+    pub cs: Vec<f32>,
+}
+
+/// `n` values uniform in [-1, 1) times `2^-s`, `2^s` the power of two
+/// nearest `sqrt(fan_in)` from above: activations stay near 1 and every
+/// value is exact in f32.
+fn weights(rng: &mut SplitMix64, n: usize, fan_in: u32) -> Vec<f32> {
+    let s = (fan_in as f64).sqrt().log2().ceil() as i32;
+    let scale = 2f32.powi(-s);
+    rng.fill(n).into_iter().map(|v| v * scale).collect()
+}
+
+/// Gains `1 + v / 2`, `v` uniform in [-1, 1).
+fn gains(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+    rng.fill(n).into_iter().map(|v| 1.0 + 0.5 * v).collect()
+}
+
+/// The cos/sin cache for positions `0 .. len`, head dimension `d`.
+pub fn cos_sin(len: u32, d: u32) -> Vec<f32> {
+    let half = (d / 2) as usize;
+    let mut cs = vec![0f32; len as usize * d as usize];
+    for (p, row) in cs.chunks_exact_mut(d as usize).enumerate() {
+        for i in 0..half {
+            let a = p as f64 * THETA.powf(-2.0 * i as f64 / d as f64);
+            row[i] = a.cos() as f32;
+            row[half + i] = a.sin() as f32;
+        }
+    }
+    cs
+}
+
+impl LayerData {
+    /// Random inputs, weights and caches for `shape`, seeded by `seed`.
+    pub fn build(shape: LayerShape, seed: u64) -> Result<LayerData, WorkloadError> {
+        shape.check()?;
+        // The page tables (and pool size) of the attention's own data.
+        let attn = DecodeData::build(shape.attention(), seed)
+            .map_err(|e| WorkloadError::Params(e.to_string()))?;
+        let (b, h, f, d) = (shape.batch() as usize, shape.hidden(), shape.ffn, shape.d);
+        let mut rng = SplitMix64::new(seed ^ 0x006c_6179_6572);
+        let x = rng.fill(b * h as usize);
+        let pool = (shape.kv_heads * attn.pool_rows() * d) as usize;
+        let layers = (0..shape.layers)
+            .map(|_| LayerWeights {
+                g1: gains(&mut rng, h as usize),
+                wqkv: weights(&mut rng, (h * shape.qkv()) as usize, h),
+                wo: weights(&mut rng, (h * h) as usize, h),
+                g2: gains(&mut rng, h as usize),
+                wg: weights(&mut rng, (h * f) as usize, h),
+                wu: weights(&mut rng, (h * f) as usize, h),
+                wd: weights(&mut rng, (f * h) as usize, f),
+                kv: rng.fill(pool),
+            })
+            .collect();
+        let longest = *shape.lengths.iter().max().expect("checked: not empty");
+        Ok(LayerData {
+            cs: cos_sin(longest, d),
+            pages: attn.pages,
+            width: attn.width,
+            meta: attn.meta,
+            x,
+            layers,
+            shape,
+        })
+    }
+
+    /// Rows of one KV head's pool.
+    pub fn pool_rows(&self) -> u32 {
+        self.pages * 2 * self.shape.page
+    }
+
+    /// The pool row of token `t` of request `b` (key, or value when
+    /// `value`), within KV head `h`'s pool.
+    pub fn pool_row(&self, b: usize, t: u32, value: bool) -> usize {
+        let (p, w) = (self.shape.page, self.width as usize);
+        let page = self.meta[2 * b * w + (t / p) as usize] as usize;
+        page * 2 * p as usize + if value { p as usize } else { 0 } + (t % p) as usize
+    }
+
+    /// The most chunks the device planner may split a request into.
+    pub fn max_chunks(&self) -> u32 {
+        (self.width * self.shape.page).div_ceil(min_chunk(self.shape.page))
+    }
+
+    /// The attention's sizes for [`attention_calls`].
+    fn attn_dims(&self) -> AttnDims {
+        let s = &self.shape;
+        AttnDims {
+            batch: s.batch(),
+            kv_heads: s.kv_heads,
+            group: s.q_heads / s.kv_heads,
+            d: s.d,
+            page: s.page,
+            pool: self.pool_rows(),
+            width: self.width,
+            most: self.max_chunks(),
+        }
+    }
+}
+
+/// The tensors of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerTensors {
+    /// `[1, H]`.
+    pub g1: TensorId,
+    /// `[H, QKV]`.
+    pub wqkv: TensorId,
+    /// `[H, H]`.
+    pub wo: TensorId,
+    /// `[1, H]`.
+    pub g2: TensorId,
+    /// `[H, F]`.
+    pub wg: TensorId,
+    /// `[H, F]`.
+    pub wu: TensorId,
+    /// `[F, H]`.
+    pub wd: TensorId,
+    /// `[kv_heads, pool rows, D]`: the cache.
+    pub kv: TensorId,
+    /// `[B, H]`: the normed input.
+    pub xn: TensorId,
+    /// `[B, QKV]`: the projection.
+    pub qkv: TensorId,
+    /// `[B, q_heads, D]`: rotated queries.
+    pub q: TensorId,
+    /// `[B, q_heads, D + 2]`: attention states.
+    pub state: TensorId,
+    /// `[B * kv_heads, max chunks * G, D + 2]`: partial states.
+    pub parts: TensorId,
+    /// `[B, H]`: the heads' o, one row per request.
+    pub o: TensorId,
+    /// `[B, H]`: the residual stream after attention.
+    pub h: TensorId,
+    /// `[B, H]`: its norm.
+    pub hn: TensorId,
+    /// `[B, F]`.
+    pub gate: TensorId,
+    /// `[B, F]`.
+    pub up: TensorId,
+    /// `[B, F]`: `silu(gate) * up`.
+    pub act: TensorId,
+}
+
+/// The tensors of the whole step.
+#[derive(Clone, Debug)]
+pub struct StepTensors {
+    /// `x[l]`, `[B, H]`: layer `l`'s input; `x[L]` is the step's output.
+    pub x: Vec<TensorId>,
+    /// Each layer's.
+    pub layers: Vec<LayerTensors>,
+    /// i32 `[B, 2, W]`.
+    pub meta: TensorId,
+    /// i32 `[1, B]`.
+    pub lens: TensorId,
+    /// i32 `[1, 1]`: the chunk size.
+    pub plan: TensorId,
+    /// `[max length, D]`.
+    pub cs: TensorId,
+}
+
+fn region(tensor: TensorId, offset: Vec<Expr>, rows: impl Into<Expr>, cols: u32) -> Region {
+    Region {
+        tensor,
+        offset,
+        rows: rows.into(),
+        cols: cols.into(),
+    }
+}
+
+/// `c (+)= a b` in [`TILE`]-square tiles: `a` is `[rows, k]`, `b` `[k, n]`,
+/// `c` `[rows, n]`; every tile of `c` accumulates its `k / TILE` products
+/// in place (`gemm_tile` is `C += A B`), in order of `k`, which the
+/// runtime keeps from the regions.
+pub fn gemm(w: &mut Program, [a, b, c]: [TensorId; 3], rows: u32, k: u32, n: u32) {
+    w.parallel(Axis::Dense(n / TILE), |w, j| {
+        w.parallel(Axis::Dense(k / TILE), |w, kk| {
+            w.call(
+                GEMM,
+                &[
+                    a.tile(0, kk.clone() * TILE, rows, TILE),
+                    b.tile(kk * TILE, j.clone() * TILE, TILE, TILE),
+                    c.tile(0, j * TILE, rows, TILE),
+                ],
+                &[],
+            );
+        });
+    });
+}
+
+/// `y = copy(x)` in column tiles of [`TILE`]: each tile of `y` is ready as
+/// soon as its accumulation can start.
+fn copy_tiles(w: &mut Program, x: TensorId, y: TensorId, rows: u32, cols: u32) {
+    w.parallel(Axis::Dense(cols / TILE), |w, j| {
+        w.call(
+            COPY,
+            &[
+                x.tile(0, j.clone() * TILE, rows, TILE),
+                y.tile(0, j * TILE, rows, TILE),
+            ],
+            &[],
+        );
+    });
+}
+
+/// `y = rmsnorm(x) * g` in blocks of [`NORM_ROWS`] rows.
+fn rmsnorm(w: &mut Program, x: TensorId, g: TensorId, y: TensorId, rows: u32, cols: u32) {
+    let eps = Expr::Const(EPS.to_bits() as i64);
+    for r0 in (0..rows).step_by(NORM_ROWS as usize) {
+        let n = NORM_ROWS.min(rows - r0);
+        w.call(
+            RMSNORM,
+            &[
+                x.tile(r0, 0, n, cols),
+                g.tile(0, 0, 1, cols),
+                y.tile(r0, 0, n, cols),
+            ],
+            std::slice::from_ref(&eps),
+        );
+    }
+}
+
+/// Declares layer `l`'s tensors.
+fn layer_tensors(w: &mut Program, data: &LayerData, l: u32) -> Result<LayerTensors, LowerError> {
+    let s = &data.shape;
+    let (b, h, f, d) = (s.batch(), s.hidden(), s.ffn, s.d);
+    let g = s.q_heads / s.kv_heads;
+    let mut t = |name: &str, shape: &[u32]| w.tensor(&format!("l{l}.{name}"), shape);
+    Ok(LayerTensors {
+        g1: t("g1", &[1, h])?,
+        wqkv: t("wqkv", &[h, s.qkv()])?,
+        wo: t("wo", &[h, h])?,
+        g2: t("g2", &[1, h])?,
+        wg: t("wg", &[h, f])?,
+        wu: t("wu", &[h, f])?,
+        wd: t("wd", &[f, h])?,
+        kv: t("kv", &[s.kv_heads, data.pool_rows(), d])?,
+        xn: t("xn", &[b, h])?,
+        qkv: t("qkv", &[b, s.qkv()])?,
+        q: t("q", &[b, s.q_heads, d])?,
+        state: t("state", &[b, s.q_heads, d + 2])?,
+        parts: t("parts", &[b * s.kv_heads, data.max_chunks() * g, d + 2])?,
+        o: t("o", &[b, h])?,
+        h: t("h", &[b, h])?,
+        hn: t("hn", &[b, h])?,
+        gate: t("gate", &[b, f])?,
+        up: t("up", &[b, f])?,
+        act: t("act", &[b, f])?,
+    })
+}
+
+/// Layer `l`'s calls: from `x` (its input) to `out`.
+fn layer_calls(
+    w: &mut Program,
+    data: &LayerData,
+    st: &StepTensors,
+    t: &LayerTensors,
+    [x, out]: [TensorId; 2],
+    c: &Expr,
+) {
+    let s = &data.shape;
+    let (b, h, f, d, page) = (s.batch(), s.hidden(), s.ffn, s.d, s.page);
+    let (qh, kvh) = (s.q_heads, s.kv_heads);
+    rmsnorm(w, x, t.g1, t.xn, b, h);
+    gemm(w, [t.xn, t.wqkv, t.qkv], b, h, s.qkv());
+    // Rotary embedding and the append of each request's new K and V.
+    let zero = || Expr::Const(0);
+    w.parallel(Axis::Dense(b), |w, r| {
+        let pos = || Expr::load(st.lens, vec![zero(), r.clone()]) - 1;
+        let cs = || st.cs.tile(pos(), 0, 1, d);
+        w.call(
+            ROPE,
+            &[
+                t.qkv.tile(r.clone(), 0, 1, qh * d),
+                cs(),
+                region(t.q, vec![r.clone(), zero(), zero()], qh, d),
+            ],
+            &[],
+        );
+        // The pool row of the new token: page meta[r][pos / P], row pos % P.
+        let row = || {
+            Expr::load(st.meta, vec![r.clone(), zero(), pos() / page]) * (2 * page) + pos() % page
+        };
+        w.parallel(Axis::Dense(kvh), |w, kh| {
+            w.call(
+                ROPE,
+                &[
+                    t.qkv.tile(r.clone(), (kh.clone() + qh) * d, 1, d),
+                    cs(),
+                    region(t.kv, vec![kh.clone(), row(), zero()], 1, d),
+                ],
+                &[],
+            );
+            w.call(
+                COPY,
+                &[
+                    t.qkv.tile(r.clone(), (kh.clone() + qh + kvh) * d, 1, d),
+                    region(t.kv, vec![kh, row() + page, zero()], 1, d),
+                ],
+                &[],
+            );
+        });
+    });
+    let attn = AttnTensors {
+        q: t.q,
+        kv: t.kv,
+        meta: st.meta,
+        out: t.state,
+        parts: t.parts,
+        lens: st.lens,
+    };
+    attention_calls(w, &attn, &data.attn_dims(), c);
+    w.parallel(Axis::Dense(b), |w, r| {
+        w.call(
+            COPY,
+            &[
+                region(t.state, vec![r.clone(), zero(), zero()], qh, d),
+                t.o.tile(r, 0, 1, h),
+            ],
+            &[],
+        );
+    });
+    copy_tiles(w, x, t.h, b, h);
+    gemm(w, [t.o, t.wo, t.h], b, h, h);
+    rmsnorm(w, t.h, t.g2, t.hn, b, h);
+    match s.mlp {
+        Mlp::Dense => {
+            gemm(w, [t.hn, t.wg, t.gate], b, h, f);
+            gemm(w, [t.hn, t.wu, t.up], b, h, f);
+            w.parallel(Axis::Dense(f / TILE), |w, j| {
+                let tile = |t: TensorId| t.tile(0, j.clone() * TILE, b, TILE);
+                w.call(SILU_MUL, &[tile(t.gate), tile(t.up), tile(t.act)], &[]);
+            });
+            copy_tiles(w, t.h, out, b, h);
+            gemm(w, [t.act, t.wd, out], b, f, h);
+        }
+    }
+}
+
+/// The program of the whole step over `data`'s sizes.
+pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), LowerError> {
+    let s = &data.shape;
+    let (b, h) = (s.batch(), s.hidden());
+    let mut w = Program::new();
+    let mut x = vec![w.tensor("x0", &[b, h])?];
+    let meta = w.tensor_i32("meta", &[b, 2, data.width])?;
+    let lens = w.tensor_i32("lens", &[1, b])?;
+    let plan = w.tensor_i32("plan", &[1, 1])?;
+    let longest = *s.lengths.iter().max().expect("checked: not empty");
+    let cs = w.tensor("cs", &[longest, s.d])?;
+    w.input(lens);
+    w.input(meta);
+    let mut layers = Vec::new();
+    for l in 0..s.layers {
+        layers.push(layer_tensors(&mut w, data, l)?);
+        x.push(w.tensor(&format!("x{}", l + 1), &[b, h])?);
+    }
+    let st = StepTensors {
+        x,
+        layers,
+        meta,
+        lens,
+        plan,
+        cs,
+    };
+    let dims = data.attn_dims();
+    plan_call(&mut w, &dims, lens, plan, PLAN_CORES);
+    let c = w.let_(Expr::load(plan, vec![Expr::Const(0), Expr::Const(0)]));
+    for (l, t) in st.layers.iter().enumerate() {
+        layer_calls(&mut w, data, &st, t, [st.x[l], st.x[l + 1]], &c);
+    }
+    Ok((w, st))
+}
+
+/// Tasks of the step, counted from the sizes and the host planner's chunk
+/// (the rule `decode_plan` computes on the device).
+pub fn task_count(data: &LayerData) -> usize {
+    let s = &data.shape;
+    let (b, h, f) = (s.batch() as usize, s.hidden() as usize, s.ffn as usize);
+    let t = TILE as usize;
+    let (ht, ft, qt) = (h / t, f / t, s.qkv() as usize / t);
+    let norms = 2 * (b.div_ceil(NORM_ROWS as usize));
+    let attn = {
+        let a = s.attention();
+        let chunk = choose_chunk(
+            &a.lengths,
+            a.kv_heads,
+            PLAN_CORES,
+            a.page,
+            CostModel::of(a.group(), a.d),
+        );
+        let plan = Plan::with_chunk(&a, chunk);
+        plan.items.len() + plan.merges()
+    };
+    let rope = b * (1 + 2 * s.kv_heads as usize);
+    let mlp = match s.mlp {
+        Mlp::Dense => 2 * ft * ht + ft + ht + ht * ft,
+    };
+    let per_layer = norms + qt * ht + rope + attn + b + ht + ht * ht + mlp;
+    1 + s.layers as usize * per_layer
+}
+
+/// The decode step over `data` as a workload, checked against
+/// [`reference::step`]: the output and every appended cache row.
+pub fn decode_layer_workload(
+    name: &'static str,
+    data: &LayerData,
+) -> Result<Workload, WorkloadError> {
+    let lower = |e: LowerError| WorkloadError::Params(e.to_string());
+    let (mut w, st) = step_program(data).map_err(lower)?;
+    let table = w.finish().map_err(lower)?;
+    let s = &data.shape;
+    let mut arena = Arena::zeroed(w.arena_size());
+    arena.write_f32(w.layout(st.x[0]), &data.x);
+    arena.write_i32(w.layout(st.meta), &data.meta);
+    let lens: Vec<i32> = s.lengths.iter().map(|&l| l as i32).collect();
+    arena.write_i32(w.layout(st.lens), &lens);
+    arena.write_f32(w.layout(st.cs), &data.cs);
+    for (lw, t) in data.layers.iter().zip(&st.layers) {
+        for (id, v) in [
+            (t.g1, &lw.g1),
+            (t.wqkv, &lw.wqkv),
+            (t.wo, &lw.wo),
+            (t.g2, &lw.g2),
+            (t.wg, &lw.wg),
+            (t.wu, &lw.wu),
+            (t.wd, &lw.wd),
+            (t.kv, &lw.kv),
+        ] {
+            arena.write_f32(w.layout(id), v);
+        }
+    }
+    let out = w.layout(*st.x.last().expect("a layer")).clone();
+    let kv: Vec<_> = st.layers.iter().map(|t| w.layout(t.kv).clone()).collect();
+    let copy = data.clone();
+    let check = move |arena: &Arena| {
+        let want = reference::step(&copy);
+        let mut got = arena.read_f32(&out);
+        let (mut value, mut bound) = (want.out.v.clone(), want.out.e.clone());
+        let d = copy.shape.d as usize;
+        for (l, layer) in want.appended.iter().enumerate() {
+            let pool = arena.read_f32(&kv[l]);
+            for a in layer {
+                let at = a.row * d;
+                got.extend_from_slice(&pool[at..at + d]);
+                value.extend_from_slice(&a.value);
+                bound.extend_from_slice(&a.bound);
+            }
+        }
+        Verification::compare(
+            "out+cache",
+            &got,
+            &value,
+            |i| bound[i],
+            reference::TOLERANCE,
+        )
+    };
+    let total: u64 = s.lengths.iter().map(|&l| l as u64).sum();
+    Ok(Workload {
+        name,
+        summary: format!(
+            "decode step: {} layers, {} requests ({total} KV tokens, longest {}), hidden {}, \
+             {} query / {} KV heads of {}, pages of {}, {} MLP of {}",
+            s.layers,
+            s.batch(),
+            s.lengths.iter().max().copied().unwrap_or(0),
+            s.hidden(),
+            s.q_heads,
+            s.kv_heads,
+            s.d,
+            s.page,
+            match s.mlp {
+                Mlp::Dense => "dense",
+            },
+            s.ffn
+        ),
+        table,
+        arena,
+        tensors: w.layouts().to_vec(),
+        tasks: task_count(data),
+        check: Box::new(check),
+        csp: Default::default(),
+    })
+}
+
+/// The shape of the named decode-layer workloads from `p`: `m` requests
+/// with the `decode` workload's lengths up to `n` (1, 2, 3, 63, 64, 65,
+/// n-1, n, then spread; see [`crate::attention::workload::lengths_of`]),
+/// hidden size `k` in heads of 64 (`k / 64` query heads, a quarter as
+/// many KV heads, at least 1), ffn `2k`, pages of `tile`, 2 layers.
+pub fn shape_of(p: &crate::workloads::Params, mlp: Mlp) -> Result<LayerShape, WorkloadError> {
+    if p.m == 0 || p.n == 0 || p.k < 64 {
+        return Err(WorkloadError::Params(format!(
+            "m (requests) = {}, n (longest KV length) = {} must be positive and k (hidden) = {} \
+             at least 64",
+            p.m, p.n, p.k
+        )));
+    }
+    let q_heads = p.k / 64;
+    Ok(LayerShape {
+        lengths: crate::attention::workload::lengths_of("decode", p.m, p.n),
+        q_heads,
+        kv_heads: (q_heads / 4).max(1),
+        d: 64,
+        ffn: 2 * p.k,
+        page: p.tile,
+        layers: 2,
+        mlp,
+    })
+}
+
+/// Builds the named decode-layer workload from `p` (see [`shape_of`]).
+pub fn named(
+    name: &'static str,
+    p: crate::workloads::Params,
+    mlp: Mlp,
+) -> Result<Workload, WorkloadError> {
+    let shape = shape_of(&p, mlp)?;
+    if !p.k.is_multiple_of(64) {
+        return Err(WorkloadError::Params(format!(
+            "k (hidden) = {} must be a multiple of 64 (heads of 64)",
+            p.k
+        )));
+    }
+    let data = LayerData::build(shape, p.seed)?;
+    decode_layer_workload(name, &data)
+}

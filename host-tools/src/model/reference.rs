@@ -1,0 +1,350 @@
+//! The decode step in f64, each value carrying a bound on how far the f32
+//! run's value may be from it (a running error analysis: each step's bound
+//! is what the step's f32 rounding adds plus how far the step moves the
+//! errors already in its inputs).
+//!
+//! The bound is probabilistic, in the model of Higham and Mary
+//! ("A new approach to probabilistic rounding error analysis", SISC 2019):
+//! rounding errors are independent and of mean zero, so an n-term sum's
+//! error is at most `gamma~_n = LAMBDA sqrt(n) u` times the sum of its
+//! terms' magnitudes except with probability at most `2n exp(-LAMBDA^2 /
+//! 2)` (about `3e-8 n` at `LAMBDA = 6`), and independent errors `e_k`
+//! carried through fixed weights `w_k` add as `sqrt(sum (w_k e_k)^2)`.
+//! The worst-case rules (`gamma_n = n u`, errors adding as `sum |w_k| e_k`)
+//! hold always but compound through two layers of GEMMs and norms to
+//! bounds near the values themselves, which no test could fail; these
+//! stay within a few hundred times the errors runs show. Deterministic
+//! errors (the kernels' `exp`, the attention kernels' own bound) keep
+//! their worst-case terms.
+//!
+//! Rules, `u = 2^-24`, `|a|` a value's magnitude plus its bound:
+//! - GEMM `c = acc + a W` (K terms, W exact): `e_c = sqrt(e_acc^2 +
+//!   sum_k (e_a W)^2) + LAMBDA sqrt(K+1) u (|acc| + sum_k |a| |W|)`;
+//! - RMSNorm `y = g x / rho`, `rho = sqrt(mean x^2 + eps)`: `rho` moves by
+//!   `d_rho = sqrt(sum_i (x_i e_i)^2) / (n rho)`, so
+//!   `e_y = |g| (e_x / rho + |x| d_rho / rho^2) + LAMBDA sqrt(n+5) u |y|`
+//!   (the kernel: squares, an n-term sum, /n, +eps, sqrt, divide, scale);
+//! - rope `y = a c - b s` with `c`, `s` the cache's f32 roundings of the
+//!   exact cos and sin: `e_y = sqrt((e_a c)^2 + (e_b s)^2) + 5u (|a| |c| +
+//!   |b| |s|)`;
+//! - attention: a score moves by at most `Delta = scale max_t sqrt(sum_d
+//!   (e_q k)^2 + (q e_k)^2)` (only the new token's key carries an error),
+//!   every weight by a factor within `e^(+-2 Delta)`, so `e_o = (e^(2
+//!   Delta) - 1) sum_t p_t |v_t| + e^(2 Delta) p_new e_v`, plus the
+//!   kernels' own worst-case error on their inputs
+//!   ([`crate::attention::reference::relative_error`], chunked as finely
+//!   as the device planner may);
+//! - copies are exact; `silu_mul` (`silu(g) u`):
+//!   `e = sqrt((1.1 e_g |u|)^2 + (silu(g) e_u)^2) + 11u |silu(g) u|`
+//!   (`|silu'| <= 1.1`; the kernel's rounding and exp per its header).
+//!
+//! Bounds are first order in the rounding (terms of order `u^2` dropped).
+
+use super::layer::{LayerData, LayerWeights, Mlp, EPS, THETA};
+use crate::attention::plan::min_chunk;
+use crate::attention::reference::relative_error;
+
+/// f32 unit roundoff.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+/// The probabilistic bounds' multiple of the standard deviation.
+pub const LAMBDA: f64 = 6.0;
+
+/// `gamma~_n = LAMBDA sqrt(n) u`.
+fn gamma(n: f64) -> f64 {
+    LAMBDA * n.sqrt() * U
+}
+
+/// What the bound allows, in words.
+pub const TOLERANCE: &str =
+    "a running probabilistic bound (lambda 6): each step's f32 rounding plus how it moves \
+     its inputs' errors (model::reference)";
+
+/// A row-major matrix of values and their bounds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Val {
+    /// The f64 values.
+    pub v: Vec<f64>,
+    /// How far the f32 run's values may be from them.
+    pub e: Vec<f64>,
+    /// Columns.
+    pub cols: usize,
+}
+
+impl Val {
+    /// Exact values (inputs).
+    pub fn exact(x: &[f32], cols: usize) -> Val {
+        Val {
+            v: x.iter().map(|&a| a as f64).collect(),
+            e: vec![0.0; x.len()],
+            cols,
+        }
+    }
+
+    fn zeros(rows: usize, cols: usize) -> Val {
+        Val {
+            v: vec![0.0; rows * cols],
+            e: vec![0.0; rows * cols],
+            cols,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.v.len() / self.cols
+    }
+
+    /// The most the computed value's magnitude can be.
+    fn abs(&self, i: usize) -> f64 {
+        self.v[i].abs() + self.e[i]
+    }
+}
+
+/// `acc + a w`, `w` exact `[k, n]`.
+pub fn gemm(a: &Val, w: &[f32], n: usize, acc: Option<&Val>) -> Val {
+    let (m, k) = (a.rows(), a.cols);
+    let mut c = acc.cloned().unwrap_or_else(|| Val::zeros(m, n));
+    let g = gamma((k + 1) as f64);
+    for i in 0..m {
+        for j in 0..n {
+            let at = i * n + j;
+            let (mut sum, mut moved, mut size) = (c.v[at], c.e[at] * c.e[at], c.abs(at));
+            for p in 0..k {
+                let wv = w[p * n + j] as f64;
+                sum += a.v[i * k + p] * wv;
+                moved += (a.e[i * k + p] * wv).powi(2);
+                size += a.abs(i * k + p) * wv.abs();
+            }
+            c.v[at] = sum;
+            c.e[at] = moved.sqrt() + g * size;
+        }
+    }
+    c
+}
+
+/// `rmsnorm(x) * g` per row.
+pub fn rmsnorm(x: &Val, g: &[f32], eps: f64) -> Val {
+    let n = x.cols;
+    let mut y = Val::zeros(x.rows(), n);
+    let round = gamma((n + 5) as f64);
+    for r in 0..x.rows() {
+        let row = r * n..(r + 1) * n;
+        let mean = x.v[row.clone()].iter().map(|v| v * v).sum::<f64>() / n as f64;
+        let rho = (mean + eps).sqrt();
+        let d_rho = row
+            .clone()
+            .map(|i| (x.v[i] * x.e[i]).powi(2))
+            .sum::<f64>()
+            .sqrt()
+            / (n as f64 * rho);
+        for (c, i) in row.enumerate() {
+            let gv = g[c] as f64;
+            y.v[i] = gv * x.v[i] / rho;
+            y.e[i] =
+                gv.abs() * (x.e[i] / rho + x.abs(i) * d_rho / (rho * rho)) + round * y.v[i].abs();
+        }
+    }
+    y
+}
+
+/// The exact cos and sin of position `pos`, frequency `i` of `d`.
+fn angle(pos: u32, i: usize, d: usize) -> (f64, f64) {
+    let a = pos as f64 * THETA.powf(-2.0 * i as f64 / d as f64);
+    (a.cos(), a.sin())
+}
+
+/// Rotates the `d`-wide heads of `x` (`v`, `e`: one row of heads) to
+/// position `pos`.
+fn rope(v: &[f64], e: &[f64], d: usize, pos: u32) -> (Vec<f64>, Vec<f64>) {
+    let half = d / 2;
+    let (mut yv, mut ye) = (vec![0.0; v.len()], vec![0.0; v.len()]);
+    for h in 0..v.len() / d {
+        for i in 0..half {
+            let (c, s) = angle(pos, i, d);
+            let (a, b) = (h * d + i, h * d + half + i);
+            let (aa, ba) = (v[a].abs() + e[a], v[b].abs() + e[b]);
+            yv[a] = v[a] * c - v[b] * s;
+            yv[b] = v[b] * c + v[a] * s;
+            ye[a] = (e[a] * c).hypot(e[b] * s) + 5.0 * U * (aa * c.abs() + ba * s.abs());
+            ye[b] = (e[b] * c).hypot(e[a] * s) + 5.0 * U * (ba * c.abs() + aa * s.abs());
+        }
+    }
+    (yv, ye)
+}
+
+/// One cache row the step appended, and what it should hold.
+#[derive(Clone, Debug)]
+pub struct Appended {
+    /// Its row in the layer's cache tensor, `[kv_heads * pool rows]`.
+    pub row: usize,
+    /// Its values.
+    pub value: Vec<f64>,
+    /// Their bounds.
+    pub bound: Vec<f64>,
+}
+
+/// The step's output and cache rows.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// `[B, H]`: the last layer's output.
+    pub out: Val,
+    /// Per layer, the rows the step appended (key then value, per request
+    /// and KV head).
+    pub appended: Vec<Vec<Appended>>,
+}
+
+/// The whole step in f64 with bounds.
+pub fn step(data: &LayerData) -> Step {
+    let mut x = Val::exact(&data.x, data.shape.hidden() as usize);
+    let mut appended = Vec::new();
+    for lw in &data.layers {
+        let (out, rows) = layer(data, lw, &x);
+        x = out;
+        appended.push(rows);
+    }
+    Step { out: x, appended }
+}
+
+/// One layer from `x`.
+fn layer(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Vec<Appended>) {
+    let s = &data.shape;
+    let (h, d) = (s.hidden() as usize, s.d as usize);
+    let (qh, kvh) = (s.q_heads as usize, s.kv_heads as usize);
+    let xn = rmsnorm(x, &lw.g1, EPS as f64);
+    let qkv = gemm(&xn, &lw.wqkv, s.qkv() as usize, None);
+    let w = qkv.cols;
+    let pool = data.pool_rows() as usize;
+    let mut o = Val::zeros(s.batch() as usize, h);
+    let mut appended = Vec::new();
+    for (b, &len) in s.lengths.iter().enumerate() {
+        let pos = len - 1;
+        let row = &qkv.v[b * w..(b + 1) * w];
+        let err = &qkv.e[b * w..(b + 1) * w];
+        let (q, eq) = rope(&row[..qh * d], &err[..qh * d], d, pos);
+        let (k, ek) = rope(
+            &row[qh * d..(qh + kvh) * d],
+            &err[qh * d..(qh + kvh) * d],
+            d,
+            pos,
+        );
+        let (v, ev) = (&row[(qh + kvh) * d..], &err[(qh + kvh) * d..]);
+        for kh in 0..kvh {
+            let head = kh * d..(kh + 1) * d;
+            for (value, bound, at_value) in [(&k, &ek, false), (&v.to_vec(), &ev.to_vec(), true)] {
+                appended.push(Appended {
+                    row: kh * pool + data.pool_row(b, pos, at_value),
+                    value: value[head.clone()].to_vec(),
+                    bound: bound[head.clone()].to_vec(),
+                });
+            }
+        }
+        for j in 0..qh {
+            let kh = j / (qh / kvh);
+            let new = kh * d..(kh + 1) * d;
+            let (ov, oe) = attend(
+                data,
+                lw,
+                b,
+                kh,
+                (&q[j * d..(j + 1) * d], &eq[j * d..(j + 1) * d]),
+                (&k[new.clone()], &ek[new.clone()]),
+                (&v[new.clone()], &ev[new]),
+            );
+            o.v[b * h + j * d..b * h + (j + 1) * d].copy_from_slice(&ov);
+            o.e[b * h + j * d..b * h + (j + 1) * d].copy_from_slice(&oe);
+        }
+    }
+    let hres = gemm(&o, &lw.wo, h, Some(x));
+    let hn = rmsnorm(&hres, &lw.g2, EPS as f64);
+    let out = match s.mlp {
+        Mlp::Dense => {
+            let f = s.ffn as usize;
+            let gate = gemm(&hn, &lw.wg, f, None);
+            let up = gemm(&hn, &lw.wu, f, None);
+            let act = silu_mul(&gate, &up);
+            gemm(&act, &lw.wd, h, Some(&hres))
+        }
+    };
+    (out, appended)
+}
+
+/// `silu(g) * u` elementwise.
+pub fn silu_mul(g: &Val, u: &Val) -> Val {
+    let mut y = Val::zeros(g.rows(), g.cols);
+    for i in 0..g.v.len() {
+        let silu = g.v[i] / (1.0 + (-g.v[i]).exp());
+        y.v[i] = silu * u.v[i];
+        y.e[i] = (1.1 * g.e[i] * u.abs(i)).hypot(silu * u.e[i]) + 11.0 * U * y.v[i].abs();
+    }
+    y
+}
+
+/// Attention of query head `q` of request `b` over KV head `kh` of the
+/// layer's cache, whose last token (`len - 1`) is `(k, v)` from this step.
+fn attend(
+    data: &LayerData,
+    lw: &LayerWeights,
+    b: usize,
+    kh: usize,
+    (q, eq): (&[f64], &[f64]),
+    (k_new, ek): (&[f64], &[f64]),
+    (v_new, ev): (&[f64], &[f64]),
+) -> (Vec<f64>, Vec<f64>) {
+    let s = &data.shape;
+    let d = s.d as usize;
+    let len = s.lengths[b];
+    let scale = 1.0 / (d as f64).sqrt();
+    let base = kh * data.pool_rows() as usize;
+    let cached = |t: u32, value: bool| -> Vec<f64> {
+        let row = base + data.pool_row(b, t, value);
+        lw.kv[row * d..(row + 1) * d]
+            .iter()
+            .map(|&a| a as f64)
+            .collect()
+    };
+    let (mut scores, mut delta, mut dot_abs, mut score2_abs) = (Vec::new(), 0f64, 0f64, 0f64);
+    let mut values = Vec::new();
+    for t in 0..len {
+        let new = t == len - 1;
+        let (k, kerr) = if new {
+            (k_new.to_vec(), ek.to_vec())
+        } else {
+            (cached(t, false), vec![0.0; d])
+        };
+        let dot: f64 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
+        let size: f64 = (0..d)
+            .map(|i| (q[i].abs() + eq[i]) * (k[i].abs() + kerr[i]))
+            .sum();
+        let moved: f64 = (0..d)
+            .map(|i| (eq[i] * (k[i].abs() + kerr[i])).powi(2) + (q[i] * kerr[i]).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        delta = delta.max(scale * moved);
+        dot_abs = dot_abs.max(size);
+        score2_abs = score2_abs.max((scale * dot * std::f64::consts::LOG2_E).abs());
+        scores.push(scale * dot);
+        values.push(if new { v_new.to_vec() } else { cached(t, true) });
+    }
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = scores.iter().map(|&x| (x - m).exp()).collect();
+    let sum: f64 = p.iter().sum();
+    let (mut o, mut weighted) = (vec![0.0; d], vec![0.0; d]);
+    for (pt, v) in p.iter().zip(&values) {
+        for e in 0..d {
+            o[e] += pt / sum * v[e];
+            weighted[e] += pt / sum * v[e].abs();
+        }
+    }
+    let p_new = p[len as usize - 1] / sum;
+    // The most chunks the device planner may cut this request into.
+    let chunks = len.div_ceil(min_chunk(s.page));
+    let own = relative_error(len, chunks, s.d, dot_abs, score2_abs);
+    let grow = (2.0 * delta).exp();
+    let err = (0..d)
+        .map(|e| {
+            (grow - 1.0) * weighted[e]
+                + grow * p_new * ev[e]
+                + own * (weighted[e] + p_new * ev[e])
+                + len as f64 * f32::MIN_POSITIVE as f64
+        })
+        .collect();
+    (o, err)
+}

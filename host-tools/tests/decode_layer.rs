@@ -1,0 +1,143 @@
+//! The transformer decode layer (`decode-layer-dense`): the whole step
+//! (two layers, variable KV lengths) on the shim and in semantic time
+//! against the f64 reference and its running bound; its task count from
+//! the sizes; checks that fail when the run is wrong; refused sizes.
+
+use device_runtime::sched::RunOptions;
+use host_tools::model::layer::{shape_of, task_count, LayerShape};
+use host_tools::model::{decode_layer_workload, LayerData, Mlp};
+use host_tools::semantic::run_semantic;
+use host_tools::shim::Shim;
+use host_tools::workloads::{Params, Workload};
+use wsp_ffi::CoreKind;
+
+fn params(m: u32, n: u32, k: u32) -> Params {
+    Params {
+        m,
+        n,
+        k,
+        tile: 16,
+        seed: 3,
+    }
+}
+
+fn small() -> LayerData {
+    let p = params(6, 300, 128);
+    LayerData::build(shape_of(&p, Mlp::Dense).unwrap(), p.seed).unwrap()
+}
+
+fn run_shim(w: &Workload) -> host_tools::table::Arena {
+    let mut arena = w.arena.clone();
+    let stats = Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    assert_eq!(stats.tasks as usize, w.tasks, "tasks run vs counted");
+    arena
+}
+
+#[test]
+fn the_step_matches_the_reference_on_the_shim_and_in_semantic_time() {
+    let data = small();
+    // Lengths 1, 2, 3, 63, 64, 65: one token (only the appended one), a
+    // page boundary either side.
+    assert_eq!(data.shape.lengths, [1, 2, 3, 63, 64, 65]);
+    let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
+    let shim = run_shim(&w);
+    let check = w.verify(&shim);
+    assert!(check.passed(), "{check}");
+    // 6 requests x 128 hidden, plus 2 layers x 6 requests x 1 KV head x
+    // (key + value) x 64.
+    assert_eq!(check.elements, 6 * 128 + 2 * 6 * 2 * 64);
+    let mut sem = w.arena.clone();
+    let kinds = [
+        CoreKind::Cube,
+        CoreKind::Cube,
+        CoreKind::Vector,
+        CoreKind::Vector,
+    ];
+    let run = run_semantic(&w.table, &mut sem.bytes, &kinds, &RunOptions::default()).unwrap();
+    assert_eq!(run.stats.tasks as usize, w.tasks);
+    let check = w.verify(&sem);
+    assert!(check.passed(), "semantic: {check}");
+    // The same kernels on the same inputs in a different order of
+    // independent tasks: the same bits.
+    assert!(sem.bytes == shim.bytes, "shim and semantic arenas differ");
+}
+
+#[test]
+fn tasks_are_counted_from_the_sizes() {
+    let data = small();
+    // Per layer, hidden 128 (2 tiles), QKV 2 + 2 x 1 heads of 64 = 256 (4
+    // tiles), ffn 256 (4 tiles), 6 requests (1 norm block):
+    // norms 2, QKV 4 x 2, rope and append 6 x (1 + 2), o gathers 6,
+    // residual copies 2 + 2, o-proj 2 x 2, gate and up 2 x 4 x 2,
+    // silu_mul 4, down 2 x 4 = 72 + attention. The chunk for these
+    // lengths (all under the 128-token least chunk) is no split: 6 partials.
+    let per_layer = 2 + 8 + 18 + 6 + 4 + 4 + 16 + 4 + 8 + 6;
+    assert_eq!(task_count(&data), 1 + 2 * per_layer);
+}
+
+#[test]
+fn a_wrong_page_table_fails_the_check() {
+    // The reference reads the cache through the page tables it was built
+    // with. Request 5 has 65 tokens on 5 pages, the last holding only the
+    // new token; a run whose table swaps its first and last pages appends
+    // into the first and attends to 15 rows past the request's tokens, and
+    // the check must see it. (Swapping two full pages would only reorder
+    // the tokens, which attention does not see.)
+    let data = small();
+    let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
+    let meta = w
+        .tensors
+        .iter()
+        .find(|t| t.name == "meta")
+        .expect("a meta tensor")
+        .clone();
+    let mut arena = w.arena.clone();
+    let mut m = arena.read_i32(&meta);
+    let row = 5 * 2 * data.width as usize;
+    m.swap(row, row + 4);
+    arena.write_i32(&meta, &m);
+    Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    let check = w.verify(&arena);
+    assert!(!check.passed(), "{check}");
+}
+
+#[test]
+fn a_cos_sin_cache_one_position_off_fails_the_check() {
+    // The reference computes each angle from the position; a run whose
+    // cache rows are those of the next position rotates every query and
+    // new key wrongly.
+    let data = small();
+    let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
+    let cs = w.tensors.iter().find(|t| t.name == "cs").unwrap().clone();
+    let mut arena = w.arena.clone();
+    let next = host_tools::model::layer::cos_sin(66, 64);
+    arena.write_f32(&cs, &next[64..]);
+    Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    let check = w.verify(&arena);
+    assert!(!check.passed(), "{check}");
+    assert!(check.worst_error_over_bound > 10.0, "{check}");
+}
+
+#[test]
+fn sizes_the_layer_cannot_take_are_refused() {
+    let base = shape_of(&params(4, 100, 128), Mlp::Dense).unwrap();
+    type Change = fn(&mut LayerShape);
+    let cases: [(&str, Change); 5] = [
+        ("65 requests", |s| s.lengths = vec![8; 65]),
+        ("head dimension 63", |s| s.d = 63),
+        ("not a whole number of groups", |s| s.kv_heads = 3),
+        ("ffn 100", |s| s.ffn = 100),
+        ("0 layers", |s| s.layers = 0),
+    ];
+    for (what, change) in cases {
+        let mut s = base.clone();
+        change(&mut s);
+        let e = LayerData::build(s, 1).unwrap_err().to_string();
+        let key = what.split(' ').next_back().unwrap();
+        assert!(e.contains(key), "{what}: {e}");
+    }
+    let e = Workload::build("decode-layer-dense", params(4, 100, 96))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("multiple of 64"), "{e}");
+}

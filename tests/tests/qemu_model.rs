@@ -1,0 +1,50 @@
+//! The decode layer in QEMU at reduced sizes: two layers over 5 requests
+//! of 1 to 80 tokens, hidden 128; the firmware's arena is bit-identical
+//! to the shim's and within the f64 reference's bound.
+
+use host_tools::model::layer::shape_of;
+use host_tools::model::{decode_layer_workload, LayerData, Mlp};
+use host_tools::shim::Shim;
+use host_tools::table::Arena;
+use host_tools::workloads::{Params, Workload};
+use wsp_tests::run_in_qemu;
+
+/// Runs `w` on the shim and in QEMU; both must pass and agree bit for bit.
+fn shim_and_qemu(w: &Workload) {
+    let mut shim = w.arena.clone();
+    let stats = Shim::default().run(&w.table, &mut shim.bytes).unwrap();
+    assert_eq!(stats.tasks as usize, w.tasks);
+    let outcome = run_in_qemu(&w.table, &w.arena.bytes);
+    assert_eq!(
+        outcome.status, 0,
+        "QEMU run failed:\n{}\n{}",
+        outcome.stdout, outcome.stderr
+    );
+    assert!(
+        outcome.stdout.contains(&format!("tasks={} ", w.tasks)),
+        "expected {} tasks: {}",
+        w.tasks,
+        outcome.stdout
+    );
+    let qemu = Arena {
+        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
+    };
+    let check = w.verify(&shim);
+    assert!(check.passed(), "shim: {check}");
+    let check = w.verify(&qemu);
+    assert!(check.passed(), "qemu: {check}");
+    assert!(shim.bytes == qemu.bytes, "shim and QEMU arenas differ");
+}
+
+#[test]
+fn decode_layer_dense_is_bit_identical_in_shim_and_qemu() {
+    let p = Params {
+        m: 5,
+        n: 80,
+        k: 128,
+        tile: 16,
+        seed: 9,
+    };
+    let data = LayerData::build(shape_of(&p, Mlp::Dense).unwrap(), p.seed).unwrap();
+    shim_and_qemu(&decode_layer_workload("decode-layer-dense", &data).unwrap());
+}

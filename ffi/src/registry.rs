@@ -4,14 +4,17 @@ use core::fmt;
 
 use crate::bindings::{
     wsp_kernel_add, wsp_kernel_attn_decode_partial, wsp_kernel_attn_merge,
-    wsp_kernel_attn_sparse_partial, wsp_kernel_decode_plan, wsp_kernel_expert_rows,
-    wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_rmsnorm, wsp_kernel_route_topk,
-    wsp_kernel_softmax, wsp_kernel_topk, WspKernelArgs, WspKernelEntry, WspKernelId_WSP_KERNEL_ADD,
+    wsp_kernel_attn_sparse_partial, wsp_kernel_copy, wsp_kernel_decode_plan,
+    wsp_kernel_expert_rows, wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_matmul,
+    wsp_kernel_rmsnorm, wsp_kernel_route_topk, wsp_kernel_softmax, wsp_kernel_square,
+    wsp_kernel_topk, WspKernelArgs, WspKernelEntry, WspKernelId_WSP_KERNEL_ADD,
     WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL, WspKernelId_WSP_KERNEL_ATTN_MERGE,
-    WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL, WspKernelId_WSP_KERNEL_DECODE_PLAN,
-    WspKernelId_WSP_KERNEL_EXPERT_ROWS, WspKernelId_WSP_KERNEL_GEMM_TILE,
-    WspKernelId_WSP_KERNEL_INDEXER_SCORES, WspKernelId_WSP_KERNEL_RMSNORM,
-    WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_TOPK,
+    WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL, WspKernelId_WSP_KERNEL_COPY,
+    WspKernelId_WSP_KERNEL_DECODE_PLAN, WspKernelId_WSP_KERNEL_EXPERT_ROWS,
+    WspKernelId_WSP_KERNEL_GEMM_TILE, WspKernelId_WSP_KERNEL_INDEXER_SCORES,
+    WspKernelId_WSP_KERNEL_MATMUL, WspKernelId_WSP_KERNEL_RMSNORM,
+    WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SOFTMAX,
+    WspKernelId_WSP_KERNEL_SQUARE, WspKernelId_WSP_KERNEL_TOPK,
 };
 use crate::contract::{Equal, Extra, ScalarRule};
 use crate::{DTYPE_F32, DTYPE_I32, WSP_KERNEL_REJECTED};
@@ -199,7 +202,7 @@ pub(crate) const MAX_TOPK: u32 = 2048;
 /// decode_plan: requests per batch.
 const MAX_REQUESTS: u32 = 4096;
 
-static KERNELS: [KernelInfo; 12] = [
+static KERNELS: [KernelInfo; 15] = [
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_ADD,
         name: "add",
@@ -470,6 +473,50 @@ static KERNELS: [KernelInfo; 12] = [
         ],
         extra: &[],
         entry: wsp_kernel_decode_plan,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_MATMUL,
+        name: "matmul",
+        kind: CoreKind::Cube,
+        num_tensors: 3,
+        num_scalars: 0,
+        tensor_args: &[
+            arg("a", In, F32, 64, 64),
+            arg("b", In, F32, 64, 64),
+            arg("c", Out, F32, 64, 64),
+        ],
+        equal: &[
+            Equal::new(1, Rows, 0, Cols),
+            Equal::new(2, Rows, 0, Rows),
+            Equal::new(2, Cols, 1, Cols),
+        ],
+        scalars: &[],
+        extra: &[],
+        entry: wsp_kernel_matmul,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_SQUARE,
+        name: "square",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 0,
+        tensor_args: &[arg("a", In, F32, 64, 64), arg("c", Out, F32, 64, 64)],
+        equal: &[Equal::new(1, Rows, 0, Rows), Equal::new(1, Cols, 0, Cols)],
+        scalars: &[],
+        extra: &[],
+        entry: wsp_kernel_square,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_COPY,
+        name: "copy",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 0,
+        tensor_args: &[arg("a", In, F32, 64, 64), arg("c", Out, F32, 64, 64)],
+        equal: &[Equal::new(1, Rows, 0, Rows), Equal::new(1, Cols, 0, Cols)],
+        scalars: &[],
+        extra: &[],
+        entry: wsp_kernel_copy,
     },
 ];
 

@@ -86,6 +86,14 @@ enum WspKernelId {
      * Scalars: KV heads, cores, page size P, the partial's cost model
      * (per item in the low 32 bits, per token in the high 32). */
     WSP_KERNEL_DECODE_PLAN = 12,
+    /* C = A x B on f32 tiles (cube core), C written without being read:
+     * the first (or only) product of a chain, where GEMM_TILE would load a
+     * zero C. */
+    WSP_KERNEL_MATMUL = 17,
+    /* C = A * A, elementwise on a tile (vector core). */
+    WSP_KERNEL_SQUARE = 18,
+    /* C = A on a tile (vector core): a load and a store. */
+    WSP_KERNEL_COPY = 19,
 };
 
 /* A 2-D view of a tensor region: `rows` x `cols` valid elements starting at
@@ -132,6 +140,9 @@ uint64_t wsp_kernel_indexer_scores(const WspKernelArgs *args);
 uint64_t wsp_kernel_topk(const WspKernelArgs *args);
 uint64_t wsp_kernel_attn_sparse_partial(const WspKernelArgs *args);
 uint64_t wsp_kernel_decode_plan(const WspKernelArgs *args);
+uint64_t wsp_kernel_matmul(const WspKernelArgs *args);
+uint64_t wsp_kernel_square(const WspKernelArgs *args);
+uint64_t wsp_kernel_copy(const WspKernelArgs *args);
 
 #ifdef __cplusplus
 }

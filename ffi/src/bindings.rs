@@ -21,8 +21,10 @@ pub const WspKernelId_WSP_KERNEL_TOPK: WspKernelId = 10;
 pub const WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL: WspKernelId = 11;
 pub const WspKernelId_WSP_KERNEL_DECODE_PLAN: WspKernelId = 12;
 pub const WspKernelId_WSP_KERNEL_SILU_MUL: WspKernelId = 13;
+pub const WspKernelId_WSP_KERNEL_MATMUL: WspKernelId = 17;
+pub const WspKernelId_WSP_KERNEL_SQUARE: WspKernelId = 18;
+pub const WspKernelId_WSP_KERNEL_COPY: WspKernelId = 19;
 pub const WspKernelId_WSP_KERNEL_ROPE: WspKernelId = 20;
-pub const WspKernelId_WSP_KERNEL_COPY: WspKernelId = 21;
 pub type WspKernelId = core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -110,6 +112,12 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn wsp_kernel_rope(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_matmul(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_square(args: *const WspKernelArgs) -> u64;
 }
 unsafe extern "C" {
     pub fn wsp_kernel_copy(args: *const WspKernelArgs) -> u64;

@@ -5,15 +5,17 @@ use core::fmt;
 use crate::bindings::{
     wsp_kernel_add, wsp_kernel_attn_decode_partial, wsp_kernel_attn_merge,
     wsp_kernel_attn_sparse_partial, wsp_kernel_copy, wsp_kernel_decode_plan,
-    wsp_kernel_expert_rows, wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_rmsnorm,
-    wsp_kernel_rope, wsp_kernel_route_topk, wsp_kernel_silu_mul, wsp_kernel_softmax,
-    wsp_kernel_topk, WspKernelArgs, WspKernelEntry, WspKernelId_WSP_KERNEL_ADD,
-    WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL, WspKernelId_WSP_KERNEL_ATTN_MERGE,
-    WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL, WspKernelId_WSP_KERNEL_COPY,
-    WspKernelId_WSP_KERNEL_DECODE_PLAN, WspKernelId_WSP_KERNEL_EXPERT_ROWS,
-    WspKernelId_WSP_KERNEL_GEMM_TILE, WspKernelId_WSP_KERNEL_INDEXER_SCORES,
+    wsp_kernel_expert_rows, wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_matmul,
+    wsp_kernel_rmsnorm, wsp_kernel_rope, wsp_kernel_route_topk, wsp_kernel_silu_mul,
+    wsp_kernel_softmax, wsp_kernel_square, wsp_kernel_topk, WspKernelArgs, WspKernelEntry,
+    WspKernelId_WSP_KERNEL_ADD, WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL,
+    WspKernelId_WSP_KERNEL_ATTN_MERGE, WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL,
+    WspKernelId_WSP_KERNEL_COPY, WspKernelId_WSP_KERNEL_DECODE_PLAN,
+    WspKernelId_WSP_KERNEL_EXPERT_ROWS, WspKernelId_WSP_KERNEL_GEMM_TILE,
+    WspKernelId_WSP_KERNEL_INDEXER_SCORES, WspKernelId_WSP_KERNEL_MATMUL,
     WspKernelId_WSP_KERNEL_RMSNORM, WspKernelId_WSP_KERNEL_ROPE, WspKernelId_WSP_KERNEL_ROUTE_TOPK,
-    WspKernelId_WSP_KERNEL_SILU_MUL, WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_TOPK,
+    WspKernelId_WSP_KERNEL_SILU_MUL, WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_SQUARE,
+    WspKernelId_WSP_KERNEL_TOPK,
 };
 use crate::contract::{Equal, Extra, ScalarRule};
 use crate::{DTYPE_F32, DTYPE_I32, WSP_KERNEL_REJECTED};
@@ -203,7 +205,7 @@ const MAX_REQUESTS: u32 = 4096;
 /// `rope`'s most heads per task.
 const MAX_ROPE_HEADS: u32 = 64;
 
-static KERNELS: [KernelInfo; 15] = [
+static KERNELS: [KernelInfo; 17] = [
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_ADD,
         name: "add",
@@ -497,6 +499,54 @@ static KERNELS: [KernelInfo; 15] = [
         entry: wsp_kernel_silu_mul,
     },
     KernelInfo {
+        id: WspKernelId_WSP_KERNEL_MATMUL,
+        name: "matmul",
+        kind: CoreKind::Cube,
+        num_tensors: 3,
+        num_scalars: 0,
+        tensor_args: &[
+            arg("a", In, F32, 64, 64),
+            arg("b", In, F32, 64, 64),
+            arg("c", Out, F32, 64, 64),
+        ],
+        equal: &[
+            Equal::new(1, Rows, 0, Cols),
+            Equal::new(2, Rows, 0, Rows),
+            Equal::new(2, Cols, 1, Cols),
+        ],
+        scalars: &[],
+        extra: &[],
+        entry: wsp_kernel_matmul,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_SQUARE,
+        name: "square",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 0,
+        tensor_args: &[arg("a", In, F32, 64, 64), arg("c", Out, F32, 64, 64)],
+        equal: &[Equal::new(1, Rows, 0, Rows), Equal::new(1, Cols, 0, Cols)],
+        scalars: &[],
+        extra: &[],
+        entry: wsp_kernel_square,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_COPY,
+        name: "copy",
+        kind: CoreKind::Vector,
+        num_tensors: 2,
+        num_scalars: 0,
+        tensor_args: &[arg("x", In, F32, 64, 4096), arg("y", Out, F32, 64, 4096)],
+        equal: &[],
+        scalars: &[],
+        extra: &[Extra::Elements {
+            arg: 0,
+            other: 1,
+            max: 65536,
+        }],
+        entry: wsp_kernel_copy,
+    },
+    KernelInfo {
         id: WspKernelId_WSP_KERNEL_ROPE,
         name: "rope",
         kind: CoreKind::Vector,
@@ -515,22 +565,6 @@ static KERNELS: [KernelInfo; 15] = [
             Extra::Heads { arg: 0, heads: 2 },
         ],
         entry: wsp_kernel_rope,
-    },
-    KernelInfo {
-        id: WspKernelId_WSP_KERNEL_COPY,
-        name: "copy",
-        kind: CoreKind::Vector,
-        num_tensors: 2,
-        num_scalars: 0,
-        tensor_args: &[arg("x", In, F32, 64, 4096), arg("y", Out, F32, 64, 4096)],
-        equal: &[],
-        scalars: &[],
-        extra: &[Extra::Elements {
-            arg: 0,
-            other: 1,
-            max: 65536,
-        }],
-        entry: wsp_kernel_copy,
     },
 ];
 

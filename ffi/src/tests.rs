@@ -184,6 +184,8 @@ const SPARSE: u32 = WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL;
 const PLAN: u32 = WspKernelId_WSP_KERNEL_DECODE_PLAN;
 const SILU: u32 = WspKernelId_WSP_KERNEL_SILU_MUL;
 const ROPE: u32 = WspKernelId_WSP_KERNEL_ROPE;
+const MATMUL: u32 = WspKernelId_WSP_KERNEL_MATMUL;
+const SQUARE: u32 = WspKernelId_WSP_KERNEL_SQUARE;
 const COPY: u32 = WspKernelId_WSP_KERNEL_COPY;
 
 #[test]
@@ -193,13 +195,11 @@ fn registry_is_consistent() {
         ids,
         [
             ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE, PLAN,
-            SILU, ROPE, COPY
+            SILU, MATMUL, SQUARE, COPY, ROPE
         ]
     );
-    // Ids are stable numbers, in order; 14-19 are the MoE and the earlier
-    // examples' kernels.
-    assert_eq!(&ids[..13], (1..=13).collect::<Vec<u32>>());
-    assert_eq!(&ids[13..], [20, 21]);
+    // Ids are stable numbers, in order; 14-16 are the MoE's kernels.
+    assert_eq!(ids, (1..=13).chain(17..=20).collect::<Vec<u32>>());
     for kernel in all() {
         assert_eq!(
             kernel.num_tensors as usize,
@@ -223,7 +223,7 @@ fn registry_is_consistent() {
             );
         }
     }
-    assert!(lookup(0).is_none() && lookup(COPY + 1).is_none());
+    assert!(lookup(0).is_none() && lookup(ROPE + 1).is_none());
     for (id, kind) in [
         (DECODE, CoreKind::Cube),
         (MERGE, CoreKind::Vector),
@@ -231,6 +231,9 @@ fn registry_is_consistent() {
         (TOPK, CoreKind::Vector),
         (SPARSE, CoreKind::Cube),
         (SILU, CoreKind::Vector),
+        (MATMUL, CoreKind::Cube),
+        (SQUARE, CoreKind::Vector),
+        (COPY, CoreKind::Vector),
     ] {
         assert_eq!(lookup(id).unwrap().kind, kind);
     }
@@ -399,6 +402,89 @@ fn gemm_rectangular_strided() {
     check_gemm(7, 33, 5, [40, 9, 6], 5);
     check_gemm(64, 64, 64, [64, 70, 64], 6);
     check_gemm(1, 1, 1, [1, 1, 3], 7);
+}
+
+/// matmul writes C = A x B whatever C held: C starts as NaN here, and
+/// every element must still be the product within 1e-5 of sum |a b|. One
+/// 16 x 16 x 16 product costs load A 256 + load B 256 + matmul 4096 +
+/// store C 256 = 4864 (no load of C).
+#[test]
+fn matmul_overwrites_c_and_costs_4864_at_16_cubed() {
+    for (mm, kk, nn, strides, seed, cost) in [
+        (16, 16, 16, [16, 16, 16], 30, Some(4864)),
+        (7, 33, 5, [40, 9, 6], 31, None),
+    ] {
+        let mut rng = Lcg(seed);
+        let mut m = [
+            Mat::random(mm, kk, strides[0], &mut rng, -1.0, 1.0),
+            Mat::random(kk, nn, strides[1], &mut rng, -1.0, 1.0),
+            Mat::new(mm, nn, strides[2], |_, _| f32::NAN),
+        ];
+        let cycles = run(MATMUL, &mut m, &[]).unwrap();
+        let (mk, kn, mn) = (u64::from(mm * kk), u64::from(kk * nn), u64::from(mm * nn));
+        assert_eq!(cycles, mk + kn + mk * u64::from(nn) + mn);
+        if let Some(cost) = cost {
+            assert_eq!(cycles, cost);
+        }
+        for i in 0..mm as usize {
+            for j in 0..nn as usize {
+                let (mut want, mut scale) = (0.0f64, 0.0f64);
+                for p in 0..kk as usize {
+                    let prod = f64::from(m[0].get(i, p)) * f64::from(m[1].get(p, j));
+                    want += prod;
+                    scale += prod.abs();
+                }
+                let got = f64::from(m[2].get(i, j));
+                assert!(
+                    (got - want).abs() <= 1e-5 * scale,
+                    "({i}, {j}): {got} vs {want}"
+                );
+            }
+        }
+        assert!(m.iter().all(Mat::gaps_untouched));
+    }
+}
+
+/// square: C = A * A, each element the correctly rounded f32 square (so
+/// equal to the f64 square rounded to f32), at 3 x rows x cols cycles.
+#[test]
+fn square_is_exactly_rounded_and_costs_three_passes() {
+    let mut rng = Lcg(32);
+    let (r, c) = (13, 29);
+    let mut m = [
+        Mat::random(r, c, 32, &mut rng, -10.0, 10.0),
+        Mat::zeros(r, c, 41),
+    ];
+    assert_eq!(run(SQUARE, &mut m, &[]), Ok(3 * u64::from(r * c)));
+    for i in 0..r as usize {
+        for j in 0..c as usize {
+            let a = f64::from(m[0].get(i, j));
+            assert_eq!(
+                m[1].get(i, j).to_bits(),
+                ((a * a) as f32).to_bits(),
+                "({i}, {j})"
+            );
+        }
+    }
+    assert!(m.iter().all(Mat::gaps_untouched));
+}
+
+/// copy: C = A bit for bit, at 2 x rows x cols cycles.
+#[test]
+fn copy_is_bit_exact_and_costs_two_passes() {
+    let mut rng = Lcg(33);
+    let (r, c) = (64, 64);
+    let mut m = [
+        Mat::random(r, c, 70, &mut rng, -10.0, 10.0),
+        Mat::zeros(r, c, 64),
+    ];
+    assert_eq!(run(COPY, &mut m, &[]), Ok(2 * 64 * 64));
+    for i in 0..r as usize {
+        for j in 0..c as usize {
+            assert_eq!(m[1].get(i, j).to_bits(), m[0].get(i, j).to_bits());
+        }
+    }
+    assert!(m.iter().all(Mat::gaps_untouched));
 }
 
 fn check_rmsnorm(r: u32, c: u32, strides: [u32; 3], eps: f32, seed: u64) {
@@ -675,6 +761,8 @@ fn valid_args(id: u32) -> (Vec<(u32, u32)>, Vec<u64>) {
         // 4 lengths; 2 KV heads, 3 cores, P = 16, items of 100 + 10 t.
         PLAN => (vec![(1, 4), (1, 1)], vec![2, 3, 16, 100 | 10 << 32]),
         SILU => (vec![(3, 5); 3], vec![]),
+        MATMUL => (vec![(3, 4), (4, 5), (3, 5)], vec![]),
+        SQUARE => (vec![(3, 5); 2], vec![]),
         // 3 heads of 4 as one row.
         ROPE => (vec![(1, 12), (1, 4), (3, 4)], vec![]),
         COPY => (vec![(3, 4), (2, 6)], vec![]),

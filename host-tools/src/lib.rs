@@ -37,3 +37,4 @@ pub mod task_count;
 pub mod trace;
 pub mod workload_file;
 pub mod workloads;
+pub mod wsp9;

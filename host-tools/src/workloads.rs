@@ -45,7 +45,8 @@ impl Params {
     /// pages of 64 (see [`crate::attention::workload::lengths_of`]);
     /// `sparse-decode` 8 requests up to 16,384 tokens (one 16K request
     /// among dense and sparse ones), D 128, pages of 64 (see
-    /// [`crate::attention::sparse::lengths_of`]).
+    /// [`crate::attention::sparse::lengths_of`]). v9's examples (`wsp9-*`)
+    /// have fixed sizes: [`crate::wsp9::params`].
     pub fn of(name: &str) -> Result<Params, WorkloadError> {
         let decode = |m, n, k, tile| {
             Ok(Params {
@@ -56,6 +57,9 @@ impl Params {
                 seed: 1,
             })
         };
+        if let Some(p) = crate::wsp9::params(name) {
+            return Ok(p);
+        }
         let (m, n, k) = match name {
             "decode" | "decode-skew" | "decode-device" => return decode(32, 8192, 128, 16),
             "decode-uniform" => return decode(32, 1024, 64, 64),
@@ -115,8 +119,9 @@ pub fn is_tiled(name: &str) -> bool {
     !name.starts_with("moe")
 }
 
-/// The names `Workload::build` accepts.
-pub const NAMES: [&str; 13] = [
+/// The names `Workload::build` accepts (v9's examples last, see
+/// [`crate::wsp9`]).
+pub const NAMES: [&str; 21] = [
     "gemm",
     "mlp",
     "streams",
@@ -130,6 +135,14 @@ pub const NAMES: [&str; 13] = [
     "decode-device",
     "sparse-decode",
     "decode-layer-dense",
+    "wsp9-validated-matmul",
+    "wsp9-tensor-data-add",
+    "wsp9-tensor-data-square",
+    "wsp9-attention",
+    "wsp9-bgemm",
+    "wsp9-softmax",
+    "wsp9-csp-pipeline",
+    "wsp9-lightning-indexer",
 ];
 
 /// A built workload.
@@ -263,6 +276,7 @@ impl Workload {
             "decode-layer-dense" => {
                 crate::model::layer::named("decode-layer-dense", p, crate::model::Mlp::Dense)
             }
+            _ if name.starts_with("wsp9-") => crate::wsp9::build(name, p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
     }

@@ -345,11 +345,11 @@ fn malformed_files_say_what_and_where() {
             Some(13),
         ),
         (
-            body(r#"{ call = "matmul", args = [] },"#),
+            body(r#"{ call = "matmul_f16", args = [] },"#),
             ErrorKind::UnknownKernel,
-            "unknown kernel `matmul` (kernels: add, gemm_tile, rmsnorm, softmax, route_topk, \
+            "unknown kernel `matmul_f16` (kernels: add, gemm_tile, rmsnorm, softmax, route_topk, \
              expert_rows, attn_decode_partial, attn_merge, indexer_scores, topk, \
-             attn_sparse_partial, decode_plan, silu_mul, rope, copy)",
+             attn_sparse_partial, decode_plan, silu_mul, matmul, square, copy, rope)",
             Some(13),
         ),
         (

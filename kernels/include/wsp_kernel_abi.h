@@ -89,14 +89,21 @@ enum WspKernelId {
     /* OUT = SiLU(G) * U elementwise, SiLU(g) = g / (1 + e^-g), on f32 tiles
      * (vector core). Tensors: G, U (in), OUT (out), one shape. No scalars. */
     WSP_KERNEL_SILU_MUL = 13,
+    /* C = A x B on f32 tiles (cube core), C written without being read:
+     * the first (or only) product of a chain, where GEMM_TILE would load a
+     * zero C. */
+    WSP_KERNEL_MATMUL = 17,
+    /* C = A * A, elementwise on a tile (vector core). */
+    WSP_KERNEL_SQUARE = 18,
+    /* Y = X element by element in row-major order, between layouts of the
+     * same number of elements (vector core): a load and a store. Tensors:
+     * X, Y out. No scalars. */
+    WSP_KERNEL_COPY = 19,
     /* Rotary position embedding of one token's n heads of D (vector core,
      * half-split pairing). Tensors: X [1 x n*D] or [n x D], CS [1 x D] (the
      * position's cos in columns 0 .. D/2, sin in D/2 .. D), Y out [n x D].
      * No scalars. */
     WSP_KERNEL_ROPE = 20,
-    /* Y = X element by element in row-major order, between layouts of the
-     * same number of elements (vector core). Tensors: X, Y out. No scalars. */
-    WSP_KERNEL_COPY = 21,
 };
 
 /* A 2-D view of a tensor region: `rows` x `cols` valid elements starting at
@@ -145,6 +152,8 @@ uint64_t wsp_kernel_attn_sparse_partial(const WspKernelArgs *args);
 uint64_t wsp_kernel_decode_plan(const WspKernelArgs *args);
 uint64_t wsp_kernel_silu_mul(const WspKernelArgs *args);
 uint64_t wsp_kernel_rope(const WspKernelArgs *args);
+uint64_t wsp_kernel_matmul(const WspKernelArgs *args);
+uint64_t wsp_kernel_square(const WspKernelArgs *args);
 uint64_t wsp_kernel_copy(const WspKernelArgs *args);
 
 #ifdef __cplusplus

@@ -32,9 +32,10 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         // The first seed whose routing is clear of ties (for the MoE ones).
         let w = (1..50)
             .find_map(|seed| {
-                // The pipelines have sizes of their own (square tiles):
-                // their defaults, which give small tables too.
-                let p = if name.contains("pipeline") {
+                // The pipelines have sizes of their own (square tiles),
+                // v9's examples fixed ones: their defaults, which give
+                // small tables too.
+                let p = if name.contains("pipeline") || name.starts_with("wsp9-") {
                     Params {
                         seed,
                         ..Params::of(name).unwrap()

@@ -19,6 +19,7 @@
 pub mod asm;
 pub mod attention;
 pub mod attention_pipeline;
+pub mod bound;
 pub mod dag;
 pub mod heap;
 pub mod inspect;

@@ -65,6 +65,8 @@ impl Params {
             "decode-uniform" => return decode(32, 1024, 64, 64),
             "sparse-decode" => return decode(8, 16384, 128, 64),
             "decode-layer-dense" => return decode(16, 2048, 512, 16),
+            // 24 decode requests and a 128-token prefill chunk.
+            "stitched" => return decode(24, 128, 512, 16),
             "gemm" => (256, 256, 256),
             "mlp" => (64, 128, 128),
             "streams" => (128, 128, 128),
@@ -121,7 +123,7 @@ pub fn is_tiled(name: &str) -> bool {
 
 /// The names `Workload::build` accepts (v9's examples last, see
 /// [`crate::wsp9`]).
-pub const NAMES: [&str; 21] = [
+pub const NAMES: [&str; 22] = [
     "gemm",
     "mlp",
     "streams",
@@ -135,6 +137,7 @@ pub const NAMES: [&str; 21] = [
     "decode-device",
     "sparse-decode",
     "decode-layer-dense",
+    "stitched",
     "wsp9-validated-matmul",
     "wsp9-tensor-data-add",
     "wsp9-tensor-data-square",
@@ -276,6 +279,7 @@ impl Workload {
             "decode-layer-dense" => {
                 crate::model::layer::named("decode-layer-dense", p, crate::model::Mlp::Dense)
             }
+            "stitched" => crate::model::stitch::stitched(p),
             _ if name.starts_with("wsp9-") => crate::wsp9::build(name, p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }

@@ -123,7 +123,7 @@ fn sizes_the_layer_cannot_take_are_refused() {
     let base = shape_of(&params(4, 100, 128), Mlp::Dense).unwrap();
     type Change = fn(&mut LayerShape);
     let cases: [(&str, Change); 5] = [
-        ("65 requests", |s| s.lengths = vec![8; 65]),
+        ("257 requests", |s| s.lengths = vec![8; 257]),
         ("head dimension 63", |s| s.d = 63),
         ("not a whole number of groups", |s| s.kv_heads = 3),
         ("ffn 100", |s| s.ffn = 100),
@@ -132,7 +132,7 @@ fn sizes_the_layer_cannot_take_are_refused() {
     for (what, change) in cases {
         let mut s = base.clone();
         change(&mut s);
-        let e = LayerData::build(s, 1).unwrap_err().to_string();
+        let e = LayerData::build(s, 1).expect_err(what).to_string();
         let key = what.split(' ').next_back().unwrap();
         assert!(e.contains(key), "{what}: {e}");
     }
@@ -140,4 +140,21 @@ fn sizes_the_layer_cannot_take_are_refused() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("multiple of 64"), "{e}");
+}
+
+#[test]
+fn a_run_on_more_cores_than_one_thread_drives() {
+    // 24 cube and 48 vector cores (an Ascend 910B's), 36 per scheduler
+    // thread: the run's statistics cover all 72 (they held 64 and
+    // panicked before).
+    let data = small();
+    let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
+    let mut kinds = vec![CoreKind::Cube; 24];
+    kinds.extend([CoreKind::Vector; 48]);
+    let mut arena = w.arena.clone();
+    let run = run_semantic(&w.table, &mut arena.bytes, &kinds, &RunOptions::default()).unwrap();
+    assert_eq!(run.stats.cores().len(), 72);
+    let tasks: u64 = run.stats.cores().iter().map(|c| c.tasks).sum();
+    assert_eq!(tasks as usize, w.tasks);
+    assert!(w.verify(&arena).passed());
 }

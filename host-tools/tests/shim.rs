@@ -31,7 +31,7 @@ fn every_workload_passes_and_core_count_does_not_change_a_bit() {
         // 64-wide rows.
         let (m, n, k) = if name.starts_with("moe") {
             (48, 64, 64)
-        } else if name.starts_with("decode-layer") {
+        } else if name.starts_with("decode-layer") || name == "stitched" {
             // 8 requests up to 100 tokens, hidden 128 (heads of 64).
             (8, 100, 128)
         } else if name == "pipeline" {

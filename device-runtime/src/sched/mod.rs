@@ -90,7 +90,7 @@ pub use policy::{
 use ring::Ring;
 pub use run::{
     CoreStats, RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats, ThreadStats,
-    DEPLIST_NODES, MAX_ISSUE_DEPTH, TENSORMAP_ENTRIES,
+    DEPLIST_NODES, MAX_ISSUE_DEPTH, MAX_RUN_CORES, TENSORMAP_ENTRIES,
 };
 pub use thread::{kernel_args, Arena, Scheduler};
 

@@ -16,6 +16,10 @@ use crate::expand::ExpandError;
 use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError, UsageError};
 use crate::platform::{Platform, MAX_CORES};
 
+/// Most cores in one run: [`MAX_THREADS`] scheduler threads of at most
+/// [`MAX_CORES`] each (an Ascend 910B has 24 cube and 48 vector cores).
+pub const MAX_RUN_CORES: usize = MAX_THREADS * MAX_CORES;
+
 /// TensorMap entries of table runs: one per tensor argument (at most
 /// [`MAX_TENSOR_ARGS`]) of every task in the window, so it never stalls.
 pub const TENSORMAP_ENTRIES: usize = MAX_TENSOR_ARGS * TASK_WINDOW;
@@ -154,7 +158,7 @@ pub struct RunStats {
     /// program does not define.
     pub tasksets: [Option<TasksetStats>; MAX_TASKSETS],
     pub(crate) num_cores: usize,
-    pub(crate) cores: [CoreStats; MAX_CORES],
+    pub(crate) cores: [CoreStats; MAX_RUN_CORES],
     pub(crate) num_threads: usize,
     pub(crate) threads: [ThreadStats; MAX_THREADS],
 }
@@ -182,7 +186,7 @@ impl RunStats {
             window: 0,
             tasksets: [None; MAX_TASKSETS],
             num_cores: 0,
-            cores: [CoreStats::IDLE; MAX_CORES],
+            cores: [CoreStats::IDLE; MAX_RUN_CORES],
             num_threads: 0,
             threads: [ThreadStats {
                 thread: 0,
@@ -245,8 +249,12 @@ impl RunStats {
         };
         self.num_threads = self.num_threads.max(t.thread as usize + 1);
         for c in scheduler.core_stats() {
-            self.cores[c.core as usize] = *c;
-            self.num_cores = self.num_cores.max(c.core as usize + 1);
+            // Run-wide core numbers are below MAX_RUN_CORES: each thread
+            // drives at most MAX_CORES (its platform refuses more).
+            if let Some(slot) = self.cores.get_mut(c.core as usize) {
+                *slot = *c;
+                self.num_cores = self.num_cores.max(c.core as usize + 1);
+            }
         }
         self.tasks += t.issued;
     }

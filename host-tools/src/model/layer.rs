@@ -20,8 +20,9 @@ use crate::workloads::{Verification, Workload, WorkloadError};
 pub const TILE: u32 = 64;
 /// Rows of one `rmsnorm` task.
 const NORM_ROWS: u32 = 16;
-/// Largest batch: the GEMM tiles' rows.
-pub const MAX_BATCH: u32 = 64;
+/// Largest batch (rows: requests, or a prefill chunk's tokens), in GEMM
+/// row blocks of [`TILE`].
+pub const MAX_BATCH: u32 = 256;
 /// Largest hidden size: `rmsnorm`'s row.
 pub const MAX_HIDDEN: u32 = 1024;
 /// The RMSNorm epsilon.
@@ -207,16 +208,60 @@ pub fn cos_sin(len: u32, d: u32) -> Vec<f32> {
 }
 
 impl LayerData {
-    /// Random inputs, weights and caches for `shape`, seeded by `seed`.
+    /// Random inputs, weights and caches for `shape`, seeded by `seed`:
+    /// each request has pages of its own.
     pub fn build(shape: LayerShape, seed: u64) -> Result<LayerData, WorkloadError> {
         shape.check()?;
-        // The page tables (and pool size) of the attention's own data.
         let attn = DecodeData::build(shape.attention(), seed)
             .map_err(|e| WorkloadError::Params(e.to_string()))?;
+        let (pages, width, meta) = (attn.pages, attn.width, attn.meta);
+        Ok(Self::with_tables(shape, seed, pages, width, meta))
+    }
+
+    /// A prefill chunk: the rows of `shape` are consecutive tokens of one
+    /// request (`lengths` = `start + 1 ..= start + n`), which share its
+    /// pages. Each row is a query token that appends its key and value and
+    /// attends to every token up to itself: causal attention over the
+    /// cache and the chunk, with the decode kernels.
+    pub fn prefill_chunk(shape: LayerShape, seed: u64) -> Result<LayerData, WorkloadError> {
+        shape.check()?;
+        let first = shape.lengths[0];
+        if shape
+            .lengths
+            .iter()
+            .zip(first..)
+            .any(|(&l, want)| l != want)
+        {
+            return Err(WorkloadError::Params(
+                "a prefill chunk's lengths must be consecutive positions".into(),
+            ));
+        }
+        let longest = *shape.lengths.last().expect("checked: not empty");
+        let one = DecodeShape {
+            lengths: vec![longest],
+            ..shape.attention()
+        };
+        let attn =
+            DecodeData::build(one, seed).map_err(|e| WorkloadError::Params(e.to_string()))?;
+        let w = attn.width as usize;
+        let rows = shape.lengths.len();
+        let meta: Vec<i32> = (0..rows)
+            .flat_map(|_| attn.meta[..2 * w].to_vec())
+            .collect();
+        Ok(Self::with_tables(shape, seed, attn.pages, attn.width, meta))
+    }
+
+    fn with_tables(
+        shape: LayerShape,
+        seed: u64,
+        pages: u32,
+        width: u32,
+        meta: Vec<i32>,
+    ) -> LayerData {
         let (b, h, f, d) = (shape.batch() as usize, shape.hidden(), shape.ffn, shape.d);
         let mut rng = SplitMix64::new(seed ^ 0x006c_6179_6572);
         let x = rng.fill(b * h as usize);
-        let pool = (shape.kv_heads * attn.pool_rows() * d) as usize;
+        let pool = (shape.kv_heads * pages * 2 * shape.page * d) as usize;
         let layers = (0..shape.layers)
             .map(|_| LayerWeights {
                 g1: gains(&mut rng, h as usize),
@@ -230,15 +275,15 @@ impl LayerData {
             })
             .collect();
         let longest = *shape.lengths.iter().max().expect("checked: not empty");
-        Ok(LayerData {
+        LayerData {
             cs: cos_sin(longest, d),
-            pages: attn.pages,
-            width: attn.width,
-            meta: attn.meta,
+            pages,
+            width,
+            meta,
             x,
             layers,
             shape,
-        })
+        }
     }
 
     /// Rows of one KV head's pool.
@@ -344,39 +389,50 @@ fn region(tensor: TensorId, offset: Vec<Expr>, rows: impl Into<Expr>, cols: u32)
     }
 }
 
-/// `c (+)= a b` in [`TILE`]-square tiles: `a` is `[rows, k]`, `b` `[k, n]`,
-/// `c` `[rows, n]`; every tile of `c` accumulates its `k / TILE` products
-/// in place (`gemm_tile` is `C += A B`), in order of `k`, which the
-/// runtime keeps from the regions.
+/// Row blocks of at most [`TILE`] rows covering `rows`: (first, count).
+fn row_blocks(rows: u32) -> impl Iterator<Item = (u32, u32)> {
+    (0..rows)
+        .step_by(TILE as usize)
+        .map(move |r| (r, TILE.min(rows - r)))
+}
+
+/// `c (+)= a b` in tiles of at most [`TILE`] rows by [`TILE`] columns: `a`
+/// is `[rows, k]`, `b` `[k, n]`, `c` `[rows, n]`; every tile of `c`
+/// accumulates its `k / TILE` products in place (`gemm_tile` is
+/// `C += A B`), in order of `k`, which the runtime keeps from the regions.
 pub fn gemm(w: &mut Program, [a, b, c]: [TensorId; 3], rows: u32, k: u32, n: u32) {
-    w.parallel(Axis::Dense(n / TILE), |w, j| {
-        w.parallel(Axis::Dense(k / TILE), |w, kk| {
+    for (r, m) in row_blocks(rows) {
+        w.parallel(Axis::Dense(n / TILE), |w, j| {
+            w.parallel(Axis::Dense(k / TILE), |w, kk| {
+                w.call(
+                    GEMM,
+                    &[
+                        a.tile(r, kk.clone() * TILE, m, TILE),
+                        b.tile(kk * TILE, j.clone() * TILE, TILE, TILE),
+                        c.tile(r, j * TILE, m, TILE),
+                    ],
+                    &[],
+                );
+            });
+        });
+    }
+}
+
+/// `y = copy(x)` in the tiles of [`gemm`]: each tile of `y` is ready as
+/// soon as its accumulation can start.
+fn copy_tiles(w: &mut Program, x: TensorId, y: TensorId, rows: u32, cols: u32) {
+    for (r, m) in row_blocks(rows) {
+        w.parallel(Axis::Dense(cols / TILE), |w, j| {
             w.call(
-                GEMM,
+                COPY,
                 &[
-                    a.tile(0, kk.clone() * TILE, rows, TILE),
-                    b.tile(kk * TILE, j.clone() * TILE, TILE, TILE),
-                    c.tile(0, j * TILE, rows, TILE),
+                    x.tile(r, j.clone() * TILE, m, TILE),
+                    y.tile(r, j * TILE, m, TILE),
                 ],
                 &[],
             );
         });
-    });
-}
-
-/// `y = copy(x)` in column tiles of [`TILE`]: each tile of `y` is ready as
-/// soon as its accumulation can start.
-fn copy_tiles(w: &mut Program, x: TensorId, y: TensorId, rows: u32, cols: u32) {
-    w.parallel(Axis::Dense(cols / TILE), |w, j| {
-        w.call(
-            COPY,
-            &[
-                x.tile(0, j.clone() * TILE, rows, TILE),
-                y.tile(0, j * TILE, rows, TILE),
-            ],
-            &[],
-        );
-    });
+    }
 }
 
 /// `y = rmsnorm(x) * g` in blocks of [`NORM_ROWS`] rows.
@@ -397,11 +453,16 @@ fn rmsnorm(w: &mut Program, x: TensorId, g: TensorId, y: TensorId, rows: u32, co
 }
 
 /// Declares layer `l`'s tensors.
-fn layer_tensors(w: &mut Program, data: &LayerData, l: u32) -> Result<LayerTensors, LowerError> {
+fn layer_tensors(
+    w: &mut Program,
+    data: &LayerData,
+    prefix: &str,
+    l: u32,
+) -> Result<LayerTensors, LowerError> {
     let s = &data.shape;
     let (b, h, f, d) = (s.batch(), s.hidden(), s.ffn, s.d);
     let g = s.q_heads / s.kv_heads;
-    let mut t = |name: &str, shape: &[u32]| w.tensor(&format!("l{l}.{name}"), shape);
+    let mut t = |name: &str, shape: &[u32]| w.tensor(&format!("{prefix}l{l}.{name}"), shape);
     Ok(LayerTensors {
         g1: t("g1", &[1, h])?,
         wqkv: t("wqkv", &[h, s.qkv()])?,
@@ -503,33 +564,40 @@ fn layer_calls(
         Mlp::Dense => {
             gemm(w, [t.hn, t.wg, t.gate], b, h, f);
             gemm(w, [t.hn, t.wu, t.up], b, h, f);
-            w.parallel(Axis::Dense(f / TILE), |w, j| {
-                let tile = |t: TensorId| t.tile(0, j.clone() * TILE, b, TILE);
-                w.call(SILU_MUL, &[tile(t.gate), tile(t.up), tile(t.act)], &[]);
-            });
+            for (r, m) in row_blocks(b) {
+                w.parallel(Axis::Dense(f / TILE), |w, j| {
+                    let tile = |t: TensorId| t.tile(r, j.clone() * TILE, m, TILE);
+                    w.call(SILU_MUL, &[tile(t.gate), tile(t.up), tile(t.act)], &[]);
+                });
+            }
             copy_tiles(w, t.h, out, b, h);
             gemm(w, [t.act, t.wd, out], b, f, h);
         }
     }
 }
 
-/// The program of the whole step over `data`'s sizes.
-pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), LowerError> {
+/// Declares the step's tensors in `w`, each name prefixed by `prefix`,
+/// and adds its calls: one batch of a program that may hold several.
+pub fn step_into(
+    w: &mut Program,
+    data: &LayerData,
+    prefix: &str,
+) -> Result<StepTensors, LowerError> {
     let s = &data.shape;
     let (b, h) = (s.batch(), s.hidden());
-    let mut w = Program::new();
-    let mut x = vec![w.tensor("x0", &[b, h])?];
-    let meta = w.tensor_i32("meta", &[b, 2, data.width])?;
-    let lens = w.tensor_i32("lens", &[1, b])?;
-    let plan = w.tensor_i32("plan", &[1, 1])?;
+    let name = |n: &str| format!("{prefix}{n}");
+    let mut x = vec![w.tensor(&name("x0"), &[b, h])?];
+    let meta = w.tensor_i32(&name("meta"), &[b, 2, data.width])?;
+    let lens = w.tensor_i32(&name("lens"), &[1, b])?;
+    let plan = w.tensor_i32(&name("plan"), &[1, 1])?;
     let longest = *s.lengths.iter().max().expect("checked: not empty");
-    let cs = w.tensor("cs", &[longest, s.d])?;
+    let cs = w.tensor(&name("cs"), &[longest, s.d])?;
     w.input(lens);
     w.input(meta);
     let mut layers = Vec::new();
     for l in 0..s.layers {
-        layers.push(layer_tensors(&mut w, data, l)?);
-        x.push(w.tensor(&format!("x{}", l + 1), &[b, h])?);
+        layers.push(layer_tensors(w, data, prefix, l)?);
+        x.push(w.tensor(&name(&format!("x{}", l + 1)), &[b, h])?);
     }
     let st = StepTensors {
         x,
@@ -540,11 +608,20 @@ pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), LowerErr
         cs,
     };
     let dims = data.attn_dims();
-    plan_call(&mut w, &dims, lens, plan, PLAN_CORES);
-    let c = w.let_(Expr::load(plan, vec![Expr::Const(0), Expr::Const(0)]));
+    plan_call(w, &dims, lens, plan, PLAN_CORES);
+    // Read where used rather than held in a register for the whole
+    // program: stitched steps would hold one each.
+    let c = Expr::load(plan, vec![Expr::Const(0), Expr::Const(0)]);
     for (l, t) in st.layers.iter().enumerate() {
-        layer_calls(&mut w, data, &st, t, [st.x[l], st.x[l + 1]], &c);
+        layer_calls(w, data, &st, t, [st.x[l], st.x[l + 1]], &c);
     }
+    Ok(st)
+}
+
+/// The program of the whole step over `data`'s sizes.
+pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), LowerError> {
+    let mut w = Program::new();
+    let st = step_into(&mut w, data, "")?;
     Ok((w, st))
 }
 
@@ -555,6 +632,8 @@ pub fn task_count(data: &LayerData) -> usize {
     let (b, h, f) = (s.batch() as usize, s.hidden() as usize, s.ffn as usize);
     let t = TILE as usize;
     let (ht, ft, qt) = (h / t, f / t, s.qkv() as usize / t);
+    // Row blocks of the GEMMs, copies and silu_mul.
+    let rb = b.div_ceil(t);
     let norms = 2 * (b.div_ceil(NORM_ROWS as usize));
     let attn = {
         let a = s.attention();
@@ -570,23 +649,21 @@ pub fn task_count(data: &LayerData) -> usize {
     };
     let rope = b * (1 + 2 * s.kv_heads as usize);
     let mlp = match s.mlp {
-        Mlp::Dense => 2 * ft * ht + ft + ht + ht * ft,
+        Mlp::Dense => rb * (2 * ft * ht + ft + ht + ht * ft),
     };
-    let per_layer = norms + qt * ht + rope + attn + b + ht + ht * ht + mlp;
+    let per_layer = norms + rb * qt * ht + rope + attn + b + rb * (ht + ht * ht) + mlp;
     1 + s.layers as usize * per_layer
 }
 
-/// The decode step over `data` as a workload, checked against
+/// Writes the step's inputs into `arena` and returns its check against
 /// [`reference::step`]: the output and every appended cache row.
-pub fn decode_layer_workload(
-    name: &'static str,
+fn fill_and_check(
+    w: &Program,
+    arena: &mut Arena,
     data: &LayerData,
-) -> Result<Workload, WorkloadError> {
-    let lower = |e: LowerError| WorkloadError::Params(e.to_string());
-    let (mut w, st) = step_program(data).map_err(lower)?;
-    let table = w.finish().map_err(lower)?;
+    st: &StepTensors,
+) -> impl Fn(&Arena) -> (Vec<f32>, Vec<f64>, Vec<f64>) + 'static {
     let s = &data.shape;
-    let mut arena = Arena::zeroed(w.arena_size());
     arena.write_f32(w.layout(st.x[0]), &data.x);
     arena.write_i32(w.layout(st.meta), &data.meta);
     let lens: Vec<i32> = s.lengths.iter().map(|&l| l as i32).collect();
@@ -609,7 +686,7 @@ pub fn decode_layer_workload(
     let out = w.layout(*st.x.last().expect("a layer")).clone();
     let kv: Vec<_> = st.layers.iter().map(|t| w.layout(t.kv).clone()).collect();
     let copy = data.clone();
-    let check = move |arena: &Arena| {
+    move |arena: &Arena| {
         let want = reference::step(&copy);
         let mut got = arena.read_f32(&out);
         let (mut value, mut bound) = (want.out.v.clone(), want.out.e.clone());
@@ -623,6 +700,44 @@ pub fn decode_layer_workload(
                 bound.extend_from_slice(&a.bound);
             }
         }
+        (got, value, bound)
+    }
+}
+
+/// Several independent steps in one program (tensors prefixed `a.`,
+/// `b.`, ...), checked together: nothing orders one batch's tasks after
+/// another's, so they interleave on the cores.
+pub fn stitched_workload(
+    name: &'static str,
+    steps: &[LayerData],
+    summary: String,
+) -> Result<Workload, WorkloadError> {
+    let lower = |e: LowerError| WorkloadError::Params(e.to_string());
+    let mut w = Program::new();
+    let mut sts = Vec::new();
+    for (i, data) in steps.iter().enumerate() {
+        let prefix = if steps.len() == 1 {
+            String::new()
+        } else {
+            format!("{}.", (b'a' + i as u8) as char)
+        };
+        sts.push(step_into(&mut w, data, &prefix).map_err(lower)?);
+    }
+    let table = w.finish().map_err(lower)?;
+    let mut arena = Arena::zeroed(w.arena_size());
+    let checks: Vec<_> = steps
+        .iter()
+        .zip(&sts)
+        .map(|(data, st)| fill_and_check(&w, &mut arena, data, st))
+        .collect();
+    let check = move |arena: &Arena| {
+        let (mut got, mut value, mut bound) = (Vec::new(), Vec::new(), Vec::new());
+        for c in &checks {
+            let (g, v, b) = c(arena);
+            got.extend(g);
+            value.extend(v);
+            bound.extend(b);
+        }
         Verification::compare(
             "out+cache",
             &got,
@@ -631,32 +746,49 @@ pub fn decode_layer_workload(
             reference::TOLERANCE,
         )
     };
-    let total: u64 = s.lengths.iter().map(|&l| l as u64).sum();
+    // The planning tasks are in each step's count.
+    let tasks = steps.iter().map(task_count).sum();
     Ok(Workload {
         name,
-        summary: format!(
-            "decode step: {} layers, {} requests ({total} KV tokens, longest {}), hidden {}, \
-             {} query / {} KV heads of {}, pages of {}, {} MLP of {}",
-            s.layers,
-            s.batch(),
-            s.lengths.iter().max().copied().unwrap_or(0),
-            s.hidden(),
-            s.q_heads,
-            s.kv_heads,
-            s.d,
-            s.page,
-            match s.mlp {
-                Mlp::Dense => "dense",
-            },
-            s.ffn
-        ),
+        summary,
         table,
         arena,
         tensors: w.layouts().to_vec(),
-        tasks: task_count(data),
+        tasks,
         check: Box::new(check),
         csp: Default::default(),
     })
+}
+
+/// The decode step over `data` as a workload, checked against
+/// [`reference::step`]: the output and every appended cache row.
+pub fn decode_layer_workload(
+    name: &'static str,
+    data: &LayerData,
+) -> Result<Workload, WorkloadError> {
+    stitched_workload(name, std::slice::from_ref(data), summary_of(data))
+}
+
+/// One line saying what the step computes.
+pub fn summary_of(data: &LayerData) -> String {
+    let s = &data.shape;
+    let total: u64 = s.lengths.iter().map(|&l| l as u64).sum();
+    format!(
+        "decode step: {} layers, {} requests ({total} KV tokens, longest {}), hidden {}, \
+             {} query / {} KV heads of {}, pages of {}, {} MLP of {}",
+        s.layers,
+        s.batch(),
+        s.lengths.iter().max().copied().unwrap_or(0),
+        s.hidden(),
+        s.q_heads,
+        s.kv_heads,
+        s.d,
+        s.page,
+        match s.mlp {
+            Mlp::Dense => "dense",
+        },
+        s.ffn
+    )
 }
 
 /// The shape of the named decode-layer workloads from `p`: `m` requests
@@ -670,6 +802,12 @@ pub fn shape_of(p: &crate::workloads::Params, mlp: Mlp) -> Result<LayerShape, Wo
             "m (requests) = {}, n (longest KV length) = {} must be positive and k (hidden) = {} \
              at least 64",
             p.m, p.n, p.k
+        )));
+    }
+    if !p.k.is_multiple_of(64) {
+        return Err(WorkloadError::Params(format!(
+            "k (hidden) = {} must be a multiple of 64 (heads of 64)",
+            p.k
         )));
     }
     let q_heads = p.k / 64;
@@ -692,12 +830,6 @@ pub fn named(
     mlp: Mlp,
 ) -> Result<Workload, WorkloadError> {
     let shape = shape_of(&p, mlp)?;
-    if !p.k.is_multiple_of(64) {
-        return Err(WorkloadError::Params(format!(
-            "k (hidden) = {} must be a multiple of 64 (heads of 64)",
-            p.k
-        )));
-    }
     let data = LayerData::build(shape, p.seed)?;
     decode_layer_workload(name, &data)
 }

@@ -32,5 +32,6 @@
 
 pub mod layer;
 pub mod reference;
+pub mod stitch;
 
 pub use layer::{decode_layer_workload, LayerData, LayerShape, Mlp};

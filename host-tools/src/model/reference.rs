@@ -28,9 +28,10 @@
 //!   exact cos and sin: `e_y = sqrt((e_a c)^2 + (e_b s)^2) + 5u (|a| |c| +
 //!   |b| |s|)`;
 //! - attention: a score moves by at most `Delta = scale max_t sqrt(sum_d
-//!   (e_q k)^2 + (q e_k)^2)` (only the new token's key carries an error),
-//!   every weight by a factor within `e^(+-2 Delta)`, so `e_o = (e^(2
-//!   Delta) - 1) sum_t p_t |v_t| + e^(2 Delta) p_new e_v`, plus the
+//!   (e_q k)^2 + (q e_k)^2)` (keys appended this step carry errors, the
+//!   cache's others none), every weight by a factor within `e^(+-2
+//!   Delta)`, so `e_o = (e^(2 Delta) - 1) sum_t p_t |v_t| + e^(2 Delta)
+//!   sum_t p_t e_v_t`, plus the
 //!   kernels' own worst-case error on their inputs
 //!   ([`crate::attention::reference::relative_error`], chunked as finely
 //!   as the device planner may);
@@ -212,13 +213,17 @@ fn layer(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Vec<Appended>) {
     let qkv = gemm(&xn, &lw.wqkv, s.qkv() as usize, None);
     let w = qkv.cols;
     let pool = data.pool_rows() as usize;
-    let mut o = Val::zeros(s.batch() as usize, h);
+    // The cache as the attention reads it: every request's new key and
+    // value appended first (rows of a prefill chunk share pages, so a
+    // token attends to the keys other rows of the step appended).
+    let mut cache = Val::exact(&lw.kv, d);
     let mut appended = Vec::new();
+    let mut queries = Vec::new();
     for (b, &len) in s.lengths.iter().enumerate() {
         let pos = len - 1;
         let row = &qkv.v[b * w..(b + 1) * w];
         let err = &qkv.e[b * w..(b + 1) * w];
-        let (q, eq) = rope(&row[..qh * d], &err[..qh * d], d, pos);
+        queries.push(rope(&row[..qh * d], &err[..qh * d], d, pos));
         let (k, ek) = rope(
             &row[qh * d..(qh + kvh) * d],
             &err[qh * d..(qh + kvh) * d],
@@ -228,25 +233,28 @@ fn layer(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Vec<Appended>) {
         let (v, ev) = (&row[(qh + kvh) * d..], &err[(qh + kvh) * d..]);
         for kh in 0..kvh {
             let head = kh * d..(kh + 1) * d;
-            for (value, bound, at_value) in [(&k, &ek, false), (&v.to_vec(), &ev.to_vec(), true)] {
+            for (value, bound, at_value) in [(&k[..], &ek[..], false), (v, ev, true)] {
+                let at = kh * pool + data.pool_row(b, pos, at_value);
+                cache.v[at * d..(at + 1) * d].copy_from_slice(&value[head.clone()]);
+                cache.e[at * d..(at + 1) * d].copy_from_slice(&bound[head.clone()]);
                 appended.push(Appended {
-                    row: kh * pool + data.pool_row(b, pos, at_value),
+                    row: at,
                     value: value[head.clone()].to_vec(),
                     bound: bound[head.clone()].to_vec(),
                 });
             }
         }
+    }
+    let mut o = Val::zeros(s.batch() as usize, h);
+    for (b, (q, eq)) in queries.iter().enumerate() {
         for j in 0..qh {
             let kh = j / (qh / kvh);
-            let new = kh * d..(kh + 1) * d;
             let (ov, oe) = attend(
                 data,
-                lw,
+                &cache,
                 b,
                 kh,
                 (&q[j * d..(j + 1) * d], &eq[j * d..(j + 1) * d]),
-                (&k[new.clone()], &ek[new.clone()]),
-                (&v[new.clone()], &ev[new]),
             );
             o.v[b * h + j * d..b * h + (j + 1) * d].copy_from_slice(&ov);
             o.e[b * h + j * d..b * h + (j + 1) * d].copy_from_slice(&oe);
@@ -278,62 +286,52 @@ pub fn silu_mul(g: &Val, u: &Val) -> Val {
 }
 
 /// Attention of query head `q` of request `b` over KV head `kh` of the
-/// layer's cache, whose last token (`len - 1`) is `(k, v)` from this step.
+/// layer's `cache` (`[kv_heads * pool rows, D]`, this step's rows
+/// appended, with their bounds).
 fn attend(
     data: &LayerData,
-    lw: &LayerWeights,
+    cache: &Val,
     b: usize,
     kh: usize,
     (q, eq): (&[f64], &[f64]),
-    (k_new, ek): (&[f64], &[f64]),
-    (v_new, ev): (&[f64], &[f64]),
 ) -> (Vec<f64>, Vec<f64>) {
     let s = &data.shape;
     let d = s.d as usize;
     let len = s.lengths[b];
     let scale = 1.0 / (d as f64).sqrt();
     let base = kh * data.pool_rows() as usize;
-    let cached = |t: u32, value: bool| -> Vec<f64> {
-        let row = base + data.pool_row(b, t, value);
-        lw.kv[row * d..(row + 1) * d]
-            .iter()
-            .map(|&a| a as f64)
-            .collect()
+    let row = |t: u32, value: bool| {
+        let at = (base + data.pool_row(b, t, value)) * d;
+        (&cache.v[at..at + d], &cache.e[at..at + d])
     };
     let (mut scores, mut delta, mut dot_abs, mut score2_abs) = (Vec::new(), 0f64, 0f64, 0f64);
-    let mut values = Vec::new();
     for t in 0..len {
-        let new = t == len - 1;
-        let (k, kerr) = if new {
-            (k_new.to_vec(), ek.to_vec())
-        } else {
-            (cached(t, false), vec![0.0; d])
-        };
-        let dot: f64 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
+        let (k, ek) = row(t, false);
+        let dot: f64 = q.iter().zip(k).map(|(a, b)| a * b).sum();
         let size: f64 = (0..d)
-            .map(|i| (q[i].abs() + eq[i]) * (k[i].abs() + kerr[i]))
+            .map(|i| (q[i].abs() + eq[i]) * (k[i].abs() + ek[i]))
             .sum();
         let moved: f64 = (0..d)
-            .map(|i| (eq[i] * (k[i].abs() + kerr[i])).powi(2) + (q[i] * kerr[i]).powi(2))
+            .map(|i| (eq[i] * (k[i].abs() + ek[i])).powi(2) + (q[i] * ek[i]).powi(2))
             .sum::<f64>()
             .sqrt();
         delta = delta.max(scale * moved);
         dot_abs = dot_abs.max(size);
         score2_abs = score2_abs.max((scale * dot * std::f64::consts::LOG2_E).abs());
         scores.push(scale * dot);
-        values.push(if new { v_new.to_vec() } else { cached(t, true) });
     }
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let p: Vec<f64> = scores.iter().map(|&x| (x - m).exp()).collect();
     let sum: f64 = p.iter().sum();
-    let (mut o, mut weighted) = (vec![0.0; d], vec![0.0; d]);
-    for (pt, v) in p.iter().zip(&values) {
+    let (mut o, mut weighted, mut carried) = (vec![0.0; d], vec![0.0; d], vec![0.0; d]);
+    for (t, pt) in p.iter().enumerate() {
+        let (v, ev) = row(t as u32, true);
         for e in 0..d {
             o[e] += pt / sum * v[e];
             weighted[e] += pt / sum * v[e].abs();
+            carried[e] += pt / sum * ev[e];
         }
     }
-    let p_new = p[len as usize - 1] / sum;
     // The most chunks the device planner may cut this request into.
     let chunks = len.div_ceil(min_chunk(s.page));
     let own = relative_error(len, chunks, s.d, dot_abs, score2_abs);
@@ -341,8 +339,8 @@ fn attend(
     let err = (0..d)
         .map(|e| {
             (grow - 1.0) * weighted[e]
-                + grow * p_new * ev[e]
-                + own * (weighted[e] + p_new * ev[e])
+                + grow * carried[e]
+                + own * (weighted[e] + carried[e])
                 + len as f64 * f32::MIN_POSITIVE as f64
         })
         .collect();

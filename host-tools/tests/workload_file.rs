@@ -349,7 +349,7 @@ fn malformed_files_say_what_and_where() {
             ErrorKind::UnknownKernel,
             "unknown kernel `matmul` (kernels: add, gemm_tile, rmsnorm, softmax, route_topk, \
              expert_rows, attn_decode_partial, attn_merge, indexer_scores, topk, \
-             attn_sparse_partial, decode_plan, silu_mul)",
+             attn_sparse_partial, decode_plan, silu_mul, moe_route, moe_align, gather_rows)",
             Some(13),
         ),
         (

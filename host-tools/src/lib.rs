@@ -22,6 +22,7 @@ pub mod dag;
 pub mod heap;
 pub mod inspect;
 pub mod moe;
+pub mod moe_layer;
 pub mod pipeline;
 pub mod program;
 pub mod program_examples;

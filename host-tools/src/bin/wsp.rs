@@ -138,8 +138,9 @@ enum Command {
 struct WorkloadArgs {
     /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline,
     /// attention-pipeline, decode, decode-uniform, decode-skew,
-    /// decode-device, sparse-decode), a workload file (a path ending in
-    /// .toml, or another existing file that is not a table), or, for `wsp
+    /// decode-device, sparse-decode, moe-layer, moe-layer-var), a workload
+    /// file (a path ending in .toml, or another existing file that is not
+    /// a table), or, for `wsp
     /// run` only, a built table (a path ending in .bin, or a file that
     /// starts with the table magic).
     workload: String,

@@ -55,6 +55,8 @@ const BLOCK: u32 = 64;
 const ROUTE_ROWS: u32 = 64;
 /// Tokens per combine task.
 const COMBINE_ROWS: u32 = 16;
+/// Rows of one softmax task (the kernel's largest tile).
+const SOFTMAX_ROWS: u32 = 16;
 
 /// Sizes of an MoE FFN.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -142,7 +144,8 @@ impl MoeConfig {
             route_tiles * (2 * ns * nh + ns + nh * ns)
         };
         // ones, router GEMMs and routes, alignment, experts, combine, shared.
-        1 + route_tiles * (nh + 1)
+        self.tile.div_ceil(SOFTMAX_ROWS) as usize
+            + route_tiles * (nh + 1)
             + 1
             + expert_tiles * (1 + 2 * nf * nh + nf + nh * nf)
             + self.tokens.div_ceil(COMBINE_ROWS) as usize
@@ -236,12 +239,16 @@ pub fn moe_ffn(
     // Token tiles of `rows` (the last one shorter): the tile's row count.
     let tile_rows = |i: Expr, rows: u32| (Expr::from(t) - i * rows).min(rows);
 
-    // Ones for the gather's weights: softmax over one column is exactly 1.
-    w.call(
-        SOFTMAX,
-        &[zero.tile(0, 0, m, 1), ones.tile(0, 0, m, 1)],
-        &[],
-    );
+    // Ones for the gather's weights: softmax over one column is exactly 1
+    // (in blocks of the softmax kernel's 16 rows).
+    for r0 in (0..m).step_by(SOFTMAX_ROWS as usize) {
+        let rows = (m - r0).min(SOFTMAX_ROWS);
+        w.call(
+            SOFTMAX,
+            &[zero.tile(r0, 0, rows, 1), ones.tile(r0, 0, rows, 1)],
+            &[],
+        );
+    }
     // The shared expert's gate and up first: they need only x, and fill
     // the cores while the router and the alignment run.
     if let Some(([sg, su, _], [gs, us, acts])) = shared {

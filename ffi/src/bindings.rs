@@ -21,6 +21,9 @@ pub const WspKernelId_WSP_KERNEL_TOPK: WspKernelId = 10;
 pub const WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL: WspKernelId = 11;
 pub const WspKernelId_WSP_KERNEL_DECODE_PLAN: WspKernelId = 12;
 pub const WspKernelId_WSP_KERNEL_SILU_MUL: WspKernelId = 13;
+pub const WspKernelId_WSP_KERNEL_MOE_ROUTE: WspKernelId = 14;
+pub const WspKernelId_WSP_KERNEL_MOE_ALIGN: WspKernelId = 15;
+pub const WspKernelId_WSP_KERNEL_GATHER_ROWS: WspKernelId = 16;
 pub const WspKernelId_WSP_KERNEL_MATMUL: WspKernelId = 17;
 pub const WspKernelId_WSP_KERNEL_SQUARE: WspKernelId = 18;
 pub const WspKernelId_WSP_KERNEL_COPY: WspKernelId = 19;
@@ -109,6 +112,15 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn wsp_kernel_silu_mul(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_moe_route(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_moe_align(args: *const WspKernelArgs) -> u64;
+}
+unsafe extern "C" {
+    pub fn wsp_kernel_gather_rows(args: *const WspKernelArgs) -> u64;
 }
 unsafe extern "C" {
     pub fn wsp_kernel_rope(args: *const WspKernelArgs) -> u64;

@@ -5,17 +5,19 @@ use core::fmt;
 use crate::bindings::{
     wsp_kernel_add, wsp_kernel_attn_decode_partial, wsp_kernel_attn_merge,
     wsp_kernel_attn_sparse_partial, wsp_kernel_copy, wsp_kernel_decode_plan,
-    wsp_kernel_expert_rows, wsp_kernel_gemm_tile, wsp_kernel_indexer_scores, wsp_kernel_matmul,
+    wsp_kernel_expert_rows, wsp_kernel_gather_rows, wsp_kernel_gemm_tile,
+    wsp_kernel_indexer_scores, wsp_kernel_matmul, wsp_kernel_moe_align, wsp_kernel_moe_route,
     wsp_kernel_rmsnorm, wsp_kernel_rope, wsp_kernel_route_topk, wsp_kernel_silu_mul,
     wsp_kernel_softmax, wsp_kernel_square, wsp_kernel_topk, WspKernelArgs, WspKernelEntry,
     WspKernelId_WSP_KERNEL_ADD, WspKernelId_WSP_KERNEL_ATTN_DECODE_PARTIAL,
     WspKernelId_WSP_KERNEL_ATTN_MERGE, WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL,
     WspKernelId_WSP_KERNEL_COPY, WspKernelId_WSP_KERNEL_DECODE_PLAN,
-    WspKernelId_WSP_KERNEL_EXPERT_ROWS, WspKernelId_WSP_KERNEL_GEMM_TILE,
-    WspKernelId_WSP_KERNEL_INDEXER_SCORES, WspKernelId_WSP_KERNEL_MATMUL,
-    WspKernelId_WSP_KERNEL_RMSNORM, WspKernelId_WSP_KERNEL_ROPE, WspKernelId_WSP_KERNEL_ROUTE_TOPK,
-    WspKernelId_WSP_KERNEL_SILU_MUL, WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_SQUARE,
-    WspKernelId_WSP_KERNEL_TOPK,
+    WspKernelId_WSP_KERNEL_EXPERT_ROWS, WspKernelId_WSP_KERNEL_GATHER_ROWS,
+    WspKernelId_WSP_KERNEL_GEMM_TILE, WspKernelId_WSP_KERNEL_INDEXER_SCORES,
+    WspKernelId_WSP_KERNEL_MATMUL, WspKernelId_WSP_KERNEL_MOE_ALIGN,
+    WspKernelId_WSP_KERNEL_MOE_ROUTE, WspKernelId_WSP_KERNEL_RMSNORM, WspKernelId_WSP_KERNEL_ROPE,
+    WspKernelId_WSP_KERNEL_ROUTE_TOPK, WspKernelId_WSP_KERNEL_SILU_MUL,
+    WspKernelId_WSP_KERNEL_SOFTMAX, WspKernelId_WSP_KERNEL_SQUARE, WspKernelId_WSP_KERNEL_TOPK,
 };
 use crate::contract::{Equal, Extra, ScalarRule};
 use crate::{DTYPE_F32, DTYPE_I32, WSP_KERNEL_REJECTED};
@@ -205,7 +207,15 @@ const MAX_REQUESTS: u32 = 4096;
 /// `rope`'s most heads per task.
 const MAX_ROPE_HEADS: u32 = 64;
 
-static KERNELS: [KernelInfo; 17] = [
+/// moe_align: tokens per call (each with up to 64 (token, expert) pairs).
+const MAX_ALIGN_TOKENS: u32 = 4096;
+/// gather_rows: rows and cols of the source (an MoE layer's padded
+/// (token, expert) rows: 4096 tokens x top-8 + 64 experts x 63 of padding
+/// fit), and so the rows of moe_align's row list.
+const MAX_GATHER_SRC_ROWS: u32 = 1 << 16;
+const MAX_GATHER_COLS: u32 = 1024;
+
+static KERNELS: [KernelInfo; 20] = [
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_ADD,
         name: "add",
@@ -497,6 +507,68 @@ static KERNELS: [KernelInfo; 17] = [
         scalars: &[],
         extra: &[],
         entry: wsp_kernel_silu_mul,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_MOE_ROUTE,
+        name: "moe_route",
+        kind: CoreKind::Vector,
+        num_tensors: 3,
+        num_scalars: 1,
+        tensor_args: &[
+            arg("logits", In, F32, MAX_TOKENS, MAX_EXPERTS),
+            arg("ids", Out, I32, MAX_TOKENS, MAX_EXPERTS),
+            arg("weights", Out, F32, MAX_TOKENS, MAX_EXPERTS),
+        ],
+        equal: &[
+            Equal::new(1, Rows, 0, Rows),
+            Equal::new(2, Rows, 1, Rows),
+            Equal::new(2, Cols, 1, Cols),
+        ],
+        scalars: &[ScalarRule::Threshold],
+        extra: &[],
+        entry: wsp_kernel_moe_route,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_MOE_ALIGN,
+        name: "moe_align",
+        kind: CoreKind::Vector,
+        num_tensors: 4,
+        num_scalars: 1,
+        // Ids are data: checked at run time, with the rows the padding needs.
+        tensor_args: &[
+            arg("ids", In, I32, MAX_ALIGN_TOKENS, MAX_EXPERTS),
+            arg("tiles", Out, I32, 1, MAX_EXPERTS + 1),
+            arg("rows", Out, I32, MAX_GATHER_SRC_ROWS, 1),
+            arg("slot", Out, I32, MAX_ALIGN_TOKENS, MAX_EXPERTS),
+        ],
+        equal: &[Equal::new(3, Rows, 0, Rows), Equal::new(3, Cols, 0, Cols)],
+        // The tile height M.
+        scalars: &[ScalarRule::AtMost(64)],
+        extra: &[],
+        entry: wsp_kernel_moe_align,
+    },
+    KernelInfo {
+        id: WspKernelId_WSP_KERNEL_GATHER_ROWS,
+        name: "gather_rows",
+        kind: CoreKind::Vector,
+        num_tensors: 4,
+        num_scalars: 0,
+        // Indices are data: checked at run time against the src rows.
+        tensor_args: &[
+            arg("idx", In, I32, 64, 64),
+            arg("w", In, F32, 64, 64),
+            arg("src", In, F32, MAX_GATHER_SRC_ROWS, MAX_GATHER_COLS),
+            arg("out", Out, F32, 64, MAX_GATHER_COLS),
+        ],
+        equal: &[
+            Equal::new(1, Rows, 0, Rows),
+            Equal::new(1, Cols, 0, Cols),
+            Equal::new(3, Rows, 0, Rows),
+            Equal::new(3, Cols, 2, Cols),
+        ],
+        scalars: &[],
+        extra: &[],
+        entry: wsp_kernel_gather_rows,
     },
     KernelInfo {
         id: WspKernelId_WSP_KERNEL_MATMUL,

@@ -183,6 +183,9 @@ const TOPK: u32 = WspKernelId_WSP_KERNEL_TOPK;
 const SPARSE: u32 = WspKernelId_WSP_KERNEL_ATTN_SPARSE_PARTIAL;
 const PLAN: u32 = WspKernelId_WSP_KERNEL_DECODE_PLAN;
 const SILU: u32 = WspKernelId_WSP_KERNEL_SILU_MUL;
+const MOE_ROUTE: u32 = WspKernelId_WSP_KERNEL_MOE_ROUTE;
+const ALIGN: u32 = WspKernelId_WSP_KERNEL_MOE_ALIGN;
+const GATHER: u32 = WspKernelId_WSP_KERNEL_GATHER_ROWS;
 const ROPE: u32 = WspKernelId_WSP_KERNEL_ROPE;
 const MATMUL: u32 = WspKernelId_WSP_KERNEL_MATMUL;
 const SQUARE: u32 = WspKernelId_WSP_KERNEL_SQUARE;
@@ -195,11 +198,11 @@ fn registry_is_consistent() {
         ids,
         [
             ADD, GEMM, RMSNORM, SOFTMAX, ROUTE, EXPERT, DECODE, MERGE, INDEXER, TOPK, SPARSE, PLAN,
-            SILU, MATMUL, SQUARE, COPY, ROPE
+            SILU, MOE_ROUTE, ALIGN, GATHER, MATMUL, SQUARE, COPY, ROPE
         ]
     );
-    // Ids are stable numbers, in order; 14-16 are the MoE's kernels.
-    assert_eq!(ids, (1..=13).chain(17..=20).collect::<Vec<u32>>());
+    // Ids are stable numbers, in order.
+    assert_eq!(ids, (1..=20).collect::<Vec<u32>>());
     for kernel in all() {
         assert_eq!(
             kernel.num_tensors as usize,
@@ -231,6 +234,9 @@ fn registry_is_consistent() {
         (TOPK, CoreKind::Vector),
         (SPARSE, CoreKind::Cube),
         (SILU, CoreKind::Vector),
+        (MOE_ROUTE, CoreKind::Vector),
+        (ALIGN, CoreKind::Vector),
+        (GATHER, CoreKind::Vector),
         (MATMUL, CoreKind::Cube),
         (SQUARE, CoreKind::Vector),
         (COPY, CoreKind::Vector),
@@ -350,6 +356,107 @@ fn silu_mul_matches_f64() {
         &[]
     )
     .is_err());
+}
+
+fn i32_mat(rows: u32, cols: u32, f: impl Fn(usize, usize) -> i32) -> Mat {
+    Mat::new(rows, cols, cols, |r, c| f32::from_bits(f(r, c) as u32)).with_dtype(DTYPE_I32)
+}
+
+/// moe_route on 3 tokens over 4 experts, top 3 with threshold 0.2: a
+/// token keeps 3, 1 or 0 experts (the f32 softmax's own values decide).
+#[test]
+fn moe_route_keeps_top_k_above_threshold() {
+    let logits = [
+        [0.0f32, 0.1, 0.2, 0.3], // p ~ 0.21 0.24 0.26 0.29: keeps 3 2 1
+        [5.0, 0.0, 0.0, 0.0],    // p ~ 0.98: keeps 0 only
+        [0.0, 0.0, 0.0, 0.0],    // p = 0.25 each: keeps 0 1 2 (ties low first)
+    ];
+    let mut m = [
+        Mat::new(3, 4, 4, |r, c| logits[r][c]),
+        Mat::zeros_i32(3, 3, 3),
+        Mat::zeros(3, 3, 3),
+    ];
+    assert_eq!(
+        run(MOE_ROUTE, &mut m, &[eps_bits(0.2)]),
+        Ok((7 + 3) * 12 + 4 * 9)
+    );
+    let ids: Vec<Vec<i32>> = (0..3)
+        .map(|r| (0..3).map(|c| m[1].get_i32(r, c)).collect())
+        .collect();
+    assert_eq!(ids, [vec![3, 2, 1], vec![0, -1, -1], vec![0, 1, 2]]);
+    assert_eq!(m[2].get(1, 0), 1.0);
+    assert_eq!(m[2].get(1, 1), 0.0);
+    assert!((m[2].get(2, 0) - 1.0 / 3.0).abs() < 1e-6);
+    // Threshold 0.3 drops every expert of token 0 and 2: k = 0.
+    assert!(run(MOE_ROUTE, &mut m, &[eps_bits(0.3)]).is_ok());
+    assert_eq!((m[1].get_i32(0, 0), m[1].get_i32(2, 0)), (-1, -1));
+    assert_eq!(m[2].get(0, 0), 0.0);
+}
+
+/// moe_align: pairs sorted by expert, padded to tiles of 2, an expert with
+/// none gets no tile; a bad id or too few rows is rejected before writing.
+#[test]
+fn moe_align_pads_each_expert_to_tiles() {
+    // Experts of 3 tokens x 2 slots (4 experts): e0 x3, e1 x0, e2 x1, e3 x1.
+    let ids = [[0, 2], [0, -1], [3, 0]];
+    let mut m = [
+        i32_mat(3, 2, |r, c| ids[r][c]),
+        Mat::zeros_i32(1, 5, 5),
+        Mat::zeros_i32(10, 1, 1),
+        Mat::zeros_i32(3, 2, 2),
+    ];
+    assert_eq!(run(ALIGN, &mut m, &[2]), Ok(3 * 6 + 5 + 10));
+    let tiles: Vec<i32> = (0..5).map(|c| m[1].get_i32(0, c)).collect();
+    assert_eq!(tiles, [0, 2, 2, 3, 4]);
+    let rows: Vec<i32> = (0..10).map(|r| m[2].get_i32(r, 0)).collect();
+    assert_eq!(rows, [0, 1, 2, -1, 0, -1, 2, -1, -1, -1]);
+    let slot: Vec<i32> = (0..6).map(|i| m[3].get_i32(i / 2, i % 2)).collect();
+    assert_eq!(slot, [0, 4, 1, -1, 6, 2]);
+    // An id past the experts, or -2: rejected, outputs untouched.
+    for bad in [4, -2] {
+        let mut m = [
+            i32_mat(3, 2, |r, c| if (r, c) == (2, 1) { bad } else { ids[r][c] }),
+            Mat::zeros_i32(1, 5, 5),
+            Mat::zeros_i32(10, 1, 1),
+            Mat::zeros_i32(3, 2, 2),
+        ];
+        let (checked, result) = invoke(ALIGN, &mut m, &[2]);
+        assert!(checked.is_ok() && result.is_err(), "id {bad}");
+        assert!((0..10).all(|r| m[2].get_i32(r, 0) == 0));
+    }
+    // 8 padded rows do not fit in 7.
+    let mut m = [
+        i32_mat(3, 2, |r, c| ids[r][c]),
+        Mat::zeros_i32(1, 5, 5),
+        Mat::zeros_i32(7, 1, 1),
+        Mat::zeros_i32(3, 2, 2),
+    ];
+    let (checked, result) = invoke(ALIGN, &mut m, &[2]);
+    assert!(checked.is_ok() && result.is_err());
+}
+
+/// gather_rows: a weighted sum of source rows per output row, -1 skipped;
+/// an index past the source is rejected before writing.
+#[test]
+fn gather_rows_weighted_sum() {
+    let idx = [[2, -1], [0, 2], [-1, -1]];
+    let mut m = [
+        i32_mat(3, 2, |r, c| idx[r][c]),
+        Mat::new(3, 2, 2, |r, c| [[1.0, 9.0], [0.5, 0.25], [7.0, 7.0]][r][c]),
+        Mat::new(3, 4, 6, |r, c| (r * 10 + c) as f32),
+        Mat::new(3, 4, 4, |_, _| 99.0),
+    ];
+    assert_eq!(run(GATHER, &mut m, &[]), Ok(2 * 6 + 2 * 12 + 3 * 6 * 4));
+    for c in 0..4 {
+        assert_eq!(m[3].get(0, c), (20 + c) as f32);
+        assert_eq!(m[3].get(1, c), 0.5 * c as f32 + 0.25 * (20 + c) as f32);
+        assert_eq!(m[3].get(2, c), 0.0);
+    }
+    m[0] = i32_mat(3, 2, |r, c| if (r, c) == (2, 0) { 3 } else { idx[r][c] });
+    m[3] = Mat::new(3, 4, 4, |_, _| 99.0);
+    let (checked, result) = invoke(GATHER, &mut m, &[]);
+    assert!(checked.is_ok() && result.is_err());
+    assert_eq!(m[3].get(0, 0), 99.0);
 }
 
 /// C += A x B, compared per element within 1e-5 of sum |c| + sum |a b|.
@@ -761,6 +868,10 @@ fn valid_args(id: u32) -> (Vec<(u32, u32)>, Vec<u64>) {
         // 4 lengths; 2 KV heads, 3 cores, P = 16, items of 100 + 10 t.
         PLAN => (vec![(1, 4), (1, 1)], vec![2, 3, 16, 100 | 10 << 32]),
         SILU => (vec![(3, 5); 3], vec![]),
+        MOE_ROUTE => (vec![(5, 6), (5, 3), (5, 3)], vec![eps_bits(0.25)]),
+        // 5 tokens x 3 slots over 3 experts (tiles 1 x 4), 20 rows, M = 2.
+        ALIGN => (vec![(5, 3), (1, 4), (20, 1), (5, 3)], vec![2]),
+        GATHER => (vec![(3, 2), (3, 2), (4, 5), (3, 5)], vec![]),
         MATMUL => (vec![(3, 4), (4, 5), (3, 5)], vec![]),
         SQUARE => (vec![(3, 5); 2], vec![]),
         // 3 heads of 4 as one row.
@@ -780,6 +891,10 @@ fn run_shapes(id: u32, dims: &[(u32, u32)], dtypes: &[u32], scalars: &[u64]) -> 
         .map(|(&(r, c), &dtype)| match (id, dtype) {
             // decode_plan's lengths must be at least 1 (a run-time rule).
             (PLAN, DTYPE_I32) => Mat::new(r, c, c, |_, _| f32::from_bits(1)).with_dtype(dtype),
+            // moe_align's ids -1 (no pair): its padding fits any row count.
+            (ALIGN, DTYPE_I32) => {
+                Mat::new(r, c, c, |_, _| f32::from_bits(u32::MAX)).with_dtype(dtype)
+            }
             _ => Mat::zeros(r, c, c).with_dtype(dtype),
         })
         .collect();

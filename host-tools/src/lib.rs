@@ -25,6 +25,7 @@ pub mod heap;
 pub mod inspect;
 pub mod model;
 pub mod moe;
+pub mod moe_layer;
 pub mod pipeline;
 pub mod program;
 pub mod program_examples;

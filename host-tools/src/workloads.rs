@@ -45,7 +45,9 @@ impl Params {
     /// pages of 64 (see [`crate::attention::workload::lengths_of`]);
     /// `sparse-decode` 8 requests up to 16,384 tokens (one 16K request
     /// among dense and sparse ones), D 128, pages of 64 (see
-    /// [`crate::attention::sparse::lengths_of`]). v9's examples (`wsp9-*`)
+    /// [`crate::attention::sparse::lengths_of`]). `moe-layer` and
+    /// `moe-layer-var`: 256 tokens, hidden 128, ffn 128, expert tiles of 16
+    /// rows (m, k, n, tile; see [`crate::moe_layer::named`]). v9's examples (`wsp9-*`)
     /// have fixed sizes: [`crate::wsp9::params`].
     pub fn of(name: &str) -> Result<Params, WorkloadError> {
         let decode = |m, n, k, tile| {
@@ -71,6 +73,16 @@ impl Params {
             "mlp" => (64, 128, 128),
             "streams" => (128, 128, 128),
             "moe" | "moe-var" => (32, 64, 64),
+            // 256 tokens, hidden 128, ffn 128, expert tiles of 16 rows.
+            "moe-layer" | "moe-layer-var" => {
+                return Ok(Params {
+                    m: 256,
+                    n: 128,
+                    k: 128,
+                    tile: 16,
+                    seed: 1,
+                })
+            }
             "pipeline" => {
                 return Ok(Params {
                     m: 512,
@@ -115,15 +127,16 @@ impl Default for Params {
     }
 }
 
-/// Whether the workload called `name` is built in tiles of `tile` (the MoE
-/// workloads are not: their kernels take whole rows).
+/// Whether the workload called `name` is built in tiles of `tile` (`moe`
+/// and `moe-var` are not: their kernels take whole rows; the `moe-layer`
+/// workloads' tile is the height of an expert tile).
 pub fn is_tiled(name: &str) -> bool {
-    !name.starts_with("moe")
+    !name.starts_with("moe") || name.starts_with("moe-layer")
 }
 
 /// The names `Workload::build` accepts (v9's examples last, see
 /// [`crate::wsp9`]).
-pub const NAMES: [&str; 22] = [
+pub const NAMES: [&str; 24] = [
     "gemm",
     "mlp",
     "streams",
@@ -136,6 +149,8 @@ pub const NAMES: [&str; 22] = [
     "decode-skew",
     "decode-device",
     "sparse-decode",
+    "moe-layer",
+    "moe-layer-var",
     "decode-layer-dense",
     "stitched",
     "wsp9-validated-matmul",
@@ -276,6 +291,8 @@ impl Workload {
             "decode-skew" => crate::attention::workload::named("decode-skew", p),
             "decode-device" => crate::attention::device::named(p),
             "sparse-decode" => crate::attention::sparse::named("sparse-decode", p),
+            "moe-layer" => crate::moe_layer::named("moe-layer", p),
+            "moe-layer-var" => crate::moe_layer::named("moe-layer-var", p),
             "decode-layer-dense" => {
                 crate::model::layer::named("decode-layer-dense", p, crate::model::Mlp::Dense)
             }

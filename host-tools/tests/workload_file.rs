@@ -349,7 +349,8 @@ fn malformed_files_say_what_and_where() {
             ErrorKind::UnknownKernel,
             "unknown kernel `matmul_f16` (kernels: add, gemm_tile, rmsnorm, softmax, route_topk, \
              expert_rows, attn_decode_partial, attn_merge, indexer_scores, topk, \
-             attn_sparse_partial, decode_plan, silu_mul, matmul, square, copy, rope)",
+             attn_sparse_partial, decode_plan, silu_mul, moe_route, moe_align, gather_rows, \
+             matmul, square, copy, rope)",
             Some(13),
         ),
         (

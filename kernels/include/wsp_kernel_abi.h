@@ -89,6 +89,21 @@ enum WspKernelId {
     /* OUT = SiLU(G) * U elementwise, SiLU(g) = g / (1 + e^-g), on f32 tiles
      * (vector core). Tensors: G, U (in), OUT (out), one shape. No scalars. */
     WSP_KERNEL_SILU_MUL = 13,
+    /* MoE routing of a tile of tokens (vector core): per token, its top-k
+     * experts of softmax(logits) with p >= threshold (k down to 0 kept),
+     * renormalised. Tensors: logits f32 [R x E], ids out i32 [R x k] (-1:
+     * none), weights out f32 [R x k]. Scalar: threshold (f32 bits). */
+    WSP_KERNEL_MOE_ROUTE = 14,
+    /* MoE alignment (vector core): the (token, slot) pairs sorted by expert,
+     * each expert's run padded to a multiple of the tile height M. Tensors:
+     * ids i32 [T x k], tiles out i32 [1 x (E + 1)] (each expert's first
+     * tile), rows out i32 [P x 1] (token per row, -1 padding), slot out i32
+     * [T x k] (each pair's row, -1 none). Scalar: M. */
+    WSP_KERNEL_MOE_ALIGN = 15,
+    /* Weighted row gather (vector core): OUT[r, :] = sum_s W[r, s] *
+     * SRC[IDX[r, s], :], IDX = -1 skipped. Tensors: IDX i32 [R x S], W f32
+     * [R x S], SRC f32 [N x C], OUT out f32 [R x C]. No scalars. */
+    WSP_KERNEL_GATHER_ROWS = 16,
     /* C = A x B on f32 tiles (cube core), C written without being read:
      * the first (or only) product of a chain, where GEMM_TILE would load a
      * zero C. */
@@ -151,6 +166,9 @@ uint64_t wsp_kernel_topk(const WspKernelArgs *args);
 uint64_t wsp_kernel_attn_sparse_partial(const WspKernelArgs *args);
 uint64_t wsp_kernel_decode_plan(const WspKernelArgs *args);
 uint64_t wsp_kernel_silu_mul(const WspKernelArgs *args);
+uint64_t wsp_kernel_moe_route(const WspKernelArgs *args);
+uint64_t wsp_kernel_moe_align(const WspKernelArgs *args);
+uint64_t wsp_kernel_gather_rows(const WspKernelArgs *args);
 uint64_t wsp_kernel_rope(const WspKernelArgs *args);
 uint64_t wsp_kernel_matmul(const WspKernelArgs *args);
 uint64_t wsp_kernel_square(const WspKernelArgs *args);

@@ -138,11 +138,13 @@ enum Command {
 struct WorkloadArgs {
     /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline,
     /// attention-pipeline, decode, decode-uniform, decode-skew,
-    /// decode-device, sparse-decode; the earlier implementation's examples
-    /// wsp9-validated-matmul, wsp9-tensor-data-add, wsp9-tensor-data-square,
-    /// wsp9-attention, wsp9-bgemm, wsp9-softmax, wsp9-csp-pipeline,
-    /// wsp9-lightning-indexer, at fixed sizes), a workload file (a path ending in
-    /// .toml, or another existing file that is not a table), or, for `wsp
+    /// decode-device, sparse-decode, moe-layer, moe-layer-var,
+    /// decode-layer, decode-layer-dense, stitched; the earlier
+    /// implementation's examples wsp9-validated-matmul, wsp9-tensor-data-add,
+    /// wsp9-tensor-data-square, wsp9-attention, wsp9-bgemm, wsp9-softmax,
+    /// wsp9-csp-pipeline, wsp9-lightning-indexer, at fixed sizes), a
+    /// workload file (a path ending in .toml, or another existing file that
+    /// is not a table), or, for `wsp
     /// run` only, a built table (a path ending in .bin, or a file that
     /// starts with the table magic).
     workload: String,

@@ -106,7 +106,8 @@ impl MoeConfig {
         self.tokens * self.top_k + self.experts * (self.tile - 1)
     }
 
-    fn check(&self) -> Result<(), WorkloadError> {
+    /// Refuses sizes the kernels cannot take, naming them.
+    pub fn check(&self) -> Result<(), WorkloadError> {
         let bad = |what: String| Err(WorkloadError::Params(what));
         let blocks = |v: u32| v >= 1 && (v <= BLOCK || v.is_multiple_of(BLOCK));
         if !(1..=4096).contains(&self.tokens) {

@@ -66,7 +66,7 @@ impl Params {
             "decode" | "decode-skew" | "decode-device" => return decode(32, 8192, 128, 16),
             "decode-uniform" => return decode(32, 1024, 64, 64),
             "sparse-decode" => return decode(8, 16384, 128, 64),
-            "decode-layer-dense" => return decode(16, 2048, 512, 16),
+            "decode-layer" | "decode-layer-dense" => return decode(16, 2048, 512, 16),
             // 24 decode requests and a 128-token prefill chunk.
             "stitched" => return decode(24, 128, 512, 16),
             "gemm" => (256, 256, 256),
@@ -136,7 +136,7 @@ pub fn is_tiled(name: &str) -> bool {
 
 /// The names `Workload::build` accepts (v9's examples last, see
 /// [`crate::wsp9`]).
-pub const NAMES: [&str; 24] = [
+pub const NAMES: [&str; 25] = [
     "gemm",
     "mlp",
     "streams",
@@ -151,6 +151,7 @@ pub const NAMES: [&str; 24] = [
     "sparse-decode",
     "moe-layer",
     "moe-layer-var",
+    "decode-layer",
     "decode-layer-dense",
     "stitched",
     "wsp9-validated-matmul",
@@ -293,6 +294,11 @@ impl Workload {
             "sparse-decode" => crate::attention::sparse::named("sparse-decode", p),
             "moe-layer" => crate::moe_layer::named("moe-layer", p),
             "moe-layer-var" => crate::moe_layer::named("moe-layer-var", p),
+            "decode-layer" => crate::model::layer::named(
+                "decode-layer",
+                p,
+                crate::model::Mlp::Moe(crate::model::MOE),
+            ),
             "decode-layer-dense" => {
                 crate::model::layer::named("decode-layer-dense", p, crate::model::Mlp::Dense)
             }

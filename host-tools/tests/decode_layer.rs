@@ -5,7 +5,7 @@
 
 use device_runtime::sched::RunOptions;
 use host_tools::model::layer::{shape_of, task_count, LayerShape};
-use host_tools::model::{decode_layer_workload, LayerData, Mlp};
+use host_tools::model::{decode_layer_workload, reference, LayerData, Mlp};
 use host_tools::semantic::run_semantic;
 use host_tools::shim::Shim;
 use host_tools::workloads::{Params, Workload};
@@ -157,4 +157,58 @@ fn a_run_on_more_cores_than_one_thread_drives() {
     let tasks: u64 = run.stats.cores().iter().map(|c| c.tasks).sum();
     assert_eq!(tasks as usize, w.tasks);
     assert!(w.verify(&arena).passed());
+}
+
+fn small_moe(threshold: f32, top_k: u32) -> LayerData {
+    let p = params(6, 300, 128);
+    let cfg = host_tools::moe_layer::MoeConfig {
+        tokens: 0,
+        hidden: 0,
+        ffn: 64,
+        experts: 8,
+        top_k,
+        threshold,
+        tile: 4,
+        shared_ffn: 64,
+    };
+    LayerData::build(shape_of(&p, Mlp::Moe(cfg)).unwrap(), p.seed).unwrap()
+}
+
+#[test]
+fn the_moe_layer_matches_the_reference_with_its_routing() {
+    for (threshold, top_k) in [(0.0, 2), (0.2, 4)] {
+        let data = small_moe(threshold, top_k);
+        let routes = reference::step(&data).routes;
+        assert_eq!(routes.len(), 2, "one routing per layer");
+        let kept: Vec<usize> = routes[0].iter().map(|r| r.experts.len()).collect();
+        if threshold == 0.0 {
+            assert!(kept.iter().all(|&k| k == 2), "{kept:?}");
+        } else {
+            // Variable k: the threshold keeps between 0 and 4.
+            assert!(kept.iter().all(|&k| k <= 4), "{kept:?}");
+        }
+        let w = decode_layer_workload("decode-layer", &data).unwrap();
+        let shim = run_shim(&w);
+        let check = w.verify(&shim);
+        assert!(check.passed(), "threshold {threshold}: {check}");
+        let mut sem = w.arena.clone();
+        let kinds = [CoreKind::Cube, CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
+        run_semantic(&w.table, &mut sem.bytes, &kinds, &RunOptions::default()).unwrap();
+        assert!(sem.bytes == shim.bytes, "shim and semantic arenas differ");
+    }
+}
+
+#[test]
+fn a_wrong_router_fails_the_moe_check() {
+    // The reference routes with the router it was built with; a run whose
+    // router differs chooses other experts for some tokens.
+    let data = small_moe(0.0, 2);
+    let w = decode_layer_workload("decode-layer", &data).unwrap();
+    let router = w.tensors.iter().find(|t| t.name == "m0.router").unwrap().clone();
+    let mut arena = w.arena.clone();
+    let mut r = arena.read_f32(&router);
+    r.reverse();
+    arena.write_f32(&router, &r);
+    Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    assert!(!w.verify(&arena).passed());
 }

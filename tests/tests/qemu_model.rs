@@ -48,3 +48,28 @@ fn decode_layer_dense_is_bit_identical_in_shim_and_qemu() {
     let data = LayerData::build(shape_of(&p, Mlp::Dense).unwrap(), p.seed).unwrap();
     shim_and_qemu(&decode_layer_workload("decode-layer-dense", &data).unwrap());
 }
+
+#[test]
+fn decode_layer_moe_is_bit_identical_in_shim_and_qemu() {
+    // 16 experts of 64, top 4 above p = 0.1 (4 down to 0 per token), tiles
+    // of 4 rows, a shared expert.
+    let p = Params {
+        m: 5,
+        n: 80,
+        k: 128,
+        tile: 16,
+        seed: 9,
+    };
+    let cfg = host_tools::moe_layer::MoeConfig {
+        tokens: 0,
+        hidden: 0,
+        ffn: 64,
+        experts: 16,
+        top_k: 4,
+        threshold: 0.1,
+        tile: 4,
+        shared_ffn: 64,
+    };
+    let data = LayerData::build(shape_of(&p, Mlp::Moe(cfg)).unwrap(), p.seed).unwrap();
+    shim_and_qemu(&decode_layer_workload("decode-layer", &data).unwrap());
+}

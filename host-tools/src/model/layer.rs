@@ -2,15 +2,16 @@
 //! module](super)).
 
 use wsp_ffi::{
-    WspKernelId_WSP_KERNEL_COPY as COPY, WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM,
-    WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM, WspKernelId_WSP_KERNEL_ROPE as ROPE,
-    WspKernelId_WSP_KERNEL_SILU_MUL as SILU_MUL,
+    WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_COPY as COPY,
+    WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM, WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM,
+    WspKernelId_WSP_KERNEL_ROPE as ROPE, WspKernelId_WSP_KERNEL_SILU_MUL as SILU_MUL,
 };
 
 use super::reference;
 use crate::attention::device::{attention_calls, plan_call, AttnDims, AttnTensors};
 use crate::attention::kv::{DecodeData, DecodeShape, MAX_DIM, MAX_GROUP};
 use crate::attention::plan::{choose_chunk, min_chunk, CostModel, Plan};
+use crate::moe_layer::{moe_ffn, pairs_per_expert, MoeConfig, MoeFfn};
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
 use crate::rng::SplitMix64;
 use crate::table::{Arena, TensorId};
@@ -33,14 +34,32 @@ pub const THETA: f64 = 10000.0;
 pub const PLAN_CORES: u32 = 8;
 
 /// The feed-forward block of a layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Mlp {
-    /// `(silu(x Wg) * (x Wu)) Wd`.
+    /// `(silu(x Wg) * (x Wu)) Wd`, inner size [`LayerShape::ffn`].
     Dense,
+    /// A mixture of experts over token tiles ([`crate::moe_layer::moe_ffn`]):
+    /// `tokens` and `hidden` of the config are the batch's and are set
+    /// when the layer is built.
+    Moe(MoeConfig),
 }
 
+/// The MoE block of the named decode-layer workloads: 64 experts of ffn
+/// 128, top 8, expert tiles of 16 rows, a shared expert of ffn 256
+/// (fine-grained experts, as DeepSeek's and Qwen's MoE layers have).
+pub const MOE: MoeConfig = MoeConfig {
+    tokens: 0,
+    hidden: 0,
+    ffn: 128,
+    experts: 64,
+    top_k: 8,
+    threshold: 0.0,
+    tile: 16,
+    shared_ffn: 256,
+};
+
 /// The sizes of a decode step through `layers` layers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LayerShape {
     /// KV length of each request, this step's token included (each >= 1):
     /// the new token is at position `len - 1`.
@@ -51,7 +70,8 @@ pub struct LayerShape {
     pub kv_heads: u32,
     /// Head dimension (even). The hidden size is `q_heads * d`.
     pub d: u32,
-    /// The feed-forward block's inner size, a multiple of [`TILE`].
+    /// The dense feed-forward block's inner size, a multiple of [`TILE`]
+    /// (the MoE block's sizes are its config's).
     pub ffn: u32,
     /// Tokens per page of the KV cache.
     pub page: u32,
@@ -62,6 +82,18 @@ pub struct LayerShape {
 }
 
 impl LayerShape {
+    /// The MoE block's config for this batch, if the layer has one.
+    pub fn moe(&self) -> Option<MoeConfig> {
+        match self.mlp {
+            Mlp::Dense => None,
+            Mlp::Moe(c) => Some(MoeConfig {
+                tokens: self.batch(),
+                hidden: self.hidden(),
+                ..c
+            }),
+        }
+    }
+
     /// Requests.
     pub fn batch(&self) -> u32 {
         self.lengths.len() as u32
@@ -130,6 +162,9 @@ impl LayerShape {
                 self.ffn
             ));
         }
+        if let Some(cfg) = self.moe() {
+            cfg.check()?;
+        }
         self.attention()
             .check()
             .map_err(|e| WorkloadError::Params(e.to_string()))
@@ -153,9 +188,28 @@ pub struct LayerWeights {
     pub wu: Vec<f32>,
     /// `[F, H]`.
     pub wd: Vec<f32>,
+    /// The MoE block's weights, if the layer has one (then `wg`, `wu` and
+    /// `wd` are empty).
+    pub moe: Option<MoeWeights>,
     /// `[kv_heads, pool rows, D]`: the paged cache (rows at each request's
     /// new position are overwritten by the step).
     pub kv: Vec<f32>,
+}
+
+/// One MoE block's weights, laid out as [`crate::moe_layer::MoeFfn`]'s
+/// tensors.
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `[H, E]`.
+    pub router: Vec<f32>,
+    /// `[E * H, F]`.
+    pub gate: Vec<f32>,
+    /// `[E * H, F]`.
+    pub up: Vec<f32>,
+    /// `[E * F, H]`.
+    pub down: Vec<f32>,
+    /// The shared expert's gate and up `[H, Fs]` and down `[Fs, H]`.
+    pub shared: [Vec<f32>; 3],
 }
 
 /// A decode step's inputs.
@@ -188,6 +242,32 @@ fn weights(rng: &mut SplitMix64, n: usize, fan_in: u32) -> Vec<f32> {
     rng.fill(n).into_iter().map(|v| v * scale).collect()
 }
 
+/// An MoE block's weights for `cfg`.
+pub fn moe_weights(rng: &mut SplitMix64, cfg: &MoeConfig) -> MoeWeights {
+    let (h, f, e, s) = (cfg.hidden, cfg.ffn, cfg.experts, cfg.shared_ffn);
+    MoeWeights {
+        router: router(rng, cfg),
+        gate: weights(rng, (e * h * f) as usize, h),
+        up: weights(rng, (e * h * f) as usize, h),
+        down: weights(rng, (e * f * h) as usize, f),
+        shared: [
+            weights(rng, (h * s) as usize, h),
+            weights(rng, (h * s) as usize, h),
+            weights(rng, (s * h) as usize, s.max(1)),
+        ],
+    }
+}
+
+/// A router `[H, E]` whose logits are a few units apart (entries of
+/// `2^-s` times 4, `2^s` near `sqrt(H)`): most draws route clearly.
+fn router(rng: &mut SplitMix64, cfg: &MoeConfig) -> Vec<f32> {
+    let (h, e) = (cfg.hidden, cfg.experts);
+    weights(rng, (h * e) as usize, h)
+        .into_iter()
+        .map(|v| 4.0 * v)
+        .collect()
+}
+
 /// Gains `1 + v / 2`, `v` uniform in [-1, 1).
 fn gains(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
     rng.fill(n).into_iter().map(|v| 1.0 + 0.5 * v).collect()
@@ -215,7 +295,7 @@ impl LayerData {
         let attn = DecodeData::build(shape.attention(), seed)
             .map_err(|e| WorkloadError::Params(e.to_string()))?;
         let (pages, width, meta) = (attn.pages, attn.width, attn.meta);
-        Ok(Self::with_tables(shape, seed, pages, width, meta))
+        Self::with_tables(shape, seed, pages, width, meta).decisive(seed)
     }
 
     /// A prefill chunk: the rows of `shape` are consecutive tokens of one
@@ -248,7 +328,44 @@ impl LayerData {
         let meta: Vec<i32> = (0..rows)
             .flat_map(|_| attn.meta[..2 * w].to_vec())
             .collect();
-        Ok(Self::with_tables(shape, seed, attn.pages, attn.width, meta))
+        Self::with_tables(shape, seed, attn.pages, attn.width, meta).decisive(seed)
+    }
+
+    /// Redraws each MoE layer's router until every routing decision on
+    /// the layer's input is clear of flipping
+    /// ([`reference::decisive`]), so that the f32 router must choose as
+    /// the f64 reference does: a choice of data, made layer by layer.
+    fn decisive(mut self, seed: u64) -> Result<LayerData, WorkloadError> {
+        let Some(cfg) = self.shape.moe() else {
+            return Ok(self);
+        };
+        let mut rng = SplitMix64::new(seed ^ 0x0072_6f75_7465);
+        let mut x = reference::Val::exact(&self.x, self.shape.hidden() as usize);
+        for l in 0..self.layers.len() {
+            let (_, hn, _) = reference::attention_half(&self, &self.layers[l], &x);
+            let mut tries = 0;
+            let moe = |d: &LayerData| {
+                d.layers[l]
+                    .moe
+                    .as_ref()
+                    .expect("an MoE layer")
+                    .router
+                    .clone()
+            };
+            while !reference::decisive(&hn, &moe(&self), &cfg) {
+                tries += 1;
+                if tries > 100 {
+                    return Err(WorkloadError::Params(format!(
+                        "layer {l}: no router draw keeps every routing decision clear"
+                    )));
+                }
+                if let Some(m) = self.layers[l].moe.as_mut() {
+                    m.router = router(&mut rng, &cfg);
+                }
+            }
+            x = reference::layer(&self, &self.layers[l], &x).0;
+        }
+        Ok(self)
     }
 
     fn with_tables(
@@ -262,16 +379,24 @@ impl LayerData {
         let mut rng = SplitMix64::new(seed ^ 0x006c_6179_6572);
         let x = rng.fill(b * h as usize);
         let pool = (shape.kv_heads * pages * 2 * shape.page * d) as usize;
+        let moe = shape.moe();
         let layers = (0..shape.layers)
-            .map(|_| LayerWeights {
-                g1: gains(&mut rng, h as usize),
-                wqkv: weights(&mut rng, (h * shape.qkv()) as usize, h),
-                wo: weights(&mut rng, (h * h) as usize, h),
-                g2: gains(&mut rng, h as usize),
-                wg: weights(&mut rng, (h * f) as usize, h),
-                wu: weights(&mut rng, (h * f) as usize, h),
-                wd: weights(&mut rng, (f * h) as usize, f),
-                kv: rng.fill(pool),
+            .map(|_| {
+                let dense = |rng: &mut SplitMix64, n: u32, fan_in: u32| match moe {
+                    None => weights(rng, n as usize, fan_in),
+                    Some(_) => Vec::new(),
+                };
+                LayerWeights {
+                    g1: gains(&mut rng, h as usize),
+                    wqkv: weights(&mut rng, (h * shape.qkv()) as usize, h),
+                    wo: weights(&mut rng, (h * h) as usize, h),
+                    g2: gains(&mut rng, h as usize),
+                    wg: dense(&mut rng, h * f, h),
+                    wu: dense(&mut rng, h * f, h),
+                    wd: dense(&mut rng, f * h, f),
+                    moe: moe.map(|c| moe_weights(&mut rng, &c)),
+                    kv: rng.fill(pool),
+                }
             })
             .collect();
         let longest = *shape.lengths.iter().max().expect("checked: not empty");
@@ -331,12 +456,6 @@ pub struct LayerTensors {
     pub wo: TensorId,
     /// `[1, H]`.
     pub g2: TensorId,
-    /// `[H, F]`.
-    pub wg: TensorId,
-    /// `[H, F]`.
-    pub wu: TensorId,
-    /// `[F, H]`.
-    pub wd: TensorId,
     /// `[kv_heads, pool rows, D]`: the cache.
     pub kv: TensorId,
     /// `[B, H]`: the normed input.
@@ -355,12 +474,34 @@ pub struct LayerTensors {
     pub h: TensorId,
     /// `[B, H]`: its norm.
     pub hn: TensorId,
-    /// `[B, F]`.
-    pub gate: TensorId,
-    /// `[B, F]`.
-    pub up: TensorId,
-    /// `[B, F]`: `silu(gate) * up`.
-    pub act: TensorId,
+    /// The feed-forward block's.
+    pub mlp: MlpTensors,
+}
+
+/// The tensors of a layer's feed-forward block.
+#[derive(Clone, Copy, Debug)]
+pub enum MlpTensors {
+    /// The dense block's.
+    Dense {
+        /// `[H, F]`.
+        wg: TensorId,
+        /// `[H, F]`.
+        wu: TensorId,
+        /// `[F, H]`.
+        wd: TensorId,
+        /// `[B, F]`.
+        gate: TensorId,
+        /// `[B, F]`.
+        up: TensorId,
+        /// `[B, F]`: `silu(gate) * up`.
+        act: TensorId,
+    },
+    /// The MoE block's output `[B, H]` (before the residual); the block's
+    /// own tensors are declared with its calls ([`StepTensors::moe`]).
+    Moe {
+        /// `[B, H]`.
+        out: TensorId,
+    },
 }
 
 /// The tensors of the whole step.
@@ -378,6 +519,8 @@ pub struct StepTensors {
     pub plan: TensorId,
     /// `[max length, D]`.
     pub cs: TensorId,
+    /// Each layer's MoE block's tensors, if it has one.
+    pub moe: Vec<Option<MoeFfn>>,
 }
 
 fn region(tensor: TensorId, offset: Vec<Expr>, rows: impl Into<Expr>, cols: u32) -> Region {
@@ -468,9 +611,6 @@ fn layer_tensors(
         wqkv: t("wqkv", &[h, s.qkv()])?,
         wo: t("wo", &[h, h])?,
         g2: t("g2", &[1, h])?,
-        wg: t("wg", &[h, f])?,
-        wu: t("wu", &[h, f])?,
-        wd: t("wd", &[f, h])?,
         kv: t("kv", &[s.kv_heads, data.pool_rows(), d])?,
         xn: t("xn", &[b, h])?,
         qkv: t("qkv", &[b, s.qkv()])?,
@@ -480,21 +620,33 @@ fn layer_tensors(
         o: t("o", &[b, h])?,
         h: t("h", &[b, h])?,
         hn: t("hn", &[b, h])?,
-        gate: t("gate", &[b, f])?,
-        up: t("up", &[b, f])?,
-        act: t("act", &[b, f])?,
+        mlp: match s.mlp {
+            Mlp::Dense => MlpTensors::Dense {
+                wg: t("wg", &[h, f])?,
+                wu: t("wu", &[h, f])?,
+                wd: t("wd", &[f, h])?,
+                gate: t("gate", &[b, f])?,
+                up: t("up", &[b, f])?,
+                act: t("act", &[b, f])?,
+            },
+            Mlp::Moe(_) => MlpTensors::Moe {
+                out: t("moe", &[b, h])?,
+            },
+        },
     })
 }
 
-/// Layer `l`'s calls: from `x` (its input) to `out`.
+/// Layer `l`'s calls: from `x` (its input) to `out`; the MoE block's
+/// tensors (named `name`), if the layer has one.
 fn layer_calls(
     w: &mut Program,
+    name: &str,
     data: &LayerData,
     st: &StepTensors,
     t: &LayerTensors,
     [x, out]: [TensorId; 2],
     c: &Expr,
-) {
+) -> Result<Option<MoeFfn>, WorkloadError> {
     let s = &data.shape;
     let (b, h, f, d, page) = (s.batch(), s.hidden(), s.ffn, s.d, s.page);
     let (qh, kvh) = (s.q_heads, s.kv_heads);
@@ -560,18 +712,38 @@ fn layer_calls(
     copy_tiles(w, x, t.h, b, h);
     gemm(w, [t.o, t.wo, t.h], b, h, h);
     rmsnorm(w, t.h, t.g2, t.hn, b, h);
-    match s.mlp {
-        Mlp::Dense => {
-            gemm(w, [t.hn, t.wg, t.gate], b, h, f);
-            gemm(w, [t.hn, t.wu, t.up], b, h, f);
+    match t.mlp {
+        MlpTensors::Dense {
+            wg,
+            wu,
+            wd,
+            gate,
+            up,
+            act,
+        } => {
+            gemm(w, [t.hn, wg, gate], b, h, f);
+            gemm(w, [t.hn, wu, up], b, h, f);
             for (r, m) in row_blocks(b) {
                 w.parallel(Axis::Dense(f / TILE), |w, j| {
                     let tile = |t: TensorId| t.tile(r, j.clone() * TILE, m, TILE);
-                    w.call(SILU_MUL, &[tile(t.gate), tile(t.up), tile(t.act)], &[]);
+                    w.call(SILU_MUL, &[tile(gate), tile(up), tile(act)], &[]);
                 });
             }
             copy_tiles(w, t.h, out, b, h);
-            gemm(w, [t.act, t.wd, out], b, f, h);
+            gemm(w, [act, wd, out], b, f, h);
+            Ok(None)
+        }
+        MlpTensors::Moe { out: moe_out } => {
+            let cfg = s.moe().expect("an MoE layer");
+            let ffn = moe_ffn(w, name, t.hn, moe_out, &cfg)?;
+            // The residual: out = h + moe, in the GEMM tiles.
+            for (r, m) in row_blocks(b) {
+                w.parallel(Axis::Dense(h / TILE), |w, j| {
+                    let tile = |t: TensorId| t.tile(r, j.clone() * TILE, m, TILE);
+                    w.call(ADD, &[tile(t.h), tile(moe_out), tile(out)], &[]);
+                });
+            }
+            Ok(Some(ffn))
         }
     }
 }
@@ -582,30 +754,37 @@ pub fn step_into(
     w: &mut Program,
     data: &LayerData,
     prefix: &str,
-) -> Result<StepTensors, LowerError> {
+) -> Result<StepTensors, WorkloadError> {
+    let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let s = &data.shape;
     let (b, h) = (s.batch(), s.hidden());
     let name = |n: &str| format!("{prefix}{n}");
-    let mut x = vec![w.tensor(&name("x0"), &[b, h])?];
-    let meta = w.tensor_i32(&name("meta"), &[b, 2, data.width])?;
-    let lens = w.tensor_i32(&name("lens"), &[1, b])?;
-    let plan = w.tensor_i32(&name("plan"), &[1, 1])?;
+    let mut x = vec![w.tensor(&name("x0"), &[b, h]).map_err(lower)?];
+    let meta = w
+        .tensor_i32(&name("meta"), &[b, 2, data.width])
+        .map_err(lower)?;
+    let lens = w.tensor_i32(&name("lens"), &[1, b]).map_err(lower)?;
+    let plan = w.tensor_i32(&name("plan"), &[1, 1]).map_err(lower)?;
     let longest = *s.lengths.iter().max().expect("checked: not empty");
-    let cs = w.tensor(&name("cs"), &[longest, s.d])?;
+    let cs = w.tensor(&name("cs"), &[longest, s.d]).map_err(lower)?;
     w.input(lens);
     w.input(meta);
     let mut layers = Vec::new();
     for l in 0..s.layers {
-        layers.push(layer_tensors(w, data, prefix, l)?);
-        x.push(w.tensor(&name(&format!("x{}", l + 1)), &[b, h])?);
+        layers.push(layer_tensors(w, data, prefix, l).map_err(lower)?);
+        x.push(
+            w.tensor(&name(&format!("x{}", l + 1)), &[b, h])
+                .map_err(lower)?,
+        );
     }
-    let st = StepTensors {
+    let mut st = StepTensors {
         x,
         layers,
         meta,
         lens,
         plan,
         cs,
+        moe: Vec::new(),
     };
     let dims = data.attn_dims();
     plan_call(w, &dims, lens, plan, PLAN_CORES);
@@ -613,13 +792,16 @@ pub fn step_into(
     // program: stitched steps would hold one each.
     let c = Expr::load(plan, vec![Expr::Const(0), Expr::Const(0)]);
     for (l, t) in st.layers.iter().enumerate() {
-        layer_calls(w, data, &st, t, [st.x[l], st.x[l + 1]], &c);
+        // Table names keep 16 bytes: the MoE block's are short.
+        let moe = name(&format!("m{l}"));
+        let ffn = layer_calls(w, &moe, data, &st, t, [st.x[l], st.x[l + 1]], &c)?;
+        st.moe.push(ffn);
     }
     Ok(st)
 }
 
 /// The program of the whole step over `data`'s sizes.
-pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), LowerError> {
+pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), WorkloadError> {
     let mut w = Program::new();
     let st = step_into(&mut w, data, "")?;
     Ok((w, st))
@@ -648,11 +830,18 @@ pub fn task_count(data: &LayerData) -> usize {
         plan.items.len() + plan.merges()
     };
     let rope = b * (1 + 2 * s.kv_heads as usize);
-    let mlp = match s.mlp {
-        Mlp::Dense => rb * (2 * ft * ht + ft + ht + ht * ft),
+    let attention_half = norms + rb * qt * ht + rope + attn + b + rb * (ht + ht * ht);
+    let mlp: usize = match s.moe() {
+        None => s.layers as usize * rb * (2 * ft * ht + ft + ht + ht * ft),
+        // Each layer's expert tiles follow its routing (the f64 router's):
+        // the block's own count, plus the residual's adds.
+        Some(cfg) => reference::step(data)
+            .routes
+            .iter()
+            .map(|r| cfg.tasks(&pairs_per_expert(r, cfg.experts as usize)) + rb * ht)
+            .sum(),
     };
-    let per_layer = norms + rb * qt * ht + rope + attn + b + rb * (ht + ht * ht) + mlp;
-    1 + s.layers as usize * per_layer
+    1 + s.layers as usize * attention_half + mlp
 }
 
 /// Writes the step's inputs into `arena` and returns its check against
@@ -675,12 +864,31 @@ fn fill_and_check(
             (t.wqkv, &lw.wqkv),
             (t.wo, &lw.wo),
             (t.g2, &lw.g2),
-            (t.wg, &lw.wg),
-            (t.wu, &lw.wu),
-            (t.wd, &lw.wd),
             (t.kv, &lw.kv),
         ] {
             arena.write_f32(w.layout(id), v);
+        }
+        if let MlpTensors::Dense { wg, wu, wd, .. } = t.mlp {
+            for (id, v) in [(wg, &lw.wg), (wu, &lw.wu), (wd, &lw.wd)] {
+                arena.write_f32(w.layout(id), v);
+            }
+        }
+    }
+    for (ffn, lw) in st.moe.iter().zip(&data.layers) {
+        if let (Some(ffn), Some(m)) = (ffn, &lw.moe) {
+            for (id, v) in [
+                (ffn.router, &m.router),
+                (ffn.gate, &m.gate),
+                (ffn.up, &m.up),
+                (ffn.down, &m.down),
+            ] {
+                arena.write_f32(w.layout(id), v);
+            }
+            if let Some(shared) = ffn.shared {
+                for (id, v) in shared.iter().zip(&m.shared) {
+                    arena.write_f32(w.layout(*id), v);
+                }
+            }
         }
     }
     let out = w.layout(*st.x.last().expect("a layer")).clone();
@@ -721,7 +929,7 @@ pub fn stitched_workload(
         } else {
             format!("{}.", (b'a' + i as u8) as char)
         };
-        sts.push(step_into(&mut w, data, &prefix).map_err(lower)?);
+        sts.push(step_into(&mut w, data, &prefix)?);
     }
     let table = w.finish().map_err(lower)?;
     let mut arena = Arena::zeroed(w.arena_size());
@@ -773,9 +981,24 @@ pub fn decode_layer_workload(
 pub fn summary_of(data: &LayerData) -> String {
     let s = &data.shape;
     let total: u64 = s.lengths.iter().map(|&l| l as u64).sum();
+    let mlp = match s.mlp {
+        Mlp::Dense => format!("dense MLP of {}", s.ffn),
+        Mlp::Moe(c) => format!(
+            "MoE of {} experts of {}, top {}{}, shared expert of {}",
+            c.experts,
+            c.ffn,
+            c.top_k,
+            if c.threshold > 0.0 {
+                format!(" with p >= {}", c.threshold)
+            } else {
+                String::new()
+            },
+            c.shared_ffn
+        ),
+    };
     format!(
         "decode step: {} layers, {} requests ({total} KV tokens, longest {}), hidden {}, \
-             {} query / {} KV heads of {}, pages of {}, {} MLP of {}",
+         {} query / {} KV heads of {}, pages of {}, {mlp}",
         s.layers,
         s.batch(),
         s.lengths.iter().max().copied().unwrap_or(0),
@@ -784,10 +1007,6 @@ pub fn summary_of(data: &LayerData) -> String {
         s.kv_heads,
         s.d,
         s.page,
-        match s.mlp {
-            Mlp::Dense => "dense",
-        },
-        s.ffn
     )
 }
 

@@ -27,11 +27,11 @@
 //! layer's output it reads. Layers are unrolled (each has its own
 //! weights, cache and intermediates), so the program grows with `L`.
 //!
-//! The f64 reference ([`reference`]) carries a bound on each value's
+//! The f64 reference ([`mod@reference`]) carries a bound on each value's
 //! error through every step, derived from the f32 kernels' rounding.
 
 pub mod layer;
 pub mod reference;
 pub mod stitch;
 
-pub use layer::{decode_layer_workload, LayerData, LayerShape, Mlp};
+pub use layer::{decode_layer_workload, LayerData, LayerShape, Mlp, MOE};

@@ -41,9 +41,10 @@
 //!
 //! Bounds are first order in the rounding (terms of order `u^2` dropped).
 
-use super::layer::{LayerData, LayerWeights, Mlp, EPS, THETA};
+use super::layer::{LayerData, LayerWeights, MoeWeights as LayerMoe, EPS, THETA};
 use crate::attention::plan::min_chunk;
 use crate::attention::reference::relative_error;
+use crate::moe_layer::{MoeConfig, TokenRoute};
 
 /// f32 unit roundoff.
 const U: f64 = 1.0 / (1u64 << 24) as f64;
@@ -190,22 +191,30 @@ pub struct Step {
     /// Per layer, the rows the step appended (key then value, per request
     /// and KV head).
     pub appended: Vec<Vec<Appended>>,
+    /// Per MoE layer, each token's routing (the f64 router's choices).
+    pub routes: Vec<Vec<TokenRoute>>,
 }
 
 /// The whole step in f64 with bounds.
 pub fn step(data: &LayerData) -> Step {
     let mut x = Val::exact(&data.x, data.shape.hidden() as usize);
-    let mut appended = Vec::new();
+    let (mut appended, mut routes) = (Vec::new(), Vec::new());
     for lw in &data.layers {
-        let (out, rows) = layer(data, lw, &x);
+        let (out, rows, r) = layer(data, lw, &x);
         x = out;
         appended.push(rows);
+        routes.extend(r);
     }
-    Step { out: x, appended }
+    Step {
+        out: x,
+        appended,
+        routes,
+    }
 }
 
-/// One layer from `x`.
-fn layer(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Vec<Appended>) {
+/// The attention half of a layer from `x`: the residual stream after it,
+/// its norm (the feed-forward block's input) and the cache rows appended.
+pub fn attention_half(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Val, Vec<Appended>) {
     let s = &data.shape;
     let (h, d) = (s.hidden() as usize, s.d as usize);
     let (qh, kvh) = (s.q_heads as usize, s.kv_heads as usize);
@@ -262,16 +271,172 @@ fn layer(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Vec<Appended>) {
     }
     let hres = gemm(&o, &lw.wo, h, Some(x));
     let hn = rmsnorm(&hres, &lw.g2, EPS as f64);
-    let out = match s.mlp {
-        Mlp::Dense => {
+    (hres, hn, appended)
+}
+
+/// One layer from `x`: its output, the cache rows it appended and, for an
+/// MoE layer, its routing.
+pub fn layer(
+    data: &LayerData,
+    lw: &LayerWeights,
+    x: &Val,
+) -> (Val, Vec<Appended>, Option<Vec<TokenRoute>>) {
+    let s = &data.shape;
+    let h = s.hidden() as usize;
+    let (hres, hn, appended) = attention_half(data, lw, x);
+    let (out, routes) = match (s.moe(), &lw.moe) {
+        (Some(cfg), Some(m)) => {
+            let (y, routes) = moe(&hn, m, &cfg);
+            (add(&hres, &y), Some(routes))
+        }
+        _ => {
             let f = s.ffn as usize;
             let gate = gemm(&hn, &lw.wg, f, None);
             let up = gemm(&hn, &lw.wu, f, None);
             let act = silu_mul(&gate, &up);
-            gemm(&act, &lw.wd, h, Some(&hres))
+            (gemm(&act, &lw.wd, h, Some(&hres)), None)
         }
     };
-    (out, appended)
+    (out, appended, routes)
+}
+
+/// `a + b` elementwise (one rounding).
+fn add(a: &Val, b: &Val) -> Val {
+    let mut y = a.clone();
+    for i in 0..y.v.len() {
+        y.v[i] += b.v[i];
+        y.e[i] = a.e[i].hypot(b.e[i]) + U * y.v[i].abs();
+    }
+    y
+}
+
+/// Row `r` of `x` as a one-row matrix.
+fn row_of(x: &Val, r: usize) -> Val {
+    let c = x.cols;
+    Val {
+        v: x.v[r * c..(r + 1) * c].to_vec(),
+        e: x.e[r * c..(r + 1) * c].to_vec(),
+        cols: c,
+    }
+}
+
+/// A SwiGLU FFN of one row: `(silu(x g) * (x u)) d`.
+fn ffn(x: &Val, g: &[f32], u: &[f32], d: &[f32], f: usize) -> Val {
+    let act = silu_mul(&gemm(x, g, f, None), &gemm(x, u, f, None));
+    gemm(&act, d, x.cols, None)
+}
+
+/// How far (as a multiple of its bound) every routing decision must be
+/// from flipping for the check to trust the f64 router's choices.
+pub const ROUTE_MARGIN: f64 = 10.0;
+
+/// The MoE block on `x` with the f64 router's choices, which must agree
+/// with the f32 router's: [`decisive`] tells whether the logits' bounds
+/// allow it. A kept expert's weight `p_i / sum p` moves by a factor
+/// within `e^(+-2 Delta)` (`Delta` the largest logit bound of the token),
+/// plus the kernel's f32 softmax and renormalisation, `(2E + k + 24) u`
+/// relative; the combine sums `k` (+1 shared) terms.
+fn moe(x: &Val, m: &LayerMoe, cfg: &MoeConfig) -> (Val, Vec<TokenRoute>) {
+    let (h, f, e, k) = (
+        cfg.hidden as usize,
+        cfg.ffn as usize,
+        cfg.experts as usize,
+        cfg.top_k as usize,
+    );
+    let logits = gemm(x, &m.router, e, None);
+    let routes = route(&logits.v, e, k, cfg.threshold as f64);
+    let mut out = Val::zeros(x.rows(), h);
+    let eps_w = (2 * e + k + 24) as f64 * U;
+    let terms = k + 1 + usize::from(cfg.shared_ffn > 0);
+    for (t, r) in routes.iter().enumerate() {
+        let xt = row_of(x, t);
+        let delta = logits.e[t * e..(t + 1) * e]
+            .iter()
+            .copied()
+            .fold(0.0, f64::max);
+        let rel_w = (2.0 * delta).exp() - 1.0 + eps_w;
+        let (mut moved, mut size) = (vec![0f64; h], vec![0f64; h]);
+        for (&ex, &wt) in r.experts.iter().zip(&r.weights) {
+            let y = ffn(
+                &xt,
+                &m.gate[ex * h * f..(ex + 1) * h * f],
+                &m.up[ex * h * f..(ex + 1) * h * f],
+                &m.down[ex * f * h..(ex + 1) * f * h],
+                f,
+            );
+            for o in 0..h {
+                out.v[t * h + o] += wt * y.v[o];
+                moved[o] += (wt * y.e[o]).powi(2) + (rel_w * wt * y.v[o]).powi(2);
+                size[o] += wt * y.abs(o);
+            }
+        }
+        if cfg.shared_ffn > 0 {
+            let [sg, su, sd] = &m.shared;
+            let y = ffn(&xt, sg, su, sd, cfg.shared_ffn as usize);
+            for o in 0..h {
+                out.v[t * h + o] += y.v[o];
+                moved[o] += y.e[o].powi(2);
+                size[o] += y.abs(o);
+            }
+        }
+        for o in 0..h {
+            out.e[t * h + o] = moved[o].sqrt() + gamma(terms as f64) * size[o];
+        }
+    }
+    (out, routes)
+}
+
+/// Whether every routing decision of `x`'s tokens is clear of flipping by
+/// [`ROUTE_MARGIN`] times what the logits' bounds allow: the k-th and
+/// (k+1)-th largest probabilities apart, and each kept one away from the
+/// threshold, with probabilities moving by a factor within
+/// `e^(+-2 Delta) (1 +- (2E + 24) u)`.
+pub fn decisive(x: &Val, router: &[f32], cfg: &MoeConfig) -> bool {
+    let (e, k) = (cfg.experts as usize, cfg.top_k as usize);
+    let logits = gemm(x, router, e, None);
+    (0..x.rows()).all(|t| {
+        let row = &logits.v[t * e..(t + 1) * e];
+        let delta = logits.e[t * e..(t + 1) * e]
+            .iter()
+            .copied()
+            .fold(0.0, f64::max);
+        let rel = ROUTE_MARGIN * ((2.0 * delta).exp() - 1.0 + (2 * e + 24) as f64 * U);
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut p: Vec<f64> = row.iter().map(|&v| (v - m).exp()).collect();
+        let sum: f64 = p.iter().sum();
+        p.iter_mut().for_each(|v| *v /= sum);
+        p.sort_by(|a, b| b.total_cmp(a));
+        let apart = k >= e || p[k - 1] * (1.0 - rel) > p[k] * (1.0 + rel);
+        let thr = cfg.threshold as f64;
+        let away = thr == 0.0 || p[..k].iter().all(|&v| (v - thr).abs() > rel * v);
+        apart && away
+    })
+}
+
+/// The f64 router: per token, the top `k` experts of softmax(logits)
+/// (lowest index on ties) kept while p >= `threshold`, weights
+/// renormalised over the kept.
+fn route(logits: &[f64], e: usize, k: usize, threshold: f64) -> Vec<TokenRoute> {
+    logits
+        .chunks(e)
+        .map(|row| {
+            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = row.iter().map(|&v| (v - m).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+            let kept: Vec<usize> = order[..k]
+                .iter()
+                .copied()
+                .take_while(|&i| p[i] / sum >= threshold)
+                .collect();
+            let ks: f64 = kept.iter().map(|&i| p[i]).sum();
+            TokenRoute {
+                weights: kept.iter().map(|&i| p[i] / ks).collect(),
+                experts: kept,
+            }
+        })
+        .collect()
 }
 
 /// `silu(g) * u` elementwise.

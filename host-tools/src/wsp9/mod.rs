@@ -13,8 +13,8 @@
 //! | name | computes | tasks |
 //! |---|---|---|
 //! | `wsp9-validated-matmul` | one 16 x 16 x 16 product (`matmul`) | 1 |
-//! | `wsp9-tensor-data-add` | C = A + B on [2,2,2,32,32] in 32 x 32 tiles (`add`) | 8 |
-//! | `wsp9-tensor-data-square` | C = A * A on [2,4,32,32] in 32 x 32 tiles (`square`) | 8 |
+//! | `wsp9-tensor-data-add` | C = A + B on `[2,2,2,32,32]` in 32 x 32 tiles (`add`) | 8 |
+//! | `wsp9-tensor-data-square` | C = A * A on `[2,4,32,32]` in 32 x 32 tiles (`square`) | 8 |
 //! | `wsp9-attention` | softmax(Q K^T / sqrt(D)) V, B1 H2 S16 D8, 8 query rows a task over all 16 keys (`attn_decode_partial`) | 4 |
 //! | `wsp9-bgemm` | C = A x B, 64^3 in 16^3 tiles, accumulating over k in order (`gemm_tile`) | 64 |
 //! | `wsp9-softmax` | row softmax of 1x32x256 in blocks of 8 rows (`softmax`: max, exp, sum and divide in one kernel) | 4 |

@@ -15,6 +15,8 @@ use device_runtime::sched::{
 use device_runtime::sched::{RunError, RunOptions, RunStats};
 use wsp_ffi::CoreKind;
 
+use crate::record::{Observed, Sink};
+
 /// The emulated machine.
 #[derive(Clone, Copy, Debug)]
 pub struct Shim {
@@ -126,6 +128,27 @@ impl Shim {
     /// thread 0 and the dispatcher, and each further scheduler thread is a
     /// host thread.
     pub fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats, ShimError> {
+        self.run_with(table, arena, None)
+    }
+
+    /// As [`Shim::run`], with each scheduler thread's platform
+    /// [`Observed`] into `sink` (a trace, or a count of finished tasks for
+    /// a progress bar; see [`crate::record`]).
+    pub fn run_observed(
+        &self,
+        table: &[u8],
+        arena: &mut [u8],
+        sink: &Sink,
+    ) -> Result<RunStats, ShimError> {
+        self.run_with(table, arena, Some(sink))
+    }
+
+    fn run_with(
+        &self,
+        table: &[u8],
+        arena: &mut [u8],
+        sink: Option<&Sink>,
+    ) -> Result<RunStats, ShimError> {
         let table = Table::parse(table).map_err(ShimError::Table)?;
         check_threads(self.sched.threads)?;
         let kinds = self.core_kinds();
@@ -147,15 +170,24 @@ impl Shim {
                 .map(|t| MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(ShimError::Platform)
-                .and_then(|platforms| {
-                    run_threads(
+                .and_then(|platforms| match sink {
+                    None => run_threads(
                         &table,
                         arena,
                         platforms,
                         &groups,
                         &self.sched,
                         &self.options,
-                    )
+                    ),
+                    Some(sink) => {
+                        let observed = platforms
+                            .into_iter()
+                            .enumerate()
+                            .map(|(t, p)| Observed::new(p, sink, t, &groups[t]))
+                            .collect();
+                        let (sched, options) = (&self.sched, &self.options);
+                        run_threads(&table, arena, observed, &groups, sched, options)
+                    }
                 });
             // Also when the run failed early: the core threads must end.
             mailboxes

@@ -307,6 +307,30 @@ impl<'a> Dispatcher<'a> {
         Ok(progress)
     }
 
+    /// What submissions or placements wait for now, if anything: room in
+    /// an orchestrator resource, or in a full dispatch queue.
+    pub fn stall(&self) -> Option<StallReason> {
+        match self.stalled_since {
+            Some(_) => Some(StallReason::ReadyQueueFull),
+            None => self.orch.stats().current,
+        }
+    }
+
+    /// Tasks submitted and not retired.
+    pub fn in_flight(&self) -> u64 {
+        self.orch.in_flight()
+    }
+
+    /// Ready tasks waiting in the dispatch queues (the threads' and the
+    /// shared ones; read racily while threads take from them).
+    pub fn queued(&self) -> u64 {
+        let threads = self.queues.ready[..self.threads].iter().flatten();
+        threads
+            .chain(&self.queues.shared)
+            .map(|q| q.len() as u64)
+            .sum()
+    }
+
     /// Called when a round of every thread did nothing: if no task is
     /// queued or running, nothing can ever complete, and the orchestrator
     /// proves whether that is the end or a deadlock.

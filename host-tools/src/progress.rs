@@ -3,12 +3,13 @@
 //! standard error is not a terminal (`indicatif` draws nothing there, and
 //! [`wanted`] tells callers not to count at all).
 
+use std::fmt::Write;
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 use crate::record::Sink;
 
@@ -34,10 +35,13 @@ pub fn with_progress<T>(sink: &Sink, total: Option<u64>, run: impl FnOnce() -> T
             }
             let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
             let template = match total {
-                Some(_) => "{elapsed_precise} [{bar:40}] {pos}/{len} tasks, {per_sec}",
-                None => "{elapsed_precise} {spinner} {pos} tasks, {per_sec}",
+                Some(_) => "{elapsed_precise} [{bar:40}] {pos}/{len} tasks, {rate}",
+                None => "{elapsed_precise} {spinner} {pos} tasks, {rate}",
             };
             if let Ok(style) = ProgressStyle::with_template(template) {
+                let style = style.with_key("rate", |s: &ProgressState, w: &mut dyn Write| {
+                    let _ = write!(w, "{:.0} tasks/s", s.per_sec());
+                });
                 bar.set_style(style.progress_chars("=> "));
             }
             loop {

@@ -401,6 +401,64 @@ fn wsp_run_writes_the_trace_and_the_picture_and_wsp_plot_redraws_it() {
 }
 
 #[test]
+fn wsp_run_prints_its_figures_as_tables() {
+    let out = wsp(&["run", "mlp", "--cube", "3", "--vector", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The rows of the table whose header starts with `first`, as cells.
+    let rows = |first: &str| -> Vec<Vec<String>> {
+        let lines: Vec<&str> = stdout.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("| {first} ")))
+            .unwrap_or_else(|| panic!("no {first} table in {stdout}"));
+        let cells = |l: &str| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect()
+        };
+        let header: Vec<String> = cells(lines[at]);
+        // Up to the next table's header (a line over a `|---` line).
+        let mut all = vec![header];
+        let mut i = at + 2;
+        while i < lines.len()
+            && lines[i].starts_with('|')
+            && !lines.get(i + 1).is_some_and(|n| n.starts_with("|-"))
+        {
+            all.push(cells(lines[i]));
+            i += 1;
+        }
+        all
+    };
+    let cores = rows("core");
+    assert_eq!(cores.len(), 1 + 5, "a row per core");
+    let tasks = cores[0].iter().position(|h| h == "tasks").unwrap();
+    let sum: u64 = cores[1..]
+        .iter()
+        .map(|r| r[tasks].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(sum, 48);
+    assert_eq!(rows("thread").len(), 1 + 2, "a row per scheduler thread");
+    let reasons: Vec<String> = rows("stall reason")[1..]
+        .iter()
+        .map(|r| r[0].clone())
+        .collect();
+    assert!(
+        reasons.contains(&"READY_QUEUE_FULL".to_string()),
+        "{reasons:?}"
+    );
+    assert!(
+        !reasons.contains(&"CHANNEL_FULL".to_string()),
+        "no channels: {reasons:?}"
+    );
+}
+
+#[test]
 fn wsp_run_json_prints_the_figures_as_one_json_object() {
     let out = wsp(&["run", "mlp", "--json", "--cube", "3", "--vector", "2"]);
     assert!(

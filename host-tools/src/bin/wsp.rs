@@ -556,22 +556,11 @@ fn print_stats(stats: &RunStats, semantic: bool) {
         }
     }
     say!("window    {} tasks in flight at most", stats.window);
-    let ticks = if semantic { "cycles" } else { "ns" };
-    for t in stats.threads() {
-        say!(
-            "  thread {}: placed {:>5} released {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
-            t.thread, t.placed, t.released, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
-        );
-    }
-    for c in stats.cores() {
-        let idle = stats.wall_ticks.saturating_sub(c.busy_ticks);
-        say!(
-            "  core {} ({:?}, thread {}): {:>5} tasks {:>12} cycles, busy {} {ticks}, idle {} {ticks}",
-            c.core, c.kind, c.thread, c.tasks, c.cycles, c.busy_ticks, idle
-        );
-    }
-    say!("  total semantic cycles {}", stats.total_cycles());
-    print_stalls(&stats.stalls);
+    let unit = if semantic { "cycles" } else { "ns" };
+    say!("{}", host_tools::summary::threads_table(stats, unit));
+    say!("{}", host_tools::summary::cores_table(stats, unit));
+    say!("total semantic cycles {}", stats.total_cycles());
+    say!("{}", host_tools::summary::stalls_table(stats, unit));
 }
 
 /// Writes the arena after a run to `out`, if asked.
@@ -838,43 +827,6 @@ fn run(cli: Cli) -> Result<bool> {
                 bail!("{} is not a valid table", table.display());
             }
             Ok(true)
-        }
-    }
-}
-
-/// Backpressure per resource: high-water mark against capacity, and stalls.
-fn print_stalls(stalls: &device_runtime::orch::StallStats) {
-    use device_runtime::orch::StallReason;
-    for reason in [
-        StallReason::TaskRingFull,
-        StallReason::TensorMapPoolFull,
-        StallReason::DepListPoolFull,
-        StallReason::ReadyQueueFull,
-    ] {
-        let r = stalls.of(reason);
-        say!(
-            "  {:<20} high water {:>5} of {:>5}, {} stalls",
-            reason.name(),
-            r.high_water,
-            r.capacity,
-            r.stalls
-        );
-    }
-    // Processes parked on channels: only where a program has channels.
-    for (reason, what) in [
-        (StallReason::ChannelFull, "tokens held"),
-        (StallReason::ChannelEmpty, "processes parked"),
-    ] {
-        let r = stalls.of(reason);
-        if r.stalls > 0 || r.high_water > 0 {
-            say!(
-                "  {:<20} high water {:>5} {what} (of {}), {} parks, {} ticks parked",
-                reason.name(),
-                r.high_water,
-                r.capacity,
-                r.stalls,
-                r.stall_ticks
-            );
         }
     }
 }

@@ -263,10 +263,9 @@ impl Swimlanes {
                     colour.filled(),
                 ))?;
                 if b > a + 3 {
-                    let pale = colour.mix(0.35);
                     root.draw(&Rectangle::new(
                         [(a as i32, y0 as i32), (a as i32 + 1, y1 as i32)],
-                        pale.filled(),
+                        WHITE.mix(0.6).filled(),
                     ))?;
                 }
             }
@@ -274,7 +273,7 @@ impl Swimlanes {
         // The time axis under the lanes: five ticks.
         let axis_y = g.lanes_bottom as i32 + 4;
         let (unit, scale) = self.unit();
-        for k in 0..4 {
+        for k in 0..=4 {
             let t = t0 + (t1 - t0) * k as f64 / 4.0;
             let px = x(t) as i32;
             root.draw(&PathElement::new(
@@ -282,15 +281,15 @@ impl Swimlanes {
                 BLACK,
             ))?;
             let label = format!("{:.1}", t / scale);
-            root.draw(&Text::new(label, (px - 20, axis_y + 4), font.clone()))?;
+            // Centred under its tick (the font is monospaced, ~8 px a
+            // character), the last one ending at the axis's end.
+            let w = 8 * label.len() as i32;
+            let at = if k == 4 { px - w } else { px - w / 2 };
+            root.draw(&Text::new(label, (at, axis_y + 4), font.clone()))?;
         }
-        let end = format!("{:.1} {unit}", t1 / scale);
-        let px = g.right as i32;
-        root.draw(&PathElement::new(
-            vec![(px, axis_y - 4), (px, axis_y + 2)],
-            BLACK,
-        ))?;
-        root.draw(&Text::new(end, (px - 8 * 24, axis_y + 4), font))?;
+        // The unit left of the axis, under the lane names.
+        let at = g.left as i32 - 8 * unit.len() as i32 - 30;
+        root.draw(&Text::new(unit.to_string(), (at, axis_y + 4), font))?;
         Ok(())
     }
 

@@ -100,8 +100,10 @@ pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
         }));
     }
     // Stall intervals: from a sample naming a reason to the next sample
-    // with another (or none).
+    // with another (or none), else to the last sample (the run's end: the
+    // dispatcher may wait for the window when nothing is left to submit).
     let samples = &rec.dispatcher;
+    let last = samples.last().map_or(0, |s| s.at);
     for (i, s) in samples.iter().enumerate() {
         let Some(reason) = s.stall else { continue };
         if i > 0 && samples[i - 1].stall == Some(reason) {
@@ -110,7 +112,7 @@ pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
         let end = samples[i + 1..]
             .iter()
             .find(|n| n.stall != Some(reason))
-            .map_or(s.at, |n| n.at);
+            .map_or(last, |n| n.at);
         events.push(json!({
             "ph": "X", "pid": PID, "tid": thread_lane(0), "cat": "stall",
             "name": format!("stall: {}", reason.name()),

@@ -230,6 +230,17 @@ fn a_stalled_dispatcher_shows_its_stalls_on_its_lane() {
         assert_eq!(s["args"]["reason"], "TASK_RING_FULL");
         assert_eq!(s["name"], "stall: TASK_RING_FULL");
     }
+    // As long as the run's own count of cycles stalled, at least (the
+    // trace also shows a stall the run never ended: the window full when
+    // nothing was left to submit), and within the run.
+    let stalled: f64 = stalls.iter().map(|s| s["dur"].as_f64().unwrap()).sum();
+    let stalled = (stalled * 1000.0).round() as u64;
+    assert!(
+        stalled >= ring.stall_ticks,
+        "{stalled} < {}",
+        ring.stall_ticks
+    );
+    assert!(stalled <= run.makespan, "{stalled} > {}", run.makespan);
     check_lanes(&trace);
     // The default window does not stall this pipeline: no stall events.
     let (_, rec) = semantic(&w, 2, &RunOptions::default());

@@ -6,7 +6,6 @@ use wsp_ffi::{CoreKind, WspKernelArgs};
 
 pub use crate::mailbox::Completion;
 use crate::mailbox::{CoreMailbox, IssuePort};
-use crate::orch::StallReason;
 
 /// Most cores one scheduler drives (one bit each in the scheduler's masks).
 pub const MAX_CORES: usize = 64;
@@ -94,11 +93,12 @@ pub enum Event {
     Released { by: u32, task: u32 },
     /// The dispatcher after one of its rounds (on the platform of the
     /// scheduler that runs it): what its submissions or placements wait
-    /// for (`None`: nothing), tasks submitted and not retired, and ready
-    /// tasks in the dispatch queues.
+    /// for (the name of a [`StallReason`](crate::orch::StallReason); `None`:
+    /// nothing), tasks submitted and not retired, and ready tasks in the
+    /// dispatch queues.
     Dispatcher {
         now: u64,
-        stall: Option<StallReason>,
+        stall: Option<&'static str>,
         in_flight: u64,
         queued: u64,
     },

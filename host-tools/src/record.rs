@@ -20,12 +20,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use device_runtime::orch::StallReason;
 use device_runtime::platform::{Clock, Completion, Event, Platform};
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
 /// One task of a traced run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct TaskSpan {
     /// Its number in the run.
     pub task: u32,
@@ -46,6 +45,9 @@ pub struct TaskSpan {
     pub cycles: u64,
     /// Its arguments (tensor views and scalars).
     pub args: WspKernelArgs,
+    /// The indices of the program loops around its call, outermost first
+    /// (none for a task of the tasks section).
+    pub loops: Vec<u32>,
 }
 
 /// The dispatcher's state when it changed.
@@ -53,8 +55,9 @@ pub struct TaskSpan {
 pub struct DispatcherSample {
     /// When (clock ticks).
     pub at: u64,
-    /// What submissions or placements waited for, if anything.
-    pub stall: Option<StallReason>,
+    /// What submissions or placements waited for, if anything (a
+    /// [`StallReason`](device_runtime::orch::StallReason)'s name).
+    pub stall: Option<&'static str>,
     /// Tasks submitted and not retired.
     pub in_flight: u64,
     /// Ready tasks in the dispatch queues.
@@ -95,6 +98,8 @@ struct Log {
 #[derive(Debug, Default)]
 pub struct Sink {
     logs: Mutex<Vec<Log>>,
+    /// Each submitted task's number and loop indices.
+    loops: Mutex<Vec<(u32, Vec<u32>)>>,
     /// Tasks seen finished so far, by every thread.
     pub finished: AtomicU64,
     /// Whether to keep the events (else only count finished tasks).
@@ -109,6 +114,18 @@ impl Sink {
             keep,
             ..Sink::default()
         }
+    }
+
+    /// Whether it keeps events (else it only counts finished tasks).
+    pub fn keeps(&self) -> bool {
+        self.keep
+    }
+
+    /// Adds the loop indices of submitted tasks, `(task, loops)`, as the
+    /// dispatcher reported them ([`device_runtime::sched::Dispatcher::observe_submissions`]).
+    pub fn add_loops(&self, loops: Vec<(u32, Vec<u32>)>) {
+        let mut all = self.loops.lock().unwrap_or_else(|e| e.into_inner());
+        all.extend(loops);
     }
 
     /// The run's recording, from the logs of the threads (whose platforms
@@ -140,12 +157,19 @@ impl Sink {
         // was after its issue (it was queued behind it).
         rec.tasks.sort_by_key(|t| (t.core, t.issued, t.task));
         for i in 1..rec.tasks.len() {
-            let (before, this) = (rec.tasks[i - 1], &mut rec.tasks[i]);
-            if before.core == this.core {
-                this.start = this.issued.max(before.end);
+            let (core, end) = (rec.tasks[i - 1].core, rec.tasks[i - 1].end);
+            let this = &mut rec.tasks[i];
+            if core == this.core {
+                this.start = this.issued.max(end);
             }
         }
         rec.tasks.sort_by_key(|t| t.task);
+        let loops = std::mem::take(&mut *self.loops.lock().unwrap_or_else(|e| e.into_inner()));
+        for (task, loops) in loops {
+            if let Ok(i) = rec.tasks.binary_search_by_key(&task, |t| t.task) {
+                rec.tasks[i].loops = loops;
+            }
+        }
         rec.releases.sort_unstable();
         rec.dispatcher.sort_by_key(|s| s.at);
         rec
@@ -277,6 +301,7 @@ impl<P: Platform> Platform for Observed<'_, P> {
                     end: now,
                     cycles: 0,
                     args,
+                    loops: Vec::new(),
                 });
             }
             Event::Finished { core, task, now } => {

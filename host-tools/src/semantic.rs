@@ -17,7 +17,7 @@ use device_runtime::sched::{
     drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, Queues, SchedConfig, Scheduler,
     TableOrchestrator,
 };
-use device_runtime::sched::{RunOptions, RunStats};
+use device_runtime::sched::{OnSubmit, RunOptions, RunStats};
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use crate::record::{Observed, Sink};
@@ -260,15 +260,21 @@ fn run_semantic_inner(
     });
     let mut stats = match sink {
         None => drive(
-            platforms, &ids, &table, arena, &queues, &mut orch, policy, sched, options,
+            platforms, &ids, &table, arena, &queues, &mut orch, policy, sched, options, None,
         )?,
         Some(sink) => {
             let observed = platforms
                 .enumerate()
                 .map(|(t, p)| Observed::new(p, sink, t, &groups[t]));
-            drive(
+            let mut loops: Vec<(u32, Vec<u32>)> = Vec::new();
+            let mut on_submit = |task: u32, l: &[u32]| loops.push((task, l.to_vec()));
+            let on_submit = sink.keeps().then_some(&mut on_submit as _);
+            let stats = drive(
                 observed, &ids, &table, arena, &queues, &mut orch, policy, sched, options,
-            )?
+                on_submit,
+            );
+            sink.add_loops(loops);
+            stats?
         }
     };
     let makespan = machine.makespan.get();
@@ -295,6 +301,7 @@ fn drive<P: Platform>(
     policy: &mut dyn DispatchPolicy,
     sched: &SchedConfig,
     options: &RunOptions,
+    on_submit: Option<OnSubmit<'_>>,
 ) -> Result<RunStats, ShimError> {
     let threads = ids.len();
     let mut schedulers: Vec<_> = platforms
@@ -314,6 +321,9 @@ fn drive<P: Platform>(
         sched,
         &thread_kinds,
     )?;
+    if let Some(on_submit) = on_submit {
+        dispatcher.observe_submissions(on_submit);
+    }
     drive_stepped(&mut dispatcher, &mut schedulers)?;
     Ok(RunStats::collect(
         &dispatcher,

@@ -12,7 +12,7 @@ use device_runtime::platform::{Clock, MailboxPlatform, Platform, PlatformError};
 use device_runtime::sched::{
     core_owner, drive_leader, Arena, ConfigError, Dispatcher, SchedConfig, Scheduler, MAX_THREADS,
 };
-use device_runtime::sched::{RunError, RunOptions, RunStats};
+use device_runtime::sched::{OnSubmit, RunError, RunOptions, RunStats};
 use wsp_ffi::CoreKind;
 
 use crate::record::{Observed, Sink};
@@ -186,7 +186,7 @@ impl Shim {
                             .map(|(t, p)| Observed::new(p, sink, t, &groups[t]))
                             .collect();
                         let (sched, options) = (&self.sched, &self.options);
-                        run_threads(&table, arena, observed, &groups, sched, options)
+                        run_threads_with(&table, arena, observed, &groups, sched, options, sink)
                     }
                 });
             // Also when the run failed early: the core threads must end.
@@ -219,6 +219,58 @@ pub fn run_threads<P: Platform + Send>(
     sched: &SchedConfig,
     options: &RunOptions,
 ) -> Result<RunStats, ShimError> {
+    run_threads_inner(table, arena, platforms, cores, sched, options, None)
+}
+
+/// As [`run_threads`], telling `sink` each task's loop indices (if it
+/// keeps events; the platforms are the caller's to observe).
+pub fn run_threads_with<P: Platform + Send>(
+    table: &Table<'_>,
+    arena: &mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    sink: &Sink,
+) -> Result<RunStats, ShimError> {
+    run_threads_inner(table, arena, platforms, cores, sched, options, Some(sink))
+}
+
+fn run_threads_inner<P: Platform + Send>(
+    table: &Table<'_>,
+    arena: &mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    sink: Option<&Sink>,
+) -> Result<RunStats, ShimError> {
+    let mut loops: Vec<(u32, Vec<u32>)> = Vec::new();
+    let mut on_submit = |task: u32, l: &[u32]| loops.push((task, l.to_vec()));
+    let result = run_threads_observing(
+        table,
+        arena,
+        platforms,
+        cores,
+        sched,
+        options,
+        sink.filter(|s| s.keeps()).map(|_| &mut on_submit as _),
+    );
+    if let Some(sink) = sink {
+        sink.add_loops(loops);
+    }
+    result
+}
+
+fn run_threads_observing<'o, P: Platform + Send>(
+    table: &'o Table<'_>,
+    arena: &'o mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    on_submit: Option<OnSubmit<'o>>,
+) -> Result<RunStats, ShimError> {
     check_threads(platforms.len())?;
     let threads = platforms.len();
     let ids: Vec<Vec<u16>> = cores
@@ -249,6 +301,9 @@ pub fn run_threads<P: Platform + Send>(
         sched,
         &kinds,
     )?;
+    if let Some(on_submit) = on_submit {
+        dispatcher.observe_submissions(on_submit);
+    }
     let others = schedulers.split_off(1);
     let mut leader = schedulers.pop().expect("one scheduler per thread");
     std::thread::scope(|s| {

@@ -3,17 +3,18 @@
 //! scheduler thread ([`thread_lane`]) with the dispatcher's stall
 //! intervals on thread 0's lane (it runs the dispatcher), each named by
 //! its reason; a named lane per AICore (`core N (Cube, thread T)`, lane
-//! number N) with a complete event per task, named by its kernel, with its
-//! task number, core, thread, issue time, cycles and argument tiles in
-//! `args`; counters of the tasks on cores, the ready tasks in the dispatch
+//! number N) with a complete event per task, named by its kernel and the
+//! indices of the program loops around its call (`attn_merge[3,1]`,
+//! outermost first; the kernel alone for a task of the tasks section),
+//! with its task number, kernel, core, thread, issue time, cycles, loop
+//! indices and argument tiles in `args`; counters of the tasks on cores, the ready tasks in the dispatch
 //! queues and the tasks in the window; and, if asked ([`TraceOptions`]),
 //! flow arrows from each task to the tasks its completion released.
 //!
 //! Times are the run's clock as microseconds: semantic cycles at 1 GHz
 //! (1,000 cycles per microsecond), or the shim's wall nanoseconds.
 //!
-//! Not recorded yet: the loop indices of a program's tasks (the task
-//! number is in `args`).
+//! Programs do not name their loops: the indices are positional.
 
 use serde_json::{json, Value};
 
@@ -85,8 +86,15 @@ pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
             .iter()
             .map(|v| format!("{}x{}", v.rows, v.cols))
             .collect();
+        let name = match t.loops.as_slice() {
+            [] => kernel.to_string(),
+            loops => {
+                let indices: Vec<String> = loops.iter().map(u32::to_string).collect();
+                format!("{kernel}[{}]", indices.join(","))
+            }
+        };
         events.push(json!({
-            "ph": "X", "pid": PID, "tid": t.core, "name": kernel, "cat": "task",
+            "ph": "X", "pid": PID, "tid": t.core, "name": name, "cat": "task",
             "ts": us(t.start), "dur": us(t.end) - us(t.start),
             "args": {
                 "task": t.task,
@@ -95,6 +103,7 @@ pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
                 "thread": t.thread,
                 "issued": t.issued,
                 "cycles": t.cycles,
+                "loops": t.loops,
                 "tiles": tiles,
             },
         }));
@@ -115,9 +124,9 @@ pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
             .map_or(last, |n| n.at);
         events.push(json!({
             "ph": "X", "pid": PID, "tid": thread_lane(0), "cat": "stall",
-            "name": format!("stall: {}", reason.name()),
+            "name": format!("stall: {reason}"),
             "ts": us(s.at), "dur": us(end) - us(s.at),
-            "args": { "reason": reason.name() },
+            "args": { "reason": reason },
         }));
     }
     for s in samples {

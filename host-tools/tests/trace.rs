@@ -13,9 +13,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 
+use device_runtime::abi::launch::Symbols;
 use device_runtime::orch::StallReason;
 use device_runtime::sched::{RunOptions, SchedConfig};
 use host_tools::plot::Swimlanes;
+use host_tools::program_examples::{self as examples, T};
 use host_tools::record::{Recording, Sink};
 use host_tools::semantic::{run_semantic_observed, SemanticRun};
 use host_tools::shim::Shim;
@@ -139,7 +141,15 @@ fn a_semantic_runs_trace_has_every_task_once_at_its_launch_times() {
             let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
             let start = (ts * 1000.0).round() as u64;
             let end = ((ts + dur) * 1000.0).round() as u64;
-            let name = e["name"].as_str().unwrap().to_string();
+            // Named by the kernel, and the loop indices in brackets.
+            let name = e["args"]["kernel"].as_str().unwrap().to_string();
+            let loops = e["args"]["loops"].as_array().unwrap();
+            let indices: Vec<String> = loops.iter().map(|l| l.to_string()).collect();
+            let full = match indices.len() {
+                0 => name.clone(),
+                _ => format!("{name}[{}]", indices.join(",")),
+            };
+            assert_eq!(e["name"].as_str(), Some(full.as_str()));
             (e["tid"].as_u64().unwrap(), name, start, end)
         })
         .collect();
@@ -177,6 +187,51 @@ fn a_semantic_runs_trace_has_every_task_once_at_its_launch_times() {
     let ready = counter("ready queue");
     assert!(ready.iter().any(|&r| r > 0), "{ready:?}");
     assert_eq!(counter("window").last(), Some(&0));
+}
+
+#[test]
+fn a_programs_tasks_are_named_by_their_loop_indices() {
+    // Rows 0..4 (a symbol) by columns 0..3: task [i,j] adds tile (i, j+1)
+    // of a 64-wide f32 matrix into y.
+    let mut ex = examples::dense_dyn();
+    let table = ex.w.finish().unwrap();
+    let mut arena = ex.arena(None);
+    let options = RunOptions {
+        symbols: Symbols::new(&[4]).unwrap(),
+        ..RunOptions::default()
+    };
+    let sink = Sink::new(true);
+    let run = run_semantic_observed(&table, &mut arena.bytes, &KINDS, &sched(2), &options, &sink)
+        .unwrap();
+    assert_eq!(run.stats.tasks, 12);
+    let owners: Vec<usize> = (0..4)
+        .map(|c| device_runtime::sched::core_owner(c, 2))
+        .collect();
+    let rec = sink.recording(&KINDS, &owners, run.stats.ticks_per_second, true);
+    let trace = reparse(&chrome_trace(&rec, &TraceOptions::default()));
+    let complete = tasks(&trace);
+    let mut seen = BTreeSet::new();
+    let first = rec.tasks.iter().find(|t| t.loops == [0, 0]).unwrap();
+    for e in &complete {
+        let loops: Vec<u32> = e["args"]["loops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let [i, j] = loops[..] else {
+            panic!("{e}: two loops around each call")
+        };
+        assert_eq!(e["name"], format!("add[{i},{j}]"), "{e}");
+        assert!(seen.insert((i, j)), "{i},{j} twice");
+        // The task with those indices wrote the tile they select.
+        let task = &rec.tasks[e["args"]["task"].as_u64().unwrap() as usize];
+        let y = |t: &host_tools::record::TaskSpan| t.args.tensors[2].addr;
+        let step = (T * 4) as u64;
+        assert_eq!(y(task) - y(first), (i as u64 * 64 + j as u64) * step);
+    }
+    let all: BTreeSet<(u32, u32)> = (0..4).flat_map(|i| (0..3).map(move |j| (i, j))).collect();
+    assert_eq!(seen, all);
 }
 
 #[test]

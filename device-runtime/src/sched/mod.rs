@@ -83,7 +83,7 @@ use crate::abi::TASK_WINDOW;
 use crate::steal_deque::StealDeque;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub use dispatch::DispatchStats;
-pub use dispatch::Dispatcher;
+pub use dispatch::{Dispatcher, OnSubmit};
 pub use policy::{
     check_key, DispatchPolicy, Lacks, Load, Placement, Policy, TaskInfo, MAX_THREADS,
 };

@@ -263,7 +263,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         if self.platform.observing() {
             let event = Event::Dispatcher {
                 now,
-                stall: dispatcher.stall(),
+                stall: dispatcher.stall().map(|r| r.name()),
                 in_flight: dispatcher.in_flight(),
                 queued: dispatcher.queued(),
             };

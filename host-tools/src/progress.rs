@@ -57,3 +57,19 @@ pub fn with_progress<T>(sink: &Sink, total: Option<u64>, run: impl FnOnce() -> T
         out
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_short_run_neither_waits_for_the_bar_nor_loses_its_result() {
+        let sink = Sink::new(false);
+        let start = Instant::now();
+        let out = with_progress(&sink, Some(3), || 42);
+        assert_eq!(out, 42);
+        // The watcher ends as soon as the run does, not after `DELAY`.
+        assert!(start.elapsed() < DELAY / 2, "{:?}", start.elapsed());
+    }
+}

@@ -69,6 +69,39 @@ pub trait Platform: Clock {
     /// The completion of the oldest unreported task of `core`, once it has
     /// finished. Completions come in launch order.
     fn poll(&mut self, core: usize) -> Option<Completion>;
+    /// Whether the platform records [`Event`]s (a traced host run). The
+    /// scheduler builds an event only when this is true: with the default
+    /// (`false`, a constant) the calls compile to nothing.
+    fn observing(&self) -> bool {
+        false
+    }
+    /// Records `event` (called only while [`Platform::observing`]).
+    fn observe(&mut self, _event: Event) {}
+}
+
+/// What a scheduler tells an observing platform ([`Platform::observing`])
+/// as the run goes: enough for a trace of tasks, releases and stalls.
+/// Cores are the platform's numbers, times its clock's ticks.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Task `task` (its number in the run) was handed to `core`.
+    Issued { core: usize, task: u32, now: u64 },
+    /// The scheduler saw `core` finish task `task`.
+    Finished { core: usize, task: u32, now: u64 },
+    /// Task `by`'s completion (or, on a stream, its issue) released `task`.
+    Released { by: u32, task: u32 },
+    /// The dispatcher after one of its rounds (on the platform of the
+    /// scheduler that runs it): what its submissions or placements wait
+    /// for (the name of a [`StallReason`](crate::orch::StallReason); `None`:
+    /// nothing), tasks submitted and not retired, and ready tasks in the
+    /// dispatch queues.
+    Dispatcher {
+        now: u64,
+        stall: Option<&'static str>,
+        in_flight: u64,
+        queued: u64,
+    },
 }
 
 impl<C: Clock + ?Sized> Clock for &mut C {
@@ -109,6 +142,12 @@ impl<P: Platform + ?Sized> Platform for &mut P {
     }
     fn poll(&mut self, core: usize) -> Option<Completion> {
         (**self).poll(core)
+    }
+    fn observing(&self) -> bool {
+        (**self).observing()
+    }
+    fn observe(&mut self, event: Event) {
+        (**self).observe(event)
     }
 }
 

@@ -14,11 +14,13 @@ use std::cell::{Cell, RefCell};
 use device_runtime::abi::Table;
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::{
-    drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, SchedConfig, Scheduler,
+    drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, Queues, SchedConfig, Scheduler,
+    TableOrchestrator,
 };
-use device_runtime::sched::{RunOptions, RunStats};
+use device_runtime::sched::{OnSubmit, RunOptions, RunStats};
 use wsp_ffi::{CoreKind, WspKernelArgs};
 
+use crate::record::{Observed, Sink};
 use crate::shim::{check_threads, thread_cores, ShimError};
 
 /// Cycles per semantic second (the clock the timeouts are measured in).
@@ -207,6 +209,33 @@ pub fn run_semantic_custom(
     policy: &mut dyn DispatchPolicy,
     options: &RunOptions,
 ) -> Result<SemanticRun, ShimError> {
+    run_semantic_inner(table, arena, kinds, sched, policy, options, None)
+}
+
+/// As [`run_semantic_with`], with each scheduler thread's platform
+/// [`Observed`] into `sink` (a trace, or a count of finished tasks; see
+/// [`crate::record`]).
+pub fn run_semantic_observed(
+    table: &[u8],
+    arena: &mut [u8],
+    kinds: &[CoreKind],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    sink: &Sink,
+) -> Result<SemanticRun, ShimError> {
+    let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
+    run_semantic_inner(table, arena, kinds, sched, &mut policy, options, Some(sink))
+}
+
+fn run_semantic_inner(
+    table: &[u8],
+    arena: &mut [u8],
+    kinds: &[CoreKind],
+    sched: &SchedConfig,
+    policy: &mut dyn DispatchPolicy,
+    options: &RunOptions,
+    sink: Option<&Sink>,
+) -> Result<SemanticRun, ShimError> {
     let table = Table::parse(table).map_err(ShimError::Table)?;
     let threads = sched.threads;
     check_threads(threads)?;
@@ -224,40 +253,84 @@ pub fn run_semantic_custom(
     let queues = crate::heap::queues();
     let mut orch = crate::heap::orchestrator();
     let arena = Arena::new(arena);
-    let mut schedulers: Vec<_> = groups
-        .iter()
-        .enumerate()
-        .map(|(t, g)| {
-            let platform = SemanticCores {
-                machine: &machine,
-                cores: g.clone(),
-                kinds: g.iter().map(|&c| kinds[c]).collect(),
-            };
-            Scheduler::new(
-                t, threads, platform, &ids[t], &table, arena, &queues, options,
-            )
-        })
-        .collect::<Result<_, ConfigError>>()?;
-    let thread_kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
-    let mut dispatcher = Dispatcher::new(
-        &table,
-        arena,
-        options,
-        &mut orch,
-        &queues,
-        policy,
-        sched,
-        &thread_kinds,
-    )?;
-    drive_stepped(&mut dispatcher, &mut schedulers)?;
+    let platforms = groups.iter().map(|g| SemanticCores {
+        machine: &machine,
+        cores: g.clone(),
+        kinds: g.iter().map(|&c| kinds[c]).collect(),
+    });
+    let mut stats = match sink {
+        None => drive(
+            platforms, &ids, &table, arena, &queues, &mut orch, policy, sched, options, None,
+        )?,
+        Some(sink) => {
+            let observed = platforms
+                .enumerate()
+                .map(|(t, p)| Observed::new(p, sink, t, &groups[t]));
+            let mut loops: Vec<(u32, Vec<u32>)> = Vec::new();
+            let mut on_submit = |task: u32, l: &[u32]| loops.push((task, l.to_vec()));
+            let on_submit = sink.keeps().then_some(&mut on_submit as _);
+            let stats = drive(
+                observed, &ids, &table, arena, &queues, &mut orch, policy, sched, options,
+                on_submit,
+            );
+            sink.add_loops(loops);
+            stats?
+        }
+    };
     let makespan = machine.makespan.get();
-    let stats = RunStats::collect(&dispatcher, &schedulers, CYCLES_PER_SECOND, makespan);
+    stats.wall_ticks = makespan;
     let launches = machine.launches.take();
     Ok(SemanticRun {
         stats,
         makespan,
         launches,
     })
+}
+
+/// Runs `table` with one scheduler per platform of `platforms` (whose
+/// cores the run numbers `ids`), stepped in turn on this thread; the run's
+/// figures with a wall time of 0 (the caller knows the makespan).
+#[allow(clippy::too_many_arguments)]
+fn drive<P: Platform>(
+    platforms: impl Iterator<Item = P>,
+    ids: &[Vec<u16>],
+    table: &Table<'_>,
+    arena: Arena<'_>,
+    queues: &Queues,
+    orch: &mut TableOrchestrator,
+    policy: &mut dyn DispatchPolicy,
+    sched: &SchedConfig,
+    options: &RunOptions,
+    on_submit: Option<OnSubmit<'_>>,
+) -> Result<RunStats, ShimError> {
+    let threads = ids.len();
+    let mut schedulers: Vec<_> = platforms
+        .enumerate()
+        .map(|(t, platform)| {
+            Scheduler::new(t, threads, platform, &ids[t], table, arena, queues, options)
+        })
+        .collect::<Result<_, ConfigError>>()?;
+    let thread_kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
+    let mut dispatcher = Dispatcher::new(
+        table,
+        arena,
+        options,
+        orch,
+        queues,
+        policy,
+        sched,
+        &thread_kinds,
+    )?;
+    if let Some(on_submit) = on_submit {
+        dispatcher.observe_submissions(on_submit);
+    }
+    drive_stepped(&mut dispatcher, &mut schedulers)?;
+    Ok(RunStats::collect(
+        &dispatcher,
+        &schedulers,
+        CYCLES_PER_SECOND,
+        0,
+    ))
 }
 
 #[cfg(test)]

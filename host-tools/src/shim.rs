@@ -12,8 +12,10 @@ use device_runtime::platform::{Clock, MailboxPlatform, Platform, PlatformError};
 use device_runtime::sched::{
     core_owner, drive_leader, Arena, ConfigError, Dispatcher, SchedConfig, Scheduler, MAX_THREADS,
 };
-use device_runtime::sched::{RunError, RunOptions, RunStats};
+use device_runtime::sched::{OnSubmit, RunError, RunOptions, RunStats};
 use wsp_ffi::CoreKind;
+
+use crate::record::{Observed, Sink};
 
 /// The emulated machine.
 #[derive(Clone, Copy, Debug)]
@@ -126,6 +128,27 @@ impl Shim {
     /// thread 0 and the dispatcher, and each further scheduler thread is a
     /// host thread.
     pub fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats, ShimError> {
+        self.run_with(table, arena, None)
+    }
+
+    /// As [`Shim::run`], with each scheduler thread's platform
+    /// [`Observed`] into `sink` (a trace, or a count of finished tasks for
+    /// a progress bar; see [`crate::record`]).
+    pub fn run_observed(
+        &self,
+        table: &[u8],
+        arena: &mut [u8],
+        sink: &Sink,
+    ) -> Result<RunStats, ShimError> {
+        self.run_with(table, arena, Some(sink))
+    }
+
+    fn run_with(
+        &self,
+        table: &[u8],
+        arena: &mut [u8],
+        sink: Option<&Sink>,
+    ) -> Result<RunStats, ShimError> {
         let table = Table::parse(table).map_err(ShimError::Table)?;
         check_threads(self.sched.threads)?;
         let kinds = self.core_kinds();
@@ -147,15 +170,24 @@ impl Shim {
                 .map(|t| MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(ShimError::Platform)
-                .and_then(|platforms| {
-                    run_threads(
+                .and_then(|platforms| match sink {
+                    None => run_threads(
                         &table,
                         arena,
                         platforms,
                         &groups,
                         &self.sched,
                         &self.options,
-                    )
+                    ),
+                    Some(sink) => {
+                        let observed = platforms
+                            .into_iter()
+                            .enumerate()
+                            .map(|(t, p)| Observed::new(p, sink, t, &groups[t]))
+                            .collect();
+                        let (sched, options) = (&self.sched, &self.options);
+                        run_threads_with(&table, arena, observed, &groups, sched, options, sink)
+                    }
                 });
             // Also when the run failed early: the core threads must end.
             mailboxes
@@ -187,6 +219,58 @@ pub fn run_threads<P: Platform + Send>(
     sched: &SchedConfig,
     options: &RunOptions,
 ) -> Result<RunStats, ShimError> {
+    run_threads_inner(table, arena, platforms, cores, sched, options, None)
+}
+
+/// As [`run_threads`], telling `sink` each task's loop indices (if it
+/// keeps events; the platforms are the caller's to observe).
+pub fn run_threads_with<P: Platform + Send>(
+    table: &Table<'_>,
+    arena: &mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    sink: &Sink,
+) -> Result<RunStats, ShimError> {
+    run_threads_inner(table, arena, platforms, cores, sched, options, Some(sink))
+}
+
+fn run_threads_inner<P: Platform + Send>(
+    table: &Table<'_>,
+    arena: &mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    sink: Option<&Sink>,
+) -> Result<RunStats, ShimError> {
+    let mut loops: Vec<(u32, Vec<u32>)> = Vec::new();
+    let mut on_submit = |task: u32, l: &[u32]| loops.push((task, l.to_vec()));
+    let result = run_threads_observing(
+        table,
+        arena,
+        platforms,
+        cores,
+        sched,
+        options,
+        sink.filter(|s| s.keeps()).map(|_| &mut on_submit as _),
+    );
+    if let Some(sink) = sink {
+        sink.add_loops(loops);
+    }
+    result
+}
+
+fn run_threads_observing<'o, P: Platform + Send>(
+    table: &'o Table<'_>,
+    arena: &'o mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    on_submit: Option<OnSubmit<'o>>,
+) -> Result<RunStats, ShimError> {
     check_threads(platforms.len())?;
     let threads = platforms.len();
     let ids: Vec<Vec<u16>> = cores
@@ -217,6 +301,9 @@ pub fn run_threads<P: Platform + Send>(
         sched,
         &kinds,
     )?;
+    if let Some(on_submit) = on_submit {
+        dispatcher.observe_submissions(on_submit);
+    }
     let others = schedulers.split_off(1);
     let mut leader = schedulers.pop().expect("one scheduler per thread");
     std::thread::scope(|s| {

@@ -1,6 +1,9 @@
-//! A run's figures as JSON, for scripts (`wsp run --json`): the same
-//! figures `wsp run` prints as text.
+//! A run's figures: as tables for people (`wsp run`: per scheduler thread,
+//! per core and per stall reason) and as JSON for scripts (`wsp run
+//! --json`), the same figures in both.
 
+use comfy_table::presets::ASCII_MARKDOWN;
+use comfy_table::{CellAlignment, Table};
 use device_runtime::orch::StallReason;
 use device_runtime::sched::RunStats;
 use serde_json::{json, Value};
@@ -83,4 +86,124 @@ pub fn check_json(v: &Verification) -> Value {
         "tolerance": v.tolerance,
         "passed": v.passed(),
     })
+}
+
+/// A table with `header`, the columns after the first `text` ones (the
+/// numbers) right aligned, in Markdown's plain ASCII form (it reads in a
+/// terminal, a log and a pasted issue alike).
+fn table(header: &[&str], text: usize, rows: Vec<Vec<String>>) -> Table {
+    let mut t = Table::new();
+    t.load_style(ASCII_MARKDOWN).set_header(header.to_vec());
+    for row in rows {
+        t.add_row(row);
+    }
+    for column in t.column_iter_mut().skip(text) {
+        column.set_cell_alignment(CellAlignment::Right);
+    }
+    t
+}
+
+/// Per scheduler thread: tasks placed on it, released and issued by it,
+/// steals, its queue's high-water mark and its cores' busy time (`unit`:
+/// the run's ticks, cycles or ns).
+pub fn threads_table(stats: &RunStats, unit: &str) -> Table {
+    let rows = stats
+        .threads()
+        .iter()
+        .map(|t| {
+            vec![
+                t.thread.to_string(),
+                t.placed.to_string(),
+                t.released.to_string(),
+                t.issued.to_string(),
+                t.from_shared.to_string(),
+                t.queued.to_string(),
+                format!("{}/{}", t.steals, t.steal_attempts),
+                t.queue_high_water.to_string(),
+                t.busy_ticks.to_string(),
+            ]
+        })
+        .collect();
+    let busy = format!("cores busy ({unit})");
+    let header = [
+        "thread",
+        "placed",
+        "released",
+        "issued",
+        "from shared",
+        "queued behind",
+        "steals/tried",
+        "queue high-water",
+        busy.as_str(),
+    ];
+    table(&header, 1, rows)
+}
+
+/// Per core: its kind and thread, tasks, kernel cycles, busy and idle
+/// time and the busy share of the run.
+pub fn cores_table(stats: &RunStats, unit: &str) -> Table {
+    let wall = stats.wall_ticks;
+    let rows = stats
+        .cores()
+        .iter()
+        .map(|c| {
+            let share = c.busy_ticks as f64 * 100.0 / wall.max(1) as f64;
+            vec![
+                c.core.to_string(),
+                format!("{:?}", c.kind),
+                c.thread.to_string(),
+                c.tasks.to_string(),
+                c.cycles.to_string(),
+                c.busy_ticks.to_string(),
+                wall.saturating_sub(c.busy_ticks).to_string(),
+                format!("{share:.1}%"),
+            ]
+        })
+        .collect();
+    let (busy, idle) = (format!("busy ({unit})"), format!("idle ({unit})"));
+    let header = [
+        "core",
+        "kind",
+        "thread",
+        "tasks",
+        "cycles",
+        busy.as_str(),
+        idle.as_str(),
+        "busy",
+    ];
+    table(&header, 2, rows)
+}
+
+/// Per stall reason: stalls, time stalled, high-water mark and capacity;
+/// a resource the run does not have (capacity 0) and the channel reasons
+/// only where they were used.
+pub fn stalls_table(stats: &RunStats, unit: &str) -> Table {
+    let rows = StallReason::ALL
+        .iter()
+        .filter(|&&r| {
+            let s = stats.stalls.of(r);
+            let channel = matches!(r, StallReason::ChannelFull | StallReason::ChannelEmpty);
+            let used = s.stalls > 0 || s.high_water > 0;
+            used || (!channel && s.capacity > 0)
+        })
+        .map(|&r| {
+            let s = stats.stalls.of(r);
+            vec![
+                r.name().to_string(),
+                s.stalls.to_string(),
+                s.stall_ticks.to_string(),
+                s.high_water.to_string(),
+                s.capacity.to_string(),
+            ]
+        })
+        .collect();
+    let stalled = format!("stalled ({unit})");
+    let header = [
+        "stall reason",
+        "stalls",
+        stalled.as_str(),
+        "high water",
+        "capacity",
+    ];
+    table(&header, 1, rows)
 }

@@ -96,7 +96,14 @@ pub struct Dispatcher<'a> {
     ready_queue: ResourceStats,
     stalled_since: Option<u64>,
     per_thread: [DispatchStats; MAX_THREADS],
+    /// Told each task's number and loop indices as it is submitted, if set
+    /// ([`Dispatcher::observe_submissions`]; a traced host run).
+    on_submit: Option<OnSubmit<'a>>,
 }
+
+/// What [`Dispatcher::observe_submissions`] calls: a task's number and
+/// its loop indices.
+pub type OnSubmit<'a> = &'a mut (dyn FnMut(u32, &[u32]) + Send);
 
 impl<'a> Dispatcher<'a> {
     /// A dispatcher for running `table` on `arena` with `options`' symbols
@@ -255,6 +262,7 @@ impl<'a> Dispatcher<'a> {
             },
             stalled_since: None,
             per_thread: [DispatchStats::default(); MAX_THREADS],
+            on_submit: None,
         };
         dispatcher.publish_steals();
         Ok(dispatcher)
@@ -305,6 +313,39 @@ impl<'a> Dispatcher<'a> {
         progress |= self.submit(now)?;
         progress |= self.dispatch(now)?;
         Ok(progress)
+    }
+
+    /// Calls `on_submit` with each task's number in the run and the
+    /// indices of the program loops around its call (outermost first; none
+    /// for a task of the tasks section) as the task is submitted: a trace
+    /// names tasks by them. Without it (the default) a submission checks
+    /// one `None`.
+    pub fn observe_submissions(&mut self, on_submit: OnSubmit<'a>) {
+        self.on_submit = Some(on_submit);
+    }
+
+    /// What submissions or placements wait for now, if anything: room in
+    /// an orchestrator resource, or in a full dispatch queue.
+    pub fn stall(&self) -> Option<StallReason> {
+        match self.stalled_since {
+            Some(_) => Some(StallReason::ReadyQueueFull),
+            None => self.orch.stats().current,
+        }
+    }
+
+    /// Tasks submitted and not retired.
+    pub fn in_flight(&self) -> u64 {
+        self.orch.in_flight()
+    }
+
+    /// Ready tasks waiting in the dispatch queues (the threads' and the
+    /// shared ones; read racily while threads take from them).
+    pub fn queued(&self) -> u64 {
+        let threads = self.queues.ready[..self.threads].iter().flatten();
+        threads
+            .chain(&self.queues.shared)
+            .map(|q| q.len() as u64)
+            .sum()
     }
 
     /// Called when a round of every thread did nothing: if no task is
@@ -543,6 +584,9 @@ impl<'a> Dispatcher<'a> {
                     // mutably for the run), so ids follow the run's numbers.
                     debug_assert_eq!(id, self.base + index);
                     debug_assert!(room, "the window is at most TASK_WINDOW");
+                    if let Some(on_submit) = self.on_submit.as_mut() {
+                        on_submit(index as u32, &spec.loops);
+                    }
                     self.next += 1;
                     submitted = true;
                 }

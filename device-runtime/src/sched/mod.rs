@@ -83,7 +83,7 @@ use crate::abi::TASK_WINDOW;
 use crate::steal_deque::StealDeque;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 pub use dispatch::DispatchStats;
-pub use dispatch::Dispatcher;
+pub use dispatch::{Dispatcher, OnSubmit};
 pub use policy::{
     check_key, DispatchPolicy, Lacks, Load, Placement, Policy, TaskInfo, MAX_THREADS,
 };
@@ -387,6 +387,7 @@ pub fn drive_stepped<P: crate::platform::Platform>(
         while !dispatcher.finished() {
             let now = schedulers[0].now();
             let mut progress = dispatcher.step(now)?;
+            schedulers[0].observe_dispatcher(dispatcher, now);
             for s in schedulers.iter_mut() {
                 progress |= s.step()?;
             }
@@ -427,6 +428,7 @@ pub fn drive_leader<P: crate::platform::Platform>(
             }
             let now = scheduler.now();
             let dispatched = dispatcher.step(now)?;
+            scheduler.observe_dispatcher(dispatcher, now);
             let progress = scheduler.step_at(now, !dispatched)? | dispatched;
             if !progress {
                 dispatcher.check_progress()?;

@@ -15,7 +15,7 @@ use super::{Entry, Queues, DISPATCH_QUEUE, DONE_RING, FINISHED, RELEASED, RUNNIN
 use crate::abi::Table;
 use crate::abi::{Region, MAX_SCALARS, MAX_TENSOR_ARGS};
 use crate::expand::{tensor_view, NO_VIEW};
-use crate::platform::{Completion, Platform, MAX_CORES};
+use crate::platform::{Completion, Event, Platform, MAX_CORES};
 use crate::steal_deque::{Owner, Steal, StealDeque};
 use crate::sync::Ordering;
 
@@ -257,6 +257,20 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         &self.platform
     }
 
+    /// Tells an observing platform ([`Platform::observing`]) the
+    /// dispatcher's state after its round at `now`.
+    pub(super) fn observe_dispatcher(&mut self, dispatcher: &super::Dispatcher<'_>, now: u64) {
+        if self.platform.observing() {
+            let event = Event::Dispatcher {
+                now,
+                stall: dispatcher.stall().map(|r| r.name()),
+                in_flight: dispatcher.in_flight(),
+                queued: dispatcher.queued(),
+            };
+            self.platform.observe(event);
+        }
+    }
+
     pub(super) fn now(&self) -> u64 {
         self.platform.now()
     }
@@ -449,12 +463,20 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                         core: self.global[core] as u32,
                     });
                 }
+                if self.platform.observing() {
+                    let event = Event::Issued {
+                        core,
+                        task: index,
+                        now,
+                    };
+                    self.platform.observe(event);
+                }
                 if stream != 0 {
                     // The stream's next task waited for this issue.
                     let queues = self.queues;
                     queues
                         .graph
-                        .issued(entry.slot(), |tag| self.keep_or_hand_on(tag));
+                        .issued(entry.slot(), |tag| self.release(index, tag));
                     self.check_ring()?;
                 }
                 let held = self.core_held[core] as usize;
@@ -513,6 +535,16 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             }
         }
         None
+    }
+
+    /// Task `by` released the task of queue entry `tag`: tells an
+    /// observing platform, then keeps or hands it on.
+    fn release(&mut self, by: u32, tag: u64) {
+        if self.platform.observing() {
+            let task = Entry(tag).task();
+            self.platform.observe(Event::Released { by, task });
+        }
+        self.keep_or_hand_on(tag)
     }
 
     /// A task this thread released: into its own queue if the taskset's
@@ -609,9 +641,17 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             stats.busy_ticks += busy_ticks;
             self.stats.busy_ticks += busy_ticks;
             self.stats.cycles += cycles;
+            if self.platform.observing() {
+                let event = Event::Finished {
+                    core,
+                    task: index,
+                    now,
+                };
+                self.platform.observe(event);
+            }
             queues
                 .graph
-                .complete(entry.slot(), |tag| self.keep_or_hand_on(tag));
+                .complete(entry.slot(), |tag| self.release(index, tag));
             // Room: see `keep_or_hand_on`.
             if !done.push(entry.0) {
                 self.ring_full = true;

@@ -9,10 +9,13 @@ use device_runtime::abi::launch::Symbols;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunError, RunOptions, RunStats};
 use host_tools::inspect::inspect_named;
+use host_tools::plot::Swimlanes;
 use host_tools::program::CspNames;
-use host_tools::semantic::run_semantic_with;
+use host_tools::record::Sink;
+use host_tools::semantic::{run_semantic_observed, run_semantic_with};
 use host_tools::shim::{Shim, ShimError};
 use host_tools::table::Arena;
+use host_tools::trace::TraceOptions;
 use host_tools::workload_file::{FileWorkload, WorkloadFile};
 use host_tools::workloads::{is_tiled, Params, Verification, Workload, NAMES};
 
@@ -36,6 +39,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Build a workload, run it on the host shim and check it against the
@@ -63,11 +68,19 @@ enum Command {
         #[arg(long)]
         semantic: bool,
         /// Write a Chrome trace-event JSON file of the run (open it in
-        /// Perfetto's UI or chrome://tracing): a lane per AICore, a
-        /// complete event per task, the tasks in flight. Semantic-time runs
-        /// only, for now.
+        /// Perfetto's UI or chrome://tracing): a lane per scheduler thread
+        /// (with the dispatcher's stalls) and per AICore (a complete event
+        /// per task), counters of tasks on cores, ready and in the window.
+        /// Clock: cycles in semantic time, else wall time.
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
+        /// With --trace: flow arrows from each task to the tasks it
+        /// released (bigger files).
+        #[arg(long, requires = "trace")]
+        flows: bool,
+        /// Draw the run's swimlanes and core utilisation into a PNG file.
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
         /// Print the run's figures (tasks, time, per thread, per core, per
         /// stall reason, the checks) as one JSON object instead of text.
         #[arg(long)]
@@ -102,6 +115,16 @@ enum Command {
         /// (1 to 256). Default: the workload program's, else 256.
         #[arg(long)]
         window: Option<usize>,
+    },
+    /// Draw a trace written by `wsp run --trace` as a PNG: swimlanes (one
+    /// row per scheduler thread and core, tasks coloured by kernel, stalls
+    /// in red) and core utilisation over time.
+    Plot {
+        /// The trace (JSON).
+        trace: PathBuf,
+        /// The PNG file to write.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Write a workload's table.bin and initial arena.bin (e.g. for `cargo xtask qemu`).
     Build {
@@ -399,8 +422,16 @@ fn parse_key(text: &str) -> Result<DispatchKey> {
 struct RunSetup {
     shim: Shim,
     semantic: bool,
-    /// Where to write the run's trace (semantic runs).
+    /// Where to write the run's trace.
     trace: Option<PathBuf>,
+    /// Flow arrows in the trace.
+    flows: bool,
+    /// Where to draw the run's picture.
+    plot: Option<PathBuf>,
+    /// Whether a progress bar may show (not under --json).
+    progress: bool,
+    /// Tasks the run will run, if known (for the progress bar).
+    total: Option<u64>,
 }
 
 impl RunSetup {
@@ -408,19 +439,64 @@ impl RunSetup {
     fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats> {
         let (shim, sched) = (&self.shim, &self.shim.sched);
         let (threads, cube, vector) = (sched.threads, shim.cube_cores, shim.vector_cores);
+        let record = self.trace.is_some() || self.plot.is_some();
+        let progress = self.progress && host_tools::progress::wanted();
+        // Observed only when asked: an untraced run's platform reports nothing.
+        let sink = (record || progress).then(|| Sink::new(record));
+        let observed = |run: &mut dyn FnMut(Option<&Sink>) -> Result<RunStats>| match &sink {
+            Some(sink) if progress => {
+                host_tools::progress::with_progress(sink, self.total, || run(Some(sink)))
+            }
+            sink => run(sink.as_ref()),
+        };
+        let kinds = shim.core_kinds();
         let stats = if self.semantic {
             say!(
                 "shim      semantic time on one host thread: {threads} scheduler threads ({}), {cube} cube + {vector} vector AICores",
                 sched.policy.name()
             );
-            let run = run_semantic_with(table, arena, &shim.core_kinds(), sched, &shim.options)?;
+            let mut makespan = 0;
+            let stats = observed(&mut |sink| {
+                let run = match sink {
+                    Some(sink) => {
+                        run_semantic_observed(table, arena, &kinds, sched, &shim.options, sink)?
+                    }
+                    None => run_semantic_with(table, arena, &kinds, sched, &shim.options)?,
+                };
+                makespan = run.makespan;
+                Ok(run.stats)
+            })?;
             say!(
-                "ran       {} tasks, makespan {} cycles",
-                run.stats.tasks,
-                run.makespan
+                "ran       {} tasks, makespan {makespan} cycles",
+                stats.tasks
             );
+            stats
+        } else {
+            say!(
+                "shim      {threads} AICPU scheduler threads ({}), {cube} cube + {vector} vector AICore threads",
+                sched.policy.name()
+            );
+            let stats = observed(&mut |sink| {
+                Ok(match sink {
+                    Some(sink) => shim.run_observed(table, arena, sink)?,
+                    None => shim.run(table, arena)?,
+                })
+            })?;
+            say!(
+                "ran       {} tasks in {:.3} ms wall",
+                stats.tasks,
+                stats.wall_micros() as f64 / 1000.0
+            );
+            stats
+        };
+        if let (Some(sink), true) = (&sink, record) {
+            let core_threads: Vec<usize> = (0..kinds.len())
+                .map(|c| device_runtime::sched::core_owner(c, threads))
+                .collect();
+            let rec = sink.recording(&kinds, &core_threads, stats.ticks_per_second, self.semantic);
+            let options = TraceOptions { flows: self.flows };
+            let trace = host_tools::trace::chrome_trace(&rec, &options);
             if let Some(path) = &self.trace {
-                let trace = host_tools::trace::chrome_trace(&run, &shim.core_kinds(), threads);
                 std::fs::write(path, trace.to_string())
                     .with_context(|| format!("writing the trace to {}", path.display()))?;
                 say!(
@@ -429,23 +505,30 @@ impl RunSetup {
                     trace["traceEvents"].as_array().map_or(0, Vec::len)
                 );
             }
-            run.stats
-        } else {
-            say!(
-                "shim      {threads} AICPU scheduler threads ({}), {cube} cube + {vector} vector AICore threads",
-                sched.policy.name()
-            );
-            let stats = shim.run(table, arena)?;
-            say!(
-                "ran       {} tasks in {:.3} ms wall",
-                stats.tasks,
-                stats.wall_micros() as f64 / 1000.0
-            );
-            stats
-        };
+            if let Some(path) = &self.plot {
+                draw(&trace, path)?;
+            }
+        }
         print_stats(&stats, self.semantic);
         Ok(stats)
     }
+}
+
+/// Draws `trace` into the PNG file `path`.
+fn draw(trace: &serde_json::Value, path: &Path) -> Result<()> {
+    let lanes = Swimlanes::from_trace(trace)?;
+    lanes
+        .draw(path)
+        .with_context(|| format!("writing the picture to {}", path.display()))?;
+    let g = lanes.geometry();
+    say!(
+        "plot      {} ({}x{} pixels, {} lanes)",
+        path.display(),
+        g.width,
+        g.height,
+        lanes.lanes.len()
+    );
+    Ok(())
 }
 
 /// A channel deadlock report with a line naming the processes and
@@ -478,22 +561,11 @@ fn print_stats(stats: &RunStats, semantic: bool) {
         }
     }
     say!("window    {} tasks in flight at most", stats.window);
-    let ticks = if semantic { "cycles" } else { "ns" };
-    for t in stats.threads() {
-        say!(
-            "  thread {}: placed {:>5} released {:>5} issued {:>5} (shared {}, queued behind a running task {}) steals {}/{} tried, queue high-water {}, cores busy {} {ticks}",
-            t.thread, t.placed, t.released, t.issued, t.from_shared, t.queued, t.steals, t.steal_attempts, t.queue_high_water, t.busy_ticks
-        );
-    }
-    for c in stats.cores() {
-        let idle = stats.wall_ticks.saturating_sub(c.busy_ticks);
-        say!(
-            "  core {} ({:?}, thread {}): {:>5} tasks {:>12} cycles, busy {} {ticks}, idle {} {ticks}",
-            c.core, c.kind, c.thread, c.tasks, c.cycles, c.busy_ticks, idle
-        );
-    }
-    say!("  total semantic cycles {}", stats.total_cycles());
-    print_stalls(&stats.stalls);
+    let unit = if semantic { "cycles" } else { "ns" };
+    say!("{}", host_tools::summary::threads_table(stats, unit));
+    say!("{}", host_tools::summary::cores_table(stats, unit));
+    say!("total semantic cycles {}", stats.total_cycles());
+    say!("{}", host_tools::summary::stalls_table(stats, unit));
 }
 
 /// Writes the arena after a run to `out`, if asked.
@@ -575,6 +647,8 @@ fn run(cli: Cli) -> Result<bool> {
             vector,
             semantic,
             trace,
+            flows,
+            plot,
             json,
             threads,
             policy,
@@ -584,9 +658,6 @@ fn run(cli: Cli) -> Result<bool> {
             window,
         } => {
             JSON.store(json, std::sync::atomic::Ordering::Relaxed);
-            if trace.is_some() && !semantic {
-                bail!("--trace records semantic-time runs only, for now: add --semantic");
-            }
             let policy = PolicyKind::parse(&policy)
                 .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
             if key.is_some() && matches!(policy, PolicyKind::RoundRobin | PolicyKind::Shared) {
@@ -617,6 +688,10 @@ fn run(cli: Cli) -> Result<bool> {
                 },
                 semantic,
                 trace,
+                flows,
+                plot,
+                progress: !json,
+                total: None,
             };
             if classify(&workload.workload) == Input::Table {
                 workload.check_table_flags()?;
@@ -652,6 +727,7 @@ fn run(cli: Cli) -> Result<bool> {
                 w.table().len(),
                 w.arena().bytes.len()
             );
+            setup.total = Some(w.tasks() as u64);
             let mut arena = w.arena().clone();
             let stats = setup
                 .run(w.table(), &mut arena.bytes)
@@ -669,6 +745,14 @@ fn run(cli: Cli) -> Result<bool> {
                 println!("{out}");
             }
             Ok(passed)
+        }
+        Command::Plot { trace, out } => {
+            let text =
+                std::fs::read(&trace).with_context(|| format!("reading {}", trace.display()))?;
+            let value: serde_json::Value = serde_json::from_slice(&text)
+                .with_context(|| format!("{} is not JSON", trace.display()))?;
+            draw(&value, &out).with_context(|| format!("{}", trace.display()))?;
+            Ok(true)
         }
         Command::Build { workload, out } => {
             let w = workload.load("build")?;
@@ -748,43 +832,6 @@ fn run(cli: Cli) -> Result<bool> {
                 bail!("{} is not a valid table", table.display());
             }
             Ok(true)
-        }
-    }
-}
-
-/// Backpressure per resource: high-water mark against capacity, and stalls.
-fn print_stalls(stalls: &device_runtime::orch::StallStats) {
-    use device_runtime::orch::StallReason;
-    for reason in [
-        StallReason::TaskRingFull,
-        StallReason::TensorMapPoolFull,
-        StallReason::DepListPoolFull,
-        StallReason::ReadyQueueFull,
-    ] {
-        let r = stalls.of(reason);
-        say!(
-            "  {:<20} high water {:>5} of {:>5}, {} stalls",
-            reason.name(),
-            r.high_water,
-            r.capacity,
-            r.stalls
-        );
-    }
-    // Processes parked on channels: only where a program has channels.
-    for (reason, what) in [
-        (StallReason::ChannelFull, "tokens held"),
-        (StallReason::ChannelEmpty, "processes parked"),
-    ] {
-        let r = stalls.of(reason);
-        if r.stalls > 0 || r.high_water > 0 {
-            say!(
-                "  {:<20} high water {:>5} {what} (of {}), {} parks, {} ticks parked",
-                reason.name(),
-                r.high_water,
-                r.capacity,
-                r.stalls,
-                r.stall_ticks
-            );
         }
     }
 }

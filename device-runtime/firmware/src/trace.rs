@@ -1,0 +1,277 @@
+//! Run traces (the semihosting command-line word `trace`): each scheduler
+//! thread records its events into its own byte queue ([`QUEUES`], a
+//! `bbqueue`, so one producer each), without blocking: when its queue is
+//! full an event is dropped and counted ([`DROPPED`]). After the run CPU 0
+//! drains every queue into the semihosting file [`TRACE_FILE`], which
+//! `cargo xtask qemu --trace` turns into a Chrome trace-event file.
+//!
+//! Without `trace` nothing is recorded: the [`Traced`] platform checks one
+//! flag per launch and poll and reads no clock.
+//!
+//! Events (ticks of the generic timer, at the header's frequency):
+//! - task: a task on an AICore, from when it could start (its launch, or
+//!   the end of the task before it on that core) to when its scheduler
+//!   thread saw it finish;
+//! - issue: a scheduler thread handing a task to a core (the launch);
+//! - thread: a scheduler thread's whole run.
+//!
+//! The file (little-endian): the magic `WSPT`, a u32 version (1), a u64
+//! timer frequency, a u32 count of scheduler threads `n`, a u32 record size
+//! ([`RECORD_BYTES`]), `n` u32 counts of events dropped by each thread, then
+//! records: u16 kind (0 task, 1 issue, 2 thread), u16 thread, u16 run core,
+//! u16 zero, u32 kernel id, u32 kernel cycles (saturated), u64 start, u64
+//! end.
+
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use bbqueue::nicknames::Churrasco;
+use bbqueue::prod_cons::stream::StreamProducer;
+use device_runtime::platform::{Clock, Completion, Platform};
+use heapless::Deque;
+use semihosting::fs::File;
+use semihosting::io::{self, Write};
+use wsp_ffi::{CoreKind, WspKernelArgs};
+
+use crate::{AICPUS, WORKERS};
+
+/// Bytes of each scheduler thread's queue: 1,536 records, e.g. 768 tasks
+/// with their issues. (4 threads x 48 KiB of `.bss`, inside the image's
+/// 2 MiB budget.)
+pub const QUEUE_BYTES: usize = 48 * 1024;
+/// Bytes of one record.
+pub const RECORD_BYTES: usize = 32;
+/// The semihosting file the trace goes to.
+pub const TRACE_FILE: &core::ffi::CStr = c"trace.out";
+/// Tasks a core holds at most (the mailbox's depth is 2).
+const HELD_MAX: usize = 4;
+
+/// One queue per scheduler thread: only that thread writes it.
+static QUEUES: [Churrasco<QUEUE_BYTES>; AICPUS] = [const { Churrasco::new() }; AICPUS];
+/// Events each scheduler thread dropped because its queue was full.
+static DROPPED: [AtomicU32; AICPUS] = [const { AtomicU32::new(0) }; AICPUS];
+/// Whether this run is traced; set by CPU 0 before the run starts.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns tracing on for the run (CPU 0, before it builds the schedulers).
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// What an event is.
+#[derive(Clone, Copy)]
+#[repr(u16)]
+enum Kind {
+    Task = 0,
+    Issue = 1,
+    Thread = 2,
+}
+
+/// One event.
+struct Event {
+    kind: Kind,
+    core: u16,
+    kernel: u32,
+    cycles: u64,
+    start: u64,
+    end: u64,
+}
+
+/// Where scheduler thread `thread` records its events.
+pub struct Recorder {
+    thread: u16,
+    producer: Option<StreamProducer<&'static Churrasco<QUEUE_BYTES>>>,
+}
+
+impl Recorder {
+    /// The recorder of scheduler thread `thread` (one per thread and run):
+    /// records only if the run is traced.
+    fn new(thread: usize) -> Self {
+        let producer = (ENABLED.load(Ordering::Relaxed) && thread < AICPUS)
+            .then(|| QUEUES[thread].stream_producer());
+        Recorder {
+            thread: thread as u16,
+            producer,
+        }
+    }
+
+    fn on(&self) -> bool {
+        self.producer.is_some()
+    }
+
+    fn record(&self, e: &Event) {
+        let Some(producer) = &self.producer else {
+            return;
+        };
+        let Ok(mut grant) = producer.grant_exact(RECORD_BYTES) else {
+            DROPPED[usize::from(self.thread)].fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        grant[0..2].copy_from_slice(&(e.kind as u16).to_le_bytes());
+        grant[2..4].copy_from_slice(&self.thread.to_le_bytes());
+        grant[4..6].copy_from_slice(&e.core.to_le_bytes());
+        grant[6..8].copy_from_slice(&[0, 0]);
+        grant[8..12].copy_from_slice(&e.kernel.to_le_bytes());
+        let cycles = u32::try_from(e.cycles).unwrap_or(u32::MAX);
+        grant[12..16].copy_from_slice(&cycles.to_le_bytes());
+        grant[16..24].copy_from_slice(&e.start.to_le_bytes());
+        grant[24..32].copy_from_slice(&e.end.to_le_bytes());
+        grant.commit(RECORD_BYTES);
+    }
+}
+
+/// A platform that records, when the run is traced, each launch (an issue
+/// event) and each task's time on its core (a task event).
+pub struct Traced<P> {
+    inner: P,
+    recorder: Recorder,
+    /// The run core of each of this platform's cores.
+    cores: [u16; WORKERS],
+    /// Per core, the tasks it holds: kernel id and launch tick.
+    held: [Deque<(u32, u64), HELD_MAX>; WORKERS],
+    /// Per core, when the last task it ran was seen to finish.
+    last_end: [u64; WORKERS],
+}
+
+impl<P: Platform> Traced<P> {
+    /// `inner`, driven by scheduler thread `thread`, its core `i` being run
+    /// core `cores[i]`.
+    pub fn new(inner: P, thread: usize, cores: &[u16]) -> Self {
+        let mut run_cores = [0; WORKERS];
+        for (slot, &c) in run_cores.iter_mut().zip(cores) {
+            *slot = c;
+        }
+        Traced {
+            inner,
+            recorder: Recorder::new(thread),
+            cores: run_cores,
+            held: [const { Deque::new() }; WORKERS],
+            last_end: [0; WORKERS],
+        }
+    }
+
+    /// Records the thread's run, from `start` to `end`.
+    pub fn record_run(&self, start: u64, end: u64) {
+        self.recorder.record(&Event {
+            kind: Kind::Thread,
+            core: 0,
+            kernel: 0,
+            cycles: 0,
+            start,
+            end,
+        });
+    }
+}
+
+impl<P: Platform> Clock for Traced<P> {
+    fn now(&self) -> u64 {
+        self.inner.now()
+    }
+    fn ticks_per_second(&self) -> u64 {
+        self.inner.ticks_per_second()
+    }
+    fn relax(&self) {
+        self.inner.relax()
+    }
+    fn pause(&self) {
+        self.inner.pause()
+    }
+    fn relax_until(&self, deadline: u64) {
+        self.inner.relax_until(deadline)
+    }
+}
+
+impl<P: Platform> Platform for Traced<P> {
+    fn num_cores(&self) -> usize {
+        self.inner.num_cores()
+    }
+    fn core_kind(&self, core: usize) -> CoreKind {
+        self.inner.core_kind(core)
+    }
+    fn depth(&self) -> usize {
+        self.inner.depth()
+    }
+    fn can_queue(&self, core: usize) -> bool {
+        self.inner.can_queue(core)
+    }
+
+    unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
+        if !self.recorder.on() {
+            // SAFETY: the caller's contract, passed on unchanged.
+            return unsafe { self.inner.launch(core, kernel_id, args) };
+        }
+        let start = self.inner.now();
+        // SAFETY: the caller's contract, passed on unchanged.
+        let taken = unsafe { self.inner.launch(core, kernel_id, args) };
+        if taken {
+            let end = self.inner.now();
+            self.recorder.record(&Event {
+                kind: Kind::Issue,
+                core: self.run_core(core),
+                kernel: kernel_id,
+                cycles: 0,
+                start,
+                end,
+            });
+            if let Some(held) = self.held.get_mut(core) {
+                // A full list (more tasks than a core holds) loses the
+                // task's event, as a full queue would.
+                if held.push_back((kernel_id, end)).is_err() {
+                    DROPPED[usize::from(self.recorder.thread)].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        taken
+    }
+
+    fn poll(&mut self, core: usize) -> Option<Completion> {
+        let completion = self.inner.poll(core)?;
+        if self.recorder.on() {
+            let end = self.inner.now();
+            let held = self.held.get_mut(core).and_then(Deque::pop_front);
+            if let (Some((kernel, launched)), Completion::Done { cycles }) = (held, completion) {
+                let start = launched.max(self.last_end[core]);
+                self.last_end[core] = end;
+                self.recorder.record(&Event {
+                    kind: Kind::Task,
+                    core: self.run_core(core),
+                    kernel,
+                    cycles,
+                    start,
+                    end,
+                });
+            }
+        }
+        Some(completion)
+    }
+}
+
+impl<P> Traced<P> {
+    fn run_core(&self, core: usize) -> u16 {
+        self.cores.get(core).copied().unwrap_or(u16::MAX)
+    }
+}
+
+/// Writes the trace of a run with `threads` scheduler threads to
+/// [`TRACE_FILE`] (CPU 0, after every thread has finished).
+pub fn write(threads: usize, ticks_per_second: u64) -> io::Result<()> {
+    let threads = threads.min(AICPUS);
+    let mut file = File::create(TRACE_FILE)?;
+    file.write_all(b"WSPT")?;
+    file.write_all(&1u32.to_le_bytes())?;
+    file.write_all(&ticks_per_second.to_le_bytes())?;
+    file.write_all(&(threads as u32).to_le_bytes())?;
+    file.write_all(&(RECORD_BYTES as u32).to_le_bytes())?;
+    for dropped in &DROPPED[..threads] {
+        file.write_all(&dropped.load(Ordering::Relaxed).to_le_bytes())?;
+    }
+    for queue in &QUEUES[..threads] {
+        let consumer = queue.stream_consumer();
+        // The data may wrap around the queue's end: two reads at most.
+        while let Ok(grant) = consumer.read() {
+            file.write_all(&grant)?;
+            let len = grant.len();
+            grant.release(len);
+        }
+    }
+    Ok(())
+}

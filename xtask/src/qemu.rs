@@ -413,7 +413,7 @@ impl Trace {
             dropped.push(u32_of(take(4, "dropped counts")?));
         }
         let rest = &bytes[at..];
-        if rest.len() % record != 0 {
+        if !rest.len().is_multiple_of(record) {
             return Err(format!(
                 "{} bytes of records, not a whole number of {record}-byte records",
                 rest.len()

@@ -347,6 +347,9 @@ pub enum EventKind {
     Issue,
     /// A scheduler thread's whole run.
     Thread,
+    /// A scheduler thread waiting, from when its rounds found nothing to
+    /// do to its next launch or completion.
+    Idle,
 }
 
 /// One event of a [`Trace`] (times in ticks of the firmware's timer).
@@ -426,6 +429,7 @@ impl Trace {
                 0 => EventKind::Task,
                 1 => EventKind::Issue,
                 2 => EventKind::Thread,
+                3 => EventKind::Idle,
                 k => return Err(format!("an event of unknown kind {k}")),
             };
             let (start, end) = (u64_of(&r[16..24]), u64_of(&r[24..32]));

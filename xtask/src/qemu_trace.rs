@@ -1,9 +1,10 @@
 //! A QEMU run's trace ([`Trace`], from the firmware's `trace.out`) as a
 //! Chrome trace-event file, which Perfetto and `chrome://tracing` open:
-//! `{"traceEvents": [...]}` with one `ph:"X"` complete event per task, issue
-//! and scheduler-thread run (`ts`/`dur` in microseconds of the firmware's
-//! timer), in lanes named by `ph:"M"` metadata events: process 1 holds one
-//! thread lane per scheduler thread (its run, with its issues inside it),
+//! `{"traceEvents": [...]}` with one `ph:"X"` complete event per task,
+//! issue, idle spell and scheduler-thread run (`ts`/`dur` in microseconds
+//! of the firmware's timer, from the first event, in whole nanoseconds), in
+//! lanes named by `ph:"M"` metadata events: process 1 holds one lane per
+//! scheduler thread (its run, with its issues and idle spells inside it),
 //! process 2 one lane per AICore (its tasks, one after another).
 //!
 //! Written here for the QEMU runs (serde_json only, so that the tests can
@@ -50,7 +51,7 @@ pub fn chrome_trace(trace: &Trace, kernel_name: impl Fn(u32) -> String) -> Value
     let mut cores: Vec<u16> = trace
         .events
         .iter()
-        .filter(|e| e.kind != EventKind::Thread)
+        .filter(|e| matches!(e.kind, EventKind::Task | EventKind::Issue))
         .map(|e| e.core)
         .collect();
     cores.sort_unstable();
@@ -78,6 +79,13 @@ pub fn chrome_trace(trace: &Trace, kernel_name: impl Fn(u32) -> String) -> Value
             EventKind::Thread => (
                 "schedule".to_string(),
                 "thread",
+                SCHEDULER_PID,
+                e.thread,
+                json!({}),
+            ),
+            EventKind::Idle => (
+                "idle".to_string(),
+                "idle",
                 SCHEDULER_PID,
                 e.thread,
                 json!({}),

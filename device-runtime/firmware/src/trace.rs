@@ -13,16 +13,19 @@
 //!   the end of the task before it on that core) to when its scheduler
 //!   thread saw it finish;
 //! - issue: a scheduler thread handing a task to a core (the launch);
-//! - thread: a scheduler thread's whole run.
+//! - thread: a scheduler thread's whole run;
+//! - idle: a scheduler thread waiting (its rounds found nothing to do, so
+//!   it relaxed or paused) until its next launch or completion: the
+//!   thread's stalls, whatever held the work back.
 //!
 //! The file (little-endian): the magic `WSPT`, a u32 version (1), a u64
 //! timer frequency, a u32 count of scheduler threads `n`, a u32 record size
 //! ([`RECORD_BYTES`]), `n` u32 counts of events dropped by each thread, then
-//! records: u16 kind (0 task, 1 issue, 2 thread), u16 thread, u16 run core,
+//! records: u16 kind (0 task, 1 issue, 2 thread, 3 idle), u16 thread, u16 run core,
 //! u16 zero, u32 kernel id, u32 kernel cycles (saturated), u64 start, u64
 //! end.
 
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use bbqueue::nicknames::Churrasco;
 use bbqueue::prod_cons::stream::StreamProducer;
@@ -34,14 +37,17 @@ use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use crate::{AICPUS, WORKERS};
 
-/// Bytes of each scheduler thread's queue: 1,536 records, e.g. 768 tasks
-/// with their issues. (4 threads x 48 KiB of `.bss`, inside the image's
-/// 2 MiB budget.)
+/// Bytes of each scheduler thread's queue: 1,536 records, e.g. 512 tasks
+/// with their issues and as many idle spells (a thread idles at most once
+/// between two launches or completions). 4 threads x 48 KiB of `.bss`,
+/// inside the image's 2 MiB budget with room to spare.
 pub const QUEUE_BYTES: usize = 48 * 1024;
 /// Bytes of one record.
 pub const RECORD_BYTES: usize = 32;
 /// The semihosting file the trace goes to.
 pub const TRACE_FILE: &core::ffi::CStr = c"trace.out";
+/// `Traced::idle_since` when the thread is not idle.
+const NOT_IDLE: u64 = u64::MAX;
 /// Tasks a core holds at most (the mailbox's depth is 2).
 const HELD_MAX: usize = 4;
 
@@ -64,6 +70,7 @@ enum Kind {
     Task = 0,
     Issue = 1,
     Thread = 2,
+    Idle = 3,
 }
 
 /// One event.
@@ -130,6 +137,11 @@ pub struct Traced<P> {
     held: [Deque<(u32, u64), HELD_MAX>; WORKERS],
     /// Per core, when the last task it ran was seen to finish.
     last_end: [u64; WORKERS],
+    /// Since when the thread has found nothing to do, if it has not since
+    /// launched a task or seen one finish; [`NOT_IDLE`] if it has. (An
+    /// atomic only because the scheduler is shared once handed back; only
+    /// its own thread touches it.)
+    idle_since: AtomicU64,
 }
 
 impl<P: Platform> Traced<P> {
@@ -146,11 +158,36 @@ impl<P: Platform> Traced<P> {
             cores: run_cores,
             held: [const { Deque::new() }; WORKERS],
             last_end: [0; WORKERS],
+            idle_since: AtomicU64::new(NOT_IDLE),
         }
     }
 
-    /// Records the thread's run, from `start` to `end`.
+    /// The thread found nothing to do: an idle spell starts, unless one has.
+    fn idle(&self) {
+        if self.recorder.on() && self.idle_since.load(Ordering::Relaxed) == NOT_IDLE {
+            self.idle_since.store(self.inner.now(), Ordering::Relaxed);
+        }
+    }
+
+    /// The thread made progress at `now`: its idle spell, if any, ends.
+    fn busy(&self, now: u64) {
+        let start = self.idle_since.swap(NOT_IDLE, Ordering::Relaxed);
+        if start != NOT_IDLE {
+            self.recorder.record(&Event {
+                kind: Kind::Idle,
+                core: 0,
+                kernel: 0,
+                cycles: 0,
+                start,
+                end: now,
+            });
+        }
+    }
+
+    /// Records the thread's run, from `start` to `end` (and ends its idle
+    /// spell).
     pub fn record_run(&self, start: u64, end: u64) {
+        self.busy(end);
         self.recorder.record(&Event {
             kind: Kind::Thread,
             core: 0,
@@ -170,12 +207,15 @@ impl<P: Platform> Clock for Traced<P> {
         self.inner.ticks_per_second()
     }
     fn relax(&self) {
+        self.idle();
         self.inner.relax()
     }
     fn pause(&self) {
+        self.idle();
         self.inner.pause()
     }
     fn relax_until(&self, deadline: u64) {
+        self.idle();
         self.inner.relax_until(deadline)
     }
 }
@@ -203,6 +243,7 @@ impl<P: Platform> Platform for Traced<P> {
         // SAFETY: the caller's contract, passed on unchanged.
         let taken = unsafe { self.inner.launch(core, kernel_id, args) };
         if taken {
+            self.busy(start);
             let end = self.inner.now();
             self.recorder.record(&Event {
                 kind: Kind::Issue,
@@ -227,6 +268,7 @@ impl<P: Platform> Platform for Traced<P> {
         let completion = self.inner.poll(core)?;
         if self.recorder.on() {
             let end = self.inner.now();
+            self.busy(end);
             let held = self.held.get_mut(core).and_then(Deque::pop_front);
             if let (Some((kernel, launched)), Completion::Done { cycles }) = (held, completion) {
                 let start = launched.max(self.last_end[core]);

@@ -142,6 +142,8 @@ pub struct Traced<P> {
     /// atomic only because the scheduler is shared once handed back; only
     /// its own thread touches it.)
     idle_since: AtomicU64,
+    /// Whether the run is traced (the recorder's, kept at hand).
+    traced: bool,
 }
 
 impl<P: Platform> Traced<P> {
@@ -152,19 +154,30 @@ impl<P: Platform> Traced<P> {
         for (slot, &c) in run_cores.iter_mut().zip(cores) {
             *slot = c;
         }
+        let recorder = Recorder::new(thread);
         Traced {
             inner,
-            recorder: Recorder::new(thread),
             cores: run_cores,
             held: [const { Deque::new() }; WORKERS],
             last_end: [0; WORKERS],
             idle_since: AtomicU64::new(NOT_IDLE),
+            traced: recorder.on(),
+            recorder,
         }
     }
 
-    /// The thread found nothing to do: an idle spell starts, unless one has.
+    /// The thread found nothing to do: an idle spell starts, unless one
+    /// has. (Untraced, one test of a flag: the recording is out of line.)
+    #[inline(always)]
     fn idle(&self) {
-        if self.recorder.on() && self.idle_since.load(Ordering::Relaxed) == NOT_IDLE {
+        if self.traced {
+            self.start_idle();
+        }
+    }
+
+    #[inline(never)]
+    fn start_idle(&self) {
+        if self.idle_since.load(Ordering::Relaxed) == NOT_IDLE {
             self.idle_since.store(self.inner.now(), Ordering::Relaxed);
         }
     }
@@ -206,10 +219,12 @@ impl<P: Platform> Clock for Traced<P> {
     fn ticks_per_second(&self) -> u64 {
         self.inner.ticks_per_second()
     }
+    #[inline]
     fn relax(&self) {
         self.idle();
         self.inner.relax()
     }
+    #[inline]
     fn pause(&self) {
         self.idle();
         self.inner.pause()
@@ -234,11 +249,35 @@ impl<P: Platform> Platform for Traced<P> {
         self.inner.can_queue(core)
     }
 
+    #[inline]
     unsafe fn launch(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
-        if !self.recorder.on() {
+        if self.traced {
             // SAFETY: the caller's contract, passed on unchanged.
-            return unsafe { self.inner.launch(core, kernel_id, args) };
+            unsafe { self.launch_traced(core, kernel_id, args) }
+        } else {
+            // SAFETY: the caller's contract, passed on unchanged.
+            unsafe { self.inner.launch(core, kernel_id, args) }
         }
+    }
+
+    #[inline]
+    fn poll(&mut self, core: usize) -> Option<Completion> {
+        let completion = self.inner.poll(core)?;
+        if self.traced {
+            self.completed(core, completion);
+        }
+        Some(completion)
+    }
+}
+
+impl<P: Platform> Traced<P> {
+    /// [`Platform::launch`], recording the issue and when the task was
+    /// handed over.
+    ///
+    /// # Safety
+    /// As [`Platform::launch`].
+    #[inline(never)]
+    unsafe fn launch_traced(&mut self, core: usize, kernel_id: u32, args: &WspKernelArgs) -> bool {
         let start = self.inner.now();
         // SAFETY: the caller's contract, passed on unchanged.
         let taken = unsafe { self.inner.launch(core, kernel_id, args) };
@@ -264,26 +303,24 @@ impl<P: Platform> Platform for Traced<P> {
         taken
     }
 
-    fn poll(&mut self, core: usize) -> Option<Completion> {
-        let completion = self.inner.poll(core)?;
-        if self.recorder.on() {
-            let end = self.inner.now();
-            self.busy(end);
-            let held = self.held.get_mut(core).and_then(Deque::pop_front);
-            if let (Some((kernel, launched)), Completion::Done { cycles }) = (held, completion) {
-                let start = launched.max(self.last_end[core]);
-                self.last_end[core] = end;
-                self.recorder.record(&Event {
-                    kind: Kind::Task,
-                    core: self.run_core(core),
-                    kernel,
-                    cycles,
-                    start,
-                    end,
-                });
-            }
+    /// Records the task of `core` that `completion` reports.
+    #[inline(never)]
+    fn completed(&mut self, core: usize, completion: Completion) {
+        let end = self.inner.now();
+        self.busy(end);
+        let held = self.held.get_mut(core).and_then(Deque::pop_front);
+        if let (Some((kernel, launched)), Completion::Done { cycles }) = (held, completion) {
+            let start = launched.max(self.last_end[core]);
+            self.last_end[core] = end;
+            self.recorder.record(&Event {
+                kind: Kind::Task,
+                core: self.run_core(core),
+                kernel,
+                cycles,
+                start,
+                end,
+            });
         }
-        Some(completion)
     }
 }
 

@@ -1,17 +1,20 @@
 //! Observability of QEMU runs: the firmware's log is defmt frames that
 //! decode to the lines it logged, with their levels; `trace` runs record
-//! one task event per task, on the cores the shim's run of the same table
-//! and schedule uses, in a Chrome trace-event file whose lanes nest; a full
+//! one task event per task, the same tasks as the shim's run of the same
+//! table (by their kernels and arguments), on the cores its threaded run
+//! with the same schedule uses, in a Chrome trace-event file whose lanes nest; a full
 //! trace queue drops and counts events without stopping the run.
 
 use std::collections::BTreeMap;
 
-use device_runtime::sched::{PolicyKind, SchedConfig};
+use device_runtime::sched::{PolicyKind, RunOptions, SchedConfig};
 use host_tools::dag::random_dag;
+use host_tools::semantic::run_semantic_with;
 use host_tools::shim::Shim;
 use host_tools::table::seal;
 use host_tools::workloads::{Params, Workload};
 use serde_json::Value;
+use wsp_ffi::WspKernelArgs;
 use wsp_tests::{
     chrome_trace, decode_log, firmware, launch_block, run_in_qemu, run_in_qemu_configured,
     EventKind, QemuOutcome, Trace, TraceEvent, AICORE_PID, SCHEDULER_PID,
@@ -153,6 +156,42 @@ fn a_traced_run_has_one_event_per_task_on_the_shims_cores() {
         assert_eq!(kernel.name, "gemm_tile");
     }
     assert_eq!(per_core, shim_cores);
+
+    // The same tasks as the shim's (semantic) run of the table: the same
+    // multiset of task keys, from the kernels and their arguments.
+    let mut arena = w.arena.clone();
+    let base = arena.bytes.as_ptr() as u64;
+    let kinds = Shim::default().core_kinds();
+    let run = run_semantic_with(
+        &w.table,
+        &mut arena.bytes,
+        &kinds,
+        &sched,
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let mut shim_keys: Vec<u32> = run
+        .launches
+        .iter()
+        .map(|l| key(l.kernel_id, &l.args, base))
+        .collect();
+    let mut qemu_keys: Vec<u32> = trace
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Task)
+        .map(|e| e.key)
+        .collect();
+    shim_keys.sort_unstable();
+    qemu_keys.sort_unstable();
+    assert_eq!(shim_keys.len(), w.tasks);
+    assert_eq!(qemu_keys, shim_keys);
+    let mut distinct = qemu_keys.clone();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        w.tasks,
+        "a GEMM's tiles are all different tasks"
+    );
     let on_threads = |e: &&TraceEvent| matches!(e.kind, EventKind::Issue | EventKind::Idle);
     for e in trace.events.iter().filter(on_threads) {
         let run = trace
@@ -210,6 +249,25 @@ fn a_traced_run_has_one_event_per_task_on_the_shims_cores() {
             open.push(end);
         }
     }
+}
+
+/// A task's key as the trace documents it: FNV-1a (32 bits) over the
+/// kernel id, each tensor view used (its address as an offset into the
+/// arena at `base`, rows, columns, row stride, dtype) and each scalar used.
+fn key(kernel: u32, args: &WspKernelArgs, base: u64) -> u32 {
+    let mut bytes = kernel.to_le_bytes().to_vec();
+    for v in &args.tensors[..args.num_tensors as usize] {
+        bytes.extend((v.addr - base).to_le_bytes());
+        for x in [v.rows, v.cols, v.row_stride, v.dtype] {
+            bytes.extend(x.to_le_bytes());
+        }
+    }
+    for s in &args.scalars[..args.num_scalars as usize] {
+        bytes.extend(s.to_le_bytes());
+    }
+    bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(16_777_619)
+    })
 }
 
 /// A run without `trace` writes none.

@@ -360,6 +360,10 @@ pub struct TraceEvent {
     pub thread: u16,
     /// The run core (tasks and issues).
     pub core: u16,
+    /// Which task it is (tasks and issues): FNV-1a over the kernel id and
+    /// the arguments, tensor addresses as arena offsets (the firmware's
+    /// `trace::task_key` says how), the same for the same task in any runner.
+    pub key: u32,
     /// The kernel id (tasks and issues).
     pub kernel: u32,
     /// The cycles the kernel reported (tasks).
@@ -425,7 +429,7 @@ impl Trace {
         let mut events = Vec::with_capacity(rest.len() / record);
         for r in rest.chunks_exact(record) {
             let u16_at = |i: usize| u16::from_le_bytes([r[i], r[i + 1]]);
-            let kind = match u16_at(0) {
+            let kind = match r[0] {
                 0 => EventKind::Task,
                 1 => EventKind::Issue,
                 2 => EventKind::Thread,
@@ -438,8 +442,9 @@ impl Trace {
             }
             events.push(TraceEvent {
                 kind,
-                thread: u16_at(2),
-                core: u16_at(4),
+                thread: u16::from(r[1]),
+                core: u16_at(2),
+                key: u32_of(&r[4..8]),
                 kernel: u32_of(&r[8..12]),
                 cycles: u32_of(&r[12..16]),
                 start,

@@ -21,9 +21,9 @@
 //! The file (little-endian): the magic `WSPT`, a u32 version (1), a u64
 //! timer frequency, a u32 count of scheduler threads `n`, a u32 record size
 //! ([`RECORD_BYTES`]), `n` u32 counts of events dropped by each thread, then
-//! records: u16 kind (0 task, 1 issue, 2 thread, 3 idle), u16 thread, u16 run core,
-//! u16 zero, u32 kernel id, u32 kernel cycles (saturated), u64 start, u64
-//! end.
+//! records: u8 kind (0 task, 1 issue, 2 thread, 3 idle), u8 thread, u16
+//! run core, u32 task key ([`task_key`]), u32 kernel id, u32 kernel cycles
+//! (saturated), u64 start, u64 end.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -34,6 +34,8 @@ use heapless::Deque;
 use semihosting::fs::File;
 use semihosting::io::{self, Write};
 use wsp_ffi::{CoreKind, WspKernelArgs};
+
+use device_runtime::abi::memory_map::ARENA_ADDR;
 
 use crate::{AICPUS, WORKERS};
 
@@ -65,7 +67,7 @@ pub fn enable() {
 
 /// What an event is.
 #[derive(Clone, Copy)]
-#[repr(u16)]
+#[repr(u8)]
 enum Kind {
     Task = 0,
     Issue = 1,
@@ -77,6 +79,8 @@ enum Kind {
 struct Event {
     kind: Kind,
     core: u16,
+    /// The task's [`task_key`] (tasks and issues).
+    key: u32,
     kernel: u32,
     cycles: u64,
     start: u64,
@@ -113,10 +117,10 @@ impl Recorder {
             DROPPED[usize::from(self.thread)].fetch_add(1, Ordering::Relaxed);
             return;
         };
-        grant[0..2].copy_from_slice(&(e.kind as u16).to_le_bytes());
-        grant[2..4].copy_from_slice(&self.thread.to_le_bytes());
-        grant[4..6].copy_from_slice(&e.core.to_le_bytes());
-        grant[6..8].copy_from_slice(&[0, 0]);
+        grant[0] = e.kind as u8;
+        grant[1] = self.thread as u8;
+        grant[2..4].copy_from_slice(&e.core.to_le_bytes());
+        grant[4..8].copy_from_slice(&e.key.to_le_bytes());
         grant[8..12].copy_from_slice(&e.kernel.to_le_bytes());
         let cycles = u32::try_from(e.cycles).unwrap_or(u32::MAX);
         grant[12..16].copy_from_slice(&cycles.to_le_bytes());
@@ -133,8 +137,8 @@ pub struct Traced<P> {
     recorder: Recorder,
     /// The run core of each of this platform's cores.
     cores: [u16; WORKERS],
-    /// Per core, the tasks it holds: kernel id and launch tick.
-    held: [Deque<(u32, u64), HELD_MAX>; WORKERS],
+    /// Per core, the tasks it holds: kernel id, task key and launch tick.
+    held: [Deque<(u32, u32, u64), HELD_MAX>; WORKERS],
     /// Per core, when the last task it ran was seen to finish.
     last_end: [u64; WORKERS],
     /// Since when the thread has found nothing to do, if it has not since
@@ -189,6 +193,7 @@ impl<P: Platform> Traced<P> {
             self.recorder.record(&Event {
                 kind: Kind::Idle,
                 core: 0,
+                key: 0,
                 kernel: 0,
                 cycles: 0,
                 start,
@@ -204,6 +209,7 @@ impl<P: Platform> Traced<P> {
         self.recorder.record(&Event {
             kind: Kind::Thread,
             core: 0,
+            key: 0,
             kernel: 0,
             cycles: 0,
             start,
@@ -283,10 +289,12 @@ impl<P: Platform> Traced<P> {
         let taken = unsafe { self.inner.launch(core, kernel_id, args) };
         if taken {
             self.busy(start);
+            let key = task_key(kernel_id, args);
             let end = self.inner.now();
             self.recorder.record(&Event {
                 kind: Kind::Issue,
                 core: self.run_core(core),
+                key,
                 kernel: kernel_id,
                 cycles: 0,
                 start,
@@ -295,7 +303,7 @@ impl<P: Platform> Traced<P> {
             if let Some(held) = self.held.get_mut(core) {
                 // A full list (more tasks than a core holds) loses the
                 // task's event, as a full queue would.
-                if held.push_back((kernel_id, end)).is_err() {
+                if held.push_back((kernel_id, key, end)).is_err() {
                     DROPPED[usize::from(self.recorder.thread)].fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -309,12 +317,13 @@ impl<P: Platform> Traced<P> {
         let end = self.inner.now();
         self.busy(end);
         let held = self.held.get_mut(core).and_then(Deque::pop_front);
-        if let (Some((kernel, launched)), Completion::Done { cycles }) = (held, completion) {
+        if let (Some((kernel, key, launched)), Completion::Done { cycles }) = (held, completion) {
             let start = launched.max(self.last_end[core]);
             self.last_end[core] = end;
             self.recorder.record(&Event {
                 kind: Kind::Task,
                 core: self.run_core(core),
+                key,
                 kernel,
                 cycles,
                 start,
@@ -328,6 +337,33 @@ impl<P> Traced<P> {
     fn run_core(&self, core: usize) -> u16 {
         self.cores.get(core).copied().unwrap_or(u16::MAX)
     }
+}
+
+/// Which task a launch is, the same in every runner: FNV-1a (32 bits)
+/// over the little-endian bytes of the kernel id (u32), then of each tensor
+/// view its arguments use, its address as an offset into the arena (u64),
+/// rows, columns, row stride and dtype (u32 each), then of each scalar
+/// (u64). Two tasks with the same key do the same work on the same data.
+fn task_key(kernel_id: u32, args: &WspKernelArgs) -> u32 {
+    const PRIME: u32 = 0x0100_0193;
+    let mut hash: u32 = 0x811c_9dc5;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            hash = (hash ^ u32::from(b)).wrapping_mul(PRIME);
+        }
+    };
+    eat(&kernel_id.to_le_bytes());
+    let views = args.tensors.iter().take(args.num_tensors as usize);
+    for v in views {
+        eat(&v.addr.wrapping_sub(ARENA_ADDR as u64).to_le_bytes());
+        for field in [v.rows, v.cols, v.row_stride, v.dtype] {
+            eat(&field.to_le_bytes());
+        }
+    }
+    for s in args.scalars.iter().take(args.num_scalars as usize) {
+        eat(&s.to_le_bytes());
+    }
+    hash
 }
 
 /// Writes the trace of a run with `threads` scheduler threads to

@@ -27,6 +27,8 @@ fn main() {
         // The linker finds `INCLUDE memory.x` on the library search path.
         println!("cargo:rustc-link-search={}", out.display());
         println!("cargo:rustc-link-arg-bins=-T{}", script.display());
+        // defmt's `.defmt` table of interned strings (on defmt's link search path).
+        println!("cargo:rustc-link-arg-bins=-Tdefmt.x");
     }
 }
 

@@ -9,10 +9,16 @@ use std::sync::OnceLock;
 
 #[path = "../../xtask/src/qemu.rs"]
 mod qemu;
+#[path = "../../xtask/src/qemu_trace.rs"]
+mod qemu_trace;
 #[path = "../../xtask/src/target.rs"]
 mod target;
 
-pub use qemu::{launch_block, QemuError, QemuOutcome, QemuRun};
+pub use qemu::{
+    decode_log, launch_block, EventKind, LogLine, QemuError, QemuOutcome, QemuRun, Trace,
+    TraceEvent,
+};
+pub use qemu_trace::{chrome_trace, AICORE_PID, SCHEDULER_PID};
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

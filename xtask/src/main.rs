@@ -4,7 +4,9 @@
 //!   the rustup target and components).
 //! - `bindgen [--check]`: regenerates (or checks) the kernel bindings.
 //! - `fw`: builds the QEMU firmware and reports its size.
-//! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU.
+//! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU,
+//!   prints its decoded `defmt` log and, with `--trace FILE`, writes the
+//!   run's Chrome trace-event file.
 //! - `qemu-bench`: the firmware's overhead per task in QEMU, against a baseline.
 //! - `ci`: every check, in the order CI runs them.
 
@@ -17,6 +19,7 @@ mod docs_check;
 mod fw;
 mod qemu;
 mod qemu_bench;
+mod qemu_trace;
 mod setup;
 mod target;
 
@@ -69,6 +72,10 @@ enum Task {
         /// Time limit for QEMU, in seconds.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
+        /// Record the run's events and write them here as a Chrome
+        /// trace-event file (opens in Perfetto or chrome://tracing).
+        #[arg(long)]
+        trace: Option<PathBuf>,
     },
     /// Per-task overhead of the firmware in QEMU (empty kernels) on three
     /// graphs, as a ratio to a launch + poll loop in the same image.
@@ -109,6 +116,7 @@ fn main() -> Result<()> {
             threads,
             policy,
             timeout_secs,
+            trace,
         } => {
             // A launch block only when something is bound or chosen.
             let launch = (symbols.is_some() || threads.is_some() || policy.is_some())
@@ -122,7 +130,11 @@ fn main() -> Result<()> {
                 })
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("--symbols/--threads/--policy: {e}"))?;
-            let status = run_qemu(&root, table, arena, launch, out.as_deref(), timeout_secs)?;
+            let files = Files {
+                out: out.as_deref(),
+                trace: trace.as_deref(),
+            };
+            let status = run_qemu(&root, table, arena, launch, files, timeout_secs)?;
             std::process::exit(status)
         }
         Task::QemuBench {
@@ -143,14 +155,23 @@ fn main() -> Result<()> {
     }
 }
 
-/// Builds the firmware, runs it on `table` with the output passed through,
-/// copies `arena.out` to `out` and returns the firmware's exit status.
+/// Where `cargo xtask qemu` writes what the run produced.
+struct Files<'a> {
+    /// The arena the firmware wrote back.
+    out: Option<&'a Path>,
+    /// The run's Chrome trace-event file.
+    trace: Option<&'a Path>,
+}
+
+/// Builds the firmware, runs it on `table` with QEMU's own output passed
+/// through, prints the firmware's decoded log, copies `arena.out` and
+/// writes the trace to `files`, and returns the firmware's exit status.
 fn run_qemu(
     root: &Path,
     table: PathBuf,
     arena: Option<PathBuf>,
     launch: Option<Vec<u8>>,
-    out: Option<&Path>,
+    files: Files<'_>,
     secs: u64,
 ) -> Result<i32> {
     let firmware = fw::build(root)?;
@@ -159,10 +180,36 @@ fn run_qemu(
         arena,
         launch,
         timeout_secs: secs,
+        trace: files.trace.is_some(),
         ..qemu::QemuRun::new(firmware)
     };
     let outcome = run.run()?;
-    if let Some(out) = out {
+    for line in &outcome.log {
+        println!("{line}");
+    }
+    if let Some(path) = files.trace {
+        match &outcome.trace {
+            Some(trace) => {
+                let doc = qemu_trace::chrome_trace(trace, |k| {
+                    wsp_ffi::lookup(k).map_or_else(|| format!("kernel {k}"), |i| i.name.to_string())
+                });
+                let text = serde_json::to_string(&doc)?;
+                std::fs::write(path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                let dropped: u64 = trace.dropped.iter().map(|&d| u64::from(d)).sum();
+                eprintln!(
+                    "xtask: {} trace events ({dropped} dropped: the queues were full) in {}",
+                    trace.events.len(),
+                    path.display()
+                );
+            }
+            None => eprintln!(
+                "xtask: the firmware wrote no trace (it failed before the end); {} not written",
+                path.display()
+            ),
+        }
+    }
+    if let Some(out) = files.out {
         match &outcome.arena_out {
             Some(bytes) => {
                 std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?

@@ -1,12 +1,17 @@
 //! Runs the pto-wsp firmware under QEMU `virt` with a descriptor table, a
 //! data arena and a launch block loaded where its memory map expects them (see
-//! `device_runtime::abi::memory_map`), and collects the exit status, the output and the
-//! arena the firmware writes back (`arena.out`, a semihosting file created
-//! in QEMU's working directory, which is a fresh temporary directory).
+//! `device_runtime::abi::memory_map`), and collects the exit status, the
+//! firmware's log, the arena it writes back (`arena.out`, a semihosting file
+//! created in QEMU's working directory, which is a fresh temporary
+//! directory) and, if asked for, its trace (`trace.out`).
 //!
-//! Self-contained (std and `device-runtime` only, no other module of its
-//! crate), so that other crates, e.g. integration tests, can include it with
-//! `#[path = "<root>/xtask/src/qemu.rs"] mod qemu;`.
+//! The firmware logs through `defmt`: its frames arrive in the semihosting
+//! file `defmt.out` and are decoded here ([`decode_log`]) with
+//! `defmt-decoder` and the table of strings in the firmware's ELF.
+//!
+//! Self-contained (std, `device-runtime` and `defmt-decoder` only, no other
+//! module of its crate), so that other crates, e.g. integration tests, can
+//! include it with `#[path = "<root>/xtask/src/qemu.rs"] mod qemu;`.
 #![allow(dead_code)] // Each includer uses a different part of it.
 
 use std::ffi::OsString;
@@ -25,6 +30,10 @@ pub const QEMU: &str = "qemu-system-aarch64";
 const LAUNCH_FILE: &str = "launch.bin";
 /// The file the firmware writes the arena to after a successful run.
 pub const ARENA_OUT: &str = "arena.out";
+/// The file the firmware writes its `defmt` log frames to.
+pub const LOG_FILE: &str = "defmt.out";
+/// The file the firmware writes its trace to (with the word `trace`).
+pub const TRACE_FILE: &str = "trace.out";
 /// Exit statuses of `timeout` when it stopped QEMU (SIGTERM, then SIGKILL).
 const TIMED_OUT: [i32; 2] = [124, 137];
 
@@ -57,6 +66,9 @@ pub struct QemuRun {
     /// measures emulated work whatever the host's load; otherwise each CPU
     /// has a host thread and the timer follows the host's clock.
     pub icount: bool,
+    /// Record a trace of the run (the firmware's word `trace`), returned
+    /// in [`QemuOutcome::trace`].
+    pub trace: bool,
 }
 
 /// How a run ended.
@@ -64,11 +76,17 @@ pub struct QemuRun {
 pub struct QemuOutcome {
     /// The firmware's exit status (semihosting exit code).
     pub status: i32,
-    /// What the firmware printed; empty unless captured.
+    /// The firmware's log messages, one a line (whatever the capture),
+    /// then anything QEMU itself printed if captured.
     pub stdout: String,
+    /// What QEMU printed to stderr, if captured.
     pub stderr: String,
+    /// The firmware's log, decoded, with levels.
+    pub log: Vec<LogLine>,
     /// The arena the firmware wrote back, if it wrote one.
     pub arena_out: Option<Vec<u8>>,
+    /// The run's trace, if one was asked for and the firmware wrote it.
+    pub trace: Option<Trace>,
 }
 
 impl QemuOutcome {
@@ -86,6 +104,8 @@ pub enum QemuError {
     TimedOut { secs: u64 },
     /// QEMU ended through a signal.
     Signaled,
+    /// The firmware's log or trace could not be read.
+    Output { what: String, reason: String },
 }
 
 impl fmt::Display for QemuError {
@@ -94,6 +114,7 @@ impl fmt::Display for QemuError {
             QemuError::Io { what, error } => write!(f, "{what}: {error}"),
             QemuError::TimedOut { secs } => write!(f, "QEMU did not finish within {secs} s"),
             QemuError::Signaled => write!(f, "QEMU was killed by a signal"),
+            QemuError::Output { what, reason } => write!(f, "{what}: {reason}"),
         }
     }
 }
@@ -119,7 +140,17 @@ impl QemuRun {
             capture: false,
             args: Vec::new(),
             icount: false,
+            trace: false,
         }
+    }
+
+    /// The words on the semihosting command line after the image's name.
+    fn words(&self) -> Vec<String> {
+        let mut words = self.args.clone();
+        if self.trace {
+            words.push("trace".into());
+        }
+        words
     }
 
     /// The command line, with relative paths made absolute; it must run in
@@ -145,13 +176,14 @@ impl QemuRun {
                 "shift=0,sleep=off",
             ]);
         }
-        if self.args.is_empty() {
+        let words = self.words();
+        if words.is_empty() {
             cmd.arg("-semihosting");
         } else {
             // The first word is the image's name, as in QEMU's default
             // command line; a comma in a value is doubled.
             let mut config = String::from("enable=on,target=native,arg=firmware");
-            for arg in &self.args {
+            for arg in &words {
                 config.push_str(",arg=");
                 config.push_str(&arg.replace(',', ",,"));
             }
@@ -199,17 +231,40 @@ impl QemuRun {
                 secs: self.limit_secs(),
             });
         }
-        let out_path = dir.0.join(ARENA_OUT);
-        let arena_out = match std::fs::read(&out_path) {
-            Ok(bytes) => Some(bytes),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err(format!("reading {}", out_path.display()))(e)),
+        let arena_out = read_if_written(&dir.0.join(ARENA_OUT))?;
+        let log = match read_if_written(&dir.0.join(LOG_FILE))? {
+            Some(frames) => {
+                let elf = std::fs::read(&self.firmware)
+                    .map_err(io_err(format!("reading {}", self.firmware.display())))?;
+                decode_log(&elf, &frames).map_err(|reason| QemuError::Output {
+                    what: format!("the firmware's log ({LOG_FILE})"),
+                    reason,
+                })?
+            }
+            None => Vec::new(),
         };
+        let trace = match read_if_written(&dir.0.join(TRACE_FILE))? {
+            Some(bytes) if self.trace => {
+                Some(Trace::parse(&bytes).map_err(|reason| QemuError::Output {
+                    what: format!("the firmware's trace ({TRACE_FILE})"),
+                    reason,
+                })?)
+            }
+            _ => None,
+        };
+        let mut text = String::new();
+        for line in &log {
+            text.push_str(&line.message);
+            text.push('\n');
+        }
+        text.push_str(&stdout);
         Ok(QemuOutcome {
             status,
-            stdout,
+            stdout: text,
             stderr,
+            log,
             arena_out,
+            trace,
         })
     }
 }
@@ -223,6 +278,190 @@ pub fn launch_block(symbols: &[i64], threads: u32, policy: &str) -> Result<Vec<u
     let mut block = [0u8; LAUNCH_MAX];
     let len = encode_block(symbols, threads, policy, &mut block)?;
     Ok(block[..len].to_vec())
+}
+
+/// The bytes of the file at `path`, or `None` if the firmware wrote none.
+fn read_if_written(path: &Path) -> Result<Option<Vec<u8>>, QemuError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(format!("reading {}", path.display()))(e)),
+    }
+}
+
+/// One line of the firmware's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    /// Its level (`info`, `error`, ..); none for `defmt::println`.
+    pub level: Option<&'static str>,
+    /// When it was logged, as the firmware's timestamp says (microseconds).
+    pub timestamp: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for LogLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(ts) = &self.timestamp {
+            write!(f, "{ts} ")?;
+        }
+        let level = self.level.unwrap_or("").to_uppercase();
+        write!(f, "{level:<5} {}", self.message)
+    }
+}
+
+/// Decodes the `defmt` log `frames` of the firmware `elf` (its `.defmt`
+/// table gives the strings). A frame cut short at the end (QEMU stopped
+/// mid-write) ends the log; a malformed frame is an error.
+pub fn decode_log(elf: &[u8], frames: &[u8]) -> Result<Vec<LogLine>, String> {
+    let table = defmt_decoder::Table::parse(elf)
+        .map_err(|e| format!("reading the firmware's defmt table: {e}"))?
+        .ok_or("the firmware has no defmt table (.defmt section)")?;
+    let mut decoder = table.new_stream_decoder();
+    decoder.received(frames);
+    let mut lines = Vec::new();
+    loop {
+        match decoder.decode() {
+            Ok(frame) => lines.push(LogLine {
+                level: frame.level().map(|l| l.as_str()),
+                timestamp: frame.display_timestamp().map(|t| t.to_string()),
+                message: frame.display_message().to_string(),
+            }),
+            Err(defmt_decoder::DecodeError::UnexpectedEof) => return Ok(lines),
+            Err(defmt_decoder::DecodeError::Malformed) => {
+                return Err(format!(
+                    "frame {} is malformed (is the ELF the one that ran?)",
+                    lines.len() + 1
+                ))
+            }
+        }
+    }
+}
+
+/// What an event of a [`Trace`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A task on an AICore, from when it could start to when its scheduler
+    /// thread saw it finish.
+    Task,
+    /// A scheduler thread handing a task to a core.
+    Issue,
+    /// A scheduler thread's whole run.
+    Thread,
+    /// A scheduler thread waiting, from when its rounds found nothing to
+    /// do to its next launch or completion.
+    Idle,
+}
+
+/// One event of a [`Trace`] (times in ticks of the firmware's timer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    pub kind: EventKind,
+    /// The scheduler thread that recorded it.
+    pub thread: u16,
+    /// The run core (tasks and issues).
+    pub core: u16,
+    /// Which task it is (tasks and issues): FNV-1a over the kernel id and
+    /// the arguments, tensor addresses as arena offsets (the firmware's
+    /// `trace::task_key` says how), the same for the same task in any runner.
+    pub key: u32,
+    /// The kernel id (tasks and issues).
+    pub kernel: u32,
+    /// The cycles the kernel reported (tasks).
+    pub cycles: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A run's trace as the firmware writes it (`trace.out`; its layout is
+/// documented in the firmware's `trace` module).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    /// The timer's frequency (ticks per second).
+    pub ticks_per_second: u64,
+    /// Events each scheduler thread dropped because its queue was full.
+    pub dropped: Vec<u32>,
+    pub events: Vec<TraceEvent>,
+}
+
+impl Trace {
+    /// Parses a `trace.out`; the error names what is wrong with it.
+    pub fn parse(bytes: &[u8]) -> Result<Trace, String> {
+        let mut at = 0usize;
+        let mut take = |n: usize, what: &str| -> Result<&[u8], String> {
+            let piece = bytes
+                .get(at..at + n)
+                .ok_or_else(|| format!("cut short in its {what} (at byte {at})"))?;
+            at += n;
+            Ok(piece)
+        };
+        let u32_of = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+        let u64_of = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        if take(4, "magic")? != b"WSPT" {
+            return Err("not a trace (its magic is not WSPT)".into());
+        }
+        let version = u32_of(take(4, "version")?);
+        if version != 1 {
+            return Err(format!("version {version}; this reader knows 1"));
+        }
+        let ticks_per_second = u64_of(take(8, "header")?);
+        if ticks_per_second == 0 {
+            return Err("its timer frequency is 0".into());
+        }
+        let threads = u32_of(take(4, "header")?) as usize;
+        let record = u32_of(take(4, "header")?) as usize;
+        if record != 32 {
+            return Err(format!("records of {record} bytes; this reader knows 32"));
+        }
+        if threads > 64 {
+            return Err(format!("{threads} threads"));
+        }
+        let mut dropped = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            dropped.push(u32_of(take(4, "dropped counts")?));
+        }
+        let rest = &bytes[at..];
+        if !rest.len().is_multiple_of(record) {
+            return Err(format!(
+                "{} bytes of records, not a whole number of {record}-byte records",
+                rest.len()
+            ));
+        }
+        let mut events = Vec::with_capacity(rest.len() / record);
+        for r in rest.chunks_exact(record) {
+            let u16_at = |i: usize| u16::from_le_bytes([r[i], r[i + 1]]);
+            let kind = match r[0] {
+                0 => EventKind::Task,
+                1 => EventKind::Issue,
+                2 => EventKind::Thread,
+                3 => EventKind::Idle,
+                k => return Err(format!("an event of unknown kind {k}")),
+            };
+            let (start, end) = (u64_of(&r[16..24]), u64_of(&r[24..32]));
+            if end < start {
+                return Err(format!("an event ends ({end}) before it starts ({start})"));
+            }
+            events.push(TraceEvent {
+                kind,
+                thread: u16::from(r[1]),
+                core: u16_at(2),
+                key: u32_of(&r[4..8]),
+                kernel: u32_of(&r[8..12]),
+                cycles: u32_of(&r[12..16]),
+                start,
+                end,
+            });
+        }
+        Ok(Trace {
+            ticks_per_second,
+            dropped,
+            events,
+        })
+    }
+
+    /// Ticks as microseconds.
+    pub fn micros(&self, ticks: u64) -> f64 {
+        ticks as f64 * 1e6 / self.ticks_per_second as f64
+    }
 }
 
 /// `path` made absolute, or an error naming `what` if there is no such file.

@@ -22,9 +22,16 @@ pub const BUILD_STD: [&str; 2] = [
     "-Zbuild-std-features=compiler-builtins-mem",
 ];
 
+/// The firmware's log level (`DEFMT_LOG`) unless the environment sets one.
+pub const DEFMT_LOG: &str = "info";
+
 /// Makes `cargo` (a `build`, `clippy` or `run` for [`TARGET`]) build `core`
-/// from source: the environment, then `--target` and the `-Z` flags.
+/// from source: the environment (and the firmware's log level, [`DEFMT_LOG`],
+/// unless set), then `--target` and the `-Z` flags.
 pub fn for_target(cargo: &mut Command) -> &mut Command {
+    if std::env::var_os("DEFMT_LOG").is_none() {
+        cargo.env("DEFMT_LOG", DEFMT_LOG);
+    }
     cargo
         .env("RUSTC_BOOTSTRAP", "1")
         .args(["--target", TARGET])

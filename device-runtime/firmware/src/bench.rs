@@ -43,15 +43,21 @@ impl Mode {
 /// Bytes of the command line the firmware reads (its path and the words).
 const CMDLINE_MAX: usize = 4096;
 
-/// The mode the semihosting command line asks for. Its first word is the
-/// image's name (QEMU's default command line is the kernel's path); an
+/// The mode the semihosting command line asks for, and whether it asks
+/// for a trace (the word `trace`, see [`crate::trace`]). Its first word is
+/// the image's name (QEMU's default command line is the kernel's path); an
 /// unknown word after it is an error.
-pub fn mode() -> Result<Mode, ArgError> {
+pub fn mode() -> Result<(Mode, bool), ArgError> {
     let args = semihosting::experimental::env::args::<CMDLINE_MAX>().map_err(ArgError::Read)?;
     let mut mode = Mode::Run;
+    let mut trace = false;
     for arg in (&args).skip(1) {
         let arg = arg.map_err(|_| ArgError::NotUtf8)?;
         if arg.is_empty() {
+            continue;
+        }
+        if arg == "trace" {
+            trace = true;
             continue;
         }
         mode = match (arg, arg.strip_prefix("baseline=")) {
@@ -64,7 +70,7 @@ pub fn mode() -> Result<Mode, ArgError> {
             _ => return Err(ArgError::Unknown),
         };
     }
-    Ok(mode)
+    Ok((mode, trace))
 }
 
 /// Why the command line names no mode.
@@ -83,7 +89,7 @@ impl Display for ArgError {
             ArgError::NotUtf8 => f.write_str("the semihosting command line is not UTF-8"),
             ArgError::Tasks => f.write_str("baseline=N: N must be a whole number above 0"),
             ArgError::Unknown => f.write_str(
-                "unknown word on the semihosting command line (known: empty-kernels, baseline=N)",
+                "unknown word on the semihosting command line (known: empty-kernels, baseline=N, trace)",
             ),
         }
     }
@@ -168,7 +174,12 @@ impl Display for BaselineError {
     }
 }
 
-/// Prints the bench line: `tasks` tasks in `ticks` ticks of a `freq` Hz counter.
+/// Logs the bench line: `tasks` tasks in `ticks` ticks of a `freq` Hz counter.
 pub fn report(tasks: u64, ticks: u64, freq: u64) {
-    semihosting::println!("bench tasks={tasks} ticks={ticks} freq={freq}");
+    defmt::info!(
+        "bench tasks={=u64} ticks={=u64} freq={=u64}",
+        tasks,
+        ticks,
+        freq
+    );
 }

@@ -128,8 +128,8 @@ extern "C" {
     pub fn _start_secondary();
 }
 
-/// Reports an exception (vector index 0..15, the syndrome, the faulting
-/// address) over semihosting and ends the run with [`EXIT_EXCEPTION`].
+/// Logs an exception (vector index 0..15, the syndrome, the faulting
+/// address) at level error and ends the run with [`EXIT_EXCEPTION`].
 extern "C" fn exception(vector: u64, esr: u64, elr: u64, far: u64, core: u64) -> ! {
     const KIND: [&str; 4] = ["synchronous", "IRQ", "FIQ", "SError"];
     const FROM: [&str; 4] = [
@@ -139,12 +139,28 @@ extern "C" fn exception(vector: u64, esr: u64, elr: u64, far: u64, core: u64) ->
         "lower EL, AArch32",
     ];
     let class = (esr >> 26) & 0x3f;
-    semihosting::eprintln!(
-        "EXCEPTION on core {core}: {} ({}), class {class:#04x} {}, ESR_EL1={esr:#x} ELR_EL1={elr:#x} FAR_EL1={far:#x}",
-        KIND[(vector % 4) as usize],
-        FROM[(vector / 4 % 4) as usize],
-        class_name(class),
-    );
+    let kind = KIND[(vector % 4) as usize];
+    let from = FROM[(vector / 4 % 4) as usize];
+    if crate::log::held_here() {
+        // It faulted while logging: the logger is this core's, so say it
+        // straight to the semihosting stderr.
+        semihosting::eprintln!(
+            "EXCEPTION on core {core}: {kind} ({from}), class {class:#04x} {}, ESR_EL1={esr:#x} ELR_EL1={elr:#x} FAR_EL1={far:#x}",
+            class_name(class),
+        );
+    } else {
+        defmt::error!(
+            "EXCEPTION on core {=u64}: {=str} ({=str}), class {=u64:#04x} {=str}, ESR_EL1={=u64:#x} ELR_EL1={=u64:#x} FAR_EL1={=u64:#x}",
+            core,
+            kind,
+            from,
+            class,
+            class_name(class),
+            esr,
+            elr,
+            far,
+        );
+    }
     semihosting::process::exit(EXIT_EXCEPTION)
 }
 

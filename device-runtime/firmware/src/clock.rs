@@ -51,3 +51,13 @@ pub fn relax() {
     // the options declare.
     unsafe { asm!("yield", options(nomem, nostack, preserves_flags)) };
 }
+
+/// Microseconds since the counter started (the log's timestamps).
+pub fn micros() -> u64 {
+    let clock = CounterClock::new();
+    let ticks = clock.now();
+    match clock.ticks_per_second() {
+        0 => ticks,
+        f => (u128::from(ticks) * 1_000_000 / u128::from(f)) as u64,
+    }
+}

@@ -17,7 +17,8 @@
 //! owns the cores `c` with [`core_owner`]`(c, n) == t`, as in the shim;
 //! [`Slots`] says which AICore CPU plays which core.
 //!
-//! Output (semihosting stdout): on success the run's statistics
+//! Output (`defmt` log frames, [`log`], in the semihosting file
+//! `defmt.out`, decoded by xtask): on success the run's statistics
 //! (`tasks=.. wall_us=.. cycles=.. per_core=..`, tasks per core, then
 //! `threads=.. policy=.. per_thread=..`, tasks each scheduler thread
 //! issued) and `RESULT OK`, on failure `RESULT ERROR <reason>`. On success
@@ -27,7 +28,8 @@
 //! Measuring modes ([`bench`]): words on the semihosting command line make
 //! the AICores skip the kernels (`empty-kernels`) or replace the table with
 //! a launch + poll loop (`baseline=N`), and add a `bench ..` line of timer
-//! ticks to the output.
+//! ticks to the output. The word `trace` records the run's events and
+//! writes them to the semihosting file `trace.out` ([`trace`]).
 //!
 //! Exit status: 0 success, 1 runtime error (cores, platform, run, writing
 //! `arena.out`), 2 invalid table, 3 CPU exception ([`boot::EXIT_EXCEPTION`]),
@@ -43,11 +45,14 @@
 mod bench;
 mod boot;
 mod clock;
+mod log;
 mod psci;
+mod trace;
 
 use core::fmt::Display;
 use core::sync::atomic::{AtomicU32, Ordering};
 
+use defmt::Display2Format;
 use device_runtime::abi::launch::{Launch, LaunchError, LAUNCH_MAX};
 use device_runtime::abi::memory_map::{
     ARENA_ADDR, ARENA_MAX, CPUS, LAUNCH_ADDR, LAUNCH_WINDOW, TABLE_ADDR, TABLE_MAX,
@@ -59,11 +64,11 @@ use device_runtime::sched::{
     core_owner, drive_leader, Arena, ConfigError, Dispatcher, Queues, SchedConfig, Scheduler,
 };
 use device_runtime::sched::{RunError, RunOptions, RunStats, TableOrchestrator};
-use semihosting::{print, println};
 use wsp_ffi::CoreKind;
 
 use crate::bench::Mode;
 use crate::clock::CounterClock;
+use crate::trace::Traced;
 
 // The largest launch block fits its window.
 const _: () = assert!(LAUNCH_MAX <= LAUNCH_WINDOW);
@@ -162,7 +167,7 @@ fn keep_table(table: Table<'static>) -> Option<&'static Table<'static>> {
 }
 
 /// A scheduler thread (1 .. AICPUS) of the run.
-type Sched = Scheduler<'static, MailboxPlatform<'static, CounterClock>>;
+type Sched = Scheduler<'static, Traced<MailboxPlatform<'static, CounterClock>>>;
 // Schedulers live on the stacks of CPU 0 (all of them, while it builds
 // them) and of the CPU serving each: they must stay small beside a stack.
 const _: () = assert!(AICPUS * core::mem::size_of::<Sched>() <= boot::STACK_SIZE / 8);
@@ -215,7 +220,10 @@ impl Handoff {
             drop(slot);
             clock::relax();
         };
+        let start = sched.platform().now();
         let result = sched.serve().err();
+        let end = sched.platform().now();
+        sched.platform().record_run(start, end);
         self.served.call_once(|| (sched, result));
     }
 
@@ -240,10 +248,13 @@ const ONLINE_TIMEOUT_MS: u64 = 1000;
 /// CPU 0, called by the boot code with a stack, FP on and `.bss` zeroed.
 extern "C" fn primary_main() -> ! {
     let clock = CounterClock::new();
-    let mode = match bench::mode() {
-        Ok(mode) => *MODE.call_once(|| mode),
+    let (mode, traced) = match bench::mode() {
+        Ok((mode, traced)) => (*MODE.call_once(|| mode), traced),
         Err(e) => fail(EXIT_LAUNCH, e),
     };
+    if traced {
+        trace::enable();
+    }
     if let Mode::Baseline { tasks } = mode {
         run_baseline(clock, tasks);
     }
@@ -281,16 +292,13 @@ extern "C" fn primary_main() -> ! {
     MAILBOXES.iter().for_each(CoreMailbox::request_exit);
     match result {
         Ok(stats) => {
-            println!("{stats}");
-            print!(
-                "threads={} policy={} per_thread=",
-                sched.threads, stats.policy
+            defmt::info!("{}", Display2Format(&stats));
+            defmt::info!(
+                "threads={=usize} policy={} per_thread={}",
+                sched.threads,
+                Display2Format(&stats.policy),
+                Display2Format(&PerThread(&stats))
             );
-            for (i, t) in stats.threads().iter().enumerate() {
-                let sep = if i == 0 { "" } else { "," };
-                print!("{sep}{}", t.issued);
-            }
-            println!();
             if mode.empty_kernels() {
                 bench::report(stats.tasks, stats.wall_ticks, stats.ticks_per_second);
             }
@@ -307,7 +315,12 @@ extern "C" fn primary_main() -> ! {
             if let Err(e) = semihosting::fs::write(c"arena.out", arena) {
                 fail(EXIT_RUN, format_args!("writing arena.out: {e}"));
             }
-            println!("RESULT OK");
+            if traced {
+                if let Err(e) = trace::write(sched.threads, stats.ticks_per_second) {
+                    fail(EXIT_RUN, format_args!("writing trace.out: {e}"));
+                }
+            }
+            defmt::info!("RESULT OK");
             semihosting::process::exit(EXIT_OK)
         }
         Err(e) => fail(EXIT_RUN, e),
@@ -330,10 +343,23 @@ fn run_baseline(clock: CounterClock, tasks: u64) -> ! {
     match ticks {
         Ok(ticks) => {
             bench::report(tasks, ticks, clock.ticks_per_second());
-            println!("RESULT OK");
+            defmt::info!("RESULT OK");
             semihosting::process::exit(EXIT_OK)
         }
         Err(e) => fail(EXIT_RUN, e),
+    }
+}
+
+/// The tasks each scheduler thread issued, comma-separated.
+struct PerThread<'a>(&'a RunStats);
+
+impl Display for PerThread<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for (i, t) in self.0.threads().iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(f, "{sep}{}", t.issued)?;
+        }
+        Ok(())
     }
 }
 
@@ -372,6 +398,7 @@ fn run_threads(
         let platform =
             MailboxPlatform::new(&MAILBOXES[cores.clone()], &slots.kind[cores.clone()], clock)
                 .map_err(RunFailure::Platform)?;
+        let platform = Traced::new(platform, t, &slots.core[cores.clone()]);
         let scheduler = Scheduler::new(
             t,
             threads,
@@ -416,7 +443,9 @@ fn run_threads(
     let tps = clock.ticks_per_second();
     let start = leader.platform().now();
     let led = drive_leader(&mut dispatcher, &mut leader);
-    let wall = leader.platform().now().wrapping_sub(start);
+    let end = leader.platform().now();
+    leader.platform().record_run(start, end);
+    let wall = end.wrapping_sub(start);
     let mut stats = RunStats::collect(&dispatcher, core::slice::from_ref(&leader), tps, wall);
     let mut failure = None;
     for handoff in &HANDOFFS[1..threads] {
@@ -448,7 +477,7 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
             serve(mailbox, clock::relax)
         };
         if served.is_err() {
-            semihosting::eprintln!("cpu {cpu}: its mailbox is already served");
+            defmt::error!("cpu {=usize}: its mailbox is already served", cpu);
         }
     }
     loop {
@@ -605,12 +634,18 @@ impl Display for LaunchFailure {
 
 /// Reports `error` as the run's result and exits with `status`.
 fn fail(status: i32, error: impl Display) -> ! {
-    println!("RESULT ERROR {error}");
+    defmt::error!("RESULT ERROR {}", Display2Format(&error));
     semihosting::process::exit(status)
 }
 
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
-    semihosting::eprintln!("firmware {info}");
+    if log::held_here() {
+        // It panicked while logging: the logger is this CPU's, so say it
+        // straight to the semihosting stderr.
+        semihosting::eprintln!("firmware {info}");
+    } else {
+        defmt::error!("firmware {}", Display2Format(info));
+    }
     semihosting::process::exit(EXIT_PANIC)
 }

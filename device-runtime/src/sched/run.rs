@@ -13,6 +13,7 @@ use crate::abi::program::MAX_TASKSETS;
 use crate::abi::schedule::DispatchKey;
 use crate::abi::{MAX_TENSOR_ARGS, TASK_WINDOW};
 use crate::expand::ExpandError;
+use crate::orch::scratch::ScratchError;
 use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError, UsageError};
 use crate::platform::{Platform, MAX_CORES};
 
@@ -153,6 +154,12 @@ pub struct RunStats {
     /// policy's decision, key and tasks placed; `None` for tasksets the
     /// program does not define.
     pub tasksets: [Option<TasksetStats>; MAX_TASKSETS],
+    /// Bytes the table's scratch tensors would take as arena tensors (each
+    /// rounded up to 64 bytes); 0 without scratch tensors. Their storage
+    /// came from the heap ring instead: its capacity and high-water mark
+    /// are `stalls.of(StallReason::HeapRingFull)`, and the arena bytes
+    /// saved are this minus the capacity.
+    pub scratch_bytes: u64,
     pub(crate) num_cores: usize,
     pub(crate) cores: [CoreStats; MAX_CORES],
     pub(crate) num_threads: usize,
@@ -181,6 +188,7 @@ impl RunStats {
             policy: "",
             window: 0,
             tasksets: [None; MAX_TASKSETS],
+            scratch_bytes: 0,
             num_cores: 0,
             cores: [CoreStats::IDLE; MAX_CORES],
             num_threads: 0,
@@ -354,6 +362,9 @@ pub enum RunError {
     ProgramEventRefused { pc: u32, why: UsageError },
     /// A run numbers its tasks in 32 bits.
     TooManyTasks { max: u64 },
+    /// A scratch tensor could not get heap ring storage: the report names
+    /// the tensor and the sizes.
+    Scratch(ScratchError),
 }
 
 impl fmt::Display for RunError {
@@ -418,6 +429,7 @@ impl fmt::Display for RunError {
                 write!(f, "program instruction {pc}: {why}")
             }
             RunError::TooManyTasks { max } => write!(f, "more than {max} tasks in one run"),
+            RunError::Scratch(e) => write!(f, "{e}"),
         }
     }
 }

@@ -4,10 +4,10 @@ use core::mem::size_of;
 
 use zerocopy::FromBytes;
 
-use super::limits::MAX_SCRATCH;
 use super::checksum::table_checksum;
 use super::error::{Problem, Section, TableError};
 use super::layout::*;
+use super::limits::MAX_SCRATCH;
 use super::program::ProgramInfo;
 use super::region::{Region, TileView};
 
@@ -468,7 +468,14 @@ impl<'a> Table<'a> {
                 // No arena bytes: its size is checked against the heap
                 // ring once the program's HEAP is known.
                 if Self::tensor_len(t).is_none() {
-                    return Err(e("shape", Problem::OutOfRange { value: u64::MAX, min: 0, max: arena }));
+                    return Err(e(
+                        "shape",
+                        Problem::OutOfRange {
+                            value: u64::MAX,
+                            min: 0,
+                            max: arena,
+                        },
+                    ));
                 }
                 continue;
             }

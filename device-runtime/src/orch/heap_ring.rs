@@ -88,13 +88,14 @@ impl HeapRing {
             // Free space: [head, capacity) and [0, tail).
             if self.capacity - self.head >= len {
                 (self.head, 0)
-            } else if self.tail > len {
+            } else if self.tail >= len {
                 (0, self.capacity - self.head)
             } else {
                 return Err(HeapError::Full);
             }
-        } else if self.tail - self.head > len {
-            // Wrapped: free space is [head, tail); keep one byte to tell full from empty.
+        } else if self.tail - self.head >= len {
+            // Wrapped: free space is [head, tail); it may fill up exactly,
+            // as `live` tells a full ring (head = tail) from an empty one.
             (self.head, 0)
         } else {
             return Err(HeapError::Full);
@@ -182,6 +183,26 @@ mod tests {
             0,
             "an empty ring takes the whole arena"
         );
+    }
+
+    #[test]
+    fn a_block_may_end_exactly_at_the_tail() {
+        // Two halves: after the first is freed, a half fits exactly in
+        // [0, tail) (the live count tells a full ring from an empty one).
+        let mut h = HeapRing::new(1024);
+        let a = h.alloc(512).unwrap();
+        let b = h.alloc(512).unwrap();
+        h.free(a);
+        let c = h.alloc(512).unwrap();
+        assert_eq!(c.offset, 0);
+        assert_eq!(h.used(), 1024);
+        assert_eq!(h.alloc(64), Err(HeapError::Full), "full: head meets tail");
+        h.free(b);
+        let d = h.alloc(512).unwrap();
+        assert_eq!(d.offset, 512, "fits exactly between head and the end");
+        h.free(c);
+        h.free(d);
+        assert_eq!(h.used(), 0);
     }
 
     #[test]

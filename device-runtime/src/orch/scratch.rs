@@ -299,7 +299,11 @@ pub enum ScratchError {
     },
     /// Task `task` reads scratch tensor `tensor` (`name`), which no task
     /// wrote since its scope began.
-    ReadBeforeWrite { task: u32, tensor: u32, name: [u8; 16] },
+    ReadBeforeWrite {
+        task: u32,
+        tensor: u32,
+        name: [u8; 16],
+    },
 }
 
 /// A tensor name as text (NUL padding dropped; `?` if not UTF-8).
@@ -414,7 +418,11 @@ mod tests {
         assert_eq!(h.bind(&[arg(2, W)], 2, 0), full);
         // Tensor 1 dies first, but tensor 0's older block pins the ring.
         h.free(1, 2);
-        assert_eq!(h.bind(&[arg(2, W)], 2, 2), full, "ring order: 1 waits behind 0");
+        assert_eq!(
+            h.bind(&[arg(2, W)], 2, 2),
+            full,
+            "ring order: 1 waits behind 0"
+        );
         assert_eq!(h.oldest(), Some(0));
         h.free(0, 2);
         h.bind(&[arg(2, W)], 2, 2).unwrap();

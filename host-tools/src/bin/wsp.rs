@@ -489,6 +489,7 @@ fn print_stats(stats: &RunStats, semantic: bool) {
     }
     say!("  total semantic cycles {}", stats.total_cycles());
     print_stalls(&stats.stalls);
+    print_heap(stats);
 }
 
 /// Writes the arena after a run to `out`, if asked.
@@ -744,6 +745,23 @@ fn run(cli: Cli) -> Result<bool> {
             }
             Ok(true)
         }
+    }
+}
+
+/// The heap ring of scratch tensors, where the table has some: its
+/// high-water mark, stalls, and the arena bytes the scratch tensors saved.
+fn print_heap(stats: &device_runtime::sched::RunStats) {
+    let heap = host_tools::summary::heap_figures(stats);
+    if let Some(h) = heap {
+        say!(
+            "  {:<20} high water {:>5} of {:>5} bytes, {} stalls; scratch tensors {} bytes, arena saved {} bytes",
+            "HEAP_RING_FULL",
+            h.high_water,
+            h.capacity,
+            h.stalls,
+            h.scratch_bytes,
+            h.arena_saved
+        );
     }
 }
 

@@ -72,6 +72,14 @@ fn shim_and_qemu_agree(name: &str, params: Params) {
     );
 }
 
+/// mlp with its intermediates (Y, Z, N) as scratch tensors: their storage
+/// comes from the heap ring in both, at the same places (the ring's order
+/// fixes them), so the whole arenas are bit-identical.
+#[test]
+fn mlp_scratch_on_the_heap_ring_is_bit_identical_in_shim_and_qemu() {
+    shim_and_qemu_agree("mlp-scratch", Params::of("mlp-scratch").unwrap());
+}
+
 #[test]
 fn gemm_256_is_bit_identical_in_shim_and_qemu() {
     shim_and_qemu_agree("gemm", Params::default());

@@ -256,7 +256,7 @@ impl TableBuilder {
     /// arena's last `bytes` bytes, which hold the scratch tensors that are
     /// live at once.
     pub fn heap(&mut self, bytes: u64) -> Result<(), BuildError> {
-        if bytes == 0 || bytes % 64 != 0 || bytes > u32::MAX as u64 {
+        if bytes == 0 || !bytes.is_multiple_of(64) || bytes > u32::MAX as u64 {
             return Err(BuildError::NoHeap(bytes));
         }
         self.heap = bytes;

@@ -667,7 +667,7 @@ pub(crate) fn validate(
                     return Err(structure(pc, "a second HEAP"));
                 }
                 let bytes = ins.imm.get();
-                if bytes == 0 || bytes % 64 != 0 {
+                if bytes == 0 || !bytes.is_multiple_of(64) {
                     return Err(err(pc, "imm", range(bytes as u64, 64, u32::MAX as u64)));
                 }
                 info.heap = bytes;

@@ -247,7 +247,7 @@ impl<'a> Table<'a> {
             };
             return Err(err(Section::Program, heap_pc(), "imm", problem));
         }
-        if (arena - heap) % ARENA_ALIGN != 0 {
+        if !(arena - heap).is_multiple_of(ARENA_ALIGN) {
             // The ring's blocks are 64-byte aligned from its start.
             let problem = Problem::OutOfRange {
                 value: arena - heap,

@@ -32,7 +32,7 @@
 use super::heap_ring::{HeapBlock, HeapRing};
 use super::TaskArg;
 use crate::abi::program::{OP_ARG, OP_FREE};
-use crate::abi::{Access, Table, MAX_SCRATCH};
+use crate::abi::{Access, Problem, Table, MAX_SCRATCH};
 
 /// Heap blocks held at once (live or dead and waiting for an older one):
 /// two per scratch tensor. A fuller list stalls like a full ring.
@@ -139,9 +139,14 @@ impl ScratchHeap {
     }
 
     /// Declares scratch tensor `tensor` of `len` bytes; `table_end`: the
-    /// number of tasks after which it is dead, if known now. `Err` past
-    /// [`MAX_SCRATCH`] tensors.
-    pub fn declare(&mut self, tensor: u32, len: u64, table_end: Option<u64>) -> Result<(), ()> {
+    /// number of tasks after which it is dead, if known now. Past
+    /// [`MAX_SCRATCH`] tensors, [`Problem::TooManyScratch`].
+    pub fn declare(
+        &mut self,
+        tensor: u32,
+        len: u64,
+        table_end: Option<u64>,
+    ) -> Result<(), Problem> {
         self.tensors
             .push(ScratchTensor {
                 tensor,
@@ -149,7 +154,9 @@ impl ScratchHeap {
                 block: None,
                 table_end,
             })
-            .map_err(|_| ())
+            .map_err(|_| Problem::TooManyScratch {
+                max: MAX_SCRATCH as u32,
+            })
     }
 
     /// Whether the run has scratch tensors at all.

@@ -273,6 +273,16 @@ impl fmt::Display for RunStats {
             let sep = if i == 0 { "" } else { "," };
             write!(f, "{sep}{}", c.tasks)?;
         }
+        if self.scratch_bytes > 0 {
+            let heap = self.stalls.of(crate::orch::StallReason::HeapRingFull);
+            write!(
+                f,
+                " heap_high_water={} heap_bytes={} arena_saved={}",
+                heap.high_water,
+                heap.capacity,
+                self.scratch_bytes as i64 - heap.capacity as i64
+            )?;
+        }
         Ok(())
     }
 }

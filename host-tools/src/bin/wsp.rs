@@ -136,7 +136,7 @@ enum Command {
 
 #[derive(Args)]
 struct WorkloadArgs {
-    /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline,
+    /// A built-in workload (gemm, mlp, mlp-scratch, streams, moe, moe-var, pipeline,
     /// attention-pipeline, decode, decode-uniform, decode-skew,
     /// decode-device, sparse-decode), a workload file (a path ending in
     /// .toml, or another existing file that is not a table), or, for `wsp

@@ -25,7 +25,9 @@ pub const TENSORMAP_ENTRIES: usize = MAX_TENSOR_ARGS * TASK_WINDOW;
 pub const DEPLIST_NODES: usize = 0;
 
 /// The orchestrator a table run uses (about 690 KiB at the default window:
-/// on the device, place it in a `static`, on the host on the heap). Tables carry no intermediate buffers, so its heap ring is empty.
+/// on the device, place it in a `static`, on the host on the heap). Its own heap ring (per-task output
+/// buffers) is empty: a table's scratch tensors live on the dispatcher's
+/// heap ring ([`crate::orch::scratch`]), which their scopes outlive a task.
 pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
 
 impl TableOrchestrator {

@@ -372,3 +372,83 @@ fn bad_scratch_declarations_are_refused_naming_the_field() {
         )
     );
 }
+
+/// The layer loop of [`layers`] as a workload file: `scratch = true`
+/// tensors, `[schedule] heap` and `free` steps.
+const LAYERS_TOML: &str = r#"
+name = "layers"
+
+[tensors]
+X = { shape = [32, 32], init = "random", seed = 3 }
+O1 = { shape = [128, 32] }
+O2 = { shape = [128, 32] }
+H1 = { shape = [32, 32], scratch = true }
+H2 = { shape = [32, 32], scratch = true }
+
+[schedule]
+heap = 4096
+
+[[body]]
+parallel = "l"
+dense = 4
+body = [
+  { call = "add", args = ["X[0, 0; 32 x 32]", "X[0, 0; 32 x 32]", "H1[0, 0; 32 x 32]"] },
+  { call = "add", args = ["H1[0, 0; 32 x 32]", "X[0, 0; 32 x 32]", "O1[l * 32, 0; 32 x 32]"] },
+  { free = "H1" },
+  { call = "add", args = ["X[0, 0; 32 x 32]", "X[0, 0; 32 x 32]", "H2[0, 0; 32 x 32]"] },
+  { call = "add", args = ["H2[0, 0; 32 x 32]", "X[0, 0; 32 x 32]", "O2[l * 32, 0; 32 x 32]"] },
+  { free = "H2" },
+]
+"#;
+
+#[test]
+fn a_workload_file_declares_scratch_tensors_heap_and_free() {
+    use host_tools::workload_file::WorkloadFile;
+    let w = WorkloadFile::parse(LAYERS_TOML)
+        .unwrap()
+        .build(&[])
+        .unwrap();
+    assert_eq!(
+        w.arena.bytes.len() as u64,
+        2 * (LAYERS * N * N * 4) as u64 + TILE_BYTES + TILE_BYTES,
+        "X, O1, O2 and the ring: H1 and H2 take no arena bytes"
+    );
+    let mut arena = w.arena.clone();
+    let stats = Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    let checks = w.check(&arena);
+    assert!(checks.iter().all(|v| v.passed()), "{checks:?}");
+    assert!(
+        checks.iter().any(|v| v.output == "O2"),
+        "the outputs are checked: {checks:?}"
+    );
+    assert_eq!(heap_of(&stats).0, TILE_BYTES);
+    // Without the frees, H2 never fits: the report names it.
+    let text = LAYERS_TOML
+        .replace("  { free = \"H1\" },\n", "")
+        .replace("  { free = \"H2\" },\n", "");
+    let w = WorkloadFile::parse(&text).unwrap().build(&[]).unwrap();
+    let mut arena = w.arena.clone();
+    let e = run_error(Shim::default().run(&w.table, &mut arena.bytes).unwrap_err());
+    assert!(e.to_string().contains("`H2`"), "{e}");
+    // Bad declarations are refused with the cause.
+    for (from, to, says) in [
+        ("heap = 4096", "heap = 100", "heap of 100 bytes"),
+        (
+            "H1 = { shape = [32, 32], scratch = true }",
+            "H1 = { shape = [32, 32], scratch = true, input = true }",
+            "no initial data",
+        ),
+        (
+            "{ free = \"H1\" }",
+            "{ free = \"X\" }",
+            "only scratch tensors",
+        ),
+    ] {
+        let text = LAYERS_TOML.replace(from, to);
+        let e = match WorkloadFile::parse(&text).and_then(|f| f.build(&[]).map(|_| ())) {
+            Ok(()) => panic!("{to}: accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(says), "{to}: {e}");
+    }
+}

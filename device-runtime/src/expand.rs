@@ -172,7 +172,11 @@ pub fn tensor_view(tensor: &TensorDesc, region: &Region, arena_base: u64) -> Wsp
     let tile = TileView::of(tensor, region);
     let elem = dtype_size(dtype).unwrap_or(0);
     WspTensorView {
-        addr: arena_base + tensor.arena_offset.get() + tile.first_element * elem,
+        // Wrapping: a scratch tensor's offset is a marker, and the
+        // dispatcher rebases its views (see `orch::scratch`).
+        addr: arena_base
+            .wrapping_add(tensor.arena_offset.get())
+            .wrapping_add(tile.first_element * elem),
         rows: tile.rows,
         cols: tile.cols,
         row_stride: tile.row_stride,
@@ -760,6 +764,10 @@ pub struct Expander {
     /// Changes of channel state (a send, a take, a body's end, a close)
     /// and of the live contexts: a context that waited may go on after one.
     events: u64,
+    /// Scratch tensors whose `FREE` ran since the dispatcher last asked
+    /// ([`Expander::take_free`]): their scopes end after the tasks
+    /// submitted so far.
+    frees: heapless::Vec<u32, { crate::abi::MAX_SCRATCH }>,
 }
 
 impl Expander {
@@ -817,6 +825,7 @@ impl Expander {
             channel_stats: stats,
             started: false,
             events: 0,
+            frees: heapless::Vec::new(),
         }
     }
 
@@ -1540,6 +1549,15 @@ impl Expander {
                         }
                     }
                 }
+                OP_FREE => {
+                    let t = ins.imm.get();
+                    // Validation allows FREE of scratch tensors only, of
+                    // which there are at most MAX_SCRATCH: a repeated FREE
+                    // before the dispatcher takes it is one.
+                    if !self.frees.contains(&t) {
+                        let _ = self.frees.push(t);
+                    }
+                }
                 OP_CLOSE => {
                     self.channels[ins.imm.get() as usize % MAX_CHANNELS].closed = true;
                     self.events += 1;
@@ -1560,6 +1578,12 @@ impl Expander {
             self.m.pc += 1;
         }
         Ok(Next::Yield)
+    }
+
+    /// A scratch tensor whose scope a `FREE` ended since the last call: it
+    /// is dead after every task submitted before the step that returned.
+    pub fn take_free(&mut self) -> Option<u32> {
+        self.frees.pop()
     }
 
     /// Sets register `r` (validated to be one: `0 .. MAX_REGS`).

@@ -95,12 +95,16 @@ fn dump(out: &mut String, bytes: &[u8], all_tasks: bool, names: &CspNames) {
         let rank = (t.rank.get() as usize).min(4);
         let shape: Vec<u32> = t.shape[..rank].iter().map(|v| v.get()).collect();
         let strides: Vec<u32> = t.strides[..rank].iter().map(|v| v.get()).collect();
+        let place = if t.is_scratch() {
+            "scratch (on the heap ring)".to_string()
+        } else {
+            format!("at arena +{}", t.arena_offset.get())
+        };
         let _ = writeln!(
             out,
-            "  [{i}] {:<8} dtype {} shape {shape:?} strides {strides:?} at arena +{}",
+            "  [{i}] {:<8} dtype {} shape {shape:?} strides {strides:?} {place}",
             name(&t.name),
             dtype_name(t.dtype.get()),
-            t.arena_offset.get()
         );
     }
     let kernels: &[KernelDesc] = section(out, bytes, "kernels", &h.kernels);
@@ -297,6 +301,11 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc], nam
                 chname(imm)
             ),
             OP_CLOSE => format!("close {}", chname(imm)),
+            OP_HEAP => format!("heap ring of {imm} bytes (the arena's last) for scratch tensors"),
+            OP_FREE => format!(
+                "free {}: its heap ring storage returns once the tasks before here retire",
+                tname(imm)
+            ),
             OP_WHEN => format!("when {} == 0: go to {imm}", reg(x[0])),
             OP_JUMP => format!("go to {imm}"),
             OP_CALL => {

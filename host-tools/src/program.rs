@@ -304,6 +304,10 @@ enum Node {
     Close {
         channel: u32,
     },
+    /// Ends scratch tensor `tensor`'s scope.
+    Free {
+        tensor: u32,
+    },
 }
 
 /// A token channel of a workload ([`Workload::channel`]): its number in
@@ -586,6 +590,39 @@ impl Workload {
     /// Declares an i32 tensor (lengths, indices).
     pub fn tensor_i32(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, LowerError> {
         Ok(self.builder.tensor_i32(name, shape)?)
+    }
+
+    /// Declares an f32 *scratch* tensor: an intermediate with no arena
+    /// bytes, usable in calls like any tensor. Its storage comes from the
+    /// heap ring ([`Workload::heap`]) when the first call that writes it is
+    /// submitted, and returns once every call submitted before its
+    /// [`Workload::free`] has retired (without a `free`, at the end of the
+    /// run). The host cannot read or write it; `load` cannot read it.
+    pub fn scratch(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, LowerError> {
+        Ok(self.builder.scratch(name, shape)?)
+    }
+
+    /// Gives the workload a heap ring of `bytes` (a multiple of 64) for
+    /// its scratch tensors: the arena's last `bytes` bytes. The scratch
+    /// tensors live at once (between their first writer and their `free`)
+    /// must fit in it, else the run ends with a report naming the tensor.
+    pub fn heap(&mut self, bytes: u64) -> Result<(), LowerError> {
+        Ok(self.builder.heap(bytes)?)
+    }
+
+    /// Ends `tensor`'s scope here (a scratch tensor): its contents are
+    /// dead after the calls before this point, its storage returns to the
+    /// heap ring once they have retired, and the next call that writes it
+    /// takes new storage. In a loop, free a layer's scratch tensors at the
+    /// end of its body so that the next iteration reuses the ring.
+    pub fn free(&mut self, tensor: TensorId) {
+        if !self.builder.layout(tensor).is_scratch() {
+            let name = self.builder.layout(tensor).name.clone();
+            return self.fail(LowerError::Invalid(format!(
+                "free({name}): only scratch tensors are freed"
+            )));
+        }
+        self.push(Node::Free { tensor: tensor.0 });
     }
 
     /// Declares that the host writes `tensor`'s data before launch, so the
@@ -1261,7 +1298,7 @@ impl RefCx<'_> {
                                 tokens sent at run time"
                         .to_string())
                 }
-                Node::Event { .. } => {}
+                Node::Event { .. } | Node::Free { .. } => {}
                 Node::Let { var, value } => {
                     let v = self.eval(value, vars)?;
                     vars.insert(*var, v);
@@ -1581,6 +1618,9 @@ impl Lower {
                 }
                 Node::Close { channel } => {
                     self.emit(OP_CLOSE, 0, [NO_REG; 6], *channel, 0);
+                }
+                Node::Free { tensor } => {
+                    self.emit(OP_FREE, 0, [NO_REG; 6], *tensor, 0);
                 }
                 Node::Event {
                     record,

@@ -72,6 +72,44 @@ pub fn run_json(stats: &RunStats, semantic: bool) -> Value {
         "threads": threads,
         "cores": cores,
         "stalls": stalls,
+        "heap": heap_figures(stats).map(|h| json!({
+            "capacity": h.capacity,
+            "high_water": h.high_water,
+            "stalls": h.stalls,
+            "scratch_bytes": h.scratch_bytes,
+            "arena_saved": h.arena_saved,
+        })),
+    })
+}
+
+/// The heap ring's figures of a run with scratch tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapFigures {
+    /// The ring's bytes.
+    pub capacity: u64,
+    /// The most bytes it held at once.
+    pub high_water: u64,
+    /// Submissions that waited for room (`HEAP_RING_FULL`).
+    pub stalls: u64,
+    /// What the scratch tensors would take as arena tensors (64-byte aligned).
+    pub scratch_bytes: u64,
+    /// Arena bytes saved: `scratch_bytes - capacity` (negative if the ring
+    /// is larger than the tensors it holds).
+    pub arena_saved: i64,
+}
+
+/// The heap ring's figures, if the run's table has scratch tensors.
+pub fn heap_figures(stats: &RunStats) -> Option<HeapFigures> {
+    if stats.scratch_bytes == 0 {
+        return None;
+    }
+    let r = stats.stalls.of(StallReason::HeapRingFull);
+    Some(HeapFigures {
+        capacity: r.capacity,
+        high_water: r.high_water,
+        stalls: r.stalls,
+        scratch_bytes: stats.scratch_bytes,
+        arena_saved: stats.scratch_bytes as i64 - r.capacity as i64,
     })
 }
 

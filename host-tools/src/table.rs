@@ -2,10 +2,11 @@
 //! the streams and events that order them, and a workload program (see
 //! [`crate::program`], which builds one).
 
+use device_runtime::abi::program::OP_HEAP;
 use device_runtime::abi::{
     table_checksum, Instr, KernelDesc, SectionRef, StreamOp, TableHeader, TaskDesc, TensorArg,
     TensorDesc, ABI_VERSION, HEADER_SIZE, MAGIC, MAX_EVENTS, MAX_RANK, MAX_SCALARS, MAX_STREAMS,
-    STREAM_OP_RECORD, STREAM_OP_WAIT,
+    SCRATCH_OFFSET, STREAM_OP_RECORD, STREAM_OP_WAIT,
 };
 use wsp_ffi::{ArgAccess, DTYPE_F32, DTYPE_I32};
 use zerocopy::little_endian::{U32, U64};
@@ -27,7 +28,8 @@ pub struct TensorLayout {
     pub shape: Vec<u32>,
     /// `DTYPE_F32` or `DTYPE_I32` (both 4 bytes).
     pub dtype: u32,
-    /// Byte offset of element 0 in the arena.
+    /// Byte offset of element 0 in the arena; `SCRATCH_OFFSET` for a
+    /// scratch tensor, which has no arena bytes ([`TableBuilder::scratch`]).
     pub arena_offset: u64,
 }
 
@@ -36,7 +38,21 @@ impl TensorLayout {
     pub fn elements(&self) -> usize {
         self.shape.iter().map(|&d| d as usize).product()
     }
+    /// Whether it is a scratch tensor: its storage is lent by the heap
+    /// ring while it is live, and the arena holds none of it.
+    pub fn is_scratch(&self) -> bool {
+        self.arena_offset == SCRATCH_OFFSET
+    }
+    /// Bytes of its elements.
+    pub fn bytes(&self) -> u64 {
+        self.elements() as u64 * 4
+    }
     fn byte_range(&self) -> std::ops::Range<usize> {
+        assert!(
+            !self.is_scratch(),
+            "tensor {} is a scratch tensor: it has no arena bytes",
+            self.name
+        );
         let start = self.arena_offset as usize;
         start..start + self.elements() * 4
     }
@@ -112,6 +128,9 @@ pub enum BuildError {
     NoSuchEvent(u32),
     /// A wait on an event not recorded before it.
     EventNotRecorded(u32),
+    /// Scratch tensors without heap ring bytes ([`TableBuilder::heap`]), or
+    /// a heap size that is not a positive multiple of 64 below 4 GiB.
+    NoHeap(u64),
 }
 
 impl std::fmt::Display for BuildError {
@@ -145,6 +164,13 @@ impl std::fmt::Display for BuildError {
             BuildError::NoSuchStream(s) => {
                 write!(f, "stream {s}; streams are 1 to {MAX_STREAMS}")
             }
+            BuildError::NoHeap(0) => f.write_str(
+                "scratch tensors need heap ring bytes: call heap(bytes) (or `heap = N` in a workload file)",
+            ),
+            BuildError::NoHeap(n) => write!(
+                f,
+                "heap ring of {n} bytes: it must be a positive multiple of 64 below 4 GiB"
+            ),
             BuildError::NoSuchEvent(e) => {
                 write!(f, "event {e}; events are 0 to {}", MAX_EVENTS - 1)
             }
@@ -167,6 +193,8 @@ pub struct TableBuilder {
     args: Vec<TensorArg>,
     stream_ops: Vec<StreamOp>,
     program: Vec<Instr>,
+    /// Bytes of the heap ring (the arena's last bytes); 0: none.
+    heap: u64,
 }
 
 impl TableBuilder {
@@ -203,6 +231,55 @@ impl TableBuilder {
         Ok(TensorId(self.tensors.len() as u32 - 1))
     }
 
+    /// Declares a row-major f32 *scratch* tensor: an intermediate with no
+    /// arena bytes. Its storage comes from the heap ring ([`Self::heap`])
+    /// when its first writer is submitted and returns after the last task
+    /// that names it retires (in a program: after its `FREE`, see
+    /// [`crate::program::Workload::free`]). The host cannot read or write
+    /// it: make inputs and results arena tensors.
+    pub fn scratch(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, BuildError> {
+        if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
+            return Err(BuildError::BadShape(format!(
+                "{name}: {shape:?} (rank 1..=4, sizes > 0)"
+            )));
+        }
+        self.tensors.push(TensorLayout {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            dtype: DTYPE_F32,
+            arena_offset: SCRATCH_OFFSET,
+        });
+        Ok(TensorId(self.tensors.len() as u32 - 1))
+    }
+
+    /// Gives the table a heap ring of `bytes` (a multiple of 64): the
+    /// arena's last `bytes` bytes, which hold the scratch tensors that are
+    /// live at once.
+    pub fn heap(&mut self, bytes: u64) -> Result<(), BuildError> {
+        if bytes == 0 || !bytes.is_multiple_of(64) || bytes > u32::MAX as u64 {
+            return Err(BuildError::NoHeap(bytes));
+        }
+        self.heap = bytes;
+        Ok(())
+    }
+
+    /// Bytes of the heap ring (0: none).
+    pub fn heap_bytes(&self) -> u64 {
+        self.heap
+    }
+
+    /// Arena bytes the scratch tensors save: what they would take as arena
+    /// tensors (each aligned to [`TENSOR_ALIGN`]) minus the heap ring.
+    pub fn arena_saved(&self) -> i64 {
+        let scratch: u64 = self
+            .tensors
+            .iter()
+            .filter(|t| t.is_scratch())
+            .map(|t| t.bytes().next_multiple_of(TENSOR_ALIGN))
+            .sum();
+        scratch as i64 - self.heap as i64
+    }
+
     /// The layout of a tensor declared on this builder (panics on an id it
     /// did not return).
     pub fn layout(&self, tensor: TensorId) -> &TensorLayout {
@@ -214,9 +291,14 @@ impl TableBuilder {
         &self.tensors
     }
 
-    /// Bytes the arena needs: the end of the last tensor declared.
+    /// Bytes the arena needs: the end of the last tensor declared, then
+    /// the heap ring (at a multiple of 64), if any.
     pub fn arena_size(&self) -> u64 {
-        self.arena_size
+        if self.heap == 0 {
+            self.arena_size
+        } else {
+            self.arena_size.next_multiple_of(TENSOR_ALIGN) + self.heap
+        }
     }
 
     /// Tasks added so far (the program's calls not counted).
@@ -347,6 +429,21 @@ impl TableBuilder {
     /// ops and the program.
     pub fn finish(&self) -> Result<Vec<u8>, BuildError> {
         let tensors: Vec<TensorDesc> = self.tensors.iter().map(tensor_desc).collect();
+        if self.heap == 0 && self.tensors.iter().any(|t| t.is_scratch()) {
+            return Err(BuildError::NoHeap(0));
+        }
+        // The heap ring's size goes last: a declaration at the top level,
+        // which moves no pc the program's jumps and loops name.
+        let mut program = self.program.clone();
+        if self.heap > 0 {
+            program.push(Instr {
+                op: OP_HEAP,
+                r: 0,
+                x: [device_runtime::abi::program::NO_REG; 6],
+                imm: U32::new(self.heap as u32),
+                imm2: U32::new(0),
+            });
+        }
         let mut out = vec![0u8; HEADER_SIZE];
         let mut section = |bytes: &[u8], count: usize| -> Result<SectionRef, BuildError> {
             let offset = u32::try_from(out.len()).map_err(|_| BuildError::TooLarge("sections"))?;
@@ -362,7 +459,7 @@ impl TableBuilder {
         let tasks_ref = section(self.tasks.as_bytes(), self.tasks.len())?;
         let args_ref = section(self.args.as_bytes(), self.args.len())?;
         let stream_ops_ref = section(self.stream_ops.as_bytes(), self.stream_ops.len())?;
-        let program_ref = section(self.program.as_bytes(), self.program.len())?;
+        let program_ref = section(program.as_bytes(), program.len())?;
         let total_len = u32::try_from(out.len()).map_err(|_| BuildError::TooLarge("sections"))?;
         let header = TableHeader {
             magic: MAGIC,
@@ -370,7 +467,7 @@ impl TableBuilder {
             header_size: U32::new(HEADER_SIZE as u32),
             total_len: U32::new(total_len),
             checksum: U32::new(0),
-            arena_size: U64::new(self.arena_size),
+            arena_size: U64::new(self.arena_size()),
             tensors: tensors_ref,
             kernels: kernels_ref,
             tasks: tasks_ref,

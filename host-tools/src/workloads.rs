@@ -70,7 +70,7 @@ impl Params {
             // 24 decode requests and a 128-token prefill chunk.
             "stitched" => return decode(24, 128, 512, 16),
             "gemm" => (256, 256, 256),
-            "mlp" => (64, 128, 128),
+            "mlp" | "mlp-scratch" => (64, 128, 128),
             "streams" => (128, 128, 128),
             "moe" | "moe-var" => (32, 64, 64),
             // 256 tokens, hidden 128, ffn 128, expert tiles of 16 rows.
@@ -136,9 +136,10 @@ pub fn is_tiled(name: &str) -> bool {
 
 /// The names `Workload::build` accepts (v9's examples last, see
 /// [`crate::wsp9`]).
-pub const NAMES: [&str; 25] = [
+pub const NAMES: [&str; 26] = [
     "gemm",
     "mlp",
+    "mlp-scratch",
     "streams",
     "moe",
     "moe-var",
@@ -276,7 +277,8 @@ impl Workload {
     pub fn build(name: &str, p: Params) -> Result<Workload, WorkloadError> {
         match name {
             "gemm" => gemm(p),
-            "mlp" => mlp(p),
+            "mlp" => mlp(p, false),
+            "mlp-scratch" => mlp(p, true),
             "streams" => streams(p),
             "moe" => crate::moe::moe("moe", p, 2, 0.0),
             "moe-var" => crate::moe::moe("moe-var", p, 4, 0.15),
@@ -455,9 +457,21 @@ fn gemm(p: Params) -> Result<Workload, WorkloadError> {
     })
 }
 
+/// Bytes of `mlp-scratch`'s heap ring for m x n intermediates: room for
+/// two of them at once. Y and Z are live together (the adds read Y and
+/// write Z); N takes Y's place once the last add retires (the first
+/// rmsnorm waits for that: a `HEAP_RING_FULL` stall), and Z's storage
+/// returns after the last rmsnorm.
+pub fn mlp_scratch_heap(m: u32, n: u32) -> u64 {
+    2 * (m as u64 * n as u64 * 4).next_multiple_of(64)
+}
+
 /// A block that uses every kernel: Y = X x W (GEMM tiles), Z = Y + R (add),
 /// N = rmsnorm(Z) * G, P = softmax(N) per row. X is m x k, W is k x n.
-fn mlp(p: Params) -> Result<Workload, WorkloadError> {
+/// With `scratch` (`mlp-scratch`), the intermediates Y, Z and N are
+/// scratch tensors: the heap ring ([`mlp_scratch_heap`]) lends them storage
+/// while they are live, and the arena holds only X, W, R, G and P.
+fn mlp(p: Params, scratch: bool) -> Result<Workload, WorkloadError> {
     check_tiling(&p, 64)?;
     if p.n > 1024 {
         return Err(WorkloadError::Params(format!(
@@ -467,9 +481,19 @@ fn mlp(p: Params) -> Result<Workload, WorkloadError> {
     }
     let mut b = TableBuilder::new();
     let (x, w) = (b.tensor("X", &[p.m, p.k])?, b.tensor("W", &[p.k, p.n])?);
-    let (y, r) = (b.tensor("Y", &[p.m, p.n])?, b.tensor("R", &[p.m, p.n])?);
-    let (z, g) = (b.tensor("Z", &[p.m, p.n])?, b.tensor("G", &[1, p.n])?);
-    let (nrm, out) = (b.tensor("N", &[p.m, p.n])?, b.tensor("P", &[p.m, p.n])?);
+    let inter = |b: &mut TableBuilder, name: &str| {
+        if scratch {
+            b.scratch(name, &[p.m, p.n])
+        } else {
+            b.tensor(name, &[p.m, p.n])
+        }
+    };
+    let (y, r) = (inter(&mut b, "Y")?, b.tensor("R", &[p.m, p.n])?);
+    let (z, g) = (inter(&mut b, "Z")?, b.tensor("G", &[1, p.n])?);
+    let (nrm, out) = (inter(&mut b, "N")?, b.tensor("P", &[p.m, p.n])?);
+    if scratch {
+        b.heap(mlp_scratch_heap(p.m, p.n))?;
+    }
     gemm_tasks(&mut b, [x, w, y], &p)?;
     let t = p.tile;
     for i in (0..p.m).step_by(t as usize) {
@@ -540,9 +564,14 @@ fn mlp(p: Params) -> Result<Workload, WorkloadError> {
         Verification::compare("P", &arena.read_f32(&out_layout), &want, &bound, TOL)
     };
     Ok(Workload {
-        name: "mlp",
+        name: if scratch { "mlp-scratch" } else { "mlp" },
         summary: format!(
-            "P = softmax(rmsnorm(X[{m}x{k}] x W[{k}x{n}] + R) * G), f32, {t}x{t} GEMM tiles",
+            "P = softmax(rmsnorm(X[{m}x{k}] x W[{k}x{n}] + R) * G), f32, {t}x{t} GEMM tiles{}",
+            if scratch {
+                ", Y, Z and N on the heap ring"
+            } else {
+                ""
+            },
             m = p.m,
             n = p.n,
             k = p.k,

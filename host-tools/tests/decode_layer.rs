@@ -192,7 +192,12 @@ fn the_moe_layer_matches_the_reference_with_its_routing() {
         let check = w.verify(&shim);
         assert!(check.passed(), "threshold {threshold}: {check}");
         let mut sem = w.arena.clone();
-        let kinds = [CoreKind::Cube, CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
+        let kinds = [
+            CoreKind::Cube,
+            CoreKind::Cube,
+            CoreKind::Vector,
+            CoreKind::Vector,
+        ];
         run_semantic(&w.table, &mut sem.bytes, &kinds, &RunOptions::default()).unwrap();
         assert!(sem.bytes == shim.bytes, "shim and semantic arenas differ");
     }
@@ -204,7 +209,12 @@ fn a_wrong_router_fails_the_moe_check() {
     // router differs chooses other experts for some tokens.
     let data = small_moe(0.0, 2);
     let w = decode_layer_workload("decode-layer", &data).unwrap();
-    let router = w.tensors.iter().find(|t| t.name == "m0.router").unwrap().clone();
+    let router = w
+        .tensors
+        .iter()
+        .find(|t| t.name == "m0.router")
+        .unwrap()
+        .clone();
     let mut arena = w.arena.clone();
     let mut r = arena.read_f32(&router);
     r.reverse();

@@ -72,6 +72,26 @@ fn shim_and_qemu_agree(name: &str, params: Params) {
     );
 }
 
+/// mlp with its intermediates (Y, Z, N) as scratch tensors: their storage
+/// comes from the heap ring in both, at the same places (the ring's order
+/// fixes them), so the whole arenas are bit-identical.
+#[test]
+fn mlp_scratch_on_the_heap_ring_is_bit_identical_in_shim_and_qemu() {
+    let p = Params::of("mlp-scratch").unwrap();
+    shim_and_qemu_agree("mlp-scratch", p);
+    // The firmware reports the ring: Y and Z (32 KiB each) live at once,
+    // and the arena 32 KiB smaller than mlp's.
+    let w = Workload::build("mlp-scratch", p).unwrap();
+    let outcome = run_in_qemu(&w.table, &w.arena.bytes);
+    assert!(
+        outcome
+            .stdout
+            .contains("heap_high_water=65536 heap_bytes=65536 arena_saved=32768"),
+        "{}",
+        outcome.stdout
+    );
+}
+
 #[test]
 fn gemm_256_is_bit_identical_in_shim_and_qemu() {
     shim_and_qemu_agree("gemm", Params::default());
@@ -500,6 +520,35 @@ fn a_channel_deadlock_in_qemu_ends_with_its_report() {
             outcome.stdout
         );
     }
+}
+
+/// A heap ring too small for the scratch tensors one scope holds at once
+/// (A lives until B's writer, which reads it, retires) ends the QEMU run
+/// with the report naming the tensor and the sizes, not a hang.
+#[test]
+fn a_heap_ring_too_small_for_a_scope_in_qemu_ends_with_its_report() {
+    use host_tools::table::{Arg, TableBuilder};
+    use wsp_ffi::ArgAccess::{In, Out};
+    use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
+    let mut b = TableBuilder::new();
+    let x = b.tensor("X", &[16, 16]).unwrap();
+    let a = b.scratch("A", &[16, 16]).unwrap();
+    let bb = b.scratch("B", &[16, 16]).unwrap();
+    let y = b.tensor("Y", &[16, 16]).unwrap();
+    b.heap(1024).unwrap();
+    let t = |id, acc| Arg::tile(id, acc, 0, 0, 16, 16);
+    b.task(ADD, &[t(x, In), t(x, In), t(a, Out)], &[]).unwrap();
+    b.task(ADD, &[t(a, In), t(x, In), t(bb, Out)], &[]).unwrap();
+    b.task(ADD, &[t(bb, In), t(x, In), t(y, Out)], &[]).unwrap();
+    let table = b.finish().unwrap();
+    let arena = Arena::zeroed(b.arena_size());
+    let outcome = run_in_qemu(&table, &arena.bytes);
+    fails_with(
+        &outcome,
+        1,
+        "heap ring deadlock: task 1 needs 1024 bytes for scratch tensor 2 `B`, \
+         but the heap ring holds 1024 of its 1024 bytes for 1 live scratch tensors",
+    );
 }
 
 /// The three-stage pipeline and an independent element-wise sum (a

@@ -94,6 +94,14 @@ pub enum Problem {
     /// A declared channel that no `SEND` of the program sends on: its
     /// consumers would wait forever.
     NoSender { channel: u32 },
+    /// A `FREE` or `LOAD` names a tensor that is (for `LOAD`: is not
+    /// allowed to be) a scratch tensor; `scratch` says which it is.
+    Scratch { tensor: u32, scratch: bool },
+    /// A scratch tensor in a table whose program declares no `HEAP`: its
+    /// storage would have nowhere to come from.
+    NoHeap,
+    /// More scratch tensors than the runtime tracks.
+    TooManyScratch { max: u32 },
 }
 
 /// A descriptor table the runtime refuses, with the place and the reason.
@@ -218,6 +226,20 @@ impl fmt::Display for Problem {
                 f,
                 "nothing sends on channel {channel}: its consumers would wait forever (add a process that sends on it, or remove it)"
             ),
+            Problem::Scratch { tensor, scratch: true } => write!(
+                f,
+                "tensor {tensor} is a scratch tensor, which LOAD cannot read (its storage moves; make it an arena tensor)"
+            ),
+            Problem::Scratch { tensor, scratch: false } => write!(
+                f,
+                "tensor {tensor} is not a scratch tensor: only scratch tensors are freed"
+            ),
+            Problem::NoHeap => f.write_str(
+                "a scratch tensor needs heap ring bytes: the program must declare HEAP",
+            ),
+            Problem::TooManyScratch { max } => {
+                write!(f, "more than {max} scratch tensors (MAX_SCRATCH)")
+            }
         }
     }
 }

@@ -108,8 +108,24 @@ pub struct TensorDesc {
     pub shape: [U32; MAX_RANK],
     /// Element strides of the first `rank` dimensions; the innermost must be 1.
     pub strides: [U32; MAX_RANK],
-    /// Byte offset of element 0 in the data arena; a multiple of the element size.
+    /// Byte offset of element 0 in the data arena; a multiple of the element
+    /// size. [`SCRATCH_OFFSET`] marks a *scratch* tensor, which has no arena
+    /// bytes of its own: its storage comes from the heap ring (the program's
+    /// `HEAP`) when its first writer is submitted and returns when its last
+    /// reader retires (see [`crate::orch::scratch`]).
     pub arena_offset: U64,
+}
+
+/// [`TensorDesc::arena_offset`] of a scratch tensor: an intermediate whose
+/// storage the runtime takes from the heap ring while the tensor is live.
+pub const SCRATCH_OFFSET: u64 = u64::MAX;
+
+impl TensorDesc {
+    /// Whether it is a scratch tensor ([`SCRATCH_OFFSET`]).
+    #[inline]
+    pub fn is_scratch(&self) -> bool {
+        self.arena_offset.get() == SCRATCH_OFFSET
+    }
 }
 
 /// One kernel the tasks of the table call.

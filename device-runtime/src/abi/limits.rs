@@ -10,3 +10,9 @@
 /// firmware's static footprint at about 1.6 MiB, under the 2 MiB budget
 /// `cargo xtask fw` checks; 4,096 would take about 2.9 MiB.
 pub const TASK_WINDOW: usize = 2048;
+
+/// Scratch tensors a table may declare (tensors whose `arena_offset` is
+/// [`SCRATCH_OFFSET`](super::SCRATCH_OFFSET)). The dispatcher keeps one
+/// small record per scratch tensor and one per heap block, so a run's
+/// scratch bookkeeping is a fixed ~2 KiB; a table with more is refused.
+pub const MAX_SCRATCH: usize = 32;

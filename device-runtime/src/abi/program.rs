@@ -30,6 +30,8 @@
 //! | [`OP_SEND`] | `imm` = channel, `x[0]` = value register | sends a token: "the last task this process issued has completed", with the value |
 //! | [`OP_CONSUME`] | `r` = value register, `imm` = channel, `imm2` = pc of its `END` | runs the body once per token, `r` = its value, until the channel is closed and drained |
 //! | [`OP_CLOSE`] | `imm` = channel | closes the channel: no more sends; consumers drain it and leave their loops |
+//! | [`OP_HEAP`] | `imm` = bytes (a multiple of 64) | the heap ring: the last `imm` bytes of the arena hold the storage of scratch tensors (at most one `HEAP`; no arena tensor may lie there) |
+//! | [`OP_FREE`] | `imm` = scratch tensor | ends the tensor's scope: its storage returns to the heap ring once every task submitted before this point has retired; a later write takes new storage |
 //!
 //! ## Processes and channels (CSP)
 //!
@@ -149,6 +151,10 @@ pub const OP_SEND: u8 = 31;
 pub const OP_CONSUME: u8 = 32;
 /// Close a channel. See the table above.
 pub const OP_CLOSE: u8 = 33;
+/// The heap ring's size. See the table above.
+pub const OP_HEAP: u8 = 34;
+/// End a scratch tensor's scope. See the table above.
+pub const OP_FREE: u8 = 35;
 
 /// Channels a program may declare, numbered `0 .. MAX_CHANNELS` (the
 /// expander keeps each one's tokens in a fixed ring).
@@ -213,6 +219,9 @@ pub struct ProgramInfo {
     pub channels: [u32; MAX_CHANNELS],
     /// Bit `c`: the program declares channel `c`.
     pub channels_defined: u16,
+    /// Bytes of the heap ring (`HEAP`): the arena's last bytes, where
+    /// scratch tensors live; 0 if the program declares none.
+    pub heap: u32,
 }
 
 impl ProgramInfo {
@@ -369,6 +378,13 @@ pub(crate) fn validate(
                 reg(pc, "r", ins.r, false)?;
                 let t = ins.imm.get();
                 let desc = tensor(pc, t)?;
+                if desc.is_scratch() {
+                    let problem = Problem::Scratch {
+                        tensor: t,
+                        scratch: true,
+                    };
+                    return Err(err(pc, "imm", problem));
+                }
                 if desc.dtype.get() != DTYPE_I32 {
                     let problem = Problem::RegistryMismatch {
                         found: desc.dtype.get(),
@@ -644,6 +660,28 @@ pub(crate) fn validate(
                     return Err(err(pc, "imm", problem));
                 }
                 info.window = tasks;
+            }
+            OP_HEAP => {
+                unused(pc, ins, 0)?;
+                if info.heap != 0 {
+                    return Err(structure(pc, "a second HEAP"));
+                }
+                let bytes = ins.imm.get();
+                if bytes == 0 || !bytes.is_multiple_of(64) {
+                    return Err(err(pc, "imm", range(bytes as u64, 64, u32::MAX as u64)));
+                }
+                info.heap = bytes;
+            }
+            OP_FREE => {
+                unused(pc, ins, 0)?;
+                let t = ins.imm.get();
+                if !tensor(pc, t)?.is_scratch() {
+                    let problem = Problem::Scratch {
+                        tensor: t,
+                        scratch: false,
+                    };
+                    return Err(err(pc, "imm", problem));
+                }
             }
             op => return Err(err(pc, "op", Problem::BadOpcode { op })),
         }

@@ -7,6 +7,7 @@ use zerocopy::FromBytes;
 use super::checksum::table_checksum;
 use super::error::{Problem, Section, TableError};
 use super::layout::*;
+use super::limits::MAX_SCRATCH;
 use super::program::ProgramInfo;
 use super::region::{Region, TileView};
 
@@ -21,6 +22,8 @@ pub struct Table<'a> {
     stream_ops: &'a [StreamOp],
     program: &'a [Instr],
     program_info: ProgramInfo,
+    /// Scratch tensors (set by validation).
+    scratch: u32,
 }
 
 /// Bytes per element of a dtype, or `None` for a dtype the ABI does not compute on.
@@ -203,6 +206,7 @@ impl<'a> Table<'a> {
             stream_ops,
             program,
             program_info: ProgramInfo::default(),
+            scratch: 0,
         };
         table.validate_tensors()?;
         table.validate_kernels()?;
@@ -219,7 +223,87 @@ impl<'a> Table<'a> {
                 })
             },
         )?;
+        table.scratch = table.validate_scratch()?;
         Ok(table)
+    }
+
+    /// Scratch tensors: at most [`MAX_SCRATCH`], only with a `HEAP`, each
+    /// no larger than the heap ring; the heap ring (the arena's last `HEAP`
+    /// bytes) holds no arena tensor.
+    fn validate_scratch(&self) -> Result<u32, TableError> {
+        let heap = self.program_info.heap as u64;
+        let arena = self.arena_size();
+        let heap_pc = || {
+            self.program
+                .iter()
+                .position(|p| p.op == super::program::OP_HEAP)
+                .unwrap_or(0)
+        };
+        if heap > arena {
+            let problem = Problem::OutOfRange {
+                value: heap,
+                min: 0,
+                max: arena,
+            };
+            return Err(err(Section::Program, heap_pc(), "imm", problem));
+        }
+        if !(arena - heap).is_multiple_of(ARENA_ALIGN) {
+            // The ring's blocks are 64-byte aligned from its start.
+            let problem = Problem::OutOfRange {
+                value: arena - heap,
+                min: 0,
+                max: arena - heap - (arena - heap) % ARENA_ALIGN,
+            };
+            return Err(err(Section::Header, 0, "arena_size", problem));
+        }
+        let mut count = 0;
+        for (i, t) in self.tensors.iter().enumerate() {
+            let e = |field, problem| err(Section::Tensors, i, field, problem);
+            if !t.is_scratch() {
+                let end = Self::tensor_bytes(t).map_or(0, |r| r.end);
+                if heap > 0 && end > arena - heap {
+                    let problem = Problem::OutOfRange {
+                        value: end,
+                        min: 0,
+                        max: arena - heap,
+                    };
+                    return Err(e("arena_offset", problem));
+                }
+                continue;
+            }
+            count += 1;
+            if count > MAX_SCRATCH {
+                let problem = Problem::TooManyScratch {
+                    max: MAX_SCRATCH as u32,
+                };
+                return Err(e("arena_offset", problem));
+            }
+            if heap == 0 {
+                return Err(e("arena_offset", Problem::NoHeap));
+            }
+            let len = Self::tensor_len(t).unwrap_or(u64::MAX);
+            if len > heap {
+                let problem = Problem::OutOfRange {
+                    value: len,
+                    min: 0,
+                    max: heap,
+                };
+                return Err(e("shape", problem));
+            }
+        }
+        Ok(count as u32)
+    }
+
+    /// How many scratch tensors it declares.
+    pub fn scratch_count(&self) -> u32 {
+        self.scratch
+    }
+
+    /// The heap ring: where it starts in the arena and its bytes (0 if the
+    /// program declares no `HEAP`).
+    pub fn heap(&self) -> (u64, u64) {
+        let heap = self.program_info.heap as u64;
+        (self.arena_size() - heap, heap)
     }
 
     /// Bytes of data arena the tensors need.
@@ -264,8 +348,24 @@ impl<'a> Table<'a> {
         &self.args[first..first + task.num_args.get() as usize]
     }
 
+    /// Bytes from a tensor's element 0 to one past its last element (what a
+    /// scratch tensor takes from the heap ring); `None` if it does not fit
+    /// in 64 bits.
+    pub fn tensor_len(tensor: &TensorDesc) -> Option<u64> {
+        let elem = dtype_size(tensor.dtype.get())?;
+        let rank = tensor.rank.get() as usize;
+        let mut last = 0u64;
+        for d in 0..rank.min(MAX_RANK) {
+            let span =
+                (tensor.shape[d].get() as u64).saturating_sub(1) * tensor.strides[d].get() as u64;
+            last = last.checked_add(span)?;
+        }
+        last.checked_add(1)?.checked_mul(elem)
+    }
+
     /// Byte range of a tensor's elements in the arena (first to one past last);
-    /// `None` if it does not fit in 64 bits.
+    /// `None` if it does not fit in 64 bits (or it is a scratch tensor,
+    /// which has no arena bytes).
     pub fn tensor_bytes(tensor: &TensorDesc) -> Option<core::ops::Range<u64>> {
         let elem = dtype_size(tensor.dtype.get())?;
         let rank = tensor.rank.get() as usize;
@@ -364,6 +464,21 @@ impl<'a> Table<'a> {
                 }
             }
             let offset = t.arena_offset.get();
+            if t.is_scratch() {
+                // No arena bytes: its size is checked against the heap
+                // ring once the program's HEAP is known.
+                if Self::tensor_len(t).is_none() {
+                    return Err(e(
+                        "shape",
+                        Problem::OutOfRange {
+                            value: u64::MAX,
+                            min: 0,
+                            max: arena,
+                        },
+                    ));
+                }
+                continue;
+            }
             if offset % elem != 0 {
                 return Err(e(
                     "arena_offset",
@@ -391,6 +506,9 @@ impl<'a> Table<'a> {
                 return Err(e("arena_offset", problem));
             }
             for (j, other) in self.tensors[..i].iter().enumerate() {
+                if other.is_scratch() {
+                    continue;
+                }
                 let o = Self::tensor_bytes(other).expect("earlier tensors validated");
                 if bytes.start < o.end && o.start < bytes.end {
                     return Err(e("arena_offset", Problem::Aliases { other: j as u32 }));

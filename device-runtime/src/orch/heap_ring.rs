@@ -81,20 +81,26 @@ impl HeapRing {
                 capacity: self.capacity,
             });
         }
-        if self.live == 0 {
-            (self.head, self.tail, self.used) = (0, 0, 0);
-        }
+        // An empty ring does not start over at 0: where a block goes
+        // depends only on the requests before it, not on whether older
+        // blocks were freed yet (runs that retire at other times place
+        // blocks alike). Empty, `tail` = `head`: everything is free.
         let (offset, gap) = if self.live == 0 || self.head > self.tail {
             // Free space: [head, capacity) and [0, tail).
             if self.capacity - self.head >= len {
                 (self.head, 0)
-            } else if self.tail > len {
+            } else if self.live == 0 {
+                // Empty: from 0, with no older block behind a gap.
+                self.tail = 0;
+                (0, 0)
+            } else if self.tail >= len {
                 (0, self.capacity - self.head)
             } else {
                 return Err(HeapError::Full);
             }
-        } else if self.tail - self.head > len {
-            // Wrapped: free space is [head, tail); keep one byte to tell full from empty.
+        } else if self.tail - self.head >= len {
+            // Wrapped: free space is [head, tail); it may fill up exactly,
+            // as `live` tells a full ring (head = tail) from an empty one.
             (self.head, 0)
         } else {
             return Err(HeapError::Full);
@@ -131,7 +137,8 @@ impl HeapRing {
         self.live -= 1;
         self.used = self.used.saturating_sub(freed);
         if self.live == 0 {
-            (self.head, self.tail, self.used) = (0, 0, 0);
+            // The newest block ended at `head`: nothing is held.
+            (self.tail, self.used) = (self.head, 0);
         }
     }
 }
@@ -182,6 +189,73 @@ mod tests {
             0,
             "an empty ring takes the whole arena"
         );
+    }
+
+    #[test]
+    fn a_block_may_end_exactly_at_the_tail() {
+        // Two halves: after the first is freed, a half fits exactly in
+        // [0, tail) (the live count tells a full ring from an empty one).
+        let mut h = HeapRing::new(1024);
+        let a = h.alloc(512).unwrap();
+        let b = h.alloc(512).unwrap();
+        h.free(a);
+        let c = h.alloc(512).unwrap();
+        assert_eq!(c.offset, 0);
+        assert_eq!(h.used(), 1024);
+        assert_eq!(h.alloc(64), Err(HeapError::Full), "full: head meets tail");
+        h.free(b);
+        let d = h.alloc(512).unwrap();
+        assert_eq!(d.offset, 512, "fits exactly between head and the end");
+        h.free(c);
+        h.free(d);
+        assert_eq!(h.used(), 0);
+    }
+
+    #[test]
+    fn where_a_block_goes_does_not_depend_on_when_older_ones_were_freed() {
+        // The same requests, each block free to go as soon as it is taken
+        // (its task retired), under two timings: freed at once, or only
+        // when the ring is full. Every block lands at the same offset, so
+        // runs whose retirements come at other times fill the arena alike.
+        let lens = [300u64, 500, 200, 640, 64, 900, 128, 384, 700, 256, 512, 100];
+        let place = |eager: bool| {
+            let mut h = HeapRing::new(1024);
+            let mut live: Vec<HeapBlock> = Vec::new();
+            let mut freeable = 0; // blocks at the front that may be freed now
+            let mut offsets = Vec::new();
+            for &len in &lens {
+                if eager {
+                    while freeable > 0 {
+                        h.free(live.remove(0));
+                        freeable -= 1;
+                    }
+                }
+                let b = loop {
+                    match h.alloc(len) {
+                        Ok(b) => break b,
+                        Err(HeapError::Full) => {
+                            assert!(freeable > 0, "{len}: full with nothing to free");
+                            h.free(live.remove(0));
+                            freeable -= 1;
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                };
+                offsets.push(b.offset);
+                live.push(b);
+                freeable = live.len();
+            }
+            offsets
+        };
+        assert_eq!(place(true), place(false));
+        // An empty ring that wraps holds only the new block.
+        let mut h = HeapRing::new(1024);
+        let a = h.alloc(640).unwrap();
+        h.free(a);
+        let b = h.alloc(640).unwrap();
+        assert_eq!((b.offset, h.used()), (0, 640));
+        h.free(b);
+        assert_eq!(h.used(), 0);
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub mod deadlock;
 pub mod dep_pool;
 pub mod heap_ring;
 pub mod release;
+pub mod scratch;
 pub mod stall;
 pub mod stream;
 pub mod tensor_map;

@@ -17,7 +17,8 @@ use crate::abi::launch::Symbols;
 use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_CONSUME, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
 use crate::abi::{Region, Table, TensorDesc, ARENA_ALIGN, STREAM_OP_RECORD, TASK_WINDOW};
-use crate::expand::{Context, Expander, Next, TaskSpec, Wait};
+use crate::expand::{tensor_view, Context, Expander, Next, TaskSpec, Wait};
+use crate::orch::scratch::{Bind, ScratchError, ScratchHeap};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
@@ -99,6 +100,12 @@ pub struct Dispatcher<'a> {
     /// Told each task's number and loop indices as it is submitted, if set
     /// ([`Dispatcher::observe_submissions`]; a traced host run).
     on_submit: Option<OnSubmit<'a>>,
+    /// The table's scratch tensors and the heap ring that holds them
+    /// (inactive without scratch tensors).
+    scratch: ScratchHeap,
+    /// `HEAP_RING_FULL`: submissions that waited for heap ring room.
+    heap_stats: ResourceStats,
+    heap_stalled_since: Option<u64>,
 }
 
 /// What [`Dispatcher::observe_submissions`] calls: a task's number and
@@ -263,6 +270,12 @@ impl<'a> Dispatcher<'a> {
             stalled_since: None,
             per_thread: [DispatchStats::default(); MAX_THREADS],
             on_submit: None,
+            scratch: ScratchHeap::of_table(table),
+            heap_stats: ResourceStats {
+                capacity: table.heap().1,
+                ..ResourceStats::default()
+            },
+            heap_stalled_since: None,
         };
         dispatcher.publish_steals();
         Ok(dispatcher)
@@ -516,6 +529,11 @@ impl<'a> Dispatcher<'a> {
                 submitted |= core::mem::take(&mut self.yielded);
                 break;
             }
+            // A task that uses scratch tensors needs their storage first.
+            if self.scratch.is_active() && !self.bind_scratch(now)? {
+                self.pending = true;
+                break;
+            }
             let spec = &self.spec;
             let index = self.next;
             // Task numbers are u32 on the cores' side (queue entries, launch
@@ -558,15 +576,23 @@ impl<'a> Dispatcher<'a> {
                 self.queues.records.set_key(index, key_value);
                 // A task of the tasks section launches from the table
                 // (shared, read-only); an expanded one from its record.
-                if spec.pc.is_some() {
+                // With scratch tensors, every task launches from its
+                // record: their views are rebased on the heap ring.
+                if spec.pc.is_some() || self.scratch.is_active() {
+                    let mut args = spec.kernel_args(self.table, 0);
+                    if self.scratch.is_active() {
+                        self.rebase(&mut args);
+                    }
+                    let spec = &self.spec;
                     let launch = Launch {
                         kernel_id: spec.kernel.id,
                         stream: spec.stream,
-                        args: spec.kernel_args(self.table, 0),
+                        args,
                     };
                     self.queues.records.write(index, &launch);
                 }
             }
+            let spec = &self.spec;
             let graph = &self.queues.graph;
             match self.orch.submit_linked(
                 graph,
@@ -611,6 +637,70 @@ impl<'a> Dispatcher<'a> {
             }
         }
         Ok(submitted)
+    }
+
+    /// Gives the scratch tensors of the task in `self.spec` (the run's task
+    /// `self.next`) storage on the heap ring, after applying the program's
+    /// `FREE`s so far. `Ok(false)`: the ring is full and a retirement may
+    /// make room (a `HEAP_RING_FULL` stall); with no task in flight none
+    /// can, and the run ends with a report.
+    #[cold]
+    fn bind_scratch(&mut self, now: u64) -> Result<bool, RunError> {
+        while let Some(t) = self.expander.take_free() {
+            self.scratch.free(t, self.next);
+        }
+        let in_flight = self.orch.in_flight();
+        let retired = self.next - in_flight;
+        let task = self.next as u32;
+        let name = |t: u32| self.table.tensors()[t as usize].name;
+        match self.scratch.bind(self.spec.args(), self.next, retired) {
+            Ok(()) => {
+                if let Some(since) = self.heap_stalled_since.take() {
+                    self.heap_stats.stall_ticks += now.saturating_sub(since);
+                }
+                self.heap_stats.high_water = self.scratch.high_water();
+                Ok(true)
+            }
+            Err(Bind::Full { tensor, requested }) if in_flight == 0 => {
+                Err(RunError::Scratch(ScratchError::DoesNotFit {
+                    task,
+                    tensor,
+                    name: name(tensor),
+                    requested,
+                    used: self.scratch.used(),
+                    capacity: self.scratch.capacity(),
+                    live: self.scratch.live(),
+                    oldest: self.scratch.oldest(),
+                }))
+            }
+            Err(Bind::Full { .. }) => {
+                if self.heap_stalled_since.is_none() {
+                    self.heap_stalled_since = Some(now);
+                    self.heap_stats.stalls += 1;
+                }
+                Ok(false)
+            }
+            Err(Bind::ReadBeforeWrite { tensor }) => {
+                Err(RunError::Scratch(ScratchError::ReadBeforeWrite {
+                    task,
+                    tensor,
+                    name: name(tensor),
+                }))
+            }
+        }
+    }
+
+    /// Points the views of the scratch tensors in `args` (built from the
+    /// table for the task in `self.spec`) at their heap ring storage.
+    #[cold]
+    fn rebase(&self, args: &mut wsp_ffi::WspKernelArgs) {
+        for (view, arg) in args.tensors.iter_mut().zip(self.spec.args()) {
+            if let Some(base) = self.scratch.base_of(arg.tensor) {
+                let mut desc = self.table.tensors()[arg.tensor as usize];
+                desc.arena_offset.set(base);
+                *view = tensor_view(&desc, &arg.region, 0);
+            }
+        }
     }
 
     /// Places ready tasks, oldest first, until none is left or a queue is full.
@@ -721,6 +811,11 @@ impl<'a> Dispatcher<'a> {
     pub fn fill_stats(&self, stats: &mut RunStats) {
         stats.stalls = *self.orch.stats();
         stats.stalls.resources[StallReason::ReadyQueueFull as usize] = self.ready_queue;
+        if self.scratch.is_active() {
+            // Table runs use the heap ring for scratch tensors only.
+            stats.stalls.resources[StallReason::HeapRingFull as usize] = self.heap_stats;
+            stats.scratch_bytes = self.scratch.declared_bytes();
+        }
         let [full, empty] = self.expander.channel_stats();
         stats.stalls.resources[StallReason::ChannelFull as usize] = full;
         stats.stalls.resources[StallReason::ChannelEmpty as usize] = empty;

@@ -13,6 +13,7 @@ use crate::abi::program::MAX_TASKSETS;
 use crate::abi::schedule::DispatchKey;
 use crate::abi::{MAX_TENSOR_ARGS, TASK_WINDOW};
 use crate::expand::ExpandError;
+use crate::orch::scratch::ScratchError;
 use crate::orch::{DeadlockReport, Invalid, Orchestrator, StallStats, SubmitError, UsageError};
 use crate::platform::{Platform, MAX_CORES};
 
@@ -28,7 +29,9 @@ pub const TENSORMAP_ENTRIES: usize = MAX_TENSOR_ARGS * TASK_WINDOW;
 pub const DEPLIST_NODES: usize = 0;
 
 /// The orchestrator a table run uses (about 690 KiB at the default window:
-/// on the device, place it in a `static`, on the host on the heap). Tables carry no intermediate buffers, so its heap ring is empty.
+/// on the device, place it in a `static`, on the host on the heap). Its own heap ring (per-task output
+/// buffers) is empty: a table's scratch tensors live on the dispatcher's
+/// heap ring ([`crate::orch::scratch`]), which their scopes outlive a task.
 pub type TableOrchestrator = Orchestrator<TASK_WINDOW, TENSORMAP_ENTRIES, DEPLIST_NODES>;
 
 impl TableOrchestrator {
@@ -157,6 +160,12 @@ pub struct RunStats {
     /// policy's decision, key and tasks placed; `None` for tasksets the
     /// program does not define.
     pub tasksets: [Option<TasksetStats>; MAX_TASKSETS],
+    /// Bytes the table's scratch tensors would take as arena tensors (each
+    /// rounded up to 64 bytes); 0 without scratch tensors. Their storage
+    /// came from the heap ring instead: its capacity and high-water mark
+    /// are `stalls.of(StallReason::HeapRingFull)`, and the arena bytes
+    /// saved are this minus the capacity.
+    pub scratch_bytes: u64,
     pub(crate) num_cores: usize,
     pub(crate) cores: [CoreStats; MAX_RUN_CORES],
     pub(crate) num_threads: usize,
@@ -185,6 +194,7 @@ impl RunStats {
             policy: "",
             window: 0,
             tasksets: [None; MAX_TASKSETS],
+            scratch_bytes: 0,
             num_cores: 0,
             cores: [CoreStats::IDLE; MAX_RUN_CORES],
             num_threads: 0,
@@ -272,6 +282,16 @@ impl fmt::Display for RunStats {
         for (i, c) in self.cores().iter().enumerate() {
             let sep = if i == 0 { "" } else { "," };
             write!(f, "{sep}{}", c.tasks)?;
+        }
+        if self.scratch_bytes > 0 {
+            let heap = self.stalls.of(crate::orch::StallReason::HeapRingFull);
+            write!(
+                f,
+                " heap_high_water={} heap_bytes={} arena_saved={}",
+                heap.high_water,
+                heap.capacity,
+                self.scratch_bytes as i64 - heap.capacity as i64
+            )?;
         }
         Ok(())
     }
@@ -362,6 +382,9 @@ pub enum RunError {
     ProgramEventRefused { pc: u32, why: UsageError },
     /// A run numbers its tasks in 32 bits.
     TooManyTasks { max: u64 },
+    /// A scratch tensor could not get heap ring storage: the report names
+    /// the tensor and the sizes.
+    Scratch(ScratchError),
 }
 
 impl fmt::Display for RunError {
@@ -426,6 +449,7 @@ impl fmt::Display for RunError {
                 write!(f, "program instruction {pc}: {why}")
             }
             RunError::TooManyTasks { max } => write!(f, "more than {max} tasks in one run"),
+            RunError::Scratch(e) => write!(f, "{e}"),
         }
     }
 }

@@ -129,6 +129,10 @@ pub struct Scheduler<'a, P: Platform> {
     platform: P,
     queues: &'a Queues,
     table: &'a Table<'a>,
+    /// Tasks that launch straight from the table: the tasks section, or
+    /// none when the table has scratch tensors (their views are rebased in
+    /// the launch records the dispatcher writes).
+    table_launches: usize,
     arena: Arena<'a>,
     num_cores: usize,
     /// Run-wide number of each of its cores.
@@ -213,6 +217,11 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             threads: threads.min(MAX_THREADS),
             queues,
             table,
+            table_launches: if table.scratch_count() == 0 {
+                table.tasks().len()
+            } else {
+                0
+            },
             arena,
             num_cores,
             global: ids,
@@ -499,7 +508,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// from the table for a task of the tasks section, else from the
     /// launch record the dispatcher wrote.
     fn launch_of(&self, index: u32) -> (WspKernelArgs, u32, u32) {
-        match self.table.tasks().get(index as usize) {
+        match self.table.tasks()[..self.table_launches].get(index as usize) {
             Some(desc) => (
                 kernel_args(self.table, &self.arena, index),
                 desc.kernel_id.get(),

@@ -159,7 +159,7 @@ enum Command {
 
 #[derive(Args)]
 struct WorkloadArgs {
-    /// A built-in workload (gemm, mlp, streams, moe, moe-var, pipeline,
+    /// A built-in workload (gemm, mlp, mlp-scratch, streams, moe, moe-var, pipeline,
     /// attention-pipeline, decode, decode-uniform, decode-skew,
     /// decode-device, sparse-decode, moe-layer, moe-layer-var,
     /// decode-layer, decode-layer-dense, stitched; the earlier
@@ -566,6 +566,7 @@ fn print_stats(stats: &RunStats, semantic: bool) {
     say!("{}", host_tools::summary::cores_table(stats, unit));
     say!("total semantic cycles {}", stats.total_cycles());
     say!("{}", host_tools::summary::stalls_table(stats, unit));
+    print_heap(stats);
 }
 
 /// Writes the arena after a run to `out`, if asked.
@@ -833,6 +834,23 @@ fn run(cli: Cli) -> Result<bool> {
             }
             Ok(true)
         }
+    }
+}
+
+/// The heap ring of scratch tensors, where the table has some: its
+/// high-water mark, stalls, and the arena bytes the scratch tensors saved.
+fn print_heap(stats: &device_runtime::sched::RunStats) {
+    let heap = host_tools::summary::heap_figures(stats);
+    if let Some(h) = heap {
+        say!(
+            "  {:<20} high water {:>5} of {:>5} bytes, {} stalls; scratch tensors {} bytes, arena saved {} bytes",
+            "HEAP_RING_FULL",
+            h.high_water,
+            h.capacity,
+            h.stalls,
+            h.scratch_bytes,
+            h.arena_saved
+        );
     }
 }
 

@@ -162,6 +162,7 @@ pub(super) fn lower(w: &mut Program, steps: &[Step], env: &mut Vec<Expr>, channe
                 });
             }
             Step::Close { channel } => w.close(channels[*channel as usize]),
+            Step::Free { tensor } => w.free(*tensor),
             Step::Event {
                 record,
                 stream,

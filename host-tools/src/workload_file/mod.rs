@@ -187,6 +187,8 @@ pub struct WorkloadFile {
     steps: Vec<Step>,
     /// `[schedule] window`.
     window: Option<u32>,
+    /// `[schedule] heap`: bytes of the heap ring for scratch tensors.
+    heap: Option<u64>,
     /// `[channels]`, by number.
     channels: Vec<parse::ChannelDef>,
 }
@@ -259,7 +261,9 @@ impl WorkloadFile {
             plain(ErrorKind::Lower, format!("lowering the program: {e}"))
         };
         for t in &self.tensors {
-            let id = if t.dtype == DTYPE_I32 {
+            let id = if t.scratch {
+                w.scratch(&t.name, &t.shape)
+            } else if t.dtype == DTYPE_I32 {
                 w.tensor_i32(&t.name, &t.shape)
             } else {
                 w.tensor(&t.name, &t.shape)
@@ -271,6 +275,9 @@ impl WorkloadFile {
         }
         if let Some(n) = self.window {
             w.window(n);
+        }
+        if let Some(bytes) = self.heap {
+            w.heap(bytes).map_err(lowering)?;
         }
         let mut channels = Vec::new();
         for c in &self.channels {

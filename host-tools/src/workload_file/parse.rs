@@ -15,6 +15,8 @@ pub(super) struct TensorDef {
     pub(super) dtype: u32,
     pub(super) shape: Vec<u32>,
     pub(super) input: bool,
+    /// A scratch tensor: no arena bytes, no initial data.
+    pub(super) scratch: bool,
     at: usize,
     pub(super) data: Data,
 }
@@ -190,6 +192,24 @@ impl WorkloadFile {
             }
             window = Some(*w.get_ref());
         }
+        let heap = match raw
+            .schedule
+            .as_ref()
+            .and_then(|s| s.get_ref().heap.as_ref())
+        {
+            Some(h) => {
+                let bytes = *h.get_ref();
+                if bytes == 0 || !bytes.is_multiple_of(64) || bytes > u32::MAX as u64 {
+                    return Err(r.err(
+                        ErrorKind::Structure,
+                        h.span().start,
+                        format!("heap of {bytes} bytes; a positive multiple of 64 below 4 GiB"),
+                    ));
+                }
+                Some(bytes)
+            }
+            None => None,
+        };
         let Resolver {
             tensors, symbols, ..
         } = r;
@@ -201,6 +221,7 @@ impl WorkloadFile {
             symbols,
             steps,
             window,
+            heap,
             channels: channels.into_iter().map(|(_, c)| c).collect(),
         })
     }
@@ -278,7 +299,11 @@ fn mark_sent(steps: &[Step], sent: &mut [bool]) {
                 mark_sent(then, sent);
                 mark_sent(otherwise, sent);
             }
-            Step::Let { .. } | Step::Call { .. } | Step::Event { .. } | Step::Close { .. } => {}
+            Step::Let { .. }
+            | Step::Call { .. }
+            | Step::Event { .. }
+            | Step::Close { .. }
+            | Step::Free { .. } => {}
         }
     }
 }
@@ -350,6 +375,15 @@ fn tensor_def(src: &Src, at: usize, name: &str, t: &RawTensor) -> Result<TensorD
                 t.shape
             ))
         })? as usize;
+    if t.scratch == Some(true)
+        && (t.init.is_some() || t.values.is_some() || t.input == Some(true) || dtype != DTYPE_F32)
+    {
+        return Err(bad(
+            "a scratch tensor is an f32 intermediate with no initial data: \
+             leave out init, values and input"
+                .into(),
+        ));
+    }
     let init = match (t.init.as_deref(), &t.values) {
         (None, Some(_)) | (Some("values"), Some(_)) => "values",
         (Some("values"), None) => return Err(bad("init = \"values\" needs `values`".into())),
@@ -450,6 +484,7 @@ fn tensor_def(src: &Src, at: usize, name: &str, t: &RawTensor) -> Result<TensorD
         dtype,
         shape: t.shape.clone(),
         input: t.input.unwrap_or(false),
+        scratch: t.scratch.unwrap_or(false),
         at,
         data,
     })

@@ -38,6 +38,8 @@ pub(super) struct RawChannel {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSchedule {
     pub(super) window: Option<Spanned<u32>>,
+    /// Bytes of the heap ring for scratch tensors.
+    pub(super) heap: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -59,6 +61,8 @@ pub(super) struct RawTensor {
     pub(super) range: Option<[i64; 2]>,
     pub(super) values: Option<Vec<f64>>,
     pub(super) input: Option<bool>,
+    /// An intermediate whose storage the heap ring lends while it is live.
+    pub(super) scratch: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -99,6 +103,8 @@ pub(super) struct RawNode {
     #[serde(rename = "as")]
     pub(super) as_: Option<Spanned<String>>,
     pub(super) close: Option<Spanned<String>>,
+    /// `free = "tensor"`: ends a scratch tensor's scope.
+    pub(super) free: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -220,6 +226,7 @@ impl RawNode {
             ("consume", self.consume.is_some()),
             ("as", self.as_.is_some()),
             ("close", self.close.is_some()),
+            ("free", self.free.is_some()),
         ];
         present
             .iter()

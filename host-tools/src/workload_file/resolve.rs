@@ -102,6 +102,10 @@ pub(super) enum Step {
     Close {
         channel: u32,
     },
+    /// Ends scratch tensor `tensor`'s scope.
+    Free {
+        tensor: TensorId,
+    },
 }
 
 pub(super) struct RRegion {
@@ -145,8 +149,9 @@ pub(super) struct Resolver<'a> {
     pub(super) last_call: Vec<Option<Option<String>>>,
 }
 
-const KIND_KEYS: [&str; 13] = [
+const KIND_KEYS: [&str; 14] = [
     "process",
+    "free",
     "send",
     "consume",
     "close",
@@ -291,7 +296,7 @@ impl Resolver<'_> {
             "process" => &["replica", "dense", "dense_dyn", "ragged", "max", "body"],
             "send" => &["value", "after"],
             "consume" => &["as", "body"],
-            "close" => &[],
+            "close" | "free" => &[],
             "record" | "wait" => &["stream"],
             "dispatch" => &["key", "body"],
             _ => &["body"],
@@ -552,6 +557,21 @@ impl Resolver<'_> {
             "close" => {
                 let channel = self.channel(n.close.as_ref().expect("the kind's key"))?;
                 Ok(Step::Close { channel })
+            }
+            "free" => {
+                let name = n.free.as_ref().expect("the kind's key");
+                let tensor = self.tensor(name.get_ref(), name.span().start)?;
+                if !self.tensors[tensor.0 as usize].scratch {
+                    return Err(self.err(
+                        ErrorKind::Tensor,
+                        name.span().start,
+                        format!(
+                            "free = \"{}\": only scratch tensors (scratch = true) are freed",
+                            name.get_ref()
+                        ),
+                    ));
+                }
+                Ok(Step::Free { tensor })
             }
             "record" | "wait" => {
                 let event = n

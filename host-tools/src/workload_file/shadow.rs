@@ -55,7 +55,10 @@ impl<'a> Shadow<'a> {
         let val = layouts
             .iter()
             .map(|l| {
-                if l.dtype == DTYPE_I32 {
+                if l.is_scratch() {
+                    // No data before its first writer.
+                    vec![0.0; l.elements()]
+                } else if l.dtype == DTYPE_I32 {
                     arena.read_i32(l).iter().map(|&v| v as f64).collect()
                 } else {
                     arena.read_f32(l).iter().map(|&v| v as f64).collect()
@@ -245,7 +248,9 @@ impl<'a> Shadow<'a> {
                     self.taskset = outer;
                     self.env.truncate(depth);
                 }
-                Step::Event { .. } => {}
+                // A freed scratch tensor's values are dead; a read before
+                // the next write is refused on the device.
+                Step::Event { .. } | Step::Free { .. } => {}
                 // Files with processes take `Shadow::table` (see there).
                 Step::Process { .. }
                 | Step::Send { .. }

@@ -222,3 +222,26 @@ fn a_wrong_router_fails_the_moe_check() {
     Shim::default().run(&w.table, &mut arena.bytes).unwrap();
     assert!(!w.verify(&arena).passed());
 }
+
+#[test]
+fn intermediates_live_on_the_heap_ring() {
+    // small(): 6 requests, hidden 128, QKV 256, 2 query heads of 64, ffn
+    // 256, 2 layers. Per layer the scratch tensors hold xn 768, qkv 1536,
+    // q 768, state 6 x 2 x 66 = 792, o, h, hn 768 each, gate, up, act
+    // 1536 each: 10,776 floats = 43,104 bytes (43,136 in 64-byte blocks:
+    // state rounds 3,168 up to 3,200); the stream between the layers, x1,
+    // 3,072 more. The ring holds one layer's blocks and the layer's input
+    // and output: 43,136 + 2 x 3,072 = 49,280 bytes. The arena saves the
+    // scratch tensors' blocks less the ring: 2 x 43,136 + 3,072 - 49,280 =
+    // 40,064.
+    let data = small();
+    let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
+    let mut arena = w.arena.clone();
+    let stats = Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    assert!(w.verify(&arena).passed());
+    let heap = host_tools::summary::heap_figures(&stats).expect("scratch tensors");
+    assert_eq!(heap.capacity, 49_280);
+    assert_eq!(heap.scratch_bytes, 2 * 43_136 + 3_072);
+    assert_eq!(heap.arena_saved, 40_064);
+    assert!(heap.high_water <= heap.capacity && heap.high_water > 43_104);
+}

@@ -14,5 +14,6 @@ pub const TASK_WINDOW: usize = 2048;
 /// Scratch tensors a table may declare (tensors whose `arena_offset` is
 /// [`SCRATCH_OFFSET`](super::SCRATCH_OFFSET)). The dispatcher keeps one
 /// small record per scratch tensor and one per heap block, so a run's
-/// scratch bookkeeping is a fixed ~2 KiB; a table with more is refused.
-pub const MAX_SCRATCH: usize = 32;
+/// scratch bookkeeping is a fixed ~4 KiB; a table with more is refused.
+/// 64: two stitched batches of two layers with a dozen intermediates each.
+pub const MAX_SCRATCH: usize = 64;

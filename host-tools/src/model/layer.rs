@@ -3,8 +3,9 @@
 
 use wsp_ffi::{
     WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_COPY as COPY,
-    WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM, WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM,
-    WspKernelId_WSP_KERNEL_ROPE as ROPE, WspKernelId_WSP_KERNEL_SILU_MUL as SILU_MUL,
+    WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM, WspKernelId_WSP_KERNEL_MATMUL as MATMUL,
+    WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM, WspKernelId_WSP_KERNEL_ROPE as ROPE,
+    WspKernelId_WSP_KERNEL_SILU_MUL as SILU_MUL,
 };
 
 use super::reference;
@@ -540,23 +541,34 @@ fn row_blocks(rows: u32) -> impl Iterator<Item = (u32, u32)> {
 }
 
 /// `c (+)= a b` in tiles of at most [`TILE`] rows by [`TILE`] columns: `a`
-/// is `[rows, k]`, `b` `[k, n]`, `c` `[rows, n]`; every tile of `c`
-/// accumulates its `k / TILE` products in place (`gemm_tile` is
-/// `C += A B`), in order of `k`, which the runtime keeps from the regions.
-pub fn gemm(w: &mut Program, [a, b, c]: [TensorId; 3], rows: u32, k: u32, n: u32) {
+/// is `[rows, k]`, `b` `[k, n]`, `c` `[rows, n]`. Each tile of `c` takes
+/// its `k / TILE` products in order of `k`, which the runtime keeps from
+/// the regions: with `fresh`, the first is `matmul` (`C = A B`, `c`'s
+/// contents are not read: it may be a scratch tensor) and the rest
+/// `gemm_tile` (`C += A B`); without, all accumulate onto `c`.
+pub fn gemm(w: &mut Program, [a, b, c]: [TensorId; 3], rows: u32, k: u32, n: u32, fresh: bool) {
+    let call = |w: &mut Program, kernel: u32, r: u32, m: u32, j: Expr, kk: Expr| {
+        w.call(
+            kernel,
+            &[
+                a.tile(r, kk.clone() * TILE, m, TILE),
+                b.tile(kk * TILE, j.clone() * TILE, TILE, TILE),
+                c.tile(r, j * TILE, m, TILE),
+            ],
+            &[],
+        );
+    };
     for (r, m) in row_blocks(rows) {
         w.parallel(Axis::Dense(n / TILE), |w, j| {
-            w.parallel(Axis::Dense(k / TILE), |w, kk| {
-                w.call(
-                    GEMM,
-                    &[
-                        a.tile(r, kk.clone() * TILE, m, TILE),
-                        b.tile(kk * TILE, j.clone() * TILE, TILE, TILE),
-                        c.tile(r, j * TILE, m, TILE),
-                    ],
-                    &[],
-                );
-            });
+            let first = u32::from(fresh);
+            if fresh {
+                call(w, MATMUL, r, m, j.clone(), Expr::Const(0));
+            }
+            if k / TILE > first {
+                w.parallel(Axis::Dense(k / TILE - first), |w, kk| {
+                    call(w, GEMM, r, m, j.clone(), kk + first);
+                });
+            }
         });
     }
 }
@@ -606,30 +618,45 @@ fn layer_tensors(
     let (b, h, f, d) = (s.batch(), s.hidden(), s.ffn, s.d);
     let g = s.q_heads / s.kv_heads;
     let mut t = |name: &str, shape: &[u32]| w.tensor(&format!("{prefix}l{l}.{name}"), shape);
+    let weights = (
+        t("g1", &[1, h])?,
+        t("wqkv", &[h, s.qkv()])?,
+        t("wo", &[h, h])?,
+        t("g2", &[1, h])?,
+        t("kv", &[s.kv_heads, data.pool_rows(), d])?,
+        t("parts", &[b * s.kv_heads, data.max_chunks() * g, d + 2])?,
+    );
+    // The layer's intermediates live on the heap ring (scratch tensors):
+    // the arena keeps weights, the cache, inputs and outputs.
+    let dense = match s.mlp {
+        Mlp::Dense => Some((t("wg", &[h, f])?, t("wu", &[h, f])?, t("wd", &[f, h])?)),
+        Mlp::Moe(_) => None,
+    };
+    let mut t = |name: &str, shape: &[u32]| w.scratch(&format!("{prefix}l{l}.{name}"), shape);
     Ok(LayerTensors {
-        g1: t("g1", &[1, h])?,
-        wqkv: t("wqkv", &[h, s.qkv()])?,
-        wo: t("wo", &[h, h])?,
-        g2: t("g2", &[1, h])?,
-        kv: t("kv", &[s.kv_heads, data.pool_rows(), d])?,
+        g1: weights.0,
+        wqkv: weights.1,
+        wo: weights.2,
+        g2: weights.3,
+        kv: weights.4,
+        parts: weights.5,
         xn: t("xn", &[b, h])?,
         qkv: t("qkv", &[b, s.qkv()])?,
         q: t("q", &[b, s.q_heads, d])?,
         state: t("state", &[b, s.q_heads, d + 2])?,
-        parts: t("parts", &[b * s.kv_heads, data.max_chunks() * g, d + 2])?,
         o: t("o", &[b, h])?,
         h: t("h", &[b, h])?,
         hn: t("hn", &[b, h])?,
-        mlp: match s.mlp {
-            Mlp::Dense => MlpTensors::Dense {
-                wg: t("wg", &[h, f])?,
-                wu: t("wu", &[h, f])?,
-                wd: t("wd", &[f, h])?,
+        mlp: match dense {
+            Some((wg, wu, wd)) => MlpTensors::Dense {
+                wg,
+                wu,
+                wd,
                 gate: t("gate", &[b, f])?,
                 up: t("up", &[b, f])?,
                 act: t("act", &[b, f])?,
             },
-            Mlp::Moe(_) => MlpTensors::Moe {
+            None => MlpTensors::Moe {
                 out: t("moe", &[b, h])?,
             },
         },
@@ -651,7 +678,7 @@ fn layer_calls(
     let (b, h, f, d, page) = (s.batch(), s.hidden(), s.ffn, s.d, s.page);
     let (qh, kvh) = (s.q_heads, s.kv_heads);
     rmsnorm(w, x, t.g1, t.xn, b, h);
-    gemm(w, [t.xn, t.wqkv, t.qkv], b, h, s.qkv());
+    gemm(w, [t.xn, t.wqkv, t.qkv], b, h, s.qkv(), true);
     // Rotary embedding and the append of each request's new K and V.
     let zero = || Expr::Const(0);
     w.parallel(Axis::Dense(b), |w, r| {
@@ -710,7 +737,7 @@ fn layer_calls(
         );
     });
     copy_tiles(w, x, t.h, b, h);
-    gemm(w, [t.o, t.wo, t.h], b, h, h);
+    gemm(w, [t.o, t.wo, t.h], b, h, h, false);
     rmsnorm(w, t.h, t.g2, t.hn, b, h);
     match t.mlp {
         MlpTensors::Dense {
@@ -721,8 +748,8 @@ fn layer_calls(
             up,
             act,
         } => {
-            gemm(w, [t.hn, wg, gate], b, h, f);
-            gemm(w, [t.hn, wu, up], b, h, f);
+            gemm(w, [t.hn, wg, gate], b, h, f, true);
+            gemm(w, [t.hn, wu, up], b, h, f, true);
             for (r, m) in row_blocks(b) {
                 w.parallel(Axis::Dense(f / TILE), |w, j| {
                     let tile = |t: TensorId| t.tile(r, j.clone() * TILE, m, TILE);
@@ -730,7 +757,7 @@ fn layer_calls(
                 });
             }
             copy_tiles(w, t.h, out, b, h);
-            gemm(w, [act, wd, out], b, f, h);
+            gemm(w, [act, wd, out], b, f, h, false);
             Ok(None)
         }
         MlpTensors::Moe { out: moe_out } => {
@@ -772,10 +799,15 @@ pub fn step_into(
     let mut layers = Vec::new();
     for l in 0..s.layers {
         layers.push(layer_tensors(w, data, prefix, l).map_err(lower)?);
-        x.push(
-            w.tensor(&name(&format!("x{}", l + 1)), &[b, h])
-                .map_err(lower)?,
-        );
+        // Between layers the stream is scratch; the last layer's output
+        // is the step's and stays in the arena.
+        let xl = name(&format!("x{}", l + 1));
+        let next = if l + 1 < s.layers {
+            w.scratch(&xl, &[b, h])
+        } else {
+            w.tensor(&xl, &[b, h])
+        };
+        x.push(next.map_err(lower)?);
     }
     let mut st = StepTensors {
         x,
@@ -796,6 +828,20 @@ pub fn step_into(
         let moe = name(&format!("m{l}"));
         let ffn = layer_calls(w, &moe, data, &st, t, [st.x[l], st.x[l + 1]], &c)?;
         st.moe.push(ffn);
+        // The layer's intermediates (and its input, if scratch) are dead:
+        // free them in the order they were first written.
+        if l > 0 {
+            w.free(st.x[l]);
+        }
+        for tensor in [t.xn, t.qkv, t.q, t.state, t.o, t.h, t.hn] {
+            w.free(tensor);
+        }
+        match t.mlp {
+            MlpTensors::Dense { gate, up, act, .. } => {
+                [gate, up, act].into_iter().for_each(|t| w.free(t))
+            }
+            MlpTensors::Moe { out } => w.free(out),
+        }
     }
     Ok(st)
 }
@@ -912,6 +958,40 @@ fn fill_and_check(
     }
 }
 
+/// Bytes of heap ring a step needs: one layer's scratch tensors, and the
+/// layer's input and output between layers, in 64-byte blocks. A layer's
+/// scratch tensors are freed at its end, so the next layer's first
+/// writer waits for them to retire.
+pub fn heap_bytes(data: &LayerData) -> u64 {
+    let s = &data.shape;
+    let (b, h, d, qh) = (
+        s.batch() as u64,
+        s.hidden() as u64,
+        s.d as u64,
+        s.q_heads as u64,
+    );
+    let mlp = match s.mlp {
+        Mlp::Dense => 3 * b * s.ffn as u64,
+        Mlp::Moe(_) => b * h,
+    };
+    let floats = [
+        b * h,
+        b * s.qkv() as u64,
+        b * qh * d,
+        b * qh * (d + 2),
+        b * h,
+        b * h,
+        b * h,
+        mlp,
+    ];
+    let blocks: u64 = floats.iter().map(|f| (4 * f).next_multiple_of(64)).sum();
+    if s.layers > 1 {
+        blocks + 2 * (4 * b * h).next_multiple_of(64)
+    } else {
+        blocks
+    }
+}
+
 /// Several independent steps in one program (tensors prefixed `a.`,
 /// `b.`, ...), checked together: nothing orders one batch's tasks after
 /// another's, so they interleave on the cores.
@@ -922,6 +1002,7 @@ pub fn stitched_workload(
 ) -> Result<Workload, WorkloadError> {
     let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let mut w = Program::new();
+    w.heap(steps.iter().map(heap_bytes).sum()).map_err(lower)?;
     let mut sts = Vec::new();
     for (i, data) in steps.iter().enumerate() {
         let prefix = if steps.len() == 1 {

@@ -533,11 +533,30 @@ fn region(tensor: TensorId, offset: Vec<Expr>, rows: impl Into<Expr>, cols: u32)
     }
 }
 
-/// Row blocks of at most [`TILE`] rows covering `rows`: (first, count).
-fn row_blocks(rows: u32) -> impl Iterator<Item = (u32, u32)> {
-    (0..rows)
-        .step_by(TILE as usize)
-        .map(move |r| (r, TILE.min(rows - r)))
+/// Calls `body` for blocks of `size` rows covering `rows` (the first row
+/// as an expression, and the block's rows): the full blocks in one
+/// parallel loop, so that the program does not grow with the batch, and a
+/// last partial block after it.
+fn each_block(
+    w: &mut Program,
+    rows: u32,
+    size: u32,
+    mut body: impl FnMut(&mut Program, Expr, u32),
+) {
+    let full = rows / size;
+    match full {
+        0 => {}
+        1 => body(w, Expr::Const(0), size),
+        _ => w.parallel(Axis::Dense(full), |w, i| body(w, i * size, size)),
+    }
+    if !rows.is_multiple_of(size) {
+        body(w, Expr::Const((full * size) as i64), rows % size);
+    }
+}
+
+/// [`each_block`] in blocks of [`TILE`] rows.
+fn row_blocks(w: &mut Program, rows: u32, body: impl FnMut(&mut Program, Expr, u32)) {
+    each_block(w, rows, TILE, body);
 }
 
 /// `c (+)= a b` in tiles of at most [`TILE`] rows by [`TILE`] columns: `a`
@@ -547,64 +566,63 @@ fn row_blocks(rows: u32) -> impl Iterator<Item = (u32, u32)> {
 /// contents are not read: it may be a scratch tensor) and the rest
 /// `gemm_tile` (`C += A B`); without, all accumulate onto `c`.
 pub fn gemm(w: &mut Program, [a, b, c]: [TensorId; 3], rows: u32, k: u32, n: u32, fresh: bool) {
-    let call = |w: &mut Program, kernel: u32, r: u32, m: u32, j: Expr, kk: Expr| {
+    let call = |w: &mut Program, kernel: u32, r: Expr, m: u32, j: Expr, kk: Expr| {
         w.call(
             kernel,
             &[
-                a.tile(r, kk.clone() * TILE, m, TILE),
+                a.tile(r.clone(), kk.clone() * TILE, m, TILE),
                 b.tile(kk * TILE, j.clone() * TILE, TILE, TILE),
                 c.tile(r, j * TILE, m, TILE),
             ],
             &[],
         );
     };
-    for (r, m) in row_blocks(rows) {
+    row_blocks(w, rows, |w, r, m| {
         w.parallel(Axis::Dense(n / TILE), |w, j| {
             let first = u32::from(fresh);
             if fresh {
-                call(w, MATMUL, r, m, j.clone(), Expr::Const(0));
+                call(w, MATMUL, r.clone(), m, j.clone(), Expr::Const(0));
             }
             if k / TILE > first {
                 w.parallel(Axis::Dense(k / TILE - first), |w, kk| {
-                    call(w, GEMM, r, m, j.clone(), kk + first);
+                    call(w, GEMM, r.clone(), m, j.clone(), kk + first);
                 });
             }
         });
-    }
+    });
 }
 
 /// `y = copy(x)` in the tiles of [`gemm`]: each tile of `y` is ready as
 /// soon as its accumulation can start.
 fn copy_tiles(w: &mut Program, x: TensorId, y: TensorId, rows: u32, cols: u32) {
-    for (r, m) in row_blocks(rows) {
+    row_blocks(w, rows, |w, r, m| {
         w.parallel(Axis::Dense(cols / TILE), |w, j| {
             w.call(
                 COPY,
                 &[
-                    x.tile(r, j.clone() * TILE, m, TILE),
-                    y.tile(r, j * TILE, m, TILE),
+                    x.tile(r.clone(), j.clone() * TILE, m, TILE),
+                    y.tile(r.clone(), j * TILE, m, TILE),
                 ],
                 &[],
             );
         });
-    }
+    });
 }
 
 /// `y = rmsnorm(x) * g` in blocks of [`NORM_ROWS`] rows.
 fn rmsnorm(w: &mut Program, x: TensorId, g: TensorId, y: TensorId, rows: u32, cols: u32) {
     let eps = Expr::Const(EPS.to_bits() as i64);
-    for r0 in (0..rows).step_by(NORM_ROWS as usize) {
-        let n = NORM_ROWS.min(rows - r0);
+    each_block(w, rows, NORM_ROWS, |w, r0, n| {
         w.call(
             RMSNORM,
             &[
-                x.tile(r0, 0, n, cols),
+                x.tile(r0.clone(), 0, n, cols),
                 g.tile(0, 0, 1, cols),
                 y.tile(r0, 0, n, cols),
             ],
             std::slice::from_ref(&eps),
         );
-    }
+    });
 }
 
 /// Declares layer `l`'s tensors.
@@ -750,12 +768,12 @@ fn layer_calls(
         } => {
             gemm(w, [t.hn, wg, gate], b, h, f, true);
             gemm(w, [t.hn, wu, up], b, h, f, true);
-            for (r, m) in row_blocks(b) {
+            row_blocks(w, b, |w, r, m| {
                 w.parallel(Axis::Dense(f / TILE), |w, j| {
-                    let tile = |t: TensorId| t.tile(r, j.clone() * TILE, m, TILE);
+                    let tile = |t: TensorId| t.tile(r.clone(), j.clone() * TILE, m, TILE);
                     w.call(SILU_MUL, &[tile(gate), tile(up), tile(act)], &[]);
                 });
-            }
+            });
             copy_tiles(w, t.h, out, b, h);
             gemm(w, [act, wd, out], b, f, h, false);
             Ok(None)
@@ -764,12 +782,12 @@ fn layer_calls(
             let cfg = s.moe().expect("an MoE layer");
             let ffn = moe_ffn(w, name, t.hn, moe_out, &cfg)?;
             // The residual: out = h + moe, in the GEMM tiles.
-            for (r, m) in row_blocks(b) {
+            row_blocks(w, b, |w, r, m| {
                 w.parallel(Axis::Dense(h / TILE), |w, j| {
-                    let tile = |t: TensorId| t.tile(r, j.clone() * TILE, m, TILE);
+                    let tile = |t: TensorId| t.tile(r.clone(), j.clone() * TILE, m, TILE);
                     w.call(ADD, &[tile(t.h), tile(moe_out), tile(out)], &[]);
                 });
-            }
+            });
             Ok(Some(ffn))
         }
     }

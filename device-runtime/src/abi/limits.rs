@@ -14,6 +14,6 @@ pub const TASK_WINDOW: usize = 2048;
 /// Scratch tensors a table may declare (tensors whose `arena_offset` is
 /// [`SCRATCH_OFFSET`](super::SCRATCH_OFFSET)). The dispatcher keeps one
 /// small record per scratch tensor and one per heap block, so a run's
-/// scratch bookkeeping is a fixed ~4 KiB; a table with more is refused.
-/// 64: two stitched batches of two layers with a dozen intermediates each.
-pub const MAX_SCRATCH: usize = 64;
+/// scratch bookkeeping is a fixed ~8 KiB; a table with more is refused.
+/// 128: a step of 9 unrolled decode layers declares a dozen per layer.
+pub const MAX_SCRATCH: usize = 128;

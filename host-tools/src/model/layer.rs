@@ -977,9 +977,10 @@ fn fill_and_check(
 }
 
 /// Bytes of heap ring a step needs: one layer's scratch tensors, and the
-/// layer's input and output between layers, in 64-byte blocks. A layer's
-/// scratch tensors are freed at its end, so the next layer's first
-/// writer waits for them to retire.
+/// layer's input and output between layers, in 64-byte blocks, and room
+/// for the largest block once more (a block that would cross the ring's
+/// end starts at its beginning). A layer's scratch tensors are freed at
+/// its end, so the next layer's first writer waits for them to retire.
 pub fn heap_bytes(data: &LayerData) -> u64 {
     let s = &data.shape;
     let (b, h, d, qh) = (
@@ -988,11 +989,7 @@ pub fn heap_bytes(data: &LayerData) -> u64 {
         s.d as u64,
         s.q_heads as u64,
     );
-    let mlp = match s.mlp {
-        Mlp::Dense => 3 * b * s.ffn as u64,
-        Mlp::Moe(_) => b * h,
-    };
-    let floats = [
+    let mut floats = vec![
         b * h,
         b * s.qkv() as u64,
         b * qh * d,
@@ -1000,14 +997,18 @@ pub fn heap_bytes(data: &LayerData) -> u64 {
         b * h,
         b * h,
         b * h,
-        mlp,
     ];
-    let blocks: u64 = floats.iter().map(|f| (4 * f).next_multiple_of(64)).sum();
-    if s.layers > 1 {
-        blocks + 2 * (4 * b * h).next_multiple_of(64)
-    } else {
-        blocks
+    match s.mlp {
+        Mlp::Dense => floats.extend([b * s.ffn as u64; 3]),
+        Mlp::Moe(_) => floats.push(b * h),
     }
+    let block = |f: &u64| (4 * f).next_multiple_of(64);
+    let blocks: u64 = floats.iter().map(block).sum();
+    // A block that does not fit before the ring's end starts again at its
+    // beginning, leaving the end unused: room for the largest block more.
+    let largest = floats.iter().map(block).max().unwrap_or(0);
+    let stream = if s.layers > 1 { 2 * block(&(b * h)) } else { 0 };
+    blocks + stream + largest
 }
 
 /// Several independent steps in one program (tensors prefixed `a.`,

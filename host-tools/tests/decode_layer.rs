@@ -260,7 +260,12 @@ fn four_layers_through_a_small_window_and_a_wrapping_ring() {
     let data = LayerData::build(shape, 5).unwrap();
     let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
     let mut arena = w.arena.clone();
-    let kinds = [CoreKind::Cube, CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
+    let kinds = [
+        CoreKind::Cube,
+        CoreKind::Cube,
+        CoreKind::Vector,
+        CoreKind::Vector,
+    ];
     let options = RunOptions {
         window: Some(32),
         ..RunOptions::default()

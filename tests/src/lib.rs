@@ -58,6 +58,37 @@ pub fn firmware() -> PathBuf {
         .clone()
 }
 
+/// Runs workload `w` on the host shim and in QEMU: both must run the
+/// workload's tasks, pass its f64 check and write the same arena, bit for
+/// bit.
+pub fn shim_and_qemu(w: &host_tools::workloads::Workload) {
+    let mut shim = w.arena.clone();
+    let stats = host_tools::shim::Shim::default()
+        .run(&w.table, &mut shim.bytes)
+        .unwrap();
+    assert_eq!(stats.tasks as usize, w.tasks);
+    let outcome = run_in_qemu(&w.table, &w.arena.bytes);
+    assert_eq!(
+        outcome.status, 0,
+        "QEMU run failed:\n{}\n{}",
+        outcome.stdout, outcome.stderr
+    );
+    assert!(
+        outcome.stdout.contains(&format!("tasks={} ", w.tasks)),
+        "expected {} tasks: {}",
+        w.tasks,
+        outcome.stdout
+    );
+    let qemu = host_tools::table::Arena {
+        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
+    };
+    let check = w.verify(&shim);
+    assert!(check.passed(), "shim: {check}");
+    let check = w.verify(&qemu);
+    assert!(check.passed(), "qemu: {check}");
+    assert!(shim.bytes == qemu.bytes, "shim and QEMU arenas differ");
+}
+
 /// Runs `table` with `arena` in QEMU and captures what the firmware printed
 /// and the arena it wrote back.
 pub fn run_in_qemu(table: &[u8], arena: &[u8]) -> QemuOutcome {

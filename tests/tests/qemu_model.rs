@@ -4,37 +4,8 @@
 
 use host_tools::model::layer::shape_of;
 use host_tools::model::{decode_layer_workload, LayerData, Mlp};
-use host_tools::shim::Shim;
-use host_tools::table::Arena;
-use host_tools::workloads::{Params, Workload};
-use wsp_tests::run_in_qemu;
-
-/// Runs `w` on the shim and in QEMU; both must pass and agree bit for bit.
-fn shim_and_qemu(w: &Workload) {
-    let mut shim = w.arena.clone();
-    let stats = Shim::default().run(&w.table, &mut shim.bytes).unwrap();
-    assert_eq!(stats.tasks as usize, w.tasks);
-    let outcome = run_in_qemu(&w.table, &w.arena.bytes);
-    assert_eq!(
-        outcome.status, 0,
-        "QEMU run failed:\n{}\n{}",
-        outcome.stdout, outcome.stderr
-    );
-    assert!(
-        outcome.stdout.contains(&format!("tasks={} ", w.tasks)),
-        "expected {} tasks: {}",
-        w.tasks,
-        outcome.stdout
-    );
-    let qemu = Arena {
-        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
-    };
-    let check = w.verify(&shim);
-    assert!(check.passed(), "shim: {check}");
-    let check = w.verify(&qemu);
-    assert!(check.passed(), "qemu: {check}");
-    assert!(shim.bytes == qemu.bytes, "shim and QEMU arenas differ");
-}
+use host_tools::workloads::Params;
+use wsp_tests::shim_and_qemu;
 
 #[test]
 fn decode_layer_dense_is_bit_identical_in_shim_and_qemu() {

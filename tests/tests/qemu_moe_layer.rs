@@ -5,35 +5,11 @@
 //! bit-identical, both within the f64 reference's bound.
 
 use host_tools::moe_layer::{workload, MoeConfig};
-use host_tools::shim::Shim;
-use host_tools::table::Arena;
-use wsp_tests::run_in_qemu;
+use wsp_tests::shim_and_qemu;
 
 fn bit_identical(cfg: &MoeConfig, seed: u64, skew: bool) {
     let w = workload("moe-layer", cfg, seed, skew).unwrap();
-    let mut shim = w.arena.clone();
-    let stats = Shim::default().run(&w.table, &mut shim.bytes).unwrap();
-    assert_eq!(stats.tasks as usize, w.tasks);
-    let outcome = run_in_qemu(&w.table, &w.arena.bytes);
-    assert_eq!(
-        outcome.status, 0,
-        "QEMU run failed:\n{}\n{}",
-        outcome.stdout, outcome.stderr
-    );
-    assert!(
-        outcome.stdout.contains(&format!("tasks={} ", w.tasks)),
-        "expected {} tasks: {}",
-        w.tasks,
-        outcome.stdout
-    );
-    let qemu = Arena {
-        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
-    };
-    let check = w.verify(&shim);
-    assert!(check.passed(), "shim: {check}");
-    let check = w.verify(&qemu);
-    assert!(check.passed(), "qemu: {check}");
-    assert!(shim.bytes == qemu.bytes, "shim and QEMU arenas differ");
+    shim_and_qemu(&w);
 }
 
 #[test]

@@ -5,9 +5,7 @@
 
 use host_tools::attention::sparse::{sparse_workload, SparseData, SparseShape, Tier, Tiers};
 use host_tools::attention::DecodeShape;
-use host_tools::shim::Shim;
-use host_tools::table::Arena;
-use wsp_tests::run_in_qemu;
+use wsp_tests::shim_and_qemu;
 
 #[test]
 fn sparse_decode_is_bit_identical_in_shim_and_qemu() {
@@ -38,27 +36,5 @@ fn sparse_decode_is_bit_identical_in_shim_and_qemu() {
     };
     let data = SparseData::build(shape, 4).unwrap();
     let w = sparse_workload("sparse-decode", &data).unwrap();
-    let mut shim = w.arena.clone();
-    let stats = Shim::default().run(&w.table, &mut shim.bytes).unwrap();
-    assert_eq!(stats.tasks as usize, w.tasks);
-    let outcome = run_in_qemu(&w.table, &w.arena.bytes);
-    assert_eq!(
-        outcome.status, 0,
-        "QEMU run failed:\n{}\n{}",
-        outcome.stdout, outcome.stderr
-    );
-    assert!(
-        outcome.stdout.contains(&format!("tasks={} ", w.tasks)),
-        "expected {} tasks: {}",
-        w.tasks,
-        outcome.stdout
-    );
-    let qemu = Arena {
-        bytes: outcome.arena_out.expect("the firmware writes arena.out"),
-    };
-    let check = w.verify(&shim);
-    assert!(check.passed(), "shim: {check}");
-    let check = w.verify(&qemu);
-    assert!(check.passed(), "qemu: {check}");
-    assert!(shim.bytes == qemu.bytes, "shim and QEMU arenas differ");
+    shim_and_qemu(&w);
 }

@@ -18,12 +18,11 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use device_runtime::abi::Table;
-use device_runtime::expand::{Expander, Next, TaskSpec};
+use device_runtime::expand::TaskSpec;
 use host_tools::attention::device;
 use host_tools::attention::plan::{choose_chunk, CostModel, Plan, Strategy};
 use host_tools::attention::workload::{decode_table, shape_of};
 use host_tools::attention::DecodeData;
-use host_tools::inspect::HostExpansion;
 use host_tools::table::Arena;
 use host_tools::workloads::Params;
 
@@ -89,26 +88,6 @@ fn main() {
     device_expansion(reps / 100 + 1);
 }
 
-/// Expands the whole program of `table`; returns the tasks.
-#[inline(never)]
-fn expand_all(table: &Table<'_>, arena: &[u8]) -> u64 {
-    let mut expander = Expander::new(table);
-    let mut cx = HostExpansion {
-        arena: Some(arena),
-        symbols: &[],
-        next: 0,
-        needs_data: false,
-    };
-    let mut spec = TaskSpec::empty();
-    loop {
-        match expander.step_into(table, &mut cx, &mut spec).unwrap() {
-            Next::Task => cx.next += 1,
-            Next::Done => return cx.next,
-            _ => {}
-        }
-    }
-}
-
 /// Reads every task record of `table`; returns a checksum.
 #[inline(never)]
 fn read_records(table: &Table<'_>) -> u64 {
@@ -144,13 +123,15 @@ fn device_expansion(reps: u32) {
         arena.write_i32(w.layout(t.attn.lens), &lens);
         arena.write_i32(w.layout(t.plan), &[chunk as i32]);
         let plan = Plan::with_chunk(&shape, chunk);
-        let tasks = expand_all(&table, &arena.bytes);
+        let tasks = host_tools::inspect::expand_program(&table, &arena.bytes).unwrap();
         assert_eq!(tasks as usize, 1 + plan.items.len() + plan.merges());
         let (host, _, _) = decode_table(&data, &plan).unwrap();
         let host_bytes = host.finish().unwrap();
         let host_table = Table::parse(&host_bytes).unwrap();
         assert_eq!(host_table.tasks().len() as u64, tasks - 1);
-        let expand = time(reps, || expand_all(&table, &arena.bytes)) / tasks as f64;
+        let expand = time(reps, || {
+            host_tools::inspect::expand_program(&table, &arena.bytes).unwrap()
+        }) / tasks as f64;
         let records = time(reps, || read_records(&host_table)) / (tasks - 1) as f64;
         println!(
             "{:<16} {cores:>5} {chunk:>7} {tasks:>6} {expand:>18.1} {records:>14.1} {:>6.2}",

@@ -9,43 +9,15 @@
 //! Run: `cargo bench -p host-tools --bench decode_scale`.
 //! `WSP_BENCH_SMOKE=1` uses 1 layer of 64 requests (the CI smoke run).
 
-use std::hint::black_box;
 use std::time::Instant;
 
 use device_runtime::abi::Table;
-use device_runtime::expand::{Expander, Next, TaskSpec};
 use device_runtime::sched::RunOptions;
 use host_tools::attention::plan::{choose_chunk, CostModel};
-use host_tools::inspect::HostExpansion;
 use host_tools::model::layer::{decode_layer_workload, task_count, PLAN_CORES};
 use host_tools::model::{LayerData, LayerShape, Mlp};
 use host_tools::semantic::run_semantic;
 use wsp_ffi::CoreKind;
-
-/// Expands the whole program with the orchestrator's answers stubbed;
-/// returns the tasks.
-#[inline(never)]
-fn expand_all(table: &Table<'_>, arena: &[u8]) -> u64 {
-    let mut expander = Expander::new(table);
-    let mut cx = HostExpansion {
-        arena: Some(arena),
-        symbols: &[],
-        next: 0,
-        needs_data: false,
-    };
-    let mut spec = TaskSpec::empty();
-    loop {
-        match expander.step_into(table, &mut cx, &mut spec).unwrap() {
-            Next::Task => {
-                black_box(&spec);
-                cx.next += 1;
-            }
-            Next::Done => break,
-            _ => {}
-        }
-    }
-    cx.next
-}
 
 fn main() {
     let smoke = std::env::var_os("WSP_BENCH_SMOKE").is_some();
@@ -89,7 +61,7 @@ fn main() {
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        let n = expand_all(&table, &arena.bytes);
+        let n = host_tools::inspect::expand_program(&table, &arena.bytes).unwrap();
         times.push(t.elapsed().as_secs_f64());
         assert_eq!(n as usize, w.tasks);
     }

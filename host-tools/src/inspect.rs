@@ -9,7 +9,7 @@ use device_runtime::abi::{
     table_checksum, Instr, KernelDesc, Region, SectionRef, StreamOp, Table, TableHeader, TaskDesc,
     TensorArg, TensorDesc, MAGIC, STREAM_OP_RECORD, STREAM_OP_WAIT,
 };
-use device_runtime::expand::Context;
+use device_runtime::expand::{Context, Expander, Next, TaskSpec};
 
 use crate::program::CspNames;
 use crate::task_count::{count_tasks, TaskCount};
@@ -400,6 +400,31 @@ impl Context for HostExpansion<'_> {
                 self.needs_data = true;
                 0
             }
+        }
+    }
+}
+
+/// Expands `table`'s program with the device's expander over `arena` (a
+/// [`HostExpansion`]: every iteration complete, no writer pending) and
+/// returns the tasks it gave, with no limit on the work: for benches that
+/// time the expander on a program they built.
+pub fn expand_program(table: &Table<'_>, arena: &[u8]) -> Result<u64, String> {
+    let mut expander = Expander::new(table);
+    let mut cx = HostExpansion {
+        arena: Some(arena),
+        symbols: &[],
+        next: 0,
+        needs_data: false,
+    };
+    let mut spec = TaskSpec::empty();
+    loop {
+        match expander
+            .step_into(table, &mut cx, &mut spec)
+            .map_err(|e| e.to_string())?
+        {
+            Next::Task => cx.next += 1,
+            Next::Done => return Ok(cx.next),
+            _ => {}
         }
     }
 }

@@ -359,6 +359,17 @@ inline bool same_shape(const WspTensorView &a, const WspTensorView &b) {
     return a.rows == b.rows && a.cols == b.cols;
 }
 
+/* A routing threshold scalar: valid when its high bits are zero and it is
+ * finite with 0 <= threshold < 1 (a NaN fails the comparison; -0 is
+ * accepted as 0). */
+inline bool threshold_from_scalar(uint64_t raw, float *threshold) {
+    if ((raw >> 32) != 0) return false;
+    const float t = __builtin_bit_cast(float, static_cast<uint32_t>(raw));
+    if (!(t >= 0.0f && t < 1.0f)) return false;
+    *threshold = t;
+    return true;
+}
+
 }  // namespace wsp
 
 #endif /* WSP_TILE_HPP */

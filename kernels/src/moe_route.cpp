@@ -40,14 +40,6 @@ constexpr int kMaxK = 64;
 using Probs = Tile<float, kMaxTokens, kMaxExperts>;
 using Column = Tile<float, kMaxTokens, 1>;
 using Flags = Tile<uint8_t, kMaxTokens, kMaxExperts>;
-
-bool threshold_from_scalar(uint64_t raw, float *threshold) {
-    if ((raw >> 32) != 0) return false;
-    const float t = __builtin_bit_cast(float, static_cast<uint32_t>(raw));
-    if (!(t >= 0.0f && t < 1.0f)) return false;
-    *threshold = t;
-    return true;
-}
 }  // namespace
 
 extern "C" uint64_t wsp_kernel_moe_route(const WspKernelArgs *args) {

@@ -45,16 +45,6 @@ using Flags = Tile<uint8_t, kMaxTokens, kMaxExperts>;
 constexpr uint8_t kFree = 0;
 constexpr uint8_t kPicked = 1;
 constexpr uint8_t kKept = 2;
-
-/* The threshold is valid when its high bits are zero and it is finite with
- * 0 <= threshold < 1 (a NaN fails the comparison; -0 is accepted as 0). */
-bool threshold_from_scalar(uint64_t raw, float *threshold) {
-    if ((raw >> 32) != 0) return false;
-    const float t = __builtin_bit_cast(float, static_cast<uint32_t>(raw));
-    if (!(t >= 0.0f && t < 1.0f)) return false;
-    *threshold = t;
-    return true;
-}
 }  // namespace
 
 extern "C" uint64_t wsp_kernel_route_topk(const WspKernelArgs *args) {

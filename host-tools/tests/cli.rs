@@ -271,3 +271,27 @@ fn the_pipeline_runs_at_a_depth_and_inspect_names_its_channels() {
         assert!(text.contains(want), "no `{want}` in\n{text}");
     }
 }
+
+/// The table line counts a table's task records and its program apart:
+/// `mlp-scratch` has 48 task records and a program of one instruction (its
+/// `HEAP`), `decode-layer-dense` only a program.
+#[test]
+fn the_table_line_tells_task_records_from_a_program() {
+    let line = |o: &Output| {
+        stdout(o)
+            .lines()
+            .find(|l| l.starts_with("table "))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let o = wsp(&["run", "mlp-scratch"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        line(&o).contains("48 task records and a program of 1 instruction,"),
+        "{}",
+        line(&o)
+    );
+    let o = wsp(&["run", "gemm"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!line(&o).contains("program"), "{}", line(&o));
+}

@@ -718,9 +718,19 @@ fn run(cli: Cli) -> Result<bool> {
             }
             let parsed =
                 device_runtime::abi::Table::parse(w.table()).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let program = match parsed.program().len() {
-                0 => String::new(),
-                n => format!(" (a program of {n} instructions, expanded on the device)"),
+            let plural =
+                |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+            let program = match (parsed.tasks().len(), parsed.program().len()) {
+                (_, 0) => String::new(),
+                (0, n) => format!(
+                    " (a program of {}, expanded on the device)",
+                    plural(n, "instruction")
+                ),
+                (t, n) => format!(
+                    " ({} and a program of {}, expanded on the device)",
+                    plural(t, "task record"),
+                    plural(n, "instruction")
+                ),
             };
             say!(
                 "table     {} tasks{program}, {} bytes, arena {} bytes",

@@ -122,19 +122,17 @@ impl Platform for SemanticCores<'_> {
             [running] => running.until,
             _ => return false,
         };
-        let completion = match wsp_ffi::lookup(kernel_id) {
+        let result = match wsp_ffi::lookup(kernel_id) {
             // SAFETY: this fn's contract (views valid and unshared until the
             // completion is polled) covers the kernel, which runs to its end
             // right here, inside that span.
-            Some(info) => match unsafe { info.invoke(args) } {
-                Ok(cycles) => Completion::Done { cycles },
-                Err(_) => Completion::Rejected,
-            },
-            None => Completion::Rejected,
+            Some(info) => unsafe { info.invoke(args) }.unwrap_or(wsp_ffi::WSP_KERNEL_REJECTED),
+            None => wsp_ffi::WSP_KERNEL_REJECTED,
         };
+        let completion = Completion::from_result(result);
         let cycles = match completion {
             Completion::Done { cycles } => cycles,
-            Completion::Rejected => 0,
+            Completion::Rejected | Completion::Failed { .. } => 0,
         };
         let until = start + cycles;
         self.machine.launches.borrow_mut().push(Launch {

@@ -221,22 +221,10 @@ impl<P: Platform> Clock for FaultPlatform<P> {
         self.inner.ticks_per_second()
     }
     fn relax(&self) {
-        // A held task never completes: a clock that moves only when the
-        // scheduler waits (semantic time) would never reach its timeout.
-        // Move it by a millisecond (a real clock just waits).
-        match self.fault {
-            Some(f) if self.holding(f.core) => {
-                let step = (self.ticks_per_second() / 1000).max(1);
-                self.inner.relax_until(self.now().wrapping_add(step))
-            }
-            _ => self.inner.relax(),
-        }
+        self.inner.relax()
     }
     fn pause(&self) {
-        match self.fault {
-            Some(f) if self.holding(f.core) => self.relax(),
-            _ => self.inner.pause(),
-        }
+        self.inner.pause()
     }
     fn relax_until(&self, deadline: u64) {
         self.inner.relax_until(deadline)

@@ -266,3 +266,58 @@ fn faults_have_a_text_form() {
         assert!(Fault::parse(bad).is_err(), "{bad:?}");
     }
 }
+
+/// In semantic time a task that never finishes (or is never taken) ends
+/// the run by its timeout on the semantic clock, which moves while no task
+/// is on any core; the default 10 s timeout passes in little wall time.
+/// Two scheduler threads: the fault's core (3) is not scheduler 0's.
+#[test]
+fn in_semantic_time_a_hung_core_ends_the_run_by_its_timeout() {
+    use device_runtime::sched::SchedConfig;
+    use host_tools::semantic::{run_semantic_with, run_semantic_with_fault};
+    use wsp_ffi::CoreKind::{Cube, Vector};
+    let w = mlp();
+    let kinds = [Cube, Cube, Vector, Vector];
+    let sched = SchedConfig {
+        threads: 2,
+        ..SchedConfig::default()
+    };
+    let options = RunOptions::default();
+    let mut clean = w.arena.clone();
+    run_semantic_with(&w.table, &mut clean.bytes, &kinds, &sched, &options).unwrap();
+    for (kind, timeout) in [
+        (FaultKind::NoFin, options.kernel_timeout_ms),
+        (FaultKind::NoAck, options.ack_timeout_ms),
+    ] {
+        let fault = Fault {
+            kind,
+            core: 3,
+            trigger: Trigger::Nth(1),
+        };
+        let mut arena = w.arena.clone();
+        let start = Instant::now();
+        let result =
+            run_semantic_with_fault(&w.table, &mut arena.bytes, &kinds, &sched, &options, fault);
+        assert!(start.elapsed() < BOUND, "{fault}: {:?}", start.elapsed());
+        let Err(ShimError::Run(e)) = result else {
+            panic!("{fault}: {result:?}");
+        };
+        let (core, waited_ms) = match *e {
+            RunError::KernelTimeout {
+                core, waited_ms, ..
+            } if kind == FaultKind::NoFin => (core, waited_ms),
+            RunError::CoreNoAck {
+                core, waited_ms, ..
+            } if kind == FaultKind::NoAck => (core, waited_ms),
+            e => panic!("{fault}: {e}"),
+        };
+        assert_eq!(core, 3, "{e}");
+        assert!((timeout..timeout + 10).contains(&waited_ms), "{e}");
+        let mut again = w.arena.clone();
+        run_semantic_with(&w.table, &mut again.bytes, &kinds, &sched, &options).unwrap();
+        assert!(
+            again.bytes == clean.bytes,
+            "{fault}: the run after it differs"
+        );
+    }
+}

@@ -336,3 +336,133 @@ impl<P: Platform> Platform for FaultPlatform<P> {
         self.inner.observe(event)
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// Two cores that finish each task at once, in order; task `n` (from
+    /// 1, over both cores) reports `n` cycles.
+    #[derive(Default)]
+    struct Instant {
+        held: [VecDeque<u64>; 2],
+        launched: u64,
+    }
+
+    impl Clock for Instant {
+        fn now(&self) -> u64 {
+            0
+        }
+        fn ticks_per_second(&self) -> u64 {
+            1000
+        }
+    }
+
+    impl Platform for Instant {
+        fn num_cores(&self) -> usize {
+            2
+        }
+        fn core_kind(&self, _core: usize) -> CoreKind {
+            CoreKind::Vector
+        }
+        fn depth(&self) -> usize {
+            2
+        }
+        fn can_queue(&self, core: usize) -> bool {
+            self.held[core].len() == 1
+        }
+        unsafe fn launch(&mut self, core: usize, _kernel_id: u32, _args: &WspKernelArgs) -> bool {
+            self.launched += 1;
+            self.held[core].push_back(self.launched);
+            true
+        }
+        fn poll(&mut self, core: usize) -> Option<Completion> {
+            let cycles = self.held[core].pop_front()?;
+            Some(Completion::Done { cycles })
+        }
+    }
+
+    fn launch(p: &mut FaultPlatform<Instant>, core: usize, kernel_id: u32) -> bool {
+        let args = WspKernelArgs {
+            num_tensors: 0,
+            num_scalars: 0,
+            tensors: [wsp_ffi::WspTensorView {
+                addr: 0,
+                rows: 0,
+                cols: 0,
+                row_stride: 0,
+                dtype: 0,
+            }; 4],
+            scalars: [0; 4],
+        };
+        // SAFETY: the views name no memory and no kernel runs.
+        unsafe { p.launch(core, kernel_id, &args) }
+    }
+
+    fn faulty(kind: FaultKind, trigger: Trigger) -> FaultPlatform<Instant> {
+        let fault = Fault {
+            kind,
+            core: 1,
+            trigger,
+        };
+        FaultPlatform::new(Instant::default(), Some(fault))
+    }
+
+    #[test]
+    fn a_task_that_never_finishes_is_taken_and_withheld_behind_the_one_before() {
+        let mut p = faulty(FaultKind::NoFin, Trigger::Nth(2));
+        assert!(launch(&mut p, 1, 3));
+        assert!(launch(&mut p, 1, 3), "the faulty one, queued behind");
+        assert!(!p.can_queue(1), "nothing queues behind it");
+        assert_eq!(p.poll(1), Some(Completion::Done { cycles: 1 }));
+        assert_eq!(p.poll(1), None);
+        assert!(p.acknowledged(1), "taken, never finished");
+        assert_eq!(p.poll(1), None);
+        assert!(
+            p.inner().held[1].is_empty(),
+            "the inner core was polled clean"
+        );
+        // Other cores are untouched.
+        assert!(launch(&mut p, 0, 3));
+        assert_eq!(p.poll(0), Some(Completion::Done { cycles: 3 }));
+    }
+
+    #[test]
+    fn a_task_never_acknowledged_never_reaches_the_core() {
+        let mut p = faulty(FaultKind::NoAck, Trigger::Nth(2));
+        assert!(launch(&mut p, 1, 3));
+        assert!(launch(&mut p, 1, 3));
+        assert!(p.acknowledged(1), "the oldest task is the one before it");
+        assert_eq!(p.poll(1), Some(Completion::Done { cycles: 1 }));
+        assert!(!p.acknowledged(1));
+        assert_eq!(p.poll(1), None);
+        assert_eq!(p.inner().launched, 1, "the core never saw it");
+    }
+
+    #[test]
+    fn an_error_code_replaces_the_completion_of_the_kernels_first_task() {
+        let mut p = faulty(FaultKind::Error(42), Trigger::Kernel(7));
+        assert!(launch(&mut p, 1, 3));
+        assert!(launch(&mut p, 1, 7));
+        assert_eq!(p.poll(1), Some(Completion::Done { cycles: 1 }));
+        assert_eq!(p.poll(1), Some(Completion::Failed { code: 42 }));
+        assert!(launch(&mut p, 1, 7), "the fault hits once");
+        assert_eq!(p.poll(1), Some(Completion::Done { cycles: 3 }));
+    }
+
+    #[test]
+    fn a_kernel_not_built_in_is_missing_on_its_core_only() {
+        let p = faulty(FaultKind::NotBuiltIn, Trigger::Kernel(7));
+        assert!(!p.has_kernel(1, 7));
+        assert!(p.has_kernel(0, 7));
+        assert!(p.has_kernel(1, 6));
+    }
+
+    #[test]
+    fn a_fault_is_renumbered_for_a_platforms_cores() {
+        let fault = Fault::parse("no-fin:5:1").unwrap();
+        assert_eq!(fault.on_cores([1, 3, 5, 7]).map(|f| f.core), Some(2));
+        assert_eq!(fault.on_cores([0, 2, 4, 6]), None);
+    }
+}

@@ -295,6 +295,14 @@ fn a_fault_ends_the_run_with_its_error() {
         assert!(!o.status.success(), "{fault}: {}", stdout(&o));
         assert!(stderr(&o).contains(says), "{fault}: {}", stderr(&o));
     }
+    // gemm runs no task on vector core 2.
+    let o = wsp(&["run", "gemm", "--fault", "error:2:1:42"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--fault error:2:1:42 never hit"),
+        "{}",
+        stderr(&o)
+    );
     let o = wsp(&["run", "gemm", "--fault", "hang:0:1"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("no-ack:CORE:TASK"), "{}", stderr(&o));

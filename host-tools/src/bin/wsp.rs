@@ -509,6 +509,13 @@ impl RunSetup {
                     (None, None) => shim.run(table, arena)?,
                 })
             })?;
+            // Every fault that hits ends the run with an error.
+            if let Some(fault) = self.fault {
+                bail!(
+                    "--fault {fault} never hit: core {} ran no such task",
+                    fault.core
+                );
+            }
             say!(
                 "ran       {} tasks in {:.3} ms wall",
                 stats.tasks,

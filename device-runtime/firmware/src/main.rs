@@ -202,7 +202,6 @@ static HANDOFFS: [[Handoff; AICPUS]; RUNS] = [const {
     [const {
         Handoff {
             slot: spin::Mutex::new(Slot::Empty),
-            served: spin::Mutex::new(None),
         }
     }; AICPUS]
 }; RUNS];
@@ -237,19 +236,19 @@ const _: () = assert!(AICPUS * core::mem::size_of::<Sched>() <= boot::STACK_SIZE
 /// with it, and CPU 0 [`wait`](Handoff::wait)s for it to collect its figures.
 struct Handoff {
     slot: spin::Mutex<Slot>,
-    /// The scheduler after the run, and its error if it failed, until CPU
-    /// 0 takes them (dropping the scheduler frees its cores' mailboxes for
-    /// the next run).
-    served: spin::Mutex<Option<(Sched, Option<RunError>)>>,
 }
 
-/// Where a [`Handoff`]'s scheduler is before the run. (`repr(u8)`:
-/// `Empty` is a zero tag, so [`HANDOFFS`] stays in `.bss`.)
+/// Where a [`Handoff`]'s scheduler is. (`repr(u8)`: `Empty` is a zero tag,
+/// so [`HANDOFFS`] stays in `.bss`.)
 #[repr(u8)]
 enum Slot {
     Empty,
     Given(Sched),
     Taken,
+    /// After the run, with its error if it failed, until CPU 0 takes it
+    /// back (dropping the scheduler frees its cores' mailboxes for the
+    /// next run).
+    Served(Sched, Option<RunError>),
 }
 
 impl Handoff {
@@ -279,16 +278,19 @@ impl Handoff {
         let result = sched.serve().err();
         let end = sched.platform().now();
         sched.platform().record_run(start, end);
-        *self.served.lock() = Some((sched, result));
+        *self.slot.lock() = Slot::Served(sched, result);
     }
 
     /// CPU 0: waits until the run was served; the scheduler (for its
     /// figures) and its error, if it failed.
     fn wait(&self) -> (Sched, Option<RunError>) {
         loop {
-            if let Some(served) = self.served.lock().take() {
-                return served;
+            let mut slot = self.slot.lock();
+            match core::mem::replace(&mut *slot, Slot::Empty) {
+                Slot::Served(sched, error) => return (sched, error),
+                other => *slot = other,
             }
+            drop(slot);
             clock::relax();
         }
     }

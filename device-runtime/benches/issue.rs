@@ -19,6 +19,7 @@ fn check(completion: Option<Completion>) -> bool {
     match completion {
         Some(Completion::Done { .. }) => true,
         Some(Completion::Rejected) => panic!("the kernel refused its arguments"),
+        Some(Completion::Failed { code }) => panic!("the kernel failed with code {code}"),
         None => {
             std::hint::spin_loop();
             false

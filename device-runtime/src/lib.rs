@@ -18,6 +18,8 @@
 //! - [`exec`]: the one-thread table interpreter ([`exec::run`]).
 //! - [`platform`]: the `Platform` trait and the shared-memory mailbox platform.
 //! - [`mailbox`]: the per-core issue protocol and the core's serve loop.
+//! - [`fault`]: a platform wrapper that injects one fault (a core that does
+//!   not acknowledge or finish a task, a kernel error, a missing kernel).
 //! - [`steal_deque`]: a fixed-capacity Chase-Lev deque: a scheduler thread's
 //!   ready queue that idle threads steal single tasks from.
 //!
@@ -30,7 +32,7 @@
 //!     ├ expand
 //!     │  └ orch
 //!     │     └ abi
-//!     ├ platform
+//!     ├ platform (fault wraps it)
 //!     │  └ mailbox
 //!     └ steal_deque
 //! ```
@@ -46,6 +48,7 @@ pub mod abi;
 pub mod channel;
 pub mod exec;
 pub mod expand;
+pub mod fault;
 pub mod mailbox;
 pub mod orch;
 pub mod platform;

@@ -62,7 +62,7 @@ pub const fn next_id(id: u32) -> u32 {
 struct Payload {
     kernel_id: u32,
     args: WspKernelArgs,
-    /// The core's answer: the kernel's cycles or [`WSP_KERNEL_REJECTED`].
+    /// The core's answer: the kernel's return value ([`Completion::from_result`]).
     result: u64,
 }
 
@@ -164,6 +164,27 @@ pub enum Completion {
     },
     /// The kernel refused its arguments (or the id was unknown to the core).
     Rejected,
+    /// The kernel (or the core) failed with an error code.
+    Failed {
+        /// The code it reported (see [`wsp_ffi::kernel_failed`]).
+        code: u32,
+    },
+}
+
+impl Completion {
+    /// Decodes a core's result word (the kernel's return value): its
+    /// cycles, [`WSP_KERNEL_REJECTED`], or a failure with an error code
+    /// ([`wsp_ffi::KERNEL_FAILED_BASE`] `| code`). Every platform decodes
+    /// the word here.
+    pub const fn from_result(result: u64) -> Completion {
+        if result == WSP_KERNEL_REJECTED {
+            Completion::Rejected
+        } else if let Some(code) = wsp_ffi::failure_code(result) {
+            Completion::Failed { code }
+        } else {
+            Completion::Done { cycles: result }
+        }
+    }
 }
 
 impl IssuePort<'_> {
@@ -235,11 +256,18 @@ impl IssuePort<'_> {
             self.mailbox.payload[(self.oldest & 1) as usize].with(|p| unsafe { (*p).result });
         self.pending -= 1;
         self.oldest = self.last;
-        Some(if result == WSP_KERNEL_REJECTED {
-            Completion::Rejected
-        } else {
-            Completion::Done { cycles: result }
-        })
+        Some(Completion::from_result(result))
+    }
+
+    /// Whether the core has acknowledged (taken) the oldest task issued and
+    /// not yet reported; `true` when there is none. A task not acknowledged
+    /// long after its issue means a core that does not answer.
+    pub fn acknowledged(&self) -> bool {
+        if self.pending == 0 {
+            return true;
+        }
+        let taken = self.mailbox.cond.load(Ordering::Acquire) & !FIN;
+        taken == self.oldest || (self.pending == 2 && taken == self.last)
     }
 }
 
@@ -444,6 +472,62 @@ mod tests {
             assert_eq!(served, Ok(3));
             assert_eq!(seen, vec![(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, 0); 3]);
         });
+    }
+
+    #[test]
+    fn the_result_word_decodes_in_one_place() {
+        assert_eq!(Completion::from_result(0), Completion::Done { cycles: 0 });
+        assert_eq!(
+            Completion::from_result(1234),
+            Completion::Done { cycles: 1234 }
+        );
+        assert_eq!(Completion::from_result(u64::MAX), Completion::Rejected);
+        assert_eq!(
+            Completion::from_result(wsp_ffi::kernel_failed(7)),
+            Completion::Failed { code: 7 }
+        );
+        assert_eq!(
+            Completion::from_result(wsp_ffi::kernel_failed(u32::MAX)),
+            Completion::Failed { code: u32::MAX }
+        );
+        // Just below the failure range: still cycles.
+        let below = wsp_ffi::KERNEL_FAILED_BASE - 1;
+        assert_eq!(
+            Completion::from_result(below),
+            Completion::Done { cycles: below }
+        );
+    }
+
+    #[test]
+    fn acknowledged_follows_the_cores_cond_register() {
+        let mailbox = CoreMailbox::new();
+        let mut port = mailbox.claim_issue().unwrap();
+        assert!(
+            port.acknowledged(),
+            "nothing issued: nothing to acknowledge"
+        );
+        let args = WspKernelArgs {
+            num_tensors: 0,
+            num_scalars: 0,
+            tensors: [view(&mut [], 1); 4],
+            scalars: [0; 4],
+        };
+        // SAFETY: the views name no memory and no core runs the task.
+        assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
+        assert!(!port.acknowledged(), "issued, not taken");
+        mailbox.cond.store(1, Ordering::Release);
+        assert!(port.acknowledged(), "ACK 1");
+        // SAFETY: as above.
+        assert!(unsafe { port.issue(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args) });
+        assert!(
+            port.acknowledged(),
+            "the oldest (1) is taken; 2 waits behind it"
+        );
+        mailbox.cond.store(1 | FIN, Ordering::Release);
+        assert_eq!(port.poll(), Some(Completion::Done { cycles: 0 }));
+        assert!(!port.acknowledged(), "task 2 not taken yet");
+        mailbox.cond.store(2, Ordering::Release);
+        assert!(port.acknowledged());
     }
 
     #[test]

@@ -69,6 +69,24 @@ pub trait Platform: Clock {
     /// The completion of the oldest unreported task of `core`, once it has
     /// finished. Completions come in launch order.
     fn poll(&mut self, core: usize) -> Option<Completion>;
+    /// Whether `core` has acknowledged (taken) its oldest unreported task;
+    /// `true` when it holds none. The scheduler ends a run with
+    /// [`RunError::CoreNoAck`](crate::sched::RunError::CoreNoAck) when a
+    /// task stays unacknowledged past
+    /// [`RunOptions::ack_timeout_ms`](crate::sched::RunOptions::ack_timeout_ms).
+    /// The default, `true`, is for a platform that cannot tell: all of a
+    /// task's time then counts against the kernel timeout.
+    fn acknowledged(&self, _core: usize) -> bool {
+        true
+    }
+    /// Whether kernel `kernel_id` is built into `core` (its code is in the
+    /// core's image). The scheduler checks every kernel a table declares on
+    /// every core of the kernel's kind before anything runs, and ends with
+    /// [`RunError::KernelNotBuiltIn`](crate::sched::RunError::KernelNotBuiltIn)
+    /// if one lacks it. Default: every kernel of the registry is.
+    fn has_kernel(&self, _core: usize, _kernel_id: u32) -> bool {
+        true
+    }
     /// Whether the platform records [`Event`]s (a traced host run). The
     /// scheduler builds an event only when this is true: with the default
     /// (`false`, a constant) the calls compile to nothing.
@@ -142,6 +160,12 @@ impl<P: Platform + ?Sized> Platform for &mut P {
     }
     fn poll(&mut self, core: usize) -> Option<Completion> {
         (**self).poll(core)
+    }
+    fn acknowledged(&self, core: usize) -> bool {
+        (**self).acknowledged(core)
+    }
+    fn has_kernel(&self, core: usize, kernel_id: u32) -> bool {
+        (**self).has_kernel(core, kernel_id)
     }
     fn observing(&self) -> bool {
         (**self).observing()
@@ -262,5 +286,11 @@ impl<C: Clock> Platform for MailboxPlatform<'_, C> {
     }
     fn poll(&mut self, core: usize) -> Option<Completion> {
         self.ports.get_mut(core)?.as_mut()?.poll()
+    }
+    fn acknowledged(&self, core: usize) -> bool {
+        match self.ports.get(core) {
+            Some(Some(port)) => port.acknowledged(),
+            _ => true,
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 pub const WSP_MAX_TENSOR_ARGS: u32 = 4;
 pub const WSP_MAX_SCALARS: u32 = 4;
+pub const WSP_KERNEL_FAILED_BASE: i64 = -8589934592;
 pub const WspDtype_WSP_DTYPE_F32: WspDtype = 1;
 pub const WspDtype_WSP_DTYPE_I32: WspDtype = 2;
 pub type WspDtype = core::ffi::c_uint;

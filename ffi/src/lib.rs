@@ -36,6 +36,26 @@ pub use registry::{all, lookup, ArgAccess, ArgSpec, CoreKind, KernelInfo, Kernel
 /// (`WSP_KERNEL_REJECTED` in the header, a macro bindgen cannot translate).
 pub const WSP_KERNEL_REJECTED: u64 = u64::MAX;
 
+/// The first of the values a kernel returns when it fails with an error code
+/// (`WSP_KERNEL_FAILED_BASE` in the header): `KERNEL_FAILED_BASE | code`
+/// for a 32-bit `code`. See [`kernel_failed`] and [`failure_code`].
+pub const KERNEL_FAILED_BASE: u64 = WSP_KERNEL_FAILED_BASE as u64;
+
+/// The return value of a kernel that fails with error `code`.
+pub const fn kernel_failed(code: u32) -> u64 {
+    KERNEL_FAILED_BASE | code as u64
+}
+
+/// The error code a kernel's return value carries, if it is a failure
+/// ([`kernel_failed`]); `None` for cycles and for `WSP_KERNEL_REJECTED`.
+pub const fn failure_code(result: u64) -> Option<u32> {
+    if result & !0xFFFF_FFFF == KERNEL_FAILED_BASE {
+        Some(result as u32)
+    } else {
+        None
+    }
+}
+
 /// The f32 element type (`WSP_DTYPE_F32`).
 pub const DTYPE_F32: u32 = WspDtype_WSP_DTYPE_F32;
 

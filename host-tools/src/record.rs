@@ -263,6 +263,12 @@ impl<P: Platform> Platform for Observed<'_, P> {
         }
         taken
     }
+    fn acknowledged(&self, core: usize) -> bool {
+        self.inner.acknowledged(core)
+    }
+    fn has_kernel(&self, core: usize, kernel_id: u32) -> bool {
+        self.inner.has_kernel(core, kernel_id)
+    }
     fn poll(&mut self, core: usize) -> Option<Completion> {
         let completion = self.inner.poll(core)?;
         if let Completion::Done { cycles } = completion {

@@ -12,6 +12,7 @@
 use std::cell::{Cell, RefCell};
 
 use device_runtime::abi::Table;
+use device_runtime::fault::{Fault, FaultPlatform};
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::{
     drive_stepped, Arena, ConfigError, DispatchPolicy, Dispatcher, Queues, SchedConfig, Scheduler,
@@ -65,6 +66,11 @@ struct Machine {
     launches: RefCell<Vec<Launch>>,
     now: Cell<u64>,
     makespan: Cell<u64>,
+    /// How far the clock moves when the scheduler waits with no task on
+    /// any core: 0 (a healthy run never waits so), or a millisecond in a
+    /// run with an injected fault, whose withheld task would otherwise
+    /// never let the clock reach its timeout.
+    idle_step: u64,
 }
 
 /// The cores of one scheduler thread, by run-wide number.
@@ -85,9 +91,10 @@ impl Clock for SemanticCores<'_> {
     /// of the machine: jump there.
     fn relax(&self) {
         let busy = self.machine.busy.borrow();
-        if let Some(next) = busy.iter().filter_map(|q| q.first()).map(|b| b.until).min() {
-            let now = &self.machine.now;
-            now.set(now.get().max(next));
+        let now = &self.machine.now;
+        match busy.iter().filter_map(|q| q.first()).map(|b| b.until).min() {
+            Some(next) => now.set(now.get().max(next)),
+            None => now.set(now.get() + self.machine.idle_step),
         }
     }
     /// Nothing happens before the earlier of `deadline` and the earliest
@@ -122,19 +129,17 @@ impl Platform for SemanticCores<'_> {
             [running] => running.until,
             _ => return false,
         };
-        let completion = match wsp_ffi::lookup(kernel_id) {
+        let result = match wsp_ffi::lookup(kernel_id) {
             // SAFETY: this fn's contract (views valid and unshared until the
             // completion is polled) covers the kernel, which runs to its end
             // right here, inside that span.
-            Some(info) => match unsafe { info.invoke(args) } {
-                Ok(cycles) => Completion::Done { cycles },
-                Err(_) => Completion::Rejected,
-            },
-            None => Completion::Rejected,
+            Some(info) => unsafe { info.invoke(args) }.unwrap_or(wsp_ffi::WSP_KERNEL_REJECTED),
+            None => wsp_ffi::WSP_KERNEL_REJECTED,
         };
+        let completion = Completion::from_result(result);
         let cycles = match completion {
             Completion::Done { cycles } => cycles,
-            Completion::Rejected => 0,
+            Completion::Rejected | Completion::Failed { .. } => 0,
         };
         let until = start + cycles;
         self.machine.launches.borrow_mut().push(Launch {
@@ -209,7 +214,33 @@ pub fn run_semantic_custom(
     policy: &mut dyn DispatchPolicy,
     options: &RunOptions,
 ) -> Result<SemanticRun, ShimError> {
-    run_semantic_inner(table, arena, kinds, sched, policy, options, None)
+    run_semantic_inner(table, arena, kinds, sched, policy, options, None, None)
+}
+
+/// As [`run_semantic_with`], with `fault` injected (its core a run-wide
+/// core number; see [`device_runtime::fault`]). A task that never
+/// finishes or is never acknowledged ends the run by its timeout in
+/// semantic time: with no task left on any core, the clock moves a
+/// millisecond each time the scheduler waits.
+pub fn run_semantic_with_fault(
+    table: &[u8],
+    arena: &mut [u8],
+    kinds: &[CoreKind],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    fault: Fault,
+) -> Result<SemanticRun, ShimError> {
+    let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
+    run_semantic_inner(
+        table,
+        arena,
+        kinds,
+        sched,
+        &mut policy,
+        options,
+        None,
+        Some(fault),
+    )
 }
 
 /// As [`run_semantic_with`], with each scheduler thread's platform
@@ -224,9 +255,19 @@ pub fn run_semantic_observed(
     sink: &Sink,
 ) -> Result<SemanticRun, ShimError> {
     let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
-    run_semantic_inner(table, arena, kinds, sched, &mut policy, options, Some(sink))
+    run_semantic_inner(
+        table,
+        arena,
+        kinds,
+        sched,
+        &mut policy,
+        options,
+        Some(sink),
+        None,
+    )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_semantic_inner(
     table: &[u8],
     arena: &mut [u8],
@@ -235,6 +276,7 @@ fn run_semantic_inner(
     policy: &mut dyn DispatchPolicy,
     options: &RunOptions,
     sink: Option<&Sink>,
+    fault: Option<Fault>,
 ) -> Result<SemanticRun, ShimError> {
     let table = Table::parse(table).map_err(ShimError::Table)?;
     let threads = sched.threads;
@@ -245,6 +287,11 @@ fn run_semantic_inner(
         launches: RefCell::new(Vec::new()),
         now: Cell::new(0),
         makespan: Cell::new(0),
+        idle_step: if fault.is_some() {
+            CYCLES_PER_SECOND / 1000
+        } else {
+            0
+        },
     };
     let ids: Vec<Vec<u16>> = groups
         .iter()
@@ -253,10 +300,13 @@ fn run_semantic_inner(
     let queues = crate::heap::queues();
     let mut orch = crate::heap::orchestrator();
     let arena = Arena::new(arena);
-    let platforms = groups.iter().map(|g| SemanticCores {
-        machine: &machine,
-        cores: g.clone(),
-        kinds: g.iter().map(|&c| kinds[c]).collect(),
+    let platforms = groups.iter().map(|g| {
+        let cores = SemanticCores {
+            machine: &machine,
+            cores: g.clone(),
+            kinds: g.iter().map(|&c| kinds[c]).collect(),
+        };
+        FaultPlatform::new(cores, fault.and_then(|f| f.on_cores(g.iter().copied())))
     });
     let mut stats = match sink {
         None => drive(

@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Instant;
 
 use device_runtime::abi::{Table, TableError};
+use device_runtime::fault::{Fault, FaultPlatform};
 use device_runtime::mailbox::{serve, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform, Platform, PlatformError};
 use device_runtime::sched::{
@@ -128,7 +129,19 @@ impl Shim {
     /// thread 0 and the dispatcher, and each further scheduler thread is a
     /// host thread.
     pub fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats, ShimError> {
-        self.run_with(table, arena, None)
+        self.run_with(table, arena, None, None)
+    }
+
+    /// As [`Shim::run`], with `fault` injected (its core a run-wide core
+    /// number; see [`device_runtime::fault`]). The cores and mailboxes are
+    /// the run's own: the next run starts clean.
+    pub fn run_with_fault(
+        &self,
+        table: &[u8],
+        arena: &mut [u8],
+        fault: Fault,
+    ) -> Result<RunStats, ShimError> {
+        self.run_with(table, arena, None, Some(fault))
     }
 
     /// As [`Shim::run`], with each scheduler thread's platform
@@ -140,7 +153,18 @@ impl Shim {
         arena: &mut [u8],
         sink: &Sink,
     ) -> Result<RunStats, ShimError> {
-        self.run_with(table, arena, Some(sink))
+        self.run_with(table, arena, Some(sink), None)
+    }
+
+    /// As [`Shim::run_observed`], with `fault` injected (`None`: none).
+    pub fn run_observed_with_fault(
+        &self,
+        table: &[u8],
+        arena: &mut [u8],
+        sink: &Sink,
+        fault: Option<Fault>,
+    ) -> Result<RunStats, ShimError> {
+        self.run_with(table, arena, Some(sink), fault)
     }
 
     fn run_with(
@@ -148,6 +172,7 @@ impl Shim {
         table: &[u8],
         arena: &mut [u8],
         sink: Option<&Sink>,
+        fault: Option<Fault>,
     ) -> Result<RunStats, ShimError> {
         let table = Table::parse(table).map_err(ShimError::Table)?;
         check_threads(self.sched.threads)?;
@@ -167,7 +192,11 @@ impl Shim {
                 s.spawn(move || serve(mailbox, std::thread::yield_now));
             }
             let result = (0..groups.len())
-                .map(|t| MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock))
+                .map(|t| {
+                    let fault = fault.and_then(|f| f.on_cores(groups[t].iter().copied()));
+                    MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock)
+                        .map(|p| FaultPlatform::new(p, fault))
+                })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(ShimError::Platform)
                 .and_then(|platforms| match sink {
@@ -289,6 +318,10 @@ fn run_threads_observing<'o, P: Platform + Send>(
             Scheduler::new(t, threads, platform, ids, table, arena, &queues, options)
         })
         .collect::<Result<_, ConfigError>>()?;
+    // Every thread's cores have every kernel, before anything runs.
+    for scheduler in &schedulers {
+        scheduler.check_kernels()?;
+    }
     let tps = schedulers[0].platform().ticks_per_second();
     let kinds: Vec<[bool; 2]> = schedulers.iter().map(|s| s.kinds()).collect();
     let mut dispatcher = Dispatcher::new(

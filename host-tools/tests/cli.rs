@@ -295,3 +295,41 @@ fn the_table_line_tells_task_records_from_a_program() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!line(&o).contains("program"), "{}", line(&o));
 }
+
+#[test]
+fn a_fault_ends_the_run_with_its_error() {
+    let timeouts = ["--kernel-timeout-ms", "300", "--ack-timeout-ms", "100"];
+    for (fault, says) in [
+        (
+            "no-ack:0:1",
+            "core 0 did not acknowledge task 0 (kernel 2 (gemm_tile))",
+        ),
+        (
+            "no-fin:0:k2",
+            "task 0 (kernel 2 (gemm_tile)) on core 0 was acknowledged but did not finish",
+        ),
+        (
+            "no-kernel:0:2",
+            "kernel 2 (gemm_tile) is not built into core 0; task 0 calls it",
+        ),
+    ] {
+        let mut args = vec!["run", "gemm", "--threads", "1", "--fault", fault];
+        args.extend(timeouts);
+        let o = wsp(&args);
+        assert!(!o.status.success(), "{fault}: {}", stdout(&o));
+        assert!(stderr(&o).contains(says), "{fault}: {}", stderr(&o));
+    }
+    // gemm runs no task on vector core 2.
+    let o = wsp(&["run", "gemm", "--fault", "error:2:1:42"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--fault error:2:1:42 never hit"),
+        "{}",
+        stderr(&o)
+    );
+    let o = wsp(&["run", "gemm", "--fault", "hang:0:1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no-ack:CORE:TASK"), "{}", stderr(&o));
+    let o = wsp(&["run", "gemm", "--semantic", "--fault", "no-ack:0:1"]);
+    assert!(stderr(&o).contains("semantic time"), "{}", stderr(&o));
+}

@@ -151,6 +151,15 @@ typedef struct WspKernelArgs {
  * task, never a silent result. */
 #define WSP_KERNEL_REJECTED UINT64_MAX
 
+/* A kernel (or the core running it) that fails for a reason other than its
+ * arguments (a fault it detects, a device error) returns
+ * WSP_KERNEL_FAILED_BASE | code, with a 32-bit error code in the low bits:
+ * the values from WSP_KERNEL_FAILED_BASE to WSP_KERNEL_FAILED_BASE +
+ * 0xFFFFFFFF are reserved for it (no kernel costs 2^64 - 2^33 cycles). The
+ * runtime reports it as a typed error naming the task, kernel, core and
+ * code. */
+#define WSP_KERNEL_FAILED_BASE 0xFFFFFFFE00000000ULL
+
 typedef uint64_t (*WspKernelEntry)(const WspKernelArgs *args);
 
 uint64_t wsp_kernel_add(const WspKernelArgs *args);

@@ -13,12 +13,19 @@
 //!   depth per core, no dependency tracking or orchestration), the cheapest
 //!   way to get `N` tasks through the same cores.
 //!
+//! - `fault=F` (with `kernel-timeout-ms=N`, `ack-timeout-ms=N` to shorten
+//!   the waits): the run injects fault `F` (see [`device_runtime::fault`]),
+//!   reports how it ended (`FAULTY RUN ERROR ..`), then runs the table again
+//!   in the same booted image without the fault, from the initial arena,
+//!   and reports that run as a normal one.
+//!
 //! Either mode ends its output with `bench tasks=.. ticks=.. freq=..`
 //! before `RESULT OK`: ticks of the generic timer (CNTVCT_EL0, at `freq`
 //! = CNTFRQ_EL0 per second) from the start of the run to its end.
 
 use core::fmt::Display;
 
+use device_runtime::fault::{BadFault, Fault};
 use device_runtime::platform::{Clock, Completion, MailboxPlatform, Platform};
 use wsp_ffi::{WspKernelArgs, WspKernelId_WSP_KERNEL_ADD as ADD, WspTensorView};
 
@@ -43,14 +50,32 @@ impl Mode {
 /// Bytes of the command line the firmware reads (its path and the words).
 const CMDLINE_MAX: usize = 4096;
 
-/// The mode the semihosting command line asks for, and whether it asks
-/// for a trace (the word `trace`, see [`crate::trace`]). Its first word is
-/// the image's name (QEMU's default command line is the kernel's path); an
+/// What the semihosting command line asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct Words {
+    /// The run's mode.
+    pub mode: Mode,
+    /// Record a trace (the word `trace`, see [`crate::trace`]).
+    pub trace: bool,
+    /// A fault to inject into the run (`fault=..`, in
+    /// [`Fault::parse`]'s form); the table then runs again without it.
+    pub fault: Option<Fault>,
+    /// `kernel-timeout-ms=N`: [`RunOptions::kernel_timeout_ms`](device_runtime::sched::RunOptions::kernel_timeout_ms).
+    pub kernel_timeout_ms: Option<u64>,
+    /// `ack-timeout-ms=N`: [`RunOptions::ack_timeout_ms`](device_runtime::sched::RunOptions::ack_timeout_ms).
+    pub ack_timeout_ms: Option<u64>,
+}
+
+/// What the semihosting command line asks for. Its first word is the
+/// image's name (QEMU's default command line is the kernel's path); an
 /// unknown word after it is an error.
-pub fn mode() -> Result<(Mode, bool), ArgError> {
+pub fn mode() -> Result<Words, ArgError> {
     let args = semihosting::experimental::env::args::<CMDLINE_MAX>().map_err(ArgError::Read)?;
     let mut mode = Mode::Run;
     let mut trace = false;
+    let mut fault = None;
+    let (mut kernel_timeout_ms, mut ack_timeout_ms) = (None, None);
+    let ms = |n: &str| n.parse::<u64>().map_err(|_| ArgError::Millis);
     for arg in (&args).skip(1) {
         let arg = arg.map_err(|_| ArgError::NotUtf8)?;
         if arg.is_empty() {
@@ -58,6 +83,18 @@ pub fn mode() -> Result<(Mode, bool), ArgError> {
         }
         if arg == "trace" {
             trace = true;
+            continue;
+        }
+        if let Some(text) = arg.strip_prefix("fault=") {
+            fault = Some(Fault::parse(text).map_err(ArgError::Fault)?);
+            continue;
+        }
+        if let Some(n) = arg.strip_prefix("kernel-timeout-ms=") {
+            kernel_timeout_ms = Some(ms(n)?);
+            continue;
+        }
+        if let Some(n) = arg.strip_prefix("ack-timeout-ms=") {
+            ack_timeout_ms = Some(ms(n)?);
             continue;
         }
         mode = match (arg, arg.strip_prefix("baseline=")) {
@@ -70,7 +107,16 @@ pub fn mode() -> Result<(Mode, bool), ArgError> {
             _ => return Err(ArgError::Unknown),
         };
     }
-    Ok((mode, trace))
+    if fault.is_some() && (trace || mode != Mode::Run) {
+        return Err(ArgError::FaultAlone);
+    }
+    Ok(Words {
+        mode,
+        trace,
+        fault,
+        kernel_timeout_ms,
+        ack_timeout_ms,
+    })
 }
 
 /// Why the command line names no mode.
@@ -80,6 +126,9 @@ pub enum ArgError {
     NotUtf8,
     Tasks,
     Unknown,
+    Millis,
+    Fault(BadFault),
+    FaultAlone,
 }
 
 impl Display for ArgError {
@@ -89,8 +138,12 @@ impl Display for ArgError {
             ArgError::NotUtf8 => f.write_str("the semihosting command line is not UTF-8"),
             ArgError::Tasks => f.write_str("baseline=N: N must be a whole number above 0"),
             ArgError::Unknown => f.write_str(
-                "unknown word on the semihosting command line (known: empty-kernels, baseline=N, trace)",
+                "unknown word on the semihosting command line (known: empty-kernels, baseline=N, trace, \
+                 fault=F, kernel-timeout-ms=N, ack-timeout-ms=N)",
             ),
+            ArgError::Millis => f.write_str("kernel-timeout-ms=N, ack-timeout-ms=N: N must be a whole number"),
+            ArgError::Fault(e) => write!(f, "fault=: {e}"),
+            ArgError::FaultAlone => f.write_str("fault= runs the table with its kernels, untraced"),
         }
     }
 }

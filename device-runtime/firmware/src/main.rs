@@ -31,6 +31,12 @@
 //! ticks to the output. The word `trace` records the run's events and
 //! writes them to the semihosting file `trace.out` ([`trace`]).
 //!
+//! Faults ([`bench`]'s `fault=F`): the run injects fault `F` through
+//! [`FaultPlatform`], logs `FAULTY RUN ERROR <error>`, puts the arena, the
+//! orchestrator and the queues back as they were before it, and runs the
+//! table again over the same AICores and mailboxes without the fault; that
+//! run's result is reported as above.
+//!
 //! Exit status: 0 success, 1 runtime error (cores, platform, run, writing
 //! `arena.out`), 2 invalid table, 3 CPU exception ([`boot::EXIT_EXCEPTION`]),
 //! 4 invalid launch block or command line, 101 panic.
@@ -49,6 +55,7 @@ mod log;
 mod psci;
 mod trace;
 
+use core::cell::UnsafeCell;
 use core::fmt::Display;
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -58,6 +65,7 @@ use device_runtime::abi::memory_map::{
     ARENA_ADDR, ARENA_MAX, CPUS, LAUNCH_ADDR, LAUNCH_WINDOW, TABLE_ADDR, TABLE_MAX,
 };
 use device_runtime::abi::{table_len, Table, TableError, HEADER_SIZE};
+use device_runtime::fault::{Fault, FaultPlatform};
 use device_runtime::mailbox::{serve, serve_with, CoreMailbox};
 use device_runtime::platform::{Clock, MailboxPlatform};
 use device_runtime::sched::{
@@ -139,21 +147,72 @@ impl Slots {
 static SLOTS: [Slots; AICPUS] = [Slots::new(1), Slots::new(2), Slots::new(3), Slots::new(4)];
 /// One mailbox per worker ([`Slots`] says which run core it plays).
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
-/// The queues between the dispatcher and the scheduler threads.
-static QUEUES: Queues = Queues::new();
-/// The orchestrator of CPU 0 (about 140 KiB: too large for its stack),
-/// locked for good by [`take_orchestrator`].
+/// The queues between the dispatcher and the scheduler threads (see
+/// [`queues`]; put back in their first state by [`snapshot`]).
+static QUEUES: QueuesCell = QueuesCell(UnsafeCell::new(Queues::new()));
+/// The orchestrator of CPU 0 (too large for its stack), locked by a run.
 static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
     spin::Mutex::new(TableOrchestrator::for_tables());
+
+/// The [`Queues`], reset in place between two runs of one booted image.
+struct QueuesCell(UnsafeCell<Queues>);
+
+// SAFETY: the queues are shared through `queues` (they synchronize their
+// own fields); `snapshot` writes them only while nothing uses them.
+unsafe impl Sync for QueuesCell {}
+
+/// The run's queues.
+fn queues() -> &'static Queues {
+    // SAFETY: a shared reference; the queues are only written otherwise by
+    // `snapshot`, while no reference from here is in use.
+    unsafe { &*QUEUES.0.get() }
+}
+
+/// Keeps a bitwise copy of `*value` at address `at`, or (`back`) copies
+/// the copy at `at` back into `*value`. This is how the firmware puts its
+/// large statics back in their first state for a second run: building a
+/// fresh one would take a temporary larger than a CPU's stack.
+///
+/// # Safety
+/// 1. `value` is valid for reads and writes of a `T`, and nothing else uses
+///    `*value` during the call.
+/// 2. `[at, at + size_of::<T>())` is RAM of the arena window that nothing
+///    else uses between the two calls, and a copy back comes from a copy of
+///    the same `value` made earlier.
+/// 3. `T` owns nothing and holds no pointer into itself (the runtime's
+///    queues and orchestrator hold indices and `'static` data only), so a
+///    copy of its bytes made while no one changed it is a valid `T`.
+unsafe fn snapshot<T>(value: *mut T, at: usize, back: bool) {
+    let (value, copy) = (value as *mut u8, at as *mut u8);
+    let (from, to) = if back { (copy, value) } else { (value, copy) };
+    // SAFETY: the caller guarantees 1 and 2, so both ranges are valid and
+    // apart (the statics lie in the image, below the arena window); 3 makes
+    // the bytes copied back a valid `T`.
+    unsafe { core::ptr::copy_nonoverlapping(from, to, core::mem::size_of::<T>()) }
+}
+
+/// Most runs in one booted image: a faulty run and the clean one after it.
+const RUNS: usize = 2;
+/// Runs this image does ([`RUNS`] after a fault, else 1), set by CPU 0
+/// before it starts the others.
+static PLANNED_RUNS: AtomicU32 = AtomicU32::new(1);
+
+/// Scheduler threads 1 .. of each run.
+static HANDOFFS: [[Handoff; AICPUS]; RUNS] = [const {
+    [const {
+        Handoff {
+            slot: spin::Mutex::new(Slot::Empty),
+        }
+    }; AICPUS]
+}; RUNS];
 /// The validated table, shared by every scheduler thread for the whole run.
 static TABLE: spin::Once<Table<'static>> = spin::Once::new();
 /// The run's mode, set by CPU 0 before it starts the others.
 static MODE: spin::Once<Mode> = spin::Once::new();
 
-/// The orchestrator, the first time; `None` after that (its lock is never
-/// released).
-fn take_orchestrator() -> Option<&'static mut TableOrchestrator> {
-    ORCHESTRATOR.try_lock().map(spin::MutexGuard::leak)
+/// The orchestrator for a run; `None` while another run holds it.
+fn take_orchestrator() -> Option<spin::MutexGuard<'static, TableOrchestrator>> {
+    ORCHESTRATOR.try_lock()
 }
 
 /// Keeps `table` for the rest of the run; `None` if one is kept already.
@@ -167,7 +226,7 @@ fn keep_table(table: Table<'static>) -> Option<&'static Table<'static>> {
 }
 
 /// A scheduler thread (1 .. AICPUS) of the run.
-type Sched = Scheduler<'static, Traced<MailboxPlatform<'static, CounterClock>>>;
+type Sched = Scheduler<'static, Traced<FaultPlatform<MailboxPlatform<'static, CounterClock>>>>;
 // Schedulers live on the stacks of CPU 0 (all of them, while it builds
 // them) and of the CPU serving each: they must stay small beside a stack.
 const _: () = assert!(AICPUS * core::mem::size_of::<Sched>() <= boot::STACK_SIZE / 8);
@@ -177,25 +236,20 @@ const _: () = assert!(AICPUS * core::mem::size_of::<Sched>() <= boot::STACK_SIZE
 /// with it, and CPU 0 [`wait`](Handoff::wait)s for it to collect its figures.
 struct Handoff {
     slot: spin::Mutex<Slot>,
-    /// The scheduler after the run, and its error if it failed.
-    served: spin::Once<(Sched, Option<RunError>)>,
 }
 
-/// Where a [`Handoff`]'s scheduler is before the run. (`repr(u8)`:
-/// `Empty` is a zero tag, so [`HANDOFFS`] stays in `.bss`.)
+/// Where a [`Handoff`]'s scheduler is. (`repr(u8)`: `Empty` is a zero tag,
+/// so [`HANDOFFS`] stays in `.bss`.)
 #[repr(u8)]
 enum Slot {
     Empty,
     Given(Sched),
     Taken,
+    /// After the run, with its error if it failed, until CPU 0 takes it
+    /// back (dropping the scheduler frees its cores' mailboxes for the
+    /// next run).
+    Served(Sched, Option<RunError>),
 }
-
-static HANDOFFS: [Handoff; AICPUS] = [const {
-    Handoff {
-        slot: spin::Mutex::new(Slot::Empty),
-        served: spin::Once::new(),
-    }
-}; AICPUS];
 
 impl Handoff {
     /// CPU 0: hands `sched` to the CPU that serves this handoff. `false`
@@ -224,16 +278,19 @@ impl Handoff {
         let result = sched.serve().err();
         let end = sched.platform().now();
         sched.platform().record_run(start, end);
-        self.served.call_once(|| (sched, result));
+        *self.slot.lock() = Slot::Served(sched, result);
     }
 
     /// CPU 0: waits until the run was served; the scheduler (for its
     /// figures) and its error, if it failed.
-    fn wait(&self) -> &(Sched, Option<RunError>) {
+    fn wait(&self) -> (Sched, Option<RunError>) {
         loop {
-            if let Some(served) = self.served.get() {
-                return served;
+            let mut slot = self.slot.lock();
+            match core::mem::replace(&mut *slot, Slot::Empty) {
+                Slot::Served(sched, error) => return (sched, error),
+                other => *slot = other,
             }
+            drop(slot);
             clock::relax();
         }
     }
@@ -248,20 +305,26 @@ const ONLINE_TIMEOUT_MS: u64 = 1000;
 /// CPU 0, called by the boot code with a stack, FP on and `.bss` zeroed.
 extern "C" fn primary_main() -> ! {
     let clock = CounterClock::new();
-    let (mode, traced) = match bench::mode() {
-        Ok((mode, traced)) => (*MODE.call_once(|| mode), traced),
+    let words = match bench::mode() {
+        Ok(words) => words,
         Err(e) => fail(EXIT_LAUNCH, e),
     };
+    let (mode, traced) = (*MODE.call_once(|| words.mode), words.trace);
     if traced {
         trace::enable();
     }
     if let Mode::Baseline { tasks } = mode {
         run_baseline(clock, tasks);
     }
-    let (options, sched) = match load_launch() {
+    let (mut options, sched) = match load_launch() {
         Ok(launch) => launch,
         Err(e) => fail(EXIT_LAUNCH, e),
     };
+    options.kernel_timeout_ms = words.kernel_timeout_ms.unwrap_or(options.kernel_timeout_ms);
+    options.ack_timeout_ms = words.ack_timeout_ms.unwrap_or(options.ack_timeout_ms);
+    if words.fault.is_some() {
+        PLANNED_RUNS.store(RUNS as u32, Ordering::Release);
+    }
     if let Err(e) = start_cpus(&clock, sched.threads) {
         fail(EXIT_RUN, e);
     }
@@ -288,7 +351,19 @@ extern "C" fn primary_main() -> ! {
     //    threads turn it into tensor views only for the kernels they issue,
     //    under `IssuePort::issue`'s contract.
     let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
-    let result = run_threads(table, Arena::new(arena), clock, &options, &sched);
+    let (arena, run) = match words.fault {
+        None => (arena, 0),
+        Some(fault) => {
+            faulty_run(table, arena, clock, &options, &sched, fault);
+            // SAFETY: as above; the faulty run is over: its schedulers were
+            // handed back and dropped and its cores drained, so nothing
+            // uses the slice it was given any more.
+            let arena =
+                unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
+            (arena, 1)
+        }
+    };
+    let result = run_threads(table, Arena::new(arena), clock, &options, &sched, None, run);
     MAILBOXES.iter().for_each(CoreMailbox::request_exit);
     match result {
         Ok(stats) => {
@@ -325,6 +400,92 @@ extern "C" fn primary_main() -> ! {
         }
         Err(e) => fail(EXIT_RUN, e),
     }
+}
+
+/// The `fault=` run: keeps a copy of the initial arena in the upper half
+/// of the arena window, runs the table with `fault`, reports how the run
+/// ended (`FAULTY RUN ERROR ..`), and puts the initial arena back for the
+/// clean run after it. The AICores keep serving: the next run uses the
+/// same mailboxes. Exits if the fault did not end the run.
+fn faulty_run(
+    table: &'static Table<'static>,
+    arena: &'static mut [u8],
+    clock: CounterClock,
+    options: &RunOptions,
+    sched: &SchedConfig,
+    fault: Fault,
+) {
+    const HALF: usize = ARENA_MAX / 2;
+    let len = arena.len();
+    if len > HALF {
+        fail(
+            EXIT_RUN,
+            format_args!(
+                "fault=: an arena of {len} bytes leaves no room for its copy ({HALF} at most)"
+            ),
+        );
+    }
+    // SAFETY: `from_raw_parts_mut` needs the bytes valid, initialized and
+    // unaliased while the slice is used: [ARENA_ADDR + HALF, + len) lies in
+    // the arena window (len <= HALF), past the table's arena (which ends at
+    // ARENA_ADDR + len <= ARENA_ADDR + HALF); RAM reads as bytes, and
+    // nothing else in the image refers to that part of the window.
+    let copy = unsafe { core::slice::from_raw_parts_mut((ARENA_ADDR + HALF) as *mut u8, len) };
+    copy.copy_from_slice(arena);
+    // The orchestrator and the queues in their first state, after the copy.
+    let orch_at = (ARENA_ADDR + HALF + len).next_multiple_of(64);
+    let queues_at = (orch_at + core::mem::size_of::<TableOrchestrator>()).next_multiple_of(64);
+    if queues_at + core::mem::size_of::<Queues>() > ARENA_ADDR + ARENA_MAX {
+        fail(
+            EXIT_RUN,
+            "fault=: no room to keep the runtime's first state",
+        );
+    }
+    // SAFETY: 1. no run is going on: nothing else uses the orchestrator
+    // (this holds its lock) or the queues. 2. both copies lie in the arena
+    // window past the arena's copy (checked just above), which nothing
+    // else uses. 3. see `snapshot`.
+    unsafe {
+        snapshot(&mut *ORCHESTRATOR.lock(), orch_at, false);
+        snapshot(QUEUES.0.get(), queues_at, false);
+    }
+    let result = run_threads(
+        table,
+        Arena::new(arena),
+        clock,
+        options,
+        sched,
+        Some(fault),
+        0,
+    );
+    match result {
+        // The errors a fault ends a run with, all after every scheduler
+        // thread took its scheduler (so each hands it back before the next run).
+        Err(RunFailure::Run(
+            e @ (RunError::KernelFailed { .. }
+            | RunError::CoreNoAck { .. }
+            | RunError::KernelTimeout { .. }
+            | RunError::KernelNotBuiltIn { .. }),
+        )) => {
+            defmt::info!("FAULTY RUN ERROR {}", Display2Format(&e));
+        }
+        Err(e) => fail(EXIT_RUN, format_args!("fault={fault}: {e}")),
+        Ok(_) => fail(
+            EXIT_RUN,
+            format_args!("fault={fault}: the run finished; the fault never hit"),
+        ),
+    }
+    // SAFETY: as for the copies above; the run is over: its dispatcher and
+    // schedulers are dropped and every scheduler thread has handed its own
+    // back, so nothing uses the orchestrator or the queues.
+    unsafe {
+        snapshot(&mut *ORCHESTRATOR.lock(), orch_at, true);
+        snapshot(QUEUES.0.get(), queues_at, true);
+    }
+    // SAFETY: the run is over (its schedulers handed back and dropped, its
+    // cores drained): nothing but this function uses the arena now.
+    let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, len) };
+    arena.copy_from_slice(copy);
 }
 
 /// The `baseline=N` mode: `tasks` tasks through every core with launch +
@@ -388,6 +549,8 @@ fn run_threads(
     clock: CounterClock,
     options: &RunOptions,
     sched: &SchedConfig,
+    fault: Option<Fault>,
+    run: usize,
 ) -> Result<RunStats, RunFailure> {
     let threads = sched.threads;
     let slots = &SLOTS[threads - 1];
@@ -398,6 +561,9 @@ fn run_threads(
         let platform =
             MailboxPlatform::new(&MAILBOXES[cores.clone()], &slots.kind[cores.clone()], clock)
                 .map_err(RunFailure::Platform)?;
+        let fault =
+            fault.and_then(|f| f.on_cores(slots.core[cores.clone()].iter().map(|&c| c as usize)));
+        let platform = FaultPlatform::new(platform, fault);
         let platform = Traced::new(platform, t, &slots.core[cores.clone()]);
         let scheduler = Scheduler::new(
             t,
@@ -406,7 +572,7 @@ fn run_threads(
             &slots.core[cores],
             table,
             arena,
-            &QUEUES,
+            queues(),
             options,
         )
         .map_err(|e| RunFailure::Run(RunError::Config(e)))?;
@@ -417,14 +583,14 @@ fn run_threads(
         .policy
         .build()
         .map_err(|e| RunFailure::Run(RunError::Config(ConfigError::Policy(e))))?;
-    let orch =
+    let mut orch =
         take_orchestrator().ok_or(RunFailure::Internal("the orchestrator is already in use"))?;
     let mut dispatcher = Dispatcher::new(
         table,
         arena,
         options,
-        orch,
-        &QUEUES,
+        &mut orch,
+        queues(),
         &mut policy,
         sched,
         &kinds[..threads],
@@ -435,7 +601,7 @@ fn run_threads(
         .ok_or(RunFailure::Internal("no scheduler thread 0"))?;
     for (t, scheduler) in schedulers.iter_mut().enumerate().skip(1) {
         if let Some(scheduler) = scheduler.take() {
-            if !HANDOFFS[t].give(scheduler) {
+            if !HANDOFFS[run][t].give(scheduler) {
                 return Err(RunFailure::Internal("a scheduler thread was given twice"));
             }
         }
@@ -448,11 +614,11 @@ fn run_threads(
     let wall = end.wrapping_sub(start);
     let mut stats = RunStats::collect(&dispatcher, core::slice::from_ref(&leader), tps, wall);
     let mut failure = None;
-    for handoff in &HANDOFFS[1..threads] {
+    for handoff in &HANDOFFS[run][1..threads] {
         let (scheduler, error) = handoff.wait();
-        stats.add_thread(scheduler);
+        stats.add_thread(&scheduler);
         if let Some(e) = error {
-            failure.get_or_insert(*e);
+            failure.get_or_insert(e);
         }
     }
     match (led, failure) {
@@ -467,7 +633,10 @@ fn run_threads(
 extern "C" fn secondary_main(cpu: usize) -> ! {
     ONLINE.fetch_or(1 << cpu, Ordering::Release);
     if cpu < AICPUS {
-        HANDOFFS[cpu].serve();
+        let runs = PLANNED_RUNS.load(Ordering::Acquire) as usize;
+        for handoffs in &HANDOFFS[..runs.min(RUNS)] {
+            handoffs[cpu].serve();
+        }
     } else {
         let mailbox = &MAILBOXES[cpu - AICPUS];
         let served = if MODE.wait().empty_kernels() {

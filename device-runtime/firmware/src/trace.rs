@@ -267,6 +267,12 @@ impl<P: Platform> Platform for Traced<P> {
     }
 
     #[inline]
+    fn acknowledged(&self, core: usize) -> bool {
+        self.inner.acknowledged(core)
+    }
+    fn has_kernel(&self, core: usize, kernel_id: u32) -> bool {
+        self.inner.has_kernel(core, kernel_id)
+    }
     fn poll(&mut self, core: usize) -> Option<Completion> {
         let completion = self.inner.poll(core)?;
         if self.traced {

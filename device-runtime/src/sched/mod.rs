@@ -384,6 +384,9 @@ pub fn drive_stepped<P: crate::platform::Platform>(
     schedulers: &mut [Scheduler<'_, P>],
 ) -> Result<(), RunError> {
     let result = (|| {
+        for s in schedulers.iter() {
+            s.check_kernels()?;
+        }
         while !dispatcher.finished() {
             let now = schedulers[0].now();
             let mut progress = dispatcher.step(now)?;
@@ -422,6 +425,7 @@ pub fn drive_leader<P: crate::platform::Platform>(
 ) -> Result<(), RunError> {
     let queues = dispatcher.queues();
     let result = (|| {
+        scheduler.check_kernels()?;
         while !dispatcher.finished() {
             if queues.state() == ABORTED {
                 return Err(RunError::ThreadFailed);

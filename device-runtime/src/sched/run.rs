@@ -44,8 +44,18 @@ impl TableOrchestrator {
 /// Settings of one run.
 #[derive(Clone, Copy, Debug)]
 pub struct RunOptions {
-    /// How long one kernel may run before the run ends with an error.
+    /// How long one task may take, from its start (its issue to an idle
+    /// core, or the end of the task before it on its core) to its finish,
+    /// before the run ends with [`RunError::KernelTimeout`]. Default 10 000
+    /// ms (10 s).
     pub kernel_timeout_ms: u64,
+    /// How long a core may leave a task unacknowledged (not taken) from its
+    /// start before the run ends with [`RunError::CoreNoAck`]: a core that
+    /// does not answer, told apart from a kernel that does not finish.
+    /// Default 1 000 ms (1 s); a core acknowledges within microseconds, so
+    /// it is well below the kernel timeout, and only platforms that report
+    /// acknowledgements ([`Platform::acknowledged`]) apply it.
+    pub ack_timeout_ms: u64,
     /// Tasks a scheduler thread hands one core at most: 1 (issue to idle
     /// cores only) or 2 (also queue the next task behind a running one, in
     /// the issue protocol's second payload buffer, so that the core starts
@@ -69,6 +79,7 @@ impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
             kernel_timeout_ms: 10_000,
+            ack_timeout_ms: 1_000,
             issue_depth: None,
             symbols: Symbols::default(),
             window: None,
@@ -321,7 +332,34 @@ pub enum RunError {
         kernel_id: u32,
         core: u32,
     },
-    /// The kernel did not finish in time; the core may still own its regions.
+    /// The kernel (or its core) failed with error `code`
+    /// ([`Completion::Failed`](crate::platform::Completion::Failed)).
+    KernelFailed {
+        task: u32,
+        kernel_id: u32,
+        core: u32,
+        code: u32,
+    },
+    /// The core did not acknowledge (take) the task within
+    /// [`RunOptions::ack_timeout_ms`]: it does not answer.
+    CoreNoAck {
+        task: u32,
+        kernel_id: u32,
+        core: u32,
+        waited_ms: u64,
+    },
+    /// Kernel `kernel_id`, which the table declares, is not built into
+    /// `core` ([`Platform::has_kernel`]); found before anything runs. The
+    /// first task calling it is named: `task` of the tasks section, or the
+    /// program's call at instruction `pc` (neither: no task calls it).
+    KernelNotBuiltIn {
+        kernel_id: u32,
+        core: u32,
+        task: Option<u32>,
+        pc: Option<u32>,
+    },
+    /// The core acknowledged the task but its kernel did not finish within
+    /// [`RunOptions::kernel_timeout_ms`]; the core may still own its regions.
     KernelTimeout {
         task: u32,
         kernel_id: u32,
@@ -397,15 +435,40 @@ impl fmt::Display for RunError {
                 write!(f, "data arena of {available} bytes, the table needs {needed}")
             }
             RunError::NoCoreForKind { task, kernel_id, kind } => {
-                write!(f, "task {task} calls kernel {kernel_id}, which needs a {kind:?} core; the platform has none")
+                let kernel = KernelName(kernel_id);
+                write!(f, "task {task} calls kernel {kernel}, which needs a {kind:?} core; the platform has none")
             }
             RunError::KernelRejected { task, kernel_id, core } => {
-                write!(f, "kernel {kernel_id} rejected the arguments of task {task} on core {core}")
+                let kernel = KernelName(kernel_id);
+                write!(f, "kernel {kernel} rejected the arguments of task {task} on core {core}")
             }
-            RunError::KernelTimeout { task, kernel_id, core, waited_ms } => write!(
-                f,
-                "task {task} (kernel {kernel_id}) on core {core} did not finish within {waited_ms} ms"
-            ),
+            RunError::KernelFailed { task, kernel_id, core, code } => {
+                let kernel = KernelName(kernel_id);
+                write!(f, "task {task} (kernel {kernel}) failed on core {core} with error code {code}")
+            }
+            RunError::CoreNoAck { task, kernel_id, core, waited_ms } => {
+                let kernel = KernelName(kernel_id);
+                write!(
+                    f,
+                    "core {core} did not acknowledge task {task} (kernel {kernel}) within {waited_ms} ms: the core does not answer"
+                )
+            }
+            RunError::KernelNotBuiltIn { kernel_id, core, task, pc } => {
+                let kernel = KernelName(kernel_id);
+                write!(f, "kernel {kernel} is not built into core {core}; ")?;
+                match (task, pc) {
+                    (Some(task), _) => write!(f, "task {task} calls it"),
+                    (None, Some(pc)) => write!(f, "the call at program instruction {pc} calls it"),
+                    (None, None) => write!(f, "the table declares it"),
+                }
+            }
+            RunError::KernelTimeout { task, kernel_id, core, waited_ms } => {
+                let kernel = KernelName(kernel_id);
+                write!(
+                    f,
+                    "task {task} (kernel {kernel}) on core {core} was acknowledged but did not finish within {waited_ms} ms"
+                )
+            }
             RunError::LaunchRefused { task, core } => write!(f, "core {core} refused task {task} while idle"),
             RunError::Refused { task, why } => {
                 write!(f, "task {task} passed validation but the orchestrator refused it: {}", SubmitError::Invalid(why))
@@ -450,6 +513,18 @@ impl fmt::Display for RunError {
             }
             RunError::TooManyTasks { max } => write!(f, "more than {max} tasks in one run"),
             RunError::Scratch(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A kernel as errors name it: its id and its name in the registry.
+struct KernelName(u32);
+
+impl fmt::Display for KernelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match wsp_ffi::lookup(self.0) {
+            Some(info) => write!(f, "{} ({})", self.0, info.name),
+            None => write!(f, "{} (not in the registry)", self.0),
         }
     }
 }

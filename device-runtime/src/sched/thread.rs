@@ -164,6 +164,8 @@ pub struct Scheduler<'a, P: Platform> {
     /// A report found the completion ring full (see [`Scheduler::check_ring`]).
     ring_full: bool,
     timeout_ticks: u64,
+    /// [`RunOptions::ack_timeout_ms`] in clock ticks.
+    ack_ticks: u64,
     stats: ThreadStats,
     cores: [CoreStats; MAX_CORES],
 }
@@ -237,6 +239,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             steal: true,
             ring_full: false,
             timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
+            ack_ticks: (options.ack_timeout_ms as u128 * tps as u128 / 1000) as u64,
             stats: ThreadStats {
                 thread: id as u8,
                 ..ThreadStats::default()
@@ -335,6 +338,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// Threads 1.. of a threaded run: steps until the dispatcher says the
     /// run finished or some thread failed; then returns with its cores idle.
     pub fn serve(&mut self) -> Result<(), RunError> {
+        if let Err(e) = self.check_kernels() {
+            self.queues.abort();
+            return Err(e);
+        }
         loop {
             match self.queues.state() {
                 RUNNING => {}
@@ -633,13 +640,23 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             let started = self.core_started[core];
             let entry = self.retire_oldest(core, now);
             let index = entry.task();
+            let (task, kernel_id, core_id) =
+                (index, self.kernel_of(index), self.global[core] as u32);
             let cycles = match completion {
                 Completion::Done { cycles } => cycles,
                 Completion::Rejected => {
                     return Err(RunError::KernelRejected {
-                        task: index,
-                        kernel_id: self.kernel_of(index),
-                        core: self.global[core] as u32,
+                        task,
+                        kernel_id,
+                        core: core_id,
+                    });
+                }
+                Completion::Failed { code } => {
+                    return Err(RunError::KernelFailed {
+                        task,
+                        kernel_id,
+                        core: core_id,
+                        code,
                     });
                 }
             };
@@ -675,7 +692,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         Ok(finished)
     }
 
-    /// Ends the run if a kernel has overrun its timeout.
+    /// Ends the run if a core has not acknowledged its oldest task within
+    /// the ack timeout ([`RunError::CoreNoAck`]), or a kernel has overrun
+    /// the kernel timeout ([`RunError::KernelTimeout`]), both counted from
+    /// the task's start.
     pub fn check_timeouts(&self) -> Result<(), RunError> {
         let now = self.platform.now();
         let mut busy = self.busy();
@@ -683,14 +703,60 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             let core = busy.trailing_zeros() as usize;
             busy &= busy - 1;
             let waited = now.wrapping_sub(self.core_started[core]);
-            if waited > self.timeout_ticks {
+            let no_ack = waited > self.ack_ticks && !self.platform.acknowledged(core);
+            if no_ack || waited > self.timeout_ticks {
                 let task = self.core_task[core][self.core_head[core] as usize].task();
                 let tps = self.platform.ticks_per_second().max(1);
-                return Err(RunError::KernelTimeout {
-                    task,
-                    kernel_id: self.kernel_of(task),
+                let (kernel_id, core) = (self.kernel_of(task), self.global[core] as u32);
+                let waited_ms = (waited as u128 * 1000 / tps as u128) as u64;
+                return Err(if no_ack {
+                    RunError::CoreNoAck {
+                        task,
+                        kernel_id,
+                        core,
+                        waited_ms,
+                    }
+                } else {
+                    RunError::KernelTimeout {
+                        task,
+                        kernel_id,
+                        core,
+                        waited_ms,
+                    }
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks, before anything runs, that every kernel the table declares
+    /// is built into every core of its kind on this thread's platform
+    /// ([`Platform::has_kernel`]), naming the first task (or program call)
+    /// that calls a missing one.
+    pub fn check_kernels(&self) -> Result<(), RunError> {
+        for declared in self.table.kernels() {
+            let kernel_id = declared.kernel_id.get();
+            let Some(info) = wsp_ffi::lookup(kernel_id) else {
+                continue; // validation refuses kernels the registry lacks
+            };
+            let mut cores = self.kind_mask[info.kind as usize];
+            while cores != 0 {
+                let core = cores.trailing_zeros() as usize;
+                cores &= cores - 1;
+                if self.platform.has_kernel(core, kernel_id) {
+                    continue;
+                }
+                let task = (self.table.tasks().iter())
+                    .position(|t| t.kernel_id.get() == kernel_id)
+                    .map(|t| t as u32);
+                let pc = (self.table.program().iter())
+                    .position(|i| i.op == crate::abi::program::OP_CALL && i.imm.get() == kernel_id)
+                    .map(|pc| pc as u32);
+                return Err(RunError::KernelNotBuiltIn {
+                    kernel_id,
                     core: self.global[core] as u32,
-                    waited_ms: (waited as u128 * 1000 / tps as u128) as u64,
+                    task,
+                    pc: if task.is_some() { None } else { pc },
                 });
             }
         }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use device_runtime::abi::launch::Symbols;
+use device_runtime::fault::Fault;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunError, RunOptions, RunStats};
 use host_tools::inspect::inspect_named;
@@ -115,6 +116,22 @@ enum Command {
         /// (1 to 256). Default: the workload program's, else 256.
         #[arg(long)]
         window: Option<usize>,
+        /// Inject one fault to see how the run ends (not in semantic time):
+        /// `no-ack:CORE:TASK` (the core never takes the task),
+        /// `no-fin:CORE:TASK` (it never finishes it), `error:CORE:TASK:CODE`
+        /// (its kernel reports error CODE) or `no-kernel:CORE:KERNEL` (the
+        /// kernel is not built into the core). CORE is the run-wide core
+        /// number; TASK is N (the core's Nth task, from 1) or kK (its first
+        /// task of kernel id K).
+        #[arg(long, value_parser = parse_fault)]
+        fault: Option<Fault>,
+        /// How long a task may run before the run ends with an error.
+        #[arg(long, default_value_t = RunOptions::default().kernel_timeout_ms)]
+        kernel_timeout_ms: u64,
+        /// How long a core may leave a task unacknowledged before the run
+        /// ends with an error.
+        #[arg(long, default_value_t = RunOptions::default().ack_timeout_ms)]
+        ack_timeout_ms: u64,
     },
     /// Draw a trace written by `wsp run --trace` as a PNG: swimlanes (one
     /// row per scheduler thread and core, tasks coloured by kernel, stalls
@@ -432,6 +449,13 @@ struct RunSetup {
     progress: bool,
     /// Tasks the run will run, if known (for the progress bar).
     total: Option<u64>,
+    /// A fault to inject (`--fault`).
+    fault: Option<Fault>,
+}
+
+/// `--fault`'s value.
+fn parse_fault(text: &str) -> Result<Fault, String> {
+    Fault::parse(text).map_err(|e| e.to_string())
 }
 
 impl RunSetup {
@@ -477,11 +501,21 @@ impl RunSetup {
                 sched.policy.name()
             );
             let stats = observed(&mut |sink| {
-                Ok(match sink {
-                    Some(sink) => shim.run_observed(table, arena, sink)?,
-                    None => shim.run(table, arena)?,
+                Ok(match (sink, self.fault) {
+                    (Some(sink), fault) => {
+                        shim.run_observed_with_fault(table, arena, sink, fault)?
+                    }
+                    (None, Some(fault)) => shim.run_with_fault(table, arena, fault)?,
+                    (None, None) => shim.run(table, arena)?,
                 })
             })?;
+            // Every fault that hits ends the run with an error.
+            if let Some(fault) = self.fault {
+                bail!(
+                    "--fault {fault} never hit: core {} ran no such task",
+                    fault.core
+                );
+            }
             say!(
                 "ran       {} tasks in {:.3} ms wall",
                 stats.tasks,
@@ -657,7 +691,13 @@ fn run(cli: Cli) -> Result<bool> {
             queue_depth,
             issue_depth,
             window,
+            fault,
+            kernel_timeout_ms,
+            ack_timeout_ms,
         } => {
+            if fault.is_some() && semantic {
+                bail!("--fault runs on the shim's threads; semantic time has no cores to break");
+            }
             JSON.store(json, std::sync::atomic::Ordering::Relaxed);
             let policy = PolicyKind::parse(&policy)
                 .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
@@ -684,6 +724,8 @@ fn run(cli: Cli) -> Result<bool> {
                     options: RunOptions {
                         issue_depth,
                         window,
+                        kernel_timeout_ms,
+                        ack_timeout_ms,
                         ..RunOptions::default()
                     },
                 },
@@ -693,6 +735,7 @@ fn run(cli: Cli) -> Result<bool> {
                 plot,
                 progress: !json,
                 total: None,
+                fault,
             };
             if classify(&workload.workload) == Input::Table {
                 workload.check_table_flags()?;

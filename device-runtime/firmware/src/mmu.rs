@@ -35,22 +35,25 @@
 //! others from `_start_secondary` (the PSCI CPU_ON entry), before the CPU
 //! touches its stack or any shared data. It sets MAIR_EL1, TCR_EL1 and
 //! TTBR0_EL1, invalidates this CPU's TLB and instruction cache, and sets
-//! SCTLR_EL1.M, .C and .I. Reset (for CPU 0) and the PSCI implementation
-//! (for CPU_ON, which the PSCI specification makes responsible for the
-//! caches of a core it powers up) hand over data caches with no valid
-//! lines, so no set/way invalidation is needed; an instruction cache is
-//! invalidated anyway, as it costs nothing.
+//! SCTLR_EL1.M, .C and .I. No data cache is invalidated by set/way: CPU 0
+//! is entered as an arm64 Linux kernel is (QEMU's `-kernel`), whose boot
+//! protocol has the loader clean the image to the point of coherency, so a
+//! line it left cached for the image holds what memory does (and the
+//! windows the host writes are invalidated below); a core that PSCI powers
+//! up has its caches brought to a known state by the PSCI implementation.
+//! The instruction cache is invalidated anyway (the protocol allows it on).
 //!
 //! # Data written behind the CPU
 //!
 //! The host writes the launch block, the table and the arena into RAM
 //! before the CPUs start (QEMU's loader; on a device, a copy over the bus)
-//! and reads the arena back after the run. Caches do not see such writes.
-//! Right after reset no cache holds a line of these windows, but on a
-//! device that runs one launch after another without a reset a line of an
-//! earlier launch may still be valid: so CPU 0 [`invalidate`]s each window
-//! before it reads it, and [`clean`]s the arena before the host gets it
-//! back. QEMU's TCG has no cache model (both are no-ops there), so they
+//! and reads the arena back after the run. Caches do not see such writes,
+//! and a cache may still hold a line of these windows from before the
+//! host wrote them (a loader that ran with its caches on; an earlier launch
+//! on a device that is not reset between launches): so CPU 0
+//! [`invalidate`]s each window before it reads it (a line fetched after
+//! that, even speculatively, is fetched from memory that already holds the
+//! host's bytes), and [`clean`]s the arena before the host gets it back. QEMU's TCG has no cache model (both are no-ops there), so they
 //! are written for the hardware, not tested by the QEMU runs. The
 //! semihosting calls need neither: a semihosting host (QEMU, or a debugger
 //! that halts the core) reads and writes memory as the core sees it.

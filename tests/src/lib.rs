@@ -16,7 +16,7 @@ mod target;
 
 pub use qemu::{
     decode_log, launch_block, EventKind, LogLine, QemuError, QemuOutcome, QemuRun, Trace,
-    TraceEvent,
+    TraceEvent, CPU_MODELS,
 };
 pub use qemu_trace::{chrome_trace, AICORE_PID, SCHEDULER_PID};
 
@@ -56,6 +56,21 @@ pub fn firmware() -> PathBuf {
             target_dir.join(target::TARGET).join("release/firmware")
         })
         .clone()
+}
+
+/// The CPU model the QEMU tests run on: `$WSP_QEMU_CPU` when set (one of
+/// [`CPU_MODELS`]), otherwise the first of them.
+pub fn cpu_model() -> String {
+    match std::env::var("WSP_QEMU_CPU") {
+        Ok(cpu) => {
+            assert!(
+                CPU_MODELS.contains(&cpu.as_str()),
+                "WSP_QEMU_CPU={cpu}: the QEMU tests run on one of {CPU_MODELS:?}"
+            );
+            cpu
+        }
+        Err(_) => CPU_MODELS[0].to_string(),
+    }
 }
 
 /// Runs workload `w` on the host shim and in QEMU: both must run the
@@ -101,7 +116,8 @@ pub fn run_in_qemu_with(table: &[u8], arena: &[u8], launch: Option<Vec<u8>>) -> 
 }
 
 /// [`run_in_qemu`] with the run changed by `configure` first (e.g. its
-/// launch block or its CPUs).
+/// launch block, its CPUs or its CPU model: [`cpu_model`] unless it says
+/// otherwise).
 pub fn run_in_qemu_configured(
     table: &[u8],
     arena: &[u8],
@@ -117,6 +133,7 @@ pub fn run_in_qemu_configured(
     run.arena = Some(arena_path);
     run.capture = true;
     run.timeout_secs = 120;
+    run.cpu = cpu_model();
     configure(&mut run);
     let outcome = run.run().unwrap_or_else(|e| panic!("QEMU: {e}"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -4,7 +4,8 @@
 //! clear error and exit status. Workload programs (every axis and loop
 //! kind) expand on the device in both, with symbols bound at launch through
 //! the launch block, and match the host's reference expansion. Random DAGs
-//! run on four scheduler threads under every dispatch policy.
+//! run on four scheduler threads under every dispatch policy, on every CPU
+//! model ([`CPU_MODELS`]), with the MMU and caches on on every CPU.
 
 use device_runtime::abi::launch::Symbols;
 use device_runtime::abi::launch::{Launch, LaunchError};
@@ -15,7 +16,9 @@ use host_tools::program_examples::{self as examples, Example};
 use host_tools::shim::Shim;
 use host_tools::table::{seal, Arena};
 use host_tools::workloads::{Params, Workload};
-use wsp_tests::{launch_block, run_in_qemu, run_in_qemu_configured, run_in_qemu_with, QemuOutcome};
+use wsp_tests::{
+    launch_block, run_in_qemu, run_in_qemu_configured, run_in_qemu_with, QemuOutcome, CPU_MODELS,
+};
 
 /// The arena of a QEMU run that succeeded after running `tasks` tasks
 /// (`what` names the run in failure messages).
@@ -379,20 +382,28 @@ fn the_shim_and_qemu_mean_the_same_schedule_by_the_same_flags() {
 }
 
 /// The randomized DAG test at small size in QEMU, with four scheduler
-/// threads (CPUs 0-3) over the four AICores, under every dispatch policy:
-/// every task is issued exactly once, and the arena is bit-identical to the
-/// tasks run one by one in table order (which the shim's DAG test also
-/// matches), so every dependency (RAW, WAR, WAW) was honoured.
+/// threads (CPUs 0-3) over the four AICores, under every dispatch policy,
+/// on every CPU model (the Cortex-A57's exclusives and `max`'s LSE
+/// atomics): every task is issued exactly once, and the arena is
+/// bit-identical to the tasks run one by one in table order (which the
+/// shim's DAG test also matches), so every dependency (RAW, WAR, WAW) was
+/// honoured.
 #[test]
 fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
     const TASKS: usize = 160;
     for seed in [21, 22] {
         let (table, data) = random_dag(seed, TASKS);
         let expect = in_table_order(&table, &data);
-        for policy in PolicyKind::ALL {
+        for (policy, cpu) in PolicyKind::ALL
+            .into_iter()
+            .flat_map(|policy| CPU_MODELS.map(|cpu| (policy, cpu)))
+        {
             let block = launch_block(&[], 4, policy.name()).unwrap();
-            let outcome = run_in_qemu_with(&table, &data.bytes, Some(block));
-            let what = format!("seed {seed} {}", policy.name());
+            let outcome = run_in_qemu_configured(&table, &data.bytes, |run| {
+                run.launch = Some(block);
+                run.cpu = cpu.into();
+            });
+            let what = format!("seed {seed} {} on {cpu}", policy.name());
             let arena = ran(&outcome, TASKS, &what);
             let stdout = &outcome.stdout;
             assert!(stdout.contains("threads=4 "), "{what}: {}", stdout);
@@ -412,6 +423,43 @@ fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
                 "{what}: QEMU differs from the in-order run"
             );
         }
+    }
+}
+
+/// The MMU and the caches are on, as on a device, on every CPU model: every
+/// CPU a four-thread run starts (all 8) reports SCTLR_EL1 with M, C and I
+/// set, and the MMU translates a RAM address (the arena) to Normal
+/// Write-Back memory (MAIR encoding 0xff), Inner Shareable (PAR_EL1.SH =
+/// 0b11), and the UART to Device-nGnRE (0x04): what the runtime's atomics
+/// need to be correct between CPUs on real hardware. (With the MMU off
+/// there is no such line, and every address would be Device-nGnRnE.)
+#[test]
+fn the_mmu_and_caches_are_on_on_every_cpu_in_qemu() {
+    let (table, data) = random_dag(7, 32);
+    for cpu in CPU_MODELS {
+        let block = launch_block(&[], 4, "").unwrap();
+        let outcome = run_in_qemu_configured(&table, &data.bytes, |run| {
+            run.launch = Some(block);
+            run.cpu = cpu.into();
+        });
+        ran(&outcome, 32, cpu);
+        let line = outcome
+            .stdout
+            .lines()
+            .find(|l| l.contains("mmu on "))
+            .unwrap_or_else(|| panic!("{cpu}: no `mmu on` line in:\n{}", outcome.stdout));
+        assert!(
+            line.contains("mmu on cpus=0xff of 0xff; "),
+            "{cpu}: not every CPU has M, C and I set: {line}"
+        );
+        assert!(
+            line.contains("; ram attr=0xff sh=3; "),
+            "{cpu}: RAM is not Normal Write-Back Inner Shareable: {line}"
+        );
+        assert!(
+            line.ends_with("; uart attr=0x4"),
+            "{cpu}: the UART is not Device-nGnRE: {line}"
+        );
     }
 }
 

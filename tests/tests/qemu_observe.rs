@@ -34,19 +34,21 @@ fn messages(outcome: &QemuOutcome) -> Vec<(Option<&str>, &str)> {
         .collect()
 }
 
-/// A successful run logs its figures and its result at level info, and
-/// nothing reaches QEMU's stdout but through defmt.
+/// A successful run logs that the MMU is on, its figures and its result
+/// at level info, and nothing reaches QEMU's stdout but through defmt.
 #[test]
 fn a_run_logs_defmt_frames_that_decode_to_its_lines() {
     let w = gemm();
     let outcome = run_in_qemu(&w.table, &w.arena.bytes);
     assert_eq!(outcome.status, 0, "{}\n{}", outcome.stdout, outcome.stderr);
-    let lines = messages(&outcome);
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    let all = messages(&outcome);
+    assert_eq!(all.len(), 4, "{all:?}");
     assert!(
-        lines.iter().all(|(level, _)| *level == Some("info")),
-        "{lines:?}"
+        all.iter().all(|(level, _)| *level == Some("info")),
+        "{all:?}"
     );
+    assert!(all[0].1.starts_with("mmu on cpus="), "{all:?}");
+    let lines = &all[1..];
     assert!(lines[0].1.starts_with("tasks=512 wall_us="), "{lines:?}");
     assert!(lines[0].1.contains(" per_core="), "{lines:?}");
     let default = SchedConfig::default();
@@ -65,12 +67,13 @@ fn a_run_logs_defmt_frames_that_decode_to_its_lines() {
     // Every decoded line carries the firmware's timestamp.
     assert!(outcome.log.iter().all(|l| l.timestamp.is_some()));
     // stdout is the log's messages and nothing else: QEMU printed nothing.
-    let joined: String = lines.iter().map(|(_, m)| format!("{m}\n")).collect();
+    let joined: String = all.iter().map(|(_, m)| format!("{m}\n")).collect();
     assert_eq!(outcome.stdout, joined);
     assert_eq!(outcome.stderr, "");
 }
 
-/// A failed run logs its error at level error.
+/// A failed run logs its error at level error (after the line that says
+/// the MMU is on, at level info).
 #[test]
 fn a_failure_is_logged_at_level_error() {
     let w = gemm();
@@ -80,8 +83,11 @@ fn a_failure_is_logged_at_level_error() {
     seal(&mut table);
     let outcome = run_in_qemu(&table, &w.arena.bytes);
     assert_eq!(outcome.status, 2, "{}", outcome.stdout);
-    let lines = messages(&outcome);
-    assert_eq!(lines.len(), 1, "{lines:?}");
+    let all = messages(&outcome);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[0].0, Some("info"));
+    assert!(all[0].1.starts_with("mmu on cpus="), "{all:?}");
+    let lines = &all[1..];
     assert_eq!(lines[0].0, Some("error"));
     assert!(
         lines[0]

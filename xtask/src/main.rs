@@ -72,6 +72,9 @@ enum Task {
         /// Time limit for QEMU, in seconds.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
+        /// The CPU model QEMU emulates (`-cpu`).
+        #[arg(long, default_value = qemu::DEFAULT_CPU, value_parser = qemu::CPU_MODELS)]
+        cpu: String,
         /// Record the run's events and write them here as a Chrome
         /// trace-event file (opens in Perfetto or chrome://tracing).
         #[arg(long)]
@@ -116,6 +119,7 @@ fn main() -> Result<()> {
             threads,
             policy,
             timeout_secs,
+            cpu,
             trace,
         } => {
             // A launch block only when something is bound or chosen.
@@ -134,7 +138,7 @@ fn main() -> Result<()> {
                 out: out.as_deref(),
                 trace: trace.as_deref(),
             };
-            let status = run_qemu(&root, table, arena, launch, files, timeout_secs)?;
+            let status = run_qemu(&root, table, arena, launch, files, timeout_secs, cpu)?;
             std::process::exit(status)
         }
         Task::QemuBench {
@@ -173,6 +177,7 @@ fn run_qemu(
     launch: Option<Vec<u8>>,
     files: Files<'_>,
     secs: u64,
+    cpu: String,
 ) -> Result<i32> {
     let firmware = fw::build(root)?;
     let run = qemu::QemuRun {
@@ -180,6 +185,7 @@ fn run_qemu(
         arena,
         launch,
         timeout_secs: secs,
+        cpu,
         trace: files.trace.is_some(),
         ..qemu::QemuRun::new(firmware)
     };

@@ -26,6 +26,12 @@ use device_runtime::abi::memory_map::{ARENA_ADDR, CPUS, LAUNCH_ADDR, RAM_MIB, TA
 
 /// The QEMU binary (Debian package `qemu-system-arm`).
 pub const QEMU: &str = "qemu-system-aarch64";
+/// The CPU models (QEMU `-cpu`) the firmware is tested on: the Cortex-A57
+/// (ARMv8.0-A: exclusives, no LSE atomics) and QEMU's `max` (every feature
+/// QEMU emulates, LSE atomics among them).
+pub const CPU_MODELS: [&str; 2] = ["cortex-a57", "max"];
+/// The CPU model of a run unless it says otherwise.
+pub const DEFAULT_CPU: &str = CPU_MODELS[0];
 /// The launch block's file in QEMU's working directory.
 const LAUNCH_FILE: &str = "launch.bin";
 /// The file the firmware writes the arena to after a successful run.
@@ -53,6 +59,8 @@ pub struct QemuRun {
     pub timeout_secs: u64,
     /// CPUs QEMU starts (`-smp`); the firmware needs [`CPUS`].
     pub smp: usize,
+    /// The CPU model (`-cpu`), one of [`CPU_MODELS`].
+    pub cpu: String,
     /// Capture QEMU's stdout and stderr into the outcome instead of passing
     /// them through to this process's.
     pub capture: bool,
@@ -137,6 +145,7 @@ impl QemuRun {
             launch: None,
             timeout_secs: 60,
             smp: CPUS,
+            cpu: DEFAULT_CPU.into(),
             capture: false,
             args: Vec::new(),
             icount: false,
@@ -163,7 +172,7 @@ impl QemuRun {
             &self.limit_secs().to_string(),
             QEMU,
         ]);
-        cmd.args(["-M", "virt", "-cpu", "cortex-a57"]);
+        cmd.args(["-M", "virt", "-cpu", &self.cpu]);
         cmd.arg("-smp").arg(self.smp.to_string());
         cmd.arg("-m").arg(format!("{RAM_MIB}M"));
         // `-nic none`: without it QEMU looks for a NIC ROM that a minimal install lacks.

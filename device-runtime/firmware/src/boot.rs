@@ -2,12 +2,13 @@
 //! cores (`_start_secondary`, started through PSCI), the per-core stacks and
 //! a vector table that reports any exception and ends the run.
 //!
-//! Every core, on entry: masks interrupts (DAIF), enables FP/SIMD at EL1
-//! (CPACR_EL1.FPEN = 0b11; Rust and the C++ kernels use NEON registers),
-//! points VBAR_EL1 at the vector table and sets its stack pointer to the top
+//! Every core, on entry: masks interrupts (DAIF), turns on the MMU and the
+//! caches ([`crate::mmu::enable`], before any data access), enables FP/SIMD
+//! at EL1 (CPACR_EL1.FPEN = 0b11; Rust and the C++ kernels use NEON
+//! registers), points VBAR_EL1 at the vector table and sets its stack pointer to the top
 //! of its own slice of [`STACKS`], chosen by MPIDR_EL1.Aff0. Core 0 then
 //! zeroes `.bss` and calls `primary_main`; a secondary calls
-//! `secondary_main(core)`. Both run at EL1 with the MMU and caches off.
+//! `secondary_main(core)`. Both run at EL1 with the MMU and caches on.
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
@@ -65,6 +66,9 @@ global_asm!(
 .global _start
 _start:
     msr     daifset, #0xf
+    // The MMU and caches before any data access (`mmu::enable`'s contract;
+    // it uses no stack). A core does this once: here or in _start_secondary.
+    bl      {mmu_enable}
     mrs     x19, mpidr_el1
     and     x19, x19, #0xff
     // Only core 0 boots through here (QEMU holds the others in PSCI OFF).
@@ -84,6 +88,8 @@ _start:
 .global _start_secondary
 _start_secondary:
     msr     daifset, #0xf
+    // As in _start: the same tables, before this core touches shared data.
+    bl      {mmu_enable}
     mrs     x19, mpidr_el1
     and     x19, x19, #0xff
     core_init x19
@@ -121,6 +127,7 @@ _start_secondary:
     primary = sym crate::primary_main,
     secondary = sym crate::secondary_main,
     exception = sym exception,
+    mmu_enable = sym crate::mmu::enable,
 );
 
 extern "C" {

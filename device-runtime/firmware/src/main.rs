@@ -18,8 +18,9 @@
 //! [`Slots`] says which AICore CPU plays which core.
 //!
 //! Output (`defmt` log frames, [`log`], in the semihosting file
-//! `defmt.out`, decoded by xtask): on success the run's statistics
-//! (`tasks=.. wall_us=.. cycles=.. per_core=..`, tasks per core, then
+//! `defmt.out`, decoded by xtask): once the CPUs are up, that the MMU and
+//! caches are on ([`mmu::report`]: `mmu on cpus=..`); on success the run's
+//! statistics (`tasks=.. wall_us=.. cycles=.. per_core=..`, tasks per core, then
 //! `threads=.. policy=.. per_thread=..`, tasks each scheduler thread
 //! issued) and `RESULT OK`, on failure `RESULT ERROR <reason>`. On success
 //! the arena is written to the semihosting file `arena.out` (QEMU's working
@@ -52,6 +53,7 @@ mod bench;
 mod boot;
 mod clock;
 mod log;
+mod mmu;
 mod psci;
 mod trace;
 
@@ -304,6 +306,7 @@ const ONLINE_TIMEOUT_MS: u64 = 1000;
 
 /// CPU 0, called by the boot code with a stack, FP on and `.bss` zeroed.
 extern "C" fn primary_main() -> ! {
+    mmu::record(0);
     let clock = CounterClock::new();
     let words = match bench::mode() {
         Ok(words) => words,
@@ -328,6 +331,7 @@ extern "C" fn primary_main() -> ! {
     if let Err(e) = start_cpus(&clock, sched.threads) {
         fail(EXIT_RUN, e);
     }
+    mmu::report(ONLINE.load(Ordering::Acquire) | 1, ARENA_ADDR);
     let table = match load_table() {
         Ok(table) => table,
         Err(e) => fail(EXIT_TABLE, e),
@@ -338,6 +342,8 @@ extern "C" fn primary_main() -> ! {
     let arena_len = usize::try_from(table.arena_size())
         .unwrap_or(usize::MAX)
         .min(ARENA_MAX);
+    // SAFETY: no CPU has written the arena yet (the run has not started).
+    unsafe { mmu::invalidate(ARENA_ADDR, arena_len) };
     // SAFETY: `from_raw_parts_mut` needs the bytes valid, initialized and
     // unaliased for as long as the slice is used:
     // 1. Valid: [ARENA_ADDR, +ARENA_MAX) is RAM that the memory map reserves
@@ -387,6 +393,8 @@ extern "C" fn primary_main() -> ! {
             //    is used again; this shared slice is the only access from here
             //    until the process exits.
             let arena = unsafe { core::slice::from_raw_parts(ARENA_ADDR as *const u8, arena_len) };
+            // The host reads the arena from memory, behind the caches.
+            mmu::clean(ARENA_ADDR, arena_len);
             if let Err(e) = semihosting::fs::write(c"arena.out", arena) {
                 fail(EXIT_RUN, format_args!("writing arena.out: {e}"));
             }
@@ -631,6 +639,7 @@ fn run_threads(
 
 /// CPUs 1..CPUS, called by the boot code with their CPU number.
 extern "C" fn secondary_main(cpu: usize) -> ! {
+    mmu::record(cpu);
     ONLINE.fetch_or(1 << cpu, Ordering::Release);
     if cpu < AICPUS {
         let runs = PLANNED_RUNS.load(Ordering::Acquire) as usize;
@@ -729,6 +738,8 @@ impl Display for StartError {
 
 /// Parses the table at [`TABLE_ADDR`]; its header says how long it is.
 fn load_table() -> Result<Table<'static>, TableError> {
+    // SAFETY: the CPUs only read the table window.
+    unsafe { mmu::invalidate(TABLE_ADDR, HEADER_SIZE) };
     // SAFETY: `from_raw_parts` needs the bytes valid, initialized and never
     // written while the `'static` slice lives:
     // 1. Valid: [TABLE_ADDR, +TABLE_MAX) is RAM that the memory map reserves
@@ -741,6 +752,8 @@ fn load_table() -> Result<Table<'static>, TableError> {
     //    two shared slices.
     let header = unsafe { core::slice::from_raw_parts(TABLE_ADDR as *const u8, HEADER_SIZE) };
     let len = table_len(header)?.min(TABLE_MAX);
+    // SAFETY: as above.
+    unsafe { mmu::invalidate(TABLE_ADDR, len) };
     // SAFETY: as for `header`: `len` is capped at TABLE_MAX, so the slice
     // stays inside the reserved window (a longer table is reported as
     // truncated by `Table::parse`).
@@ -753,6 +766,8 @@ fn load_table() -> Result<Table<'static>, TableError> {
 /// dispatch policy; what it does not say (or all of it, without a block) is
 /// [`SchedConfig::default`], the default of every runner.
 fn load_launch() -> Result<(RunOptions, SchedConfig), LaunchFailure> {
+    // SAFETY: the CPUs only read the launch window.
+    unsafe { mmu::invalidate(LAUNCH_ADDR, LAUNCH_WINDOW) };
     // SAFETY: `from_raw_parts` needs the bytes valid, initialized and never
     // written while the slice lives:
     // 1. Valid: [LAUNCH_ADDR, +LAUNCH_WINDOW) is RAM that the memory map

@@ -6,10 +6,12 @@
 //! linker script's `MEMORY` block from them (it includes this file by path,
 //! so it uses nothing but `core`).
 //!
-//! Physical addresses (the firmware runs with the MMU off), in order:
+//! Physical addresses (the firmware maps them one to one, so they are its
+//! virtual addresses too), in order:
 //!
 //! | address | what |
 //! |---|---|
+//! | [`UART_ADDR`] | the PL011 UART, among QEMU `virt`'s devices below RAM |
 //! | [`RAM_START`] | start of RAM; QEMU puts the device tree here |
 //! | [`IMAGE_ADDR`] | the firmware image, its stacks last; it must end below the launch block |
 //! | [`LAUNCH_ADDR`] | the launch block, [`LAUNCH_WINDOW`] bytes |
@@ -19,6 +21,10 @@
 /// CPUs the firmware needs (QEMU `-smp`): 4 scheduler threads (CPUs 0-3)
 /// and 4 AICores (CPUs 4-7).
 pub const CPUS: usize = 8;
+/// The PL011 UART of QEMU `virt`. Its devices (flash, the GIC at
+/// `0x0800_0000`, the UART, ...) all lie below [`RAM_START`]; the firmware
+/// maps that range as Device memory and talks over semihosting instead.
+pub const UART_ADDR: usize = 0x0900_0000;
 /// Start of RAM on QEMU `virt`; QEMU places the device tree here.
 pub const RAM_START: usize = 0x4000_0000;
 /// RAM size in MiB (QEMU `-m`).
@@ -42,6 +48,7 @@ pub const ARENA_ADDR: usize = 0x4900_0000;
 pub const ARENA_MAX: usize = RAM_END - ARENA_ADDR;
 
 // The windows are in order and do not overlap.
+const _: () = assert!(UART_ADDR < RAM_START);
 const _: () = assert!(RAM_START < IMAGE_ADDR && IMAGE_ADDR < LAUNCH_ADDR);
 const _: () = assert!(LAUNCH_ADDR + LAUNCH_WINDOW <= TABLE_ADDR);
 const _: () = assert!(TABLE_ADDR + TABLE_MAX <= ARENA_ADDR && ARENA_ADDR < RAM_END);

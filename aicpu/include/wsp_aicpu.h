@@ -234,7 +234,8 @@ typedef struct WspAicpuArgs {
    */
   const uint32_t *core_kinds;
   /*
-   Per core, its handshake record (64-aligned, `num_cores` of them).
+   Per core, its handshake record (64-aligned, `num_cores` of them),
+   zeroed by the host before the launch.
    */
   struct WspHandshake *handshakes;
   /*

@@ -134,7 +134,8 @@ pub struct WspAicpuArgs {
     pub num_cores: u32,
     /// Per core, its kind: 0 cube, 1 vector (`WSP_CORE_*`).
     pub core_kinds: *const u32,
-    /// Per core, its handshake record (64-aligned, `num_cores` of them).
+    /// Per core, its handshake record (64-aligned, `num_cores` of them),
+    /// zeroed by the host before the launch.
     pub handshakes: *mut Handshake,
     /// Entries of the register-base table `KernelArgs.regs`.
     pub num_regs: u32,

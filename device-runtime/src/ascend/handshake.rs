@@ -1,7 +1,8 @@
 //! Bringing cores up and shutting them down, with bounded waits.
 //!
 //! Bring-up, per core (CANN's order; every core goes through each step
-//! before any core goes through the next, so the waits overlap):
+//! before any core goes through the next, so the waits overlap; the host
+//! zeroes the records before the launch):
 //! 1. AICPU: `task = &payloads[0]`, then `aicpu_ready = 1`.
 //! 2. AICore: `physical_core_id`, then `aicore_regs_ready = 1`. AICPU (once
 //!    it sees that): takes the register base `regs[physical_core_id]`,
@@ -164,8 +165,10 @@ fn wait_until(clock: &impl Clock, start: u64, limit: u64, mut done: impl FnMut()
 /// Brings every core in `cores` up (the module docs' steps), each wait
 /// bounded by `limit` ticks of `clock` (all cores' waits of a step run
 /// together: the whole bring-up takes at most about twice `limit`).
-/// `regs[i]` is the register base of physical core `i`. On success each
-/// link knows its registers.
+/// `regs[i]` is the register base of physical core `i`. Each link that
+/// got through step 2 knows its registers (pass them all to
+/// [`shut_down`], even after an error); the first core that failed is
+/// the error.
 ///
 /// # Safety
 /// Every nonzero, 4-aligned entry of `regs` that an AICore's
@@ -177,36 +180,40 @@ pub unsafe fn bring_up(
     clock: &impl Clock,
     limit: u64,
 ) -> Result<(), CoreError> {
+    // The AICore's fields are its own (the host zeroes the records before
+    // the launch): clearing them here would race with an AICore that is
+    // already answering.
     for link in cores.iter() {
-        field!(link, aicore_done).store(0);
-        field!(link, aicore_regs_ready).store(0);
         field!(link, aicpu_regs_ready).store(0);
         link.task_field().store(link.payloads as u64);
         field!(link, aicpu_ready).store(1);
     }
+    // A core that fails a step is reported (the first one) but does not
+    // stop the others: every core that answers finishes its bring-up, so
+    // that `shut_down` can release it rather than leave it waiting.
+    let mut first: Option<CoreError> = None;
     let start = clock.now();
     for (core, link) in cores.iter_mut().enumerate() {
-        if !wait_until(clock, start, limit, || {
+        let answered = wait_until(clock, start, limit, || {
             field!(link, aicore_regs_ready).load() != 0
-        }) {
-            return Err(CoreError::Timeout {
+        });
+        let found = if answered {
+            // SAFETY: this fn's contract, passed on.
+            unsafe { register_base(core, link, regs) }
+        } else {
+            Err(CoreError::Timeout {
                 core,
                 stage: Stage::RegsReady,
                 waited_ticks: limit,
-            });
-        }
-        let id = field!(link, physical_core_id).load();
-        let base = *regs.get(id as usize).ok_or(CoreError::BadPhysicalId {
-            core,
-            id,
-            regs: regs.len(),
-        })?;
-        if base == 0 || !base.is_multiple_of(4) || usize::try_from(base).is_err() {
-            return Err(CoreError::BadRegisterBase { core, id, base });
-        }
-        // SAFETY: this fn's contract: a nonzero aligned entry selected by
-        // the core's physical id is its register file.
-        let r = unsafe { Regs::new(base as usize) };
+            })
+        };
+        let r = match found {
+            Ok(r) => r,
+            Err(e) => {
+                first.get_or_insert(e);
+                continue;
+            }
+        };
         r.at(reg::FAST_PATH_ENABLE).store(reg::FAST_PATH_OPEN);
         r.at(reg::DATA_MAIN_BASE).store(ids::AICPU_IDLE);
         link.regs = Some(r);
@@ -214,17 +221,40 @@ pub unsafe fn bring_up(
     }
     let start = clock.now();
     for (core, link) in cores.iter().enumerate() {
+        if link.regs.is_none() {
+            continue;
+        }
         if !wait_until(clock, start, limit, || {
             field!(link, aicore_done).load() != 0
         }) {
-            return Err(CoreError::Timeout {
+            first.get_or_insert(CoreError::Timeout {
                 core,
                 stage: Stage::Done,
                 waited_ticks: limit,
             });
         }
     }
-    Ok(())
+    first.map_or(Ok(()), Err)
+}
+
+/// The register base of `core` from the physical id it reported.
+///
+/// # Safety
+/// As [`bring_up`]'s: a nonzero aligned entry of `regs` selected by the
+/// core's physical id is its register file.
+unsafe fn register_base(core: usize, link: &CoreLink, regs: &[u64]) -> Result<Regs, CoreError> {
+    let id = field!(link, physical_core_id).load();
+    let base = *regs.get(id as usize).ok_or(CoreError::BadPhysicalId {
+        core,
+        id,
+        regs: regs.len(),
+    })?;
+    if base == 0 || !base.is_multiple_of(4) || usize::try_from(base).is_err() {
+        return Err(CoreError::BadRegisterBase { core, id, base });
+    }
+    // SAFETY: this fn's contract: a nonzero aligned entry selected by the
+    // core's physical id is its register file.
+    Ok(unsafe { Regs::new(base as usize) })
 }
 
 /// Shuts every core in `cores` down (the module docs' steps), each wait

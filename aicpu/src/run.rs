@@ -2,11 +2,11 @@
 //! cores up, running the table on the launch's threads, shutting down.
 //!
 //! Init (one thread) validates [`WspAicpuArgs`] and keeps what the run
-//! needs in [`PREPARED`]. Then CANN calls the server on `n` threads; each
-//! takes a number from [`ARRIVED`] (no thread-local storage). Thread 0
+//! needs in `PREPARED`. Then CANN calls the server on `n` threads; each
+//! takes a number from `ARRIVED` (no thread-local storage). Thread 0
 //! brings every core up, builds one [`Scheduler`] per scheduler thread
 //! over an [`AscendPlatform`] of the cores [`core_owner`] gives it, hands
-//! them to threads 1.. through [`HANDOFFS`], and runs the dispatcher and
+//! them to threads 1.. through `HANDOFFS`, and runs the dispatcher and
 //! scheduler 0 ([`drive_leader`]), as the QEMU firmware does. Once every
 //! thread has finished, thread 0 shuts the cores down and writes the
 //! result. Threads beyond the scheduler threads return at once.

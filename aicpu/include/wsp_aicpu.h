@@ -88,7 +88,7 @@
 /*
  Most AICores one run drives (a 910B has 24 cube and 48 vector cores).
  */
-#define MAX_AICORES 128
+#define WSP_AICPU_MAX_CORES 128
 
 /*
  One core's handshake record (CANN's `Handshake`), 64 bytes, 64-aligned,

@@ -9,7 +9,7 @@ use crate::{bindgen, cargo, dist, fw, qemu_bench, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
-const STEPS: [(&str, Step); 15] = [
+const STEPS: [(&str, Step); 16] = [
     ("setup", |_| setup::setup()),
     ("fmt", |root| {
         run(cargo(root).args(["fmt", "--all", "--", "--check"]))
@@ -27,6 +27,10 @@ const STEPS: [(&str, Step); 15] = [
     }),
     ("clippy (firmware)", |root| {
         run(target::for_target(cargo(root).args(["clippy", "-p", "firmware"])).args(DENY))
+    }),
+    // The AICPU program's device-only code (asm, the panic handler).
+    ("clippy (aicpu)", |root| {
+        run(dist::aicpu_cargo(root, "clippy").args(DENY))
     }),
     ("doc", doc),
     ("policy features", policy_features),

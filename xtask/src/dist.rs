@@ -111,20 +111,34 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds the staticlib and links it into `so`.
-pub fn build_so(root: &Path, so: &Path) -> Result<()> {
-    let target_dir = root.join(AICPU_TARGET_DIR);
-    let mut build = cargo(root);
-    build
-        .env("RUSTC_BOOTSTRAP", "1")
+/// `cargo <subcommand> -p wsp-aicpu` for the device: `aarch64-unknown-none`,
+/// PIC (the C++ kernels too), `core` from source, release, in its own
+/// target directory.
+pub fn aicpu_cargo(root: &Path, subcommand: &str) -> Command {
+    let mut cmd = cargo(root);
+    cmd.env("RUSTC_BOOTSTRAP", "1")
         .env("RUSTFLAGS", "-C relocation-model=pic")
         // The C++ kernels of wsp-ffi end up in the archive too.
         .env("CFLAGS_aarch64_unknown_none", "-fPIC")
         .env("CXXFLAGS_aarch64_unknown_none", "-fPIC")
-        .args(["build", "-p", "wsp-aicpu", "--release", "--target", TARGET])
+        .args([
+            subcommand,
+            "-p",
+            "wsp-aicpu",
+            "--release",
+            "--target",
+            TARGET,
+        ])
         .args(BUILD_STD)
         .arg("--target-dir")
-        .arg(&target_dir);
+        .arg(root.join(AICPU_TARGET_DIR));
+    cmd
+}
+
+/// Builds the staticlib and links it into `so`.
+pub fn build_so(root: &Path, so: &Path) -> Result<()> {
+    let target_dir = root.join(AICPU_TARGET_DIR);
+    let mut build = aicpu_cargo(root, "build");
     run(&mut build)?;
     let archive = target_dir
         .join(TARGET)

@@ -20,6 +20,8 @@
 //! - [`mailbox`]: the per-core issue protocol and the core's serve loop.
 //! - [`fault`]: a platform wrapper that injects one fault (a core that does
 //!   not acknowledge or finish a task, a kernel error, a missing kernel).
+//! - [`ascend`]: the Ascend platform: the AICPU side of CANN's per-core
+//!   handshake with the AICores (registers, handshake records, payloads).
 //! - [`steal_deque`]: a fixed-capacity Chase-Lev deque: a scheduler thread's
 //!   ready queue that idle threads steal single tasks from.
 //!
@@ -36,6 +38,9 @@
 //!     │  └ mailbox
 //!     └ steal_deque
 //! ```
+//!
+//! `ascend` implements `platform` (for the AICPU program) and names only
+//! `platform`, `mailbox` and `sync`.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -45,6 +50,7 @@
 #![allow(clippy::large_enum_variant, clippy::result_large_err)]
 
 pub mod abi;
+pub mod ascend;
 pub mod channel;
 pub mod exec;
 pub mod expand;

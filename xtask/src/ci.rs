@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::{bindgen, cargo, fw, qemu_bench, run, setup, target};
+use crate::{bindgen, cargo, dist, fw, qemu_bench, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
-const STEPS: [(&str, Step); 14] = [
+const STEPS: [(&str, Step); 16] = [
     ("setup", |_| setup::setup()),
     ("fmt", |root| {
         run(cargo(root).args(["fmt", "--all", "--", "--check"]))
@@ -28,10 +28,16 @@ const STEPS: [(&str, Step); 14] = [
     ("clippy (firmware)", |root| {
         run(target::for_target(cargo(root).args(["clippy", "-p", "firmware"])).args(DENY))
     }),
+    // The AICPU program's device-only code (asm, the panic handler).
+    ("clippy (aicpu)", |root| {
+        run(dist::aicpu_cargo(root, "clippy").args(DENY))
+    }),
     ("doc", doc),
     ("policy features", policy_features),
     ("bindgen --check", |root| bindgen::bindgen(root, true)),
     ("fw", |root| fw::fw(root).map(drop)),
+    // The device artifacts, the AICPU .so checked, the header fresh.
+    ("dist", |root| dist::dist(root, &dist::default_out(root))),
     ("bench (smoke)", bench),
     ("test", test),
     ("loom", loom),

@@ -8,9 +8,16 @@ use anyhow::{Context, Result};
 use crate::run;
 
 /// Debian packages: QEMU for the firmware, clang/libclang for the kernels
-/// and bindgen. (The LLVM binutils come from the `llvm-tools` component,
-/// through cargo-binutils.)
-const APT_PACKAGES: [&str; 3] = ["qemu-system-arm", "clang", "libclang-dev"];
+/// and bindgen, the aarch64 Linux cross gcc and C library that link the
+/// AICPU program's shared object (`cargo xtask dist`). (The LLVM binutils
+/// come from the `llvm-tools` component, through cargo-binutils.)
+const APT_PACKAGES: [&str; 5] = [
+    "qemu-system-arm",
+    "clang",
+    "libclang-dev",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+];
 /// `rust-src`: the firmware builds `core` from it (see [`crate::target`]).
 const COMPONENTS: [&str; 4] = ["rust-src", "llvm-tools", "rustfmt", "clippy"];
 

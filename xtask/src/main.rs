@@ -8,6 +8,9 @@
 //!   prints its decoded `defmt` log and, with `--trace FILE`, writes the
 //!   run's Chrome trace-event file.
 //! - `qemu-bench`: the firmware's overhead per task in QEMU, against a baseline.
+//! - `launcher <table.bin>`: runs a descriptor table through the AICPU
+//!   shared object under qemu-user, CANN's launch flow stood in for by the
+//!   C launcher in `launcher/` (see [`launcher`]).
 //! - `ci`: every check, in the order CI runs them.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -17,6 +20,7 @@ mod ci;
 #[cfg(test)]
 mod docs_check;
 mod fw;
+mod launcher;
 mod qemu;
 mod qemu_bench;
 mod qemu_trace;
@@ -98,6 +102,39 @@ enum Task {
         #[arg(long, value_enum, default_value_t = qemu_bench::Clock::Icount)]
         clock: qemu_bench::Clock,
     },
+    /// Run a descriptor table through the AICPU shared object under
+    /// qemu-user, with the C launcher standing in for CANN and the AICores;
+    /// exits with the launcher's status.
+    Launcher {
+        /// The descriptor table (none with --build-only).
+        #[arg(required_unless_present = "build_only")]
+        table: Option<PathBuf>,
+        /// The initial data arena.
+        #[arg(long, required_unless_present = "build_only")]
+        arena: Option<PathBuf>,
+        /// Where to write the arena after a successful run.
+        #[arg(long, required_unless_present = "build_only")]
+        out: Option<PathBuf>,
+        /// AICPU threads calling the server entry point.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+        threads: u32,
+        /// Emulated cube cores (numbered first).
+        #[arg(long, default_value_t = 2)]
+        cube: u32,
+        /// Emulated vector cores (numbered after the cube cores).
+        #[arg(long, default_value_t = 2)]
+        vector: u32,
+        /// A fault to inject: never-ack=CORE, never-fin=CORE or
+        /// error=KERNEL_ID:CODE (repeatable).
+        #[arg(long)]
+        fault: Vec<String>,
+        /// A kernel id left out of the kernel address table (not built in; repeatable).
+        #[arg(long)]
+        omit_kernel: Vec<u32>,
+        /// Only build the launcher and the shared object; print their directory.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Run every check CI runs: setup, fmt, clippy, bindgen, firmware, tests.
     Ci,
 }
@@ -150,6 +187,41 @@ fn main() -> Result<()> {
                 (tasks, samples)
             };
             qemu_bench::qemu_bench(&root, tasks, threads, samples, clock)
+        }
+        Task::Launcher {
+            table,
+            arena,
+            out,
+            threads,
+            cube,
+            vector,
+            fault,
+            omit_kernel,
+            build_only,
+        } => {
+            let mut options = vec![
+                "--threads".to_string(),
+                threads.to_string(),
+                "--cube".to_string(),
+                cube.to_string(),
+                "--vector".to_string(),
+                vector.to_string(),
+            ];
+            for f in fault {
+                options.extend(["--fault".to_string(), f]);
+            }
+            for k in omit_kernel {
+                options.extend(["--omit-kernel".to_string(), k.to_string()]);
+            }
+            let run = (!build_only).then_some(());
+            let status = launcher::launcher(
+                &root,
+                run.and(table.as_deref()),
+                run.and(arena.as_deref()),
+                run.and(out.as_deref()),
+                &options,
+            )?;
+            std::process::exit(status)
         }
         Task::Ci => ci::ci(&root),
     }

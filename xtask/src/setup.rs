@@ -8,9 +8,19 @@ use anyhow::{Context, Result};
 use crate::run;
 
 /// Debian packages: QEMU for the firmware, clang/libclang for the kernels
-/// and bindgen. (The LLVM binutils come from the `llvm-tools` component,
-/// through cargo-binutils.)
-const APT_PACKAGES: [&str; 3] = ["qemu-system-arm", "clang", "libclang-dev"];
+/// and bindgen; the aarch64 Linux cross compilers, glibc and qemu-user for
+/// the AICPU shared object and its launcher (`cargo xtask launcher`). (The
+/// LLVM binutils come from the `llvm-tools` component, through
+/// cargo-binutils.)
+const APT_PACKAGES: [&str; 7] = [
+    "qemu-system-arm",
+    "clang",
+    "libclang-dev",
+    "qemu-user-static",
+    "gcc-aarch64-linux-gnu",
+    "g++-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+];
 /// `rust-src`: the firmware builds `core` from it (see [`crate::target`]).
 const COMPONENTS: [&str; 4] = ["rust-src", "llvm-tools", "rustfmt", "clippy"];
 

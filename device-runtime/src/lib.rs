@@ -18,6 +18,8 @@
 //! - [`exec`]: the one-thread table interpreter ([`exec::run`]).
 //! - [`platform`]: the `Platform` trait and the shared-memory mailbox platform.
 //! - [`mailbox`]: the per-core issue protocol and the core's serve loop.
+//! - [`ascend`]: the Ascend platform: the AICPU side of CANN's per-core
+//!   handshake with the AICores (registers, handshake records, payloads).
 //! - [`steal_deque`]: a fixed-capacity Chase-Lev deque: a scheduler thread's
 //!   ready queue that idle threads steal single tasks from.
 //!
@@ -34,6 +36,9 @@
 //!     │  └ mailbox
 //!     └ steal_deque
 //! ```
+//!
+//! `ascend` implements `platform` (for the AICPU program) and names only
+//! `platform`, `mailbox` and `sync`.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -43,6 +48,7 @@
 #![allow(clippy::large_enum_variant, clippy::result_large_err)]
 
 pub mod abi;
+pub mod ascend;
 pub mod channel;
 pub mod exec;
 pub mod expand;

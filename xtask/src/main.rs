@@ -3,6 +3,8 @@
 //! - `setup`: installs what the build needs (apt packages, cargo-binutils,
 //!   the rustup target and components).
 //! - `bindgen [--check]`: regenerates (or checks) the kernel bindings.
+//! - `header [--check]`: regenerates (or checks) the AICPU program's C
+//!   header, `aicpu/include/wsp_aicpu.h`.
 //! - `fw`: builds the QEMU firmware and reports its size.
 //! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU,
 //!   prints its decoded `defmt` log and, with `--trace FILE`, writes the
@@ -20,6 +22,7 @@ mod ci;
 #[cfg(test)]
 mod docs_check;
 mod fw;
+mod header;
 mod launcher;
 mod qemu;
 mod qemu_bench;
@@ -47,6 +50,12 @@ enum Task {
     /// Regenerate ffi/src/bindings.rs from the kernel ABI header.
     Bindgen {
         /// Only check that the checked-in bindings are up to date.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Regenerate aicpu/include/wsp_aicpu.h (the AICPU program's C header) with cbindgen.
+    Header {
+        /// Only check that the checked-in header is up to date.
         #[arg(long)]
         check: bool,
     },
@@ -144,6 +153,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Task::Setup => setup::setup(),
         Task::Bindgen { check } => bindgen::bindgen(&root, check),
+        Task::Header { check } => header::header(&root, check),
         Task::Fw => fw::fw(&root).map(drop),
         Task::Qemu {
             table,

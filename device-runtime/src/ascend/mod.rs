@@ -1,0 +1,23 @@
+//! The Ascend platform: the AICPU side of CANN's per-core AICPU-AICore
+//! handshake (`docs/ASCEND.md` has the whole contract).
+//!
+//! - [`layout`]: the handshake record and the payload buffers as the
+//!   AICore reads them, the register offsets and the reserved ids.
+//! - [`regs`]: one access to a register or a handshake field (volatile with
+//!   `dmb ish` on the device, atomic on a hosted target).
+//! - [`handshake`]: bringing cores up and shutting them down, with bounded
+//!   waits and errors naming the core.
+//! - [`issue`]: [`AscendPlatform`], the scheduler's `Platform` over the
+//!   registers and the double-buffered payloads.
+
+pub mod handshake;
+pub mod issue;
+pub mod layout;
+pub mod regs;
+
+pub use handshake::{bring_up, shut_down, CoreError, CoreLink, Stage};
+pub use issue::{decode_result, AscendError, AscendPlatform};
+pub use layout::{Handshake, Payload, PayloadPair};
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -64,6 +64,11 @@ _Static_assert(offsetof(KernelArgs, ffts_base_addr) == 64, "ffts @64");
 _Static_assert(offsetof(KernelArgs, log_level) == 120, "log_level @120");
 _Static_assert(offsetof(KernelArgs, enable_profiling_flag) == 128, "profiling flag @128");
 _Static_assert(offsetof(KernelArgs, device_wall_data_base) == 136, "wall data @136");
+/* The runtime's view of the same 144 bytes (wsp_aicpu.h) agrees. */
+_Static_assert(sizeof(WspCannKernelArgs) == sizeof(KernelArgs), "the runtime's KernelArgs is 144 bytes");
+_Static_assert(offsetof(WspCannKernelArgs, runtime_args) == offsetof(KernelArgs, runtime_args),
+               "the runtime reads runtime_args @48");
+_Static_assert(offsetof(WspCannKernelArgs, regs) == offsetof(KernelArgs, regs), "the runtime reads regs @56");
 
 /* What device_args points to: the .so's bytes, as the host copied them. */
 typedef struct DeviceArgs {
@@ -95,24 +100,29 @@ typedef struct LaunchBlock {
 
 /* ---- The AICore registers, handshake and payload ------------------------ */
 
-/* One dispatch payload buffer as the runtime writes it (512 B, 64-aligned;
- * `task` in the handshake record points at the first of a core's two):
- * CANN's `function_bin_addr` @0 and the kernel's arguments after it, then
- * this project's kernel id and the result word the AICore writes before
- * FIN. */
-typedef struct Payload {
-    uint64_t function_bin_addr; /* @0 */
-    WspKernelArgs args;         /* @8 */
-    uint32_t kernel_id;         /* @144 */
-    uint32_t reserved0;
-    uint64_t result;            /* @152 */
-    uint8_t reserved[352];
-} Payload;
+/* One dispatch payload buffer as the runtime writes it (WspPayload: 512 B,
+ * 64-aligned; `task` in the handshake record points at the first of a
+ * core's two): CANN's `function_bin_addr` @0 and the kernel's arguments
+ * after it, then this project's kernel id and the result word the AICore
+ * writes before FIN. Checked here against CANN.md's contract. */
+typedef WspPayload Payload;
 
 _Static_assert(sizeof(Payload) == 512, "a payload buffer is 512 bytes");
+_Static_assert(offsetof(Payload, function_bin_addr) == 0, "function_bin_addr @0");
 _Static_assert(offsetof(Payload, args) == 8, "args @8");
 _Static_assert(offsetof(Payload, kernel_id) == 144, "kernel_id @144");
 _Static_assert(offsetof(Payload, result) == 152, "result @152");
+
+/* The handshake record (CANN.md): 64 B, 64-aligned. */
+typedef WspHandshake Handshake;
+
+_Static_assert(sizeof(Handshake) == 64 && _Alignof(Handshake) == 64, "a handshake record is 64 bytes");
+_Static_assert(offsetof(Handshake, aicore_done) == 4, "aicore_done @4");
+_Static_assert(offsetof(Handshake, task) == 8, "task @8");
+_Static_assert(offsetof(Handshake, core_type) == 16, "core_type @16");
+_Static_assert(offsetof(Handshake, physical_core_id) == 20, "physical_core_id @20");
+_Static_assert(offsetof(Handshake, aicpu_regs_ready) == 24, "aicpu_regs_ready @24");
+_Static_assert(offsetof(Handshake, aicore_regs_ready) == 28, "aicore_regs_ready @28");
 
 enum {
     REG_FAST_PATH_ENABLE = 0x18,

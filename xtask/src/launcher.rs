@@ -5,9 +5,9 @@
 //! entry points on AICPU threads and emulates the AICores on threads of its
 //! own, all under `qemu-aarch64-static` (Debian's `qemu-user-static`).
 //!
-//! The build goes to `<target>/launcher/`: the `.so` and its header (from
-//! the aicpu dist step), the kernels' objects and the `wsp-launcher`
-//! executable. Integration tests find that directory in `WSP_LAUNCHER`.
+//! The build goes to `<target>/launcher/`: the `.so` (from the aicpu dist
+//! step), the kernels' objects and the `wsp-launcher` executable, compiled
+//! against the checked-in `aicpu/include/wsp_aicpu.h`. Integration tests find that directory in `WSP_LAUNCHER`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -71,9 +71,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         .arg("-I")
         .arg(root.join("kernels/include"))
         .arg("-I")
-        .arg(&out)
-        .arg("-I")
-        .arg(root.join("launcher"))
+        .arg(root.join("aicpu/include"))
         .arg(root.join("launcher/launcher.c"))
         .args(&objects)
         .args(["-ldl", "-o"])

@@ -29,6 +29,9 @@ pub const SYSROOT: &str = "/usr/aarch64-linux-gnu";
 pub const EXE: &str = "wsp-launcher";
 /// The shared object's name in the build directory.
 pub const SO: &str = "libwsp_aicpu.so";
+/// A minimal AICPU program (`launcher/fake_aicpu.c`) in the build
+/// directory, for testing the launcher on its own.
+pub const FAKE_SO: &str = "libfake_aicpu.so";
 
 /// The flags `ffi/build.rs` compiles the kernels with for the host shim
 /// (the ones that decide results: the language, the optimisation level, no
@@ -58,31 +61,35 @@ pub fn dir(root: &Path) -> PathBuf {
     target_dir.join("launcher")
 }
 
-/// Builds the `.so` (the aicpu dist step), the kernels and the launcher
-/// into [`dir`] and returns it.
+/// Builds the kernels, the launcher and the minimal AICPU program
+/// ([`FAKE_SO`]) into [`dir`] and returns it.
 pub fn build(root: &Path) -> Result<PathBuf> {
     let out = dir(root);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    aicpu_so(root, &out)?;
+    let include = |cmd: &mut Command| {
+        cmd.arg("-I")
+            .arg(root.join("kernels/include"))
+            .arg("-I")
+            .arg(root.join("aicpu/include"));
+    };
+    let mut fake = Command::new(CC);
+    fake.args(LAUNCHER_FLAGS).args(["-fPIC", "-shared"]);
+    include(&mut fake);
+    run(fake
+        .arg(root.join("launcher/fake_aicpu.c"))
+        .arg("-o")
+        .arg(out.join(FAKE_SO)))?;
     let objects = kernels(root, &out.join("obj"))?;
     let exe = out.join(EXE);
     let mut cc = Command::new(CC);
-    cc.args(LAUNCHER_FLAGS)
-        .arg("-I")
-        .arg(root.join("kernels/include"))
-        .arg("-I")
-        .arg(root.join("aicpu/include"))
-        .arg(root.join("launcher/launcher.c"))
+    cc.args(LAUNCHER_FLAGS);
+    include(&mut cc);
+    cc.arg(root.join("launcher/launcher.c"))
         .args(&objects)
         .args(["-ldl", "-o"])
         .arg(&exe);
     run(&mut cc)?;
     Ok(out)
-}
-
-/// Writes the `.so`, its header and manifest into `out` (the aicpu dist step).
-fn aicpu_so(_root: &Path, _out: &Path) -> Result<()> {
-    anyhow::bail!("the AICPU shared object's dist step is not in this tree yet")
 }
 
 /// Compiles every `kernels/src/*.cpp` to an object in `obj` with
@@ -129,14 +136,21 @@ fn newest(dir: &Path) -> Result<std::time::SystemTime> {
     Ok(newest)
 }
 
-/// The command that runs the launcher in `dir` on `table` and `arena`,
-/// writing the arena to `out`, with `options` (`--threads N`, `--fault
-/// ...`, see `launcher/README.md`) after them.
-pub fn command(dir: &Path, table: &Path, arena: &Path, out: &Path, options: &[String]) -> Command {
+/// The command that runs the launcher in `dir` with the AICPU program
+/// `so` on `table` and `arena`, writing the arena to `out`, with `options`
+/// (`--threads N`, `--fault ...`, see `launcher/README.md`) after them.
+pub fn command(
+    dir: &Path,
+    so: &Path,
+    table: &Path,
+    arena: &Path,
+    out: &Path,
+    options: &[String],
+) -> Command {
     let mut cmd = Command::new(QEMU_USER);
     cmd.args(["-L", SYSROOT])
         .arg(dir.join(EXE))
-        .arg(dir.join(SO))
+        .arg(so)
         .arg(table)
         .arg(arena)
         .arg(out)
@@ -158,7 +172,7 @@ pub fn launcher(
         println!("{}", dir.display());
         return Ok(0);
     };
-    let mut cmd = command(&dir, table, arena, out, options);
+    let mut cmd = command(&dir, &dir.join(SO), table, arena, out, options);
     eprintln!("$ {}", crate::command_line(&cmd));
     let status = cmd.status().with_context(|| {
         format!("starting {QEMU_USER}; `cargo xtask setup` installs qemu-user-static")

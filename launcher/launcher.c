@@ -169,6 +169,8 @@ enum FaultKind { FAULT_NONE, FAULT_NEVER_ACK, FAULT_NEVER_FIN };
 
 typedef struct Options {
     const char *so, *table, *arena, *out;
+    /* A launch block file (symbols, scheduler threads, policy); NULL: none. */
+    const char *launch;
     unsigned threads, cube, vector, timeout_secs;
     /* A core that never acknowledges / never finishes (-1: none). */
     int never_ack_core, never_fin_core;
@@ -182,10 +184,11 @@ static void usage(void) {
     fprintf(stderr,
             "usage: wsp-launcher SO TABLE ARENA OUT [--threads N] [--cube N] [--vector N]\n"
             "         [--timeout-secs S] [--fault never-ack=CORE] [--fault never-fin=CORE]\n"
-            "         [--fault error=KERNEL_ID:CODE] [--omit-kernel ID]...\n"
+            "         [--fault error=KERNEL_ID:CODE] [--omit-kernel ID]... [--launch FILE]\n"
             "  Runs descriptor table TABLE on arena ARENA through the AICPU runtime SO\n"
             "  (scheduler threads N, default 2) and emulated AICores (cube cores first,\n"
-            "  default 2 + 2); writes the arena to OUT on success.\n");
+            "  default 2 + 2); writes the arena to OUT on success. FILE: a launch block\n"
+            "  (symbols, scheduler threads, policy) handed to the runtime as it is.\n");
 }
 
 /* Parses a decimal number in [0, max]; false on anything else. */
@@ -256,6 +259,8 @@ static int parse_options(int argc, char **argv, Options *o) {
             o->vector = v;
         } else if (strcmp(a, "--timeout-secs") == 0 && parse_u32(val, 86400, &v) && v > 0) {
             o->timeout_secs = v;
+        } else if (strcmp(a, "--launch") == 0) {
+            o->launch = val;
         } else if (strcmp(a, "--fault") == 0 && parse_fault(o, val)) {
         } else if (strcmp(a, "--omit-kernel") == 0 && parse_u32(val, KERNEL_SLOTS - 1, &v) && v > 0) {
             o->omit[v] = 1;
@@ -476,7 +481,9 @@ int main(int argc, char **argv) {
     uint8_t *table = read_file(o.table, &table_len);
     uint8_t *arena = read_file(o.arena, &arena_len);
     uint8_t *so_bytes = read_file(o.so, &so_len);
-    if (!table || !arena || !so_bytes) return 2;
+    size_t launch_len = 0;
+    uint8_t *launch_bytes = o.launch ? read_file(o.launch, &launch_len) : NULL;
+    if (!table || !arena || !so_bytes || (o.launch && !launch_bytes)) return 2;
 
     /* RTLD_DEEPBIND as CANN loads it: the .so binds to its own symbols first. */
     void *so = dlopen(o.so, RTLD_LAZY | RTLD_DEEPBIND);
@@ -535,8 +542,8 @@ int main(int argc, char **argv) {
     rt->table_len = table_len;
     rt->arena = arena;
     rt->arena_len = arena_len;
-    rt->launch = NULL; /* no launch block: the runtime's defaults */
-    rt->launch_len = 0;
+    rt->launch = launch_bytes; /* NULL: no launch block, the runtime's defaults */
+    rt->launch_len = launch_len;
     rt->kernel_addrs = kernel_addrs;
     rt->num_kernels = KERNEL_SLOTS;
     rt->num_cores = cores;

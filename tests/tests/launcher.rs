@@ -142,6 +142,7 @@ fn bad_launcher_options_are_refused_with_a_message() {
         &["--fault", "error=99:1"],
         &["--omit-kernel", "x"],
         &["--threads"],
+        &["--launch", "no-such-launch-block.bin"],
     ] {
         let outcome = fake(4, bad);
         assert_eq!(outcome.status, 2, "{bad:?}: {}", outcome.stderr);

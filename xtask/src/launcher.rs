@@ -159,12 +159,14 @@ pub fn command(
 }
 
 /// `cargo xtask launcher`: builds everything, then runs `table` (unless
-/// only building) and returns the launcher's exit status.
+/// only building) with the launch block `launch` (if any) and returns the
+/// launcher's exit status.
 pub fn launcher(
     root: &Path,
     table: Option<&Path>,
     arena: Option<&Path>,
     out: Option<&Path>,
+    launch: Option<&[u8]>,
     options: &[String],
 ) -> Result<i32> {
     let dir = build(root)?;
@@ -172,7 +174,13 @@ pub fn launcher(
         println!("{}", dir.display());
         return Ok(0);
     };
-    let mut cmd = command(&dir, &dir.join(SO), table, arena, out, options);
+    let mut options = options.to_vec();
+    if let Some(block) = launch {
+        let file = dir.join("launch.bin");
+        std::fs::write(&file, block).with_context(|| format!("writing {}", file.display()))?;
+        options.extend(["--launch".to_string(), file.display().to_string()]);
+    }
+    let mut cmd = command(&dir, &dir.join(SO), table, arena, out, &options);
     eprintln!("$ {}", crate::command_line(&cmd));
     let status = cmd.status().with_context(|| {
         format!("starting {QEMU_USER}; `cargo xtask setup` installs qemu-user-static")

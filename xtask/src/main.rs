@@ -140,6 +140,15 @@ enum Task {
         /// A kernel id left out of the kernel address table (not built in; repeatable).
         #[arg(long)]
         omit_kernel: Vec<u32>,
+        /// Symbols bound at launch (e.g. `--symbols 3,7`), in a launch block.
+        #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+        symbols: Option<Vec<i64>>,
+        /// Scheduler threads asked for in the launch block (at most --threads).
+        #[arg(long)]
+        sched_threads: Option<u32>,
+        /// Dispatch policy, in the launch block (as `cargo xtask qemu --policy`).
+        #[arg(long)]
+        policy: Option<String>,
         /// Only build the launcher and the shared object; print their directory.
         #[arg(long)]
         build_only: bool,
@@ -207,6 +216,9 @@ fn main() -> Result<()> {
             vector,
             fault,
             omit_kernel,
+            symbols,
+            sched_threads,
+            policy,
             build_only,
         } => {
             let mut options = vec![
@@ -223,12 +235,24 @@ fn main() -> Result<()> {
             for k in omit_kernel {
                 options.extend(["--omit-kernel".to_string(), k.to_string()]);
             }
+            // A launch block only when something is bound or chosen.
+            let launch = (symbols.is_some() || sched_threads.is_some() || policy.is_some())
+                .then(|| {
+                    qemu::launch_block(
+                        &symbols.unwrap_or_default(),
+                        sched_threads.unwrap_or(0),
+                        policy.as_deref().unwrap_or(""),
+                    )
+                })
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--symbols/--sched-threads/--policy: {e}"))?;
             let run = (!build_only).then_some(());
             let status = launcher::launcher(
                 &root,
                 run.and(table.as_deref()),
                 run.and(arena.as_deref()),
                 run.and(out.as_deref()),
+                launch.as_deref(),
                 &options,
             )?;
             std::process::exit(status)

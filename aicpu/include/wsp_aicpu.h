@@ -86,6 +86,11 @@
 #define WSP_CORE_VECTOR 1
 
 /*
+ Most AICores one run drives (a 910B has 24 cube and 48 vector cores).
+ */
+#define MAX_AICORES 128
+
+/*
  One core's handshake record (CANN's `Handshake`), 64 bytes, 64-aligned,
  in memory both the AICPU and the AICore reach. Fields are plain
  integers (the C header's view); the runtime reads and writes them only
@@ -341,15 +346,23 @@ typedef struct WSP_ALIGNED(64) WspPayload {
 
 
 /*
- CANN's init entry, called once on one AICPU thread before the server.
+ CANN's init entry, called once on one AICPU thread before the server:
+ validates the arguments; 0 or a `WSP_AICPU_*` status (also written into
+ `WspAicpuArgs.result`, with the error's text, when `runtime_args` is
+ usable).
 
  # Safety
- `kernel_args` is null or points to CANN's 144-byte `KernelArgs`.
+ `kernel_args` is null or points to CANN's 144-byte `KernelArgs`, whose
+ `runtime_args` is null or points to a [`WspAicpuArgs`] whose pointers
+ are null or valid as their fields document, for the whole launch (until
+ every server call has returned); the host writes none of it meanwhile.
  */
 int DynTileFwkBackendKernelServerInit(void *kernel_args);
 
 /*
- CANN's server entry, called on each of the launch's AICPU threads.
+ CANN's server entry, called on each of the launch's AICPU threads
+ after Init: runs the table; 0 or a `WSP_AICPU_*` status (the run's
+ outcome is in `WspAicpuArgs.result`, written by the thread that leads).
 
  # Safety
  As [`DynTileFwkBackendKernelServerInit`].

@@ -5,6 +5,8 @@
 //! - `bindgen [--check]`: regenerates (or checks) the kernel bindings.
 //! - `header [--check]`: regenerates (or checks) the AICPU program's C
 //!   header, `aicpu/include/wsp_aicpu.h`.
+//! - `dist [--out DIR]`: the device artifacts (firmware, libwsp_aicpu.so,
+//!   its header, a manifest) in one folder, the shared object checked.
 //! - `fw`: builds the QEMU firmware and reports its size.
 //! - `qemu <table.bin>`: runs a descriptor table on the firmware under QEMU,
 //!   prints its decoded `defmt` log and, with `--trace FILE`, writes the
@@ -19,6 +21,7 @@
 
 mod bindgen;
 mod ci;
+mod dist;
 #[cfg(test)]
 mod docs_check;
 mod fw;
@@ -61,6 +64,13 @@ enum Task {
     },
     /// Build the QEMU firmware (release) and print its path and size.
     Fw,
+    /// Build the device artifacts into one folder: firmware.elf/.bin,
+    /// libwsp_aicpu.so (checked), wsp_aicpu.h, manifest.json.
+    Dist {
+        /// The folder (default: target/dist).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Run a descriptor table on the firmware under QEMU; exits with the firmware's status.
     Qemu {
         /// The descriptor table (loaded at the firmware's table address).
@@ -164,6 +174,7 @@ fn main() -> Result<()> {
         Task::Bindgen { check } => bindgen::bindgen(&root, check),
         Task::Header { check } => header::header(&root, check),
         Task::Fw => fw::fw(&root).map(drop),
+        Task::Dist { out } => dist::dist(&root, &out.unwrap_or_else(|| dist::default_out(&root))),
         Task::Qemu {
             table,
             arena,

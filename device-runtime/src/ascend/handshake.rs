@@ -54,6 +54,11 @@ impl CoreLink {
         self.regs
     }
 
+    #[cfg(test)]
+    pub(super) fn set_regs_for_test(&mut self, regs: Regs) {
+        self.regs = Some(regs);
+    }
+
     /// The payload buffers' address.
     pub(super) fn payloads(&self) -> *mut PayloadPair {
         self.payloads as *mut PayloadPair

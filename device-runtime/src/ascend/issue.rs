@@ -127,6 +127,12 @@ impl<'a, C: Clock> AscendPlatform<'a, C> {
         })
     }
 
+    /// Makes `last` the newest id sent to `core` (tests of the id wrap).
+    #[cfg(test)]
+    pub(super) fn set_last_id(&mut self, core: usize, last: u32) {
+        self.cores[core].last = last;
+    }
+
     /// The clock.
     pub fn clock(&self) -> &C {
         &self.clock

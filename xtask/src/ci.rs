@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::{bindgen, cargo, fw, launcher, qemu_bench, run, setup, target};
+use crate::{bindgen, cargo, dist, fw, launcher, qemu_bench, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
-const STEPS: [(&str, Step); 14] = [
+const STEPS: [(&str, Step); 15] = [
     ("setup", |_| setup::setup()),
     ("fmt", |root| {
         run(cargo(root).args(["fmt", "--all", "--", "--check"]))
@@ -32,6 +32,8 @@ const STEPS: [(&str, Step); 14] = [
     ("policy features", policy_features),
     ("bindgen --check", |root| bindgen::bindgen(root, true)),
     ("fw", |root| fw::fw(root).map(drop)),
+    // The device artifacts, the AICPU .so checked, the header fresh.
+    ("dist", |root| dist::dist(root, &dist::default_out(root))),
     ("bench (smoke)", bench),
     ("test", test),
     ("loom", loom),

@@ -166,7 +166,7 @@ pub fn check_so(data: &[u8]) -> Result<SoReport> {
         if sym.is_undefined() {
             let version = match &versions {
                 Some(v) => v
-                    .version(v.version_index(sym.index()))?
+                    .version(v.version_index(endian, sym.index()))?
                     .map(|v| String::from_utf8_lossy(v.name()).into_owned()),
                 None => None,
             };
@@ -276,4 +276,67 @@ fn tool_output(cmd: &mut Command) -> Result<String> {
 /// The default output folder.
 pub fn default_out(root: &Path) -> PathBuf {
     root.join("target").join("dist")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared object built by the cross gcc from `c` with `flags`.
+    fn cross_so(name: &str, c: &str, flags: &[&str]) -> Vec<u8> {
+        let dir = std::env::temp_dir().join(format!("wsp-dist-test-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, so) = (dir.join("x.c"), dir.join("x.so"));
+        std::fs::write(&src, c).unwrap();
+        let status = Command::new(LINKER)
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(&src)
+            .args(flags)
+            .status()
+            .expect("the cross gcc (cargo xtask setup installs it)");
+        assert!(status.success());
+        let bytes = std::fs::read(&so).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        bytes
+    }
+
+    const ENTRIES: &str = "int DynTileFwkBackendKernelServerInit(void *a) { return a != 0; }\n\
+                           int DynTileFwkBackendKernelServer(void *a) { return a != 0; }\n";
+
+    #[test]
+    fn the_two_entry_points_and_allowed_imports_pass() {
+        let c = format!("#include <stdlib.h>\n{ENTRIES}void helper(void) {{ abort(); }}\n");
+        let map = Path::new(env!("CARGO_MANIFEST_DIR")).join("../aicpu/exports.map");
+        let so = cross_so(
+            "good",
+            &c,
+            &[&format!("-Wl,--version-script={}", map.display())],
+        );
+        let report = check_so(&so).unwrap();
+        assert_eq!(report.exports.len(), 2);
+        assert!(report
+            .imports
+            .iter()
+            .any(|(n, v)| n == "abort" && v.as_deref() == Some("GLIBC_2.17")));
+        assert!(report
+            .needed_versions
+            .iter()
+            .any(|v| v == "libc.so.6: GLIBC_2.17"));
+    }
+
+    #[test]
+    fn an_extra_export_and_a_foreign_import_are_refused() {
+        let c = format!("#include <stdio.h>\n{ENTRIES}void extra(void) {{ puts(\"x\"); }}\n");
+        let e = check_so(&cross_so("bad", &c, &[])).unwrap_err().to_string();
+        assert!(e.contains("not exactly"), "{e}");
+        assert!(e.contains("extra"), "{e}");
+        assert!(e.contains("imports `puts`"), "{e}");
+    }
+
+    #[test]
+    fn a_host_object_is_refused() {
+        let e = check_so(b"not an elf").unwrap_err().to_string();
+        assert!(e.contains("not a 64-bit ELF"), "{e}");
+    }
 }

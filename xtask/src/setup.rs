@@ -8,8 +8,9 @@ use anyhow::{Context, Result};
 use crate::run;
 
 /// Debian packages: QEMU for the firmware, clang/libclang for the kernels
-/// and bindgen; the aarch64 Linux cross compilers, glibc and qemu-user for
-/// the AICPU shared object and its launcher (`cargo xtask launcher`). (The
+/// and bindgen; the aarch64 Linux cross compilers and C library that link
+/// the AICPU program's shared object (`cargo xtask dist`) and build its
+/// launcher, and qemu-user that runs them (`cargo xtask launcher`). (The
 /// LLVM binutils come from the `llvm-tools` component, through
 /// cargo-binutils.)
 const APT_PACKAGES: [&str; 7] = [

@@ -183,6 +183,18 @@ pub const FAKE_AICPU_SO: &str = "libfake_aicpu.so";
 /// [`launcher_dir`]: [`AICPU_SO`] or [`FAKE_AICPU_SO`]) and the launcher
 /// under qemu-user, with launcher `options` (`--threads N`, `--fault ...`).
 pub fn run_in_launcher(so: &str, table: &[u8], arena: &[u8], options: &[&str]) -> LauncherOutcome {
+    run_in_launcher_with(so, table, arena, None, options)
+}
+
+/// [`run_in_launcher`] with a launch block (see [`launch_block`]), handed
+/// to the runtime as it is (`--launch`).
+pub fn run_in_launcher_with(
+    so: &str,
+    table: &[u8],
+    arena: &[u8],
+    launch: Option<&[u8]>,
+    options: &[&str],
+) -> LauncherOutcome {
     let dir =
         std::env::temp_dir().join(format!("wsp-launcher-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).expect("creating a temporary directory");
@@ -193,6 +205,13 @@ pub fn run_in_launcher(so: &str, table: &[u8], arena: &[u8], options: &[&str]) -
     );
     std::fs::write(&table_path, table).expect("writing table.bin");
     std::fs::write(&arena_path, arena).expect("writing arena.bin");
+    let launch_path = dir.join("launch.bin");
+    let mut launch_option = Vec::new();
+    if let Some(block) = launch {
+        std::fs::write(&launch_path, block).expect("writing launch.bin");
+        launch_option.push("--launch".as_ref());
+        launch_option.push(launch_path.as_os_str());
+    }
     let launcher = launcher_dir();
     let out = Command::new("timeout")
         .args([
@@ -206,6 +225,7 @@ pub fn run_in_launcher(so: &str, table: &[u8], arena: &[u8], options: &[&str]) -
         .arg(launcher.join(so))
         .args([&table_path, &arena_path, &out_path])
         .args(options)
+        .args(launch_option)
         .output()
         .expect("running qemu-aarch64-static; `cargo xtask setup` installs qemu-user-static");
     let outcome = LauncherOutcome {

@@ -61,11 +61,17 @@ pub fn dir(root: &Path) -> PathBuf {
     target_dir.join("launcher")
 }
 
-/// Builds the kernels, the launcher and the minimal AICPU program
-/// ([`FAKE_SO`]) into [`dir`] and returns it.
+/// Builds the AICPU program ([`SO`], by the dist step's
+/// [`crate::dist::build_so`], checked by [`crate::dist::check_so`]), the
+/// kernels, the launcher and the minimal AICPU program ([`FAKE_SO`]) into
+/// [`dir`] and returns it.
 pub fn build(root: &Path) -> Result<PathBuf> {
     let out = dir(root);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let so = out.join(SO);
+    crate::dist::build_so(root, &so)?;
+    let elf = std::fs::read(&so).with_context(|| format!("reading {}", so.display()))?;
+    crate::dist::check_so(&elf)?;
     let include = |cmd: &mut Command| {
         cmd.arg("-I")
             .arg(root.join("kernels/include"))
@@ -94,11 +100,20 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 
 /// Compiles every `kernels/src/*.cpp` to an object in `obj` with
 /// [`KERNEL_FLAGS`], skipping objects newer than their source and every
-/// kernel header, and returns the objects in source order.
+/// kernel header when the flags are those of the last build (recorded in
+/// `obj/flags`), and returns the objects in source order.
 fn kernels(root: &Path, obj: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(obj).with_context(|| format!("creating {}", obj.display()))?;
     let include = root.join("kernels/include");
-    let headers = newest(&include)?;
+    let stamp = obj.join("flags");
+    let flags = format!("{CXX} {}\n", KERNEL_FLAGS.join(" "));
+    let same_flags = std::fs::read_to_string(&stamp).is_ok_and(|f| f == flags);
+    // Other flags: every object is out of date.
+    let headers = if same_flags {
+        newest(&include)?
+    } else {
+        std::time::SystemTime::now()
+    };
     let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels/src"))?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
@@ -120,6 +135,7 @@ fn kernels(root: &Path, obj: &Path) -> Result<Vec<PathBuf>> {
         }
         objects.push(object);
     }
+    std::fs::write(&stamp, flags).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(objects)
 }
 

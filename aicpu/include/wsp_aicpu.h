@@ -208,11 +208,12 @@ typedef struct WspAicpuArgs {
    */
   uint64_t arena_len;
   /*
-   The launch block (symbols, threads, policy); null: none (defaults).
+   The launch block (symbols, threads, policy); none (the defaults)
+   when `launch_len` is 0.
    */
   const uint8_t *launch;
   /*
-   Its bytes (0 with a null `launch`).
+   Its bytes; 0: no block (`launch` is then not read).
    */
   uint64_t launch_len;
   /*

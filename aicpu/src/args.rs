@@ -120,9 +120,10 @@ pub struct WspAicpuArgs {
     pub arena: *mut u8,
     /// Its bytes.
     pub arena_len: u64,
-    /// The launch block (symbols, threads, policy); null: none (defaults).
+    /// The launch block (symbols, threads, policy); none (the defaults)
+    /// when `launch_len` is 0.
     pub launch: *const u8,
-    /// Its bytes (0 with a null `launch`).
+    /// Its bytes; 0: no block (`launch` is then not read).
     pub launch_len: u64,
     /// Per kernel id, the kernel's `function_bin_addr` on the AICores; 0:
     /// the kernel is not built in.

@@ -273,11 +273,29 @@ unsafe fn prepare(
             "launch is null with a nonzero launch_len",
         )
     }?;
-    let (options, sched) = match Launch::parse(launch).map_err(InitError::Launch)? {
-        None => (RunOptions::default(), SchedConfig::default()),
+    // No block (a zero length, null or not) means the defaults.
+    let parsed = if launch.is_empty() {
+        None
+    } else {
+        Launch::parse(launch).map_err(InitError::Launch)?
+    };
+    // Threads the launch does not choose: the runners' default, but no
+    // more than the server runs on.
+    let default_threads = SchedConfig::default()
+        .threads
+        .min(a.aicpu_threads as usize)
+        .max(1);
+    let (options, sched) = match parsed {
+        None => (
+            RunOptions::default(),
+            SchedConfig {
+                threads: default_threads,
+                ..SchedConfig::default()
+            },
+        ),
         Some(l) => {
             let sched = SchedConfig {
-                threads: l.threads.unwrap_or(SchedConfig::default().threads),
+                threads: l.threads.unwrap_or(default_threads),
                 policy: l.policy.unwrap_or(SchedConfig::default().policy),
                 ..SchedConfig::default()
             };

@@ -181,6 +181,11 @@ impl<'a, C: Clock> AscendPlatform<'a, C> {
             (*buffer).kernel_id = kernel_id;
             (*buffer).result = 0;
         }
+        // The part of the buffer the AICore reads, out to memory.
+        super::regs::clean_invalidate(
+            buffer as *const u8,
+            super::layout::PAYLOAD_RESULT_OFFSET + 8,
+        );
         if let Some(regs) = state.regs {
             // Publishes the buffer (a Release store / `dmb ish` before it).
             regs.at(reg::DATA_MAIN_BASE).store(id);
@@ -252,13 +257,19 @@ impl<C: Clock> Platform for AscendPlatform<'_, C> {
                 return None;
             }
             let buffer = (state.payloads as *const Payload).wrapping_add((oldest & 1) as usize);
-            // SAFETY: the buffer is valid (`CoreLink::new`); the AICore wrote
-            // `result` before FIN `oldest` (or anything about the next task),
-            // which the load above observed with Acquire / `dmb ish`, and it
-            // does not write the buffer again until a task that uses it is
-            // sent. A volatile read: the AICore's write is outside Rust's view
-            // on the device.
-            let result = unsafe { core::ptr::addr_of!((*buffer).result).read_volatile() };
+            let result = buffer
+                .cast::<u8>()
+                .wrapping_add(super::layout::PAYLOAD_RESULT_OFFSET)
+                .cast::<u64>();
+            // The AICore wrote the result word to memory: drop any stale line.
+            super::regs::clean_invalidate(result.cast(), 8);
+            // SAFETY: the buffer is valid (`CoreLink::new`) and `result` is its
+            // result word (8-aligned); the AICore wrote it before FIN `oldest`
+            // (or anything about the next task), which the load above observed
+            // with Acquire / `dmb ish`, and it does not write the buffer again
+            // until a task that uses it is sent. A volatile read: the AICore's
+            // write is outside Rust's view on the device.
+            let result = unsafe { result.read_volatile() };
             decode_result(result)
         };
         let state = &mut self.cores[core];

@@ -152,3 +152,37 @@ impl Regs {
         unsafe { Shared32::new((self.base + offset) as *mut u32) }
     }
 }
+
+/// Data cache line size assumed for cache maintenance (the AICPU's Arm
+/// cores have 64-byte lines).
+pub const CACHE_LINE: usize = 64;
+
+/// Cleans and invalidates the data cache lines of `[ptr, ptr + len)` to
+/// the point of coherency (`dc civac` per line, then `dsb sy`; `isb`), so
+/// that what this core wrote reaches memory an AICore reads and what an
+/// AICore wrote there is read afresh. CANN's AICPU code does this before
+/// reading host-written data. Nothing on a hosted target, whose memory is
+/// coherent between threads. It only moves data between cache and memory:
+/// no value changes as seen by any observer.
+pub fn clean_invalidate(ptr: *const u8, len: usize) {
+    #[cfg(all(target_os = "none", target_arch = "aarch64"))]
+    {
+        let end = (ptr as usize).saturating_add(len);
+        let mut line = ptr as usize & !(CACHE_LINE - 1);
+        while line < end {
+            // SAFETY: `dc civac` on an address of memory the caller is about
+            // to read or has just written (mapped) moves its line between
+            // cache and memory; it changes no data and touches no stack.
+            unsafe {
+                core::arch::asm!("dc civac, {}", in(reg) line, options(nostack, preserves_flags))
+            };
+            line += CACHE_LINE;
+        }
+        // SAFETY: barriers only; they touch no memory of their own.
+        unsafe { core::arch::asm!("dsb sy", "isb", options(nostack, preserves_flags)) };
+    }
+    #[cfg(not(all(target_os = "none", target_arch = "aarch64")))]
+    {
+        let _ = (ptr, len);
+    }
+}

@@ -542,13 +542,8 @@ int main(int argc, char **argv) {
     rt->table_len = table_len;
     rt->arena = arena;
     rt->arena_len = arena_len;
-    /* Without --launch: a block whose magic is zero, which the runtime's
-     * launch parser reads as "no block" (its defaults), as the firmware's
-     * zeroed launch window. (A null pointer with length 0 is refused by
-     * this runtime's Init as 0 bytes, though the header calls it none.) */
-    static const uint8_t no_launch[4] = {0, 0, 0, 0};
-    rt->launch = launch_bytes ? launch_bytes : no_launch;
-    rt->launch_len = launch_bytes ? launch_len : sizeof no_launch;
+    rt->launch = launch_bytes; /* NULL: no launch block, the runtime's defaults */
+    rt->launch_len = launch_len;
     rt->kernel_addrs = kernel_addrs;
     rt->num_kernels = KERNEL_SLOTS;
     rt->num_cores = cores;

@@ -382,7 +382,9 @@ static void spin(void) {
     sched_yield();
 }
 
-/* Waits until *word == want, or (exit_ok) DATA_MAIN_BASE says exit. */
+/* Waits until *word == want. Unbounded: a runtime that gives up on a core
+ * during bring-up returns, and main() then releases the core (and the alarm
+ * bounds the whole run). */
 static void wait_u32(_Atomic uint32_t *word, uint32_t want) {
     while (atomic_load_explicit(word, memory_order_acquire) != want) spin();
 }

@@ -145,3 +145,112 @@ fn unique() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
+
+/// The AICPU launcher's directory (`wsp-launcher` and `libwsp_aicpu.so`):
+/// `$WSP_LAUNCHER` when set (as `cargo xtask ci` does), otherwise built
+/// once per test process by `cargo xtask launcher --build-only` in its own
+/// target directory, so that the nested cargo does not wait on the lock of
+/// the outer one.
+pub fn launcher_dir() -> PathBuf {
+    static LAUNCHER: OnceLock<PathBuf> = OnceLock::new();
+    LAUNCHER
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("WSP_LAUNCHER") {
+                return PathBuf::from(path);
+            }
+            let root = workspace_root();
+            let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(&root)
+                .args(["run", "--quiet", "-p", "xtask", "--", "launcher", "--build-only"])
+                .env("CARGO_TARGET_DIR", root.join("target").join("launcher-for-tests"))
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .expect("running cargo xtask launcher --build-only");
+            assert!(
+                out.status.success(),
+                "building the launcher failed; `cargo xtask setup` installs the aarch64 cross compilers and qemu-user-static"
+            );
+            let dir = String::from_utf8_lossy(&out.stdout);
+            PathBuf::from(dir.lines().last().expect("xtask prints the directory").trim())
+        })
+        .clone()
+}
+
+/// How a launcher run ended.
+#[derive(Debug)]
+pub struct LauncherOutcome {
+    /// The launcher's exit status (0 success, 1 the run failed, 2 bad
+    /// input, 3 timed out).
+    pub status: i32,
+    /// What it printed.
+    pub stdout: String,
+    /// What it printed to stderr.
+    pub stderr: String,
+    /// The arena it wrote, after a successful run.
+    pub arena_out: Option<Vec<u8>>,
+}
+
+/// The AICPU program (`libwsp_aicpu.so`) in the launcher's directory.
+pub const AICPU_SO: &str = "libwsp_aicpu.so";
+/// The minimal AICPU program (`launcher/fake_aicpu.c`) that tests the
+/// launcher on its own.
+pub const FAKE_AICPU_SO: &str = "libfake_aicpu.so";
+
+/// Runs `table` with `arena` through the AICPU program `so` (a file name in
+/// [`launcher_dir`]: [`AICPU_SO`] or [`FAKE_AICPU_SO`]) and the launcher
+/// under qemu-user, with launcher `options` (`--threads N`, `--fault ...`).
+pub fn run_in_launcher(so: &str, table: &[u8], arena: &[u8], options: &[&str]) -> LauncherOutcome {
+    run_in_launcher_with(so, table, arena, None, options)
+}
+
+/// [`run_in_launcher`] with a launch block (see [`launch_block`]), handed
+/// to the runtime as it is (`--launch`).
+pub fn run_in_launcher_with(
+    so: &str,
+    table: &[u8],
+    arena: &[u8],
+    launch: Option<&[u8]>,
+    options: &[&str],
+) -> LauncherOutcome {
+    let dir =
+        std::env::temp_dir().join(format!("wsp-launcher-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&dir).expect("creating a temporary directory");
+    let (table_path, arena_path, out_path) = (
+        dir.join("table.bin"),
+        dir.join("arena.bin"),
+        dir.join("arena.out"),
+    );
+    std::fs::write(&table_path, table).expect("writing table.bin");
+    std::fs::write(&arena_path, arena).expect("writing arena.bin");
+    let launch_path = dir.join("launch.bin");
+    let mut launch_option = Vec::new();
+    if let Some(block) = launch {
+        std::fs::write(&launch_path, block).expect("writing launch.bin");
+        launch_option.push("--launch".as_ref());
+        launch_option.push(launch_path.as_os_str());
+    }
+    let launcher = launcher_dir();
+    let out = Command::new("timeout")
+        .args([
+            "--foreground",
+            "300",
+            "qemu-aarch64-static",
+            "-L",
+            "/usr/aarch64-linux-gnu",
+        ])
+        .arg(launcher.join("wsp-launcher"))
+        .arg(launcher.join(so))
+        .args([&table_path, &arena_path, &out_path])
+        .args(options)
+        .args(launch_option)
+        .output()
+        .expect("running qemu-aarch64-static; `cargo xtask setup` installs qemu-user-static");
+    let outcome = LauncherOutcome {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        arena_out: std::fs::read(&out_path).ok(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}

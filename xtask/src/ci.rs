@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::{bindgen, cargo, dist, fw, qemu_bench, run, setup, target};
+use crate::{bindgen, cargo, dist, fw, launcher, qemu_bench, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
@@ -78,11 +78,14 @@ fn doc(root: &Path) -> Result<()> {
         .env("RUSTDOCFLAGS", "-D warnings"))
 }
 
-/// The host tests; integration tests find the firmware in `WSP_FIRMWARE`.
+/// The host tests; integration tests find the firmware in `WSP_FIRMWARE`
+/// and the AICPU launcher's directory (built here) in `WSP_LAUNCHER`.
 fn test(root: &Path) -> Result<()> {
+    let launcher = launcher::build(root)?;
     let mut test = cargo(root);
     test.args(["test", "--workspace", "--exclude", "firmware"])
-        .env("WSP_FIRMWARE", fw::elf_path(root));
+        .env("WSP_FIRMWARE", fw::elf_path(root))
+        .env("WSP_LAUNCHER", launcher);
     run(&mut test)
 }
 

@@ -12,6 +12,9 @@
 //!   prints its decoded `defmt` log and, with `--trace FILE`, writes the
 //!   run's Chrome trace-event file.
 //! - `qemu-bench`: the firmware's overhead per task in QEMU, against a baseline.
+//! - `launcher <table.bin>`: runs a descriptor table through the AICPU
+//!   shared object under qemu-user, CANN's launch flow stood in for by the
+//!   C launcher in `launcher/` (see [`launcher`]).
 //! - `ci`: every check, in the order CI runs them.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -23,6 +26,7 @@ mod dist;
 mod docs_check;
 mod fw;
 mod header;
+mod launcher;
 mod qemu;
 mod qemu_bench;
 mod qemu_trace;
@@ -120,6 +124,48 @@ enum Task {
         #[arg(long, value_enum, default_value_t = qemu_bench::Clock::Icount)]
         clock: qemu_bench::Clock,
     },
+    /// Run a descriptor table through the AICPU shared object under
+    /// qemu-user, with the C launcher standing in for CANN and the AICores;
+    /// exits with the launcher's status.
+    Launcher {
+        /// The descriptor table (none with --build-only).
+        #[arg(required_unless_present = "build_only")]
+        table: Option<PathBuf>,
+        /// The initial data arena.
+        #[arg(long, required_unless_present = "build_only")]
+        arena: Option<PathBuf>,
+        /// Where to write the arena after a successful run.
+        #[arg(long, required_unless_present = "build_only")]
+        out: Option<PathBuf>,
+        /// AICPU threads calling the server entry point.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+        threads: u32,
+        /// Emulated cube cores (numbered first).
+        #[arg(long, default_value_t = 2)]
+        cube: u32,
+        /// Emulated vector cores (numbered after the cube cores).
+        #[arg(long, default_value_t = 2)]
+        vector: u32,
+        /// A fault to inject: never-ack=CORE, never-fin=CORE or
+        /// error=KERNEL_ID:CODE (repeatable).
+        #[arg(long)]
+        fault: Vec<String>,
+        /// A kernel id left out of the kernel address table (not built in; repeatable).
+        #[arg(long)]
+        omit_kernel: Vec<u32>,
+        /// Symbols bound at launch (e.g. `--symbols 3,7`), in a launch block.
+        #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+        symbols: Option<Vec<i64>>,
+        /// Scheduler threads asked for in the launch block (at most --threads).
+        #[arg(long)]
+        sched_threads: Option<u32>,
+        /// Dispatch policy, in the launch block (as `cargo xtask qemu --policy`).
+        #[arg(long)]
+        policy: Option<String>,
+        /// Only build the launcher and the shared object; print their directory.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Run every check CI runs: setup, fmt, clippy, bindgen, firmware, tests.
     Ci,
 }
@@ -175,6 +221,56 @@ fn main() -> Result<()> {
                 (tasks, samples)
             };
             qemu_bench::qemu_bench(&root, tasks, threads, samples, clock)
+        }
+        Task::Launcher {
+            table,
+            arena,
+            out,
+            threads,
+            cube,
+            vector,
+            fault,
+            omit_kernel,
+            symbols,
+            sched_threads,
+            policy,
+            build_only,
+        } => {
+            let mut options = vec![
+                "--threads".to_string(),
+                threads.to_string(),
+                "--cube".to_string(),
+                cube.to_string(),
+                "--vector".to_string(),
+                vector.to_string(),
+            ];
+            for f in fault {
+                options.extend(["--fault".to_string(), f]);
+            }
+            for k in omit_kernel {
+                options.extend(["--omit-kernel".to_string(), k.to_string()]);
+            }
+            // A launch block only when something is bound or chosen.
+            let launch = (symbols.is_some() || sched_threads.is_some() || policy.is_some())
+                .then(|| {
+                    qemu::launch_block(
+                        &symbols.unwrap_or_default(),
+                        sched_threads.unwrap_or(0),
+                        policy.as_deref().unwrap_or(""),
+                    )
+                })
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--symbols/--sched-threads/--policy: {e}"))?;
+            let run = (!build_only).then_some(());
+            let status = launcher::launcher(
+                &root,
+                run.and(table.as_deref()),
+                run.and(arena.as_deref()),
+                run.and(out.as_deref()),
+                launch.as_deref(),
+                &options,
+            )?;
+            std::process::exit(status)
         }
         Task::Ci => ci::ci(&root),
     }

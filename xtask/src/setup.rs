@@ -8,14 +8,18 @@ use anyhow::{Context, Result};
 use crate::run;
 
 /// Debian packages: QEMU for the firmware, clang/libclang for the kernels
-/// and bindgen, the aarch64 Linux cross gcc and C library that link the
-/// AICPU program's shared object (`cargo xtask dist`). (The LLVM binutils
-/// come from the `llvm-tools` component, through cargo-binutils.)
-const APT_PACKAGES: [&str; 5] = [
+/// and bindgen; the aarch64 Linux cross compilers and C library that link
+/// the AICPU program's shared object (`cargo xtask dist`) and build its
+/// launcher, and qemu-user that runs them (`cargo xtask launcher`). (The
+/// LLVM binutils come from the `llvm-tools` component, through
+/// cargo-binutils.)
+const APT_PACKAGES: [&str; 7] = [
     "qemu-system-arm",
     "clang",
     "libclang-dev",
+    "qemu-user-static",
     "gcc-aarch64-linux-gnu",
+    "g++-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
 ];
 /// `rust-src`: the firmware builds `core` from it (see [`crate::target`]).

@@ -167,11 +167,8 @@ fn a_core_that_never_acknowledges_ends_the_run_naming_task_kernel_and_core() {
     names_task_kernel_and_core(&error, 1);
 }
 
-/// Needs the runtime's fault API (`Completion::from_result`, on main) in
-/// the Ascend platform: until then the failure word counts as cycles and
-/// the run "succeeds".
+/// The AICore reports `WSP_KERNEL_FAILED_BASE | 7` as the task's result.
 #[test]
-#[ignore = "the Ascend platform does not decode WSP_KERNEL_FAILED_BASE | code yet"]
 fn an_injected_kernel_error_ends_the_run_naming_task_kernel_core_and_code() {
     let error = failed_with(&["--fault", "error=2:7"]);
     assert!(error.contains("error code 7"), "{error}");
@@ -180,11 +177,9 @@ fn an_injected_kernel_error_ends_the_run_naming_task_kernel_core_and_code() {
     names_task_kernel_and_core(&error, core);
 }
 
-/// Needs `Platform::has_kernel` (on main) in the Ascend platform, from the
-/// kernel address table: until then the core gets address 0 and the
-/// launcher's AICore rejects the task.
+/// Kernel 2 (gemm_tile) has address 0 in the kernel address table: the
+/// run ends before anything runs.
 #[test]
-#[ignore = "the Ascend platform does not check the kernel address table yet"]
 fn a_kernel_not_built_in_is_refused_before_the_run() {
     let error = failed_with(&["--omit-kernel", "2"]);
     assert!(error.contains("not built into core"), "{error}");

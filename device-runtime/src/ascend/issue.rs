@@ -14,26 +14,19 @@
 //!    task (ACK or FIN `n + 1`), and reads `result` after that.
 //!
 //! A kernel that is not built in (no entry, or address 0, in the kernel
-//! address table) is not sent to the core: it takes a slot in the core's
-//! queue and is reported as [`Completion::Rejected`] in its turn.
+//! address table) is reported by [`Platform::has_kernel`], so a run that
+//! needs one ends before anything runs; should one be launched anyway, it
+//! is not sent to the core: it takes a slot in the core's queue and is
+//! reported as [`Completion::Rejected`] in its turn. The result word is
+//! decoded by [`Completion::from_result`], as on every platform.
 
-use wsp_ffi::{CoreKind, WspKernelArgs, WSP_KERNEL_REJECTED};
+use wsp_ffi::{CoreKind, WspKernelArgs};
 
 use super::handshake::{CoreError, CoreLink};
 use super::layout::{ids, reg, Payload};
 use super::regs::Regs;
 use crate::mailbox::{next_id, DEPTH, FIN};
 use crate::platform::{Clock, Completion, Platform, MAX_CORES};
-
-/// The completion a payload's `result` word stands for: the one place
-/// the AICore's answer is decoded.
-pub fn decode_result(result: u64) -> Completion {
-    if result == WSP_KERNEL_REJECTED {
-        Completion::Rejected
-    } else {
-        Completion::Done { cycles: result }
-    }
-}
 
 /// A queued task's id; [`LOCAL_REJECT`] for one never sent to the core.
 const LOCAL_REJECT: u32 = 0;
@@ -239,6 +232,24 @@ impl<C: Clock> Platform for AscendPlatform<'_, C> {
         state.pending += 1;
         true
     }
+    fn acknowledged(&self, core: usize) -> bool {
+        let Some(state) = self.cores.get(core).filter(|_| core < self.kinds.len()) else {
+            return true;
+        };
+        let oldest = state.queue[0];
+        if state.pending == 0 || oldest == LOCAL_REJECT {
+            return true;
+        }
+        let Some(regs) = state.regs else { return true };
+        // COND holds the newest id the core took (ACK) or finished (FIN):
+        // the oldest task, or the one queued behind it (taken in order).
+        let taken = regs.at(reg::COND).load() & !FIN;
+        taken == oldest
+            || (state.pending == 2 && state.queue[1] != LOCAL_REJECT && taken == state.queue[1])
+    }
+    fn has_kernel(&self, _core: usize, kernel_id: u32) -> bool {
+        self.kernel_addr(kernel_id).is_some()
+    }
     fn poll(&mut self, core: usize) -> Option<Completion> {
         let state = self.cores.get(core).filter(|_| core < self.kinds.len())?;
         if state.pending == 0 {
@@ -270,7 +281,7 @@ impl<C: Clock> Platform for AscendPlatform<'_, C> {
             // until a task that uses it is sent. A volatile read: the AICore's
             // write is outside Rust's view on the device.
             let result = unsafe { result.read_volatile() };
-            decode_result(result)
+            Completion::from_result(result)
         };
         let state = &mut self.cores[core];
         state.queue[0] = state.queue[1];

@@ -16,7 +16,7 @@ pub mod layout;
 pub mod regs;
 
 pub use handshake::{bring_up, shut_down, CoreError, CoreLink, Stage};
-pub use issue::{decode_result, AscendError, AscendPlatform};
+pub use issue::{AscendError, AscendPlatform};
 pub use layout::{Handshake, Payload, PayloadPair};
 
 #[cfg(all(test, not(loom)))]

@@ -34,7 +34,8 @@ pub struct Launch {
     pub args: WspKernelArgs,
 }
 
-/// The records of the task window (152 bytes a task: about 300 KiB at the default window; part of [`super::Queues`]).
+/// The records of the task window (144 bytes a task, and 8 for its key:
+/// about 300 KiB at the default window; part of [`super::Queues`]).
 pub struct Records {
     slots: [[AtomicU64; WORDS]; TASK_WINDOW],
     /// Each task's dispatch key, for the dispatcher's own later placing

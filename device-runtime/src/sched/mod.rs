@@ -161,7 +161,7 @@ const FINISHED: u32 = 1;
 const ABORTED: u32 = 2;
 
 /// The queues between the dispatcher and the scheduler threads, and the
-/// tasks' launch records and their release graph (about 600 KiB at the default
+/// tasks' launch records and their release graph (about 580 KiB at the default
 /// window; on the device, a `static`, on the host on the heap).
 pub struct Queues {
     /// Per thread and kind, the tasks the dispatcher placed there.

@@ -415,6 +415,13 @@ fn relation(new: &Region, old: &Region) -> (bool, bool, bool) {
 }
 
 impl<const N: usize> TensorMap<N> {
+    /// Positions run in blocks of `SPAN` (`N` rounded up to a power of two):
+    /// a block's first `N` positions name the entries, in order, and the
+    /// rest are skipped. An entry's index is then its position's low bits,
+    /// with no division when `N` is not a power of two (table runs keep
+    /// three entries per task of the window); when it is, nothing is skipped.
+    const SPAN: u64 = (N as u64).next_power_of_two();
+
     /// An empty map.
     pub const fn new() -> Self {
         TensorMap {
@@ -608,16 +615,30 @@ impl<const N: usize> TensorMap<N> {
     }
 
     fn at(&self, position: u64) -> &Entry {
-        &self.entries[(position % N as u64) as usize]
+        &self.entries[(position & (Self::SPAN - 1)) as usize]
     }
 
     fn at_mut(&mut self, position: u64) -> &mut Entry {
-        &mut self.entries[(position % N as u64) as usize]
+        &mut self.entries[(position & (Self::SPAN - 1)) as usize]
     }
 
-    /// Entries allocated and not yet reclaimed.
+    /// The position after `position`, skipping the rest of its block
+    /// ([`TensorMap::SPAN`]) after its `N`th.
+    #[inline(always)]
+    fn after(position: u64) -> u64 {
+        let next = position + 1;
+        if next & (Self::SPAN - 1) == N as u64 {
+            next + (Self::SPAN - N as u64)
+        } else {
+            next
+        }
+    }
+
+    /// Entries allocated and not yet reclaimed: the positions from the tail
+    /// to the head but those skipped at the end of each block passed.
     pub fn used(&self) -> usize {
-        (self.head - self.tail) as usize
+        let blocks = self.head / Self::SPAN - self.tail / Self::SPAN;
+        (self.head - self.tail - blocks * (Self::SPAN - N as u64)) as usize
     }
 
     /// Entries free.
@@ -828,7 +849,7 @@ impl<const N: usize> TensorMap<N> {
     ) {
         debug_assert!(self.used() < N, "TensorMap room was checked");
         let position = self.head;
-        self.head += 1;
+        self.head = Self::after(position);
         if place.flags() & (Place::WIDE | Place::CROSSING) != 0 {
             let shape = &mut self.shapes[place.slot()];
             if place.has(Place::WIDE) {
@@ -978,5 +999,35 @@ mod tests {
             map.scan(&place, 5, &tile(0), true, true, &mut found);
             assert!(map.insert(&place, 5, tile(0), true, task));
         }
+    }
+
+    #[test]
+    fn a_ring_of_three_entries_counts_and_reuses_them() {
+        // Three entries: positions skip the fourth of each block of four.
+        // Two tasks stay live (one entry each) while the ring wraps.
+        let mut map = TensorMap::<3>::new();
+        let mut ends = Vec::new();
+        for task in 1..=20u64 {
+            let place = map.place(7, &tile(0));
+            let mut found = Found(Vec::new());
+            map.begin();
+            map.scan(&place, 7, &tile(0), true, true, &mut found);
+            let earlier: &[u64] = if task == 1 { &[] } else { &[task - 1] };
+            assert_eq!(found.0, earlier, "task {task} writes after the one before");
+            assert!(map.insert(&place, 7, tile(0), true, task));
+            ends.push(map.end());
+            if task >= 3 {
+                map.release_until(ends[task as usize - 3]);
+            }
+            assert_eq!(map.used(), task.min(2) as usize, "after task {task}");
+            assert_eq!(map.available(), 3 - task.min(2) as usize);
+        }
+        let place = map.place(7, &tile(4));
+        assert!(map.insert(&place, 7, tile(4), false, 21));
+        assert_eq!(map.available(), 0);
+        assert!(
+            !map.insert(&place, 7, tile(4), false, 22),
+            "the ring is full"
+        );
     }
 }

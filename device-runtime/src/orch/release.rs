@@ -61,7 +61,12 @@ struct Slot {
     stream_next: AtomicU32,
     /// The caller's value for the task, handed to whoever releases it.
     tag: AtomicU64,
+    /// Another value of the caller's for the task, that the graph does not
+    /// use (the dispatcher's dispatch key): it fills the slot's 32 bytes.
+    key: AtomicU64,
 }
+#[cfg(not(loom))]
+const _: () = assert!(core::mem::size_of::<Slot>() == 32);
 
 /// One fan-out edge.
 struct Edge {
@@ -78,6 +83,7 @@ crate::sync::maybe_const_fn! {
             fanout: AtomicU32::new(NIL | CLOSED),
             stream_next: AtomicU32::new(ISSUED),
             tag: AtomicU64::new(0),
+            key: AtomicU64::new(0),
         }
     }
 }
@@ -136,6 +142,18 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
         s.fanout.store(NIL, Ordering::Relaxed);
         s.stream_next.store(NO_NEXT, Ordering::Relaxed);
         s.tag.store(tag, Ordering::Relaxed);
+    }
+
+    /// Sets `slot`'s [`key`](Self::key): the caller's, for the task the slot
+    /// holds next or now, kept until it sets another. No other thread reads
+    /// it (`Relaxed`).
+    pub fn set_key(&self, slot: usize, key: u64) {
+        self.slots[slot].key.store(key, Ordering::Relaxed);
+    }
+
+    /// The value [`set_key`](Self::set_key) last set for `slot`.
+    pub fn key(&self, slot: usize) -> u64 {
+        self.slots[slot].key.load(Ordering::Relaxed)
     }
 
     /// Orchestrator: makes `consumer` wait for `producer`'s completion

@@ -60,9 +60,9 @@
 //! correct, and rare. Two cells may share a bucket; a bucket scanned twice
 //! costs time only (the caller counts each producer once).
 //!
-//! Sizing: a task uses one entry per tensor argument until it retires, so
-//! `N >= task window x arguments per task` means the TensorMap never stalls
-//! on its own.
+//! Sizing: a task uses one entry (48 bytes) per tensor argument until it
+//! retires, so `N >= task window x arguments per task` means the TensorMap
+//! never stalls on its own.
 
 use crate::abi::{Region, MAX_RANK};
 
@@ -99,29 +99,40 @@ pub const REFIT: u32 = 4;
 /// "No entry": positions start at 1, and the tail never falls below 1.
 const NONE: u64 = 0;
 
+/// One access: 48 bytes (the region 32, the tensor, the low half of the
+/// task's number, and the chain link with two flags), one per tensor
+/// argument of every task in the window.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     tensor: u32,
-    /// A newer write covers this entry's region: skip it and unlink it.
-    covered: bool,
-    /// The region is exactly one cell ([`Place::exact`]).
-    exact: bool,
+    /// The low 32 bits of the task's number: the task is within the window
+    /// of the newest task that placed an entry ([`TensorMap::newest_task`]),
+    /// which restores the rest ([`TensorMap::task_of`]).
+    task: u32,
+    /// Position of the next (older) entry of the bucket chain (below
+    /// [`COVERED`]), with the flags [`COVERED`] and [`EXACT`].
+    link: u64,
     region: Region,
-    task: u64,
-    /// Position of the next (older) entry of the bucket chain.
-    next: u64,
 }
+const _: () = assert!(core::mem::size_of::<Entry>() == 48);
+
+/// [`Entry::link`] flag: a newer write covers this entry's region: skip it
+/// and unlink it.
+const COVERED: u64 = 1 << 63;
+/// [`Entry::link`] flag: the region is exactly one cell ([`Place::exact`]).
+const EXACT: u64 = 1 << 62;
+/// [`Entry::link`]'s position bits. Positions grow by one per entry, so
+/// they stay below 2^62 (over a century at a billion entries a second).
+const POSITION: u64 = EXACT - 1;
 
 const EMPTY: Entry = Entry {
     tensor: 0,
-    covered: false,
-    exact: false,
+    task: 0,
+    link: NONE,
     region: Region {
         offset: [0; MAX_RANK],
         extent: [0; MAX_RANK],
     },
-    task: 0,
-    next: NONE,
 };
 
 /// The cell shape of a slot's tensors, and which kinds of entries placed
@@ -216,6 +227,9 @@ pub struct TensorMap<const N: usize> {
     pending: [u64; PENDING],
     /// How many covered entries the scans since [`TensorMap::begin`] found.
     pending_len: usize,
+    /// The task of the newest entry. Entries not reclaimed belong to tasks
+    /// not retired, all within the window (far less than 2^32) before it.
+    newest_task: u64,
 }
 
 /// Multiplicative hash of a tensor and a cell. The key packs the tensor
@@ -401,6 +415,13 @@ fn relation(new: &Region, old: &Region) -> (bool, bool, bool) {
 }
 
 impl<const N: usize> TensorMap<N> {
+    /// Positions run in blocks of `SPAN` (`N` rounded up to a power of two):
+    /// a block's first `N` positions name the entries, in order, and the
+    /// rest are skipped. An entry's index is then its position's low bits,
+    /// with no division when `N` is not a power of two (table runs keep
+    /// three entries per task of the window); when it is, nothing is skipped.
+    const SPAN: u64 = (N as u64).next_power_of_two();
+
     /// An empty map.
     pub const fn new() -> Self {
         TensorMap {
@@ -411,6 +432,7 @@ impl<const N: usize> TensorMap<N> {
             tail: 1,
             pending: [NONE; PENDING],
             pending_len: 0,
+            newest_task: 0,
         }
     }
 
@@ -578,17 +600,45 @@ impl<const N: usize> TensorMap<N> {
         }
     }
 
+    /// The task of an entry not reclaimed.
+    #[inline(always)]
+    fn task_of(&self, e: &Entry) -> u64 {
+        let newest = self.newest_task;
+        newest - (newest as u32).wrapping_sub(e.task) as u64
+    }
+
+    /// Links the entry at `position` to the older `next` (or [`NONE`]).
+    #[inline(always)]
+    fn set_next(&mut self, position: u64, next: u64) {
+        let e = self.at_mut(position);
+        e.link = e.link & !POSITION | next;
+    }
+
     fn at(&self, position: u64) -> &Entry {
-        &self.entries[(position % N as u64) as usize]
+        &self.entries[(position & (Self::SPAN - 1)) as usize]
     }
 
     fn at_mut(&mut self, position: u64) -> &mut Entry {
-        &mut self.entries[(position % N as u64) as usize]
+        &mut self.entries[(position & (Self::SPAN - 1)) as usize]
     }
 
-    /// Entries allocated and not yet reclaimed.
+    /// The position after `position`, skipping the rest of its block
+    /// ([`TensorMap::SPAN`]) after its `N`th.
+    #[inline(always)]
+    fn after(position: u64) -> u64 {
+        let next = position + 1;
+        if next & (Self::SPAN - 1) == N as u64 {
+            next + (Self::SPAN - N as u64)
+        } else {
+            next
+        }
+    }
+
+    /// Entries allocated and not yet reclaimed: the positions from the tail
+    /// to the head but those skipped at the end of each block passed.
     pub fn used(&self) -> usize {
-        (self.head - self.tail) as usize
+        let blocks = self.head / Self::SPAN - self.tail / Self::SPAN;
+        (self.head - self.tail - blocks * (Self::SPAN - N as u64)) as usize
     }
 
     /// Entries free.
@@ -709,10 +759,11 @@ impl<const N: usize> TensorMap<N> {
         let mut position = self.buckets[b % BUCKETS][chain];
         while position >= self.tail {
             let e = self.at(position);
-            let next = e.next;
-            let keep = !e.covered && v.live(e.task);
+            let next = e.link & POSITION;
+            let task = self.task_of(e);
+            let keep = e.link & COVERED == 0 && v.live(task);
             let (overlap, covered, covers) = if keep && e.tensor == tensor {
-                if exact && e.exact {
+                if exact && e.link & EXACT != 0 {
                     let same = e.region.offset == region.offset;
                     (same, same, same)
                 } else {
@@ -725,9 +776,9 @@ impl<const N: usize> TensorMap<N> {
             if overlap {
                 if chain == 1 && covers {
                     // A live writer of all of the scanned region.
-                    v.cut(e.task);
+                    v.cut(task);
                 }
-                v.conflict(e.task);
+                v.conflict(task);
                 if writes && covered {
                     if mark_now {
                         // Covered by the committing write: later tasks reach
@@ -746,7 +797,7 @@ impl<const N: usize> TensorMap<N> {
             } else if prev == NONE {
                 self.buckets[b % BUCKETS][chain] = next;
             } else {
-                self.at_mut(prev).next = next;
+                self.set_next(prev, next);
             }
             position = next;
         }
@@ -761,13 +812,14 @@ impl<const N: usize> TensorMap<N> {
         }
         for i in 0..self.pending_len {
             let position = self.pending[i];
-            self.at_mut(position).covered = true;
+            self.at_mut(position).link |= COVERED;
         }
         true
     }
 
     /// Records that `task` reads or writes `region` of `tensor`. `false` if
-    /// the ring is full.
+    /// the ring is full. Tasks come in order: `task` is at or after the
+    /// task of every entry not reclaimed, and less than 2^32 after it.
     pub fn insert(
         &mut self,
         place: &Place,
@@ -797,7 +849,7 @@ impl<const N: usize> TensorMap<N> {
     ) {
         debug_assert!(self.used() < N, "TensorMap room was checked");
         let position = self.head;
-        self.head += 1;
+        self.head = Self::after(position);
         if place.flags() & (Place::WIDE | Place::CROSSING) != 0 {
             let shape = &mut self.shapes[place.slot()];
             if place.has(Place::WIDE) {
@@ -809,13 +861,12 @@ impl<const N: usize> TensorMap<N> {
         }
         let head = &mut self.buckets[place.home()][writes as usize];
         let next = core::mem::replace(head, position);
+        self.newest_task = task;
         *self.at_mut(position) = Entry {
             tensor,
-            covered: false,
-            exact: place.has(Place::EXACT),
+            task: task as u32,
+            link: next | if place.has(Place::EXACT) { EXACT } else { 0 },
             region,
-            task,
-            next,
         };
     }
 
@@ -829,8 +880,8 @@ impl<const N: usize> TensorMap<N> {
                 let mut position = self.buckets[b][chain];
                 while position >= self.tail {
                     let e = self.at(position);
-                    len += (!e.covered && e.tensor == tensor) as usize;
-                    position = e.next;
+                    len += (e.link & COVERED == 0 && e.tensor == tensor) as usize;
+                    position = e.link & POSITION;
                 }
             }
         };
@@ -922,9 +973,61 @@ mod tests {
         let mut links = Vec::new();
         let mut position = map.buckets[home][1];
         while position >= map.tail {
-            links.push(map.at(position).task);
-            position = map.at(position).next;
+            links.push(map.task_of(map.at(position)));
+            position = map.at(position).link & POSITION;
         }
         assert_eq!(links, [3]);
+    }
+
+    #[test]
+    fn task_numbers_past_32_bits_come_back_whole() {
+        // Entries keep the low half of a task's number: readers of tasks
+        // on both sides of 2^32 must each find the writer before them.
+        let mut map = TensorMap::<16>::new();
+        let first = (1u64 << 32) - 2;
+        for task in first..first + 4 {
+            let place = map.place(5, &tile(0));
+            let mut found = Found(Vec::new());
+            map.begin();
+            map.scan(&place, 5, &tile(0), false, true, &mut found);
+            let earlier: &[u64] = if task == first { &[] } else { &[task - 1] };
+            assert_eq!(
+                found.0, earlier,
+                "task {task:#x} reads after the write before"
+            );
+            map.begin();
+            map.scan(&place, 5, &tile(0), true, true, &mut found);
+            assert!(map.insert(&place, 5, tile(0), true, task));
+        }
+    }
+
+    #[test]
+    fn a_ring_of_three_entries_counts_and_reuses_them() {
+        // Three entries: positions skip the fourth of each block of four.
+        // Two tasks stay live (one entry each) while the ring wraps.
+        let mut map = TensorMap::<3>::new();
+        let mut ends = Vec::new();
+        for task in 1..=20u64 {
+            let place = map.place(7, &tile(0));
+            let mut found = Found(Vec::new());
+            map.begin();
+            map.scan(&place, 7, &tile(0), true, true, &mut found);
+            let earlier: &[u64] = if task == 1 { &[] } else { &[task - 1] };
+            assert_eq!(found.0, earlier, "task {task} writes after the one before");
+            assert!(map.insert(&place, 7, tile(0), true, task));
+            ends.push(map.end());
+            if task >= 3 {
+                map.release_until(ends[task as usize - 3]);
+            }
+            assert_eq!(map.used(), task.min(2) as usize, "after task {task}");
+            assert_eq!(map.available(), 3 - task.min(2) as usize);
+        }
+        let place = map.place(7, &tile(4));
+        assert!(map.insert(&place, 7, tile(4), false, 21));
+        assert_eq!(map.available(), 0);
+        assert!(
+            !map.insert(&place, 7, tile(4), false, 22),
+            "the ring is full"
+        );
     }
 }

@@ -573,7 +573,10 @@ impl<'a> Dispatcher<'a> {
             if room {
                 let slot = entry.slot();
                 self.contexts[slot] = spec.context;
-                self.queues.records.set_key(index, key_value);
+                // Each task's dispatch key, for the dispatcher's own later
+                // placing (of every task, also those of the tasks section),
+                // in its release-graph slot's spare word.
+                self.queues.graph.set_key(slot, key_value);
                 // A task of the tasks section launches from the table
                 // (shared, read-only); an expanded one from its record.
                 // With scratch tensors, every task launches from its
@@ -780,7 +783,7 @@ impl<'a> Dispatcher<'a> {
             index: entry.task(),
             kernel_id: task.kernel.id,
             kind,
-            key: self.queues.records.key(entry.task() as u64),
+            key: self.queues.graph.key(entry.slot()),
         };
         let policy: &mut dyn DispatchPolicy = match &mut self.policies[entry.taskset()] {
             Some(p) => p,

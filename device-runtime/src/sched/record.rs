@@ -34,12 +34,10 @@ pub struct Launch {
     pub args: WspKernelArgs,
 }
 
-/// The records of the task window (152 bytes a task: about 300 KiB at the default window; part of [`super::Queues`]).
+/// The records of the task window (144 bytes a task: about 290 KiB at the
+/// default window; part of [`super::Queues`]).
 pub struct Records {
     slots: [[AtomicU64; WORDS]; TASK_WINDOW],
-    /// Each task's dispatch key, for the dispatcher's own later placing
-    /// (of every task, also those of the tasks section).
-    keys: [AtomicU64; TASK_WINDOW],
 }
 
 impl Records {
@@ -48,7 +46,6 @@ impl Records {
     pub const fn new() -> Self {
         Records {
             slots: [const { [const { AtomicU64::new(0) }; WORDS] }; TASK_WINDOW],
-            keys: [const { AtomicU64::new(0) }; TASK_WINDOW],
         }
     }
 
@@ -57,7 +54,6 @@ impl Records {
     pub fn new() -> Self {
         Records {
             slots: core::array::from_fn(|_| core::array::from_fn(|_| AtomicU64::new(0))),
-            keys: core::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -113,16 +109,6 @@ impl Records {
             stream: (head >> 32) as u32,
             args,
         }
-    }
-
-    /// Sets task `task`'s dispatch key (the dispatcher, before submitting it).
-    pub fn set_key(&self, task: u64, key: u64) {
-        self.keys[(task % TASK_WINDOW as u64) as usize].store(key, Ordering::Relaxed);
-    }
-
-    /// Task `task`'s dispatch key.
-    pub fn key(&self, task: u64) -> u64 {
-        self.keys[(task % TASK_WINDOW as u64) as usize].load(Ordering::Relaxed)
     }
 
     /// The kernel of task `task`'s record (for error reports).

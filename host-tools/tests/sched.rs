@@ -507,8 +507,8 @@ fn a_view_cache_reused_across_tasks_builds_what_a_task_spec_builds() {
     let tile = |(t, rank): (host_tools::table::TensorId, usize), access, at: u32| {
         let mut offset = [0u32; 4];
         let mut extent = [1u32; 4];
-        for d in 0..rank - 1 {
-            offset[d] = (at + d as u32) % 2;
+        for (d, o) in offset.iter_mut().enumerate().take(rank - 1) {
+            *o = (at + d as u32) % 2;
         }
         offset[rank - 1] = at % 2 * 8;
         extent[rank - 1] = 8;

@@ -479,3 +479,87 @@ fn the_issue_path_builds_the_same_kernel_arguments_as_a_task_spec() {
     }
     assert!(checked > 100, "{checked} tasks");
 }
+
+/// A scheduler thread keeps one `ViewCache` for the whole run: filled task
+/// after task (tensors of ranks 1 to 4, more tensors than the cache has
+/// slots, tasks with fewer arguments or scalars after ones with more), it
+/// must give what a `TaskSpec` builds from scratch every time.
+#[test]
+fn a_view_cache_reused_across_tasks_builds_what_a_task_spec_builds() {
+    use device_runtime::abi::Table;
+    use device_runtime::expand::{TaskSpec, NO_VIEW};
+    use device_runtime::sched::{Arena, ViewCache, VIEW_CACHE};
+    use host_tools::table::{Arg, TableBuilder};
+    use wsp_ffi::ArgAccess::{In, Out};
+    use wsp_ffi::{
+        WspKernelArgs, WspKernelId_WSP_KERNEL_ADD as ADD,
+        WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM, WspKernelId_WSP_KERNEL_SOFTMAX as SOFTMAX,
+    };
+    let mut b = TableBuilder::new();
+    let shapes: [&[u32]; 4] = [&[64], &[4, 16], &[3, 4, 16], &[2, 3, 4, 16]];
+    let tensors: Vec<_> = (0..VIEW_CACHE as u32 + 5)
+        .map(|i| {
+            let shape = shapes[i as usize % 4];
+            (b.tensor(&format!("t{i}"), shape).unwrap(), shape.len())
+        })
+        .collect();
+    // A 1 x 8 tile at `at` in the last dimension, one index into the others.
+    let tile = |(t, rank): (host_tools::table::TensorId, usize), access, at: u32| {
+        let mut offset = [0u32; 4];
+        let mut extent = [1u32; 4];
+        for (d, o) in offset.iter_mut().enumerate().take(rank - 1) {
+            *o = (at + d as u32) % 2;
+        }
+        offset[rank - 1] = at % 2 * 8;
+        extent[rank - 1] = 8;
+        Arg {
+            tensor: t,
+            access,
+            offset,
+            extent,
+        }
+    };
+    let n = tensors.len();
+    for i in 0..3 * n {
+        let (x, y, z) = (
+            tensors[i % n],
+            tensors[(i * 7 + 1) % n],
+            tensors[(i * 5 + 3) % n],
+        );
+        if x.0 == z.0 || y.0 == z.0 {
+            continue;
+        }
+        let at = i as u32;
+        match i % 3 {
+            0 => b.task(
+                ADD,
+                &[tile(x, In, at), tile(y, In, at + 1), tile(z, Out, at)],
+                &[],
+            ),
+            1 => b.task(SOFTMAX, &[tile(x, In, at), tile(z, Out, at + 1)], &[]),
+            _ => b.task(
+                RMSNORM,
+                &[tile(x, In, at), tile(y, In, 0), tile(z, Out, at)],
+                &[1e-5f32.to_bits() as u64],
+            ),
+        }
+        .unwrap();
+    }
+    let bytes = b.finish().unwrap();
+    let table = Table::parse(&bytes).unwrap();
+    let mut data = vec![0u8; table.arena_size() as usize];
+    let arena = Arena::new(&mut data);
+    let mut cache = ViewCache::new();
+    let mut args = WspKernelArgs {
+        num_tensors: 0,
+        num_scalars: 0,
+        tensors: [NO_VIEW; 4],
+        scalars: [0; 4],
+    };
+    assert!(table.tasks().len() > 2 * VIEW_CACHE);
+    for (task, desc) in table.tasks().iter().enumerate() {
+        cache.fill(&table, &arena, desc, &mut args);
+        let spec = TaskSpec::of_task(&table, task).kernel_args(&table, arena.base());
+        assert_eq!(format!("{args:?}"), format!("{spec:?}"), "task {task}");
+    }
+}

@@ -97,6 +97,10 @@ pub struct Dispatcher<'a> {
     ready_queue: ResourceStats,
     stalled_since: Option<u64>,
     per_thread: [DispatchStats; MAX_THREADS],
+    /// Per thread and kind, the length of its dispatch queue after the
+    /// dispatcher's last push there: at least its length now, as only the
+    /// dispatcher pushes and the others only take.
+    pushed_len: [[u64; 2]; MAX_THREADS],
     /// Told each task's number and loop indices as it is submitted, if set
     /// ([`Dispatcher::observe_submissions`]; a traced host run).
     on_submit: Option<OnSubmit<'a>>,
@@ -269,6 +273,7 @@ impl<'a> Dispatcher<'a> {
             },
             stalled_since: None,
             per_thread: [DispatchStats::default(); MAX_THREADS],
+            pushed_len: [[0; 2]; MAX_THREADS],
             on_submit: None,
             scratch: ScratchHeap::of_table(table),
             heap_stats: ResourceStats {
@@ -741,10 +746,17 @@ impl<'a> Dispatcher<'a> {
                 let len = owner.len() as u64;
                 self.ready_queue.high_water = self.ready_queue.high_water.max(len);
                 if let Some(t) = thread {
-                    let total = len + self.queues.ready[t][1 - k].len() as u64;
+                    self.pushed_len[t][k] = len;
                     let stats = &mut self.per_thread[t];
                     stats.placed += 1;
-                    stats.queue_high_water = stats.queue_high_water.max(total);
+                    // The other kind's queue holds at most what it held
+                    // after the last push there: only when that could make
+                    // a new high is its length (a line the thread writes)
+                    // read.
+                    if len + self.pushed_len[t][1 - k] > stats.queue_high_water {
+                        let other = self.queues.ready[t][1 - k].len() as u64;
+                        stats.queue_high_water = stats.queue_high_water.max(len + other);
+                    }
                 }
                 if let Some(since) = self.stalled_since.take() {
                     self.ready_queue.stall_ticks += now.saturating_sub(since);
@@ -752,6 +764,12 @@ impl<'a> Dispatcher<'a> {
                 self.placed_in[set] += 1;
                 placed = true;
             }
+        }
+        // Policies that never change their mind need not look.
+        let observing =
+            self.policy.observes() || self.policies.iter().flatten().any(|p| p.observes());
+        if !observing {
+            return Ok(placed);
         }
         // Policies look again when the load changed: tasks were placed or
         // threads starved. (Reading every queue's length reads lines the
@@ -794,8 +812,10 @@ impl<'a> Dispatcher<'a> {
             starved: self.queues.starved.load(Ordering::Relaxed),
             ..Load::default()
         };
-        for (queued, &t) in load.queued.iter_mut().zip(&self.eligible[k][..threads]) {
-            *queued = self.queues.ready[t][k].len();
+        if policy.reads_queued() {
+            for (queued, &t) in load.queued.iter_mut().zip(&self.eligible[k][..threads]) {
+                *queued = self.queues.ready[t][k].len();
+            }
         }
         match policy.place(&info, threads, &load) {
             Placement::Thread(i) if i < threads => Ok(Target::Thread(self.eligible[k][i])),

@@ -92,7 +92,7 @@ pub use run::{
     CoreStats, RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats, ThreadStats,
     DEPLIST_NODES, MAX_ISSUE_DEPTH, MAX_RUN_CORES, TENSORMAP_ENTRIES,
 };
-pub use thread::{kernel_args, Arena, Scheduler};
+pub use thread::{kernel_args, Arena, Scheduler, ViewCache, VIEW_CACHE};
 
 /// Capacity of one dispatch queue (per thread and core kind, and of the
 /// shared queue per kind). [`SchedConfig::queue_depth`] may set a lower limit.

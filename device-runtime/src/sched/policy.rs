@@ -55,6 +55,20 @@ pub trait DispatchPolicy {
     fn name(&self) -> &'static str;
     /// Chooses among the `threads` threads that own cores of `task.kind`.
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement;
+    /// Whether `place` reads [`Load::queued`]. The dispatcher fills it in
+    /// (reading each eligible thread's queue, lines those threads write)
+    /// only for policies that say yes; the others get zeros there.
+    fn reads_queued(&self) -> bool {
+        true
+    }
+    /// Whether the policy may change its mind: `observe` does something,
+    /// or `steals`, `keeps_released` or `decision` may change during a
+    /// run. The dispatcher reads the load after its rounds, and tells the
+    /// threads what the policies allow again, only when some policy of the
+    /// run says yes.
+    fn observes(&self) -> bool {
+        true
+    }
     /// Called by the dispatcher after every dispatch round in which it
     /// placed tasks or threads starved again ([`Load::starved`] grew), also
     /// when no task was ready, with `queued[t]` the tasks in thread `t`'s
@@ -176,6 +190,12 @@ impl DispatchPolicy for RoundRobin {
         self.next = (self.next + 1) % threads;
         Placement::Thread(self.next)
     }
+    fn reads_queued(&self) -> bool {
+        false
+    }
+    fn observes(&self) -> bool {
+        false
+    }
 }
 
 /// Key modulo threads: placement by key for [`Affinity`] and the policies
@@ -206,6 +226,12 @@ impl DispatchPolicy for Affinity {
     fn place(&mut self, task: &TaskInfo, threads: usize, _: &Load) -> Placement {
         by_key(task, threads)
     }
+    fn reads_queued(&self) -> bool {
+        false
+    }
+    fn observes(&self) -> bool {
+        false
+    }
 }
 
 /// Tasks with the same key go to the same thread, chosen by a hash of the
@@ -230,6 +256,12 @@ impl DispatchPolicy for Hash {
     fn place(&mut self, task: &TaskInfo, threads: usize, _: &Load) -> Placement {
         Placement::Thread((mix(task.key) % threads as u64) as usize)
     }
+    fn reads_queued(&self) -> bool {
+        false
+    }
+    fn observes(&self) -> bool {
+        false
+    }
 }
 
 /// Tasks ready when submitted are placed by key, like [`Affinity`]
@@ -248,6 +280,12 @@ impl DispatchPolicy for WorkStealing {
     }
     fn place(&mut self, task: &TaskInfo, threads: usize, _: &Load) -> Placement {
         by_key(task, threads)
+    }
+    fn reads_queued(&self) -> bool {
+        false
+    }
+    fn observes(&self) -> bool {
+        false
     }
     fn steals(&self) -> bool {
         true
@@ -269,6 +307,12 @@ impl DispatchPolicy for SharedQueue {
     }
     fn place(&mut self, _: &TaskInfo, _: usize, _: &Load) -> Placement {
         Placement::Shared
+    }
+    fn reads_queued(&self) -> bool {
+        false
+    }
+    fn observes(&self) -> bool {
+        false
     }
 }
 
@@ -310,6 +354,9 @@ impl DispatchPolicy for Adaptive {
         }
         self.placed += 1;
         by_key(task, threads)
+    }
+    fn reads_queued(&self) -> bool {
+        false
     }
     fn observe(&mut self, load: &Load) {
         if !self.stealing && load.starved >= Self::IMBALANCE {
@@ -395,33 +442,32 @@ macro_rules! each_policy {
     };
 }
 
-impl Policy {
-    fn inner(&mut self) -> &mut dyn DispatchPolicy {
-        each_policy!(self, p => p)
-    }
-    fn inner_ref(&self) -> &dyn DispatchPolicy {
-        each_policy!(self, p => p)
-    }
-}
-
+/// Each call a `match` to the variant's own method (no second dynamic
+/// call: `place` runs for every task).
 impl DispatchPolicy for Policy {
     fn name(&self) -> &'static str {
-        self.inner_ref().name()
+        each_policy!(self, p => p.name())
     }
     fn place(&mut self, task: &TaskInfo, threads: usize, load: &Load) -> Placement {
-        self.inner().place(task, threads, load)
+        each_policy!(self, p => p.place(task, threads, load))
+    }
+    fn reads_queued(&self) -> bool {
+        each_policy!(self, p => p.reads_queued())
+    }
+    fn observes(&self) -> bool {
+        each_policy!(self, p => p.observes())
     }
     fn observe(&mut self, load: &Load) {
-        self.inner().observe(load)
+        each_policy!(self, p => p.observe(load))
     }
     fn steals(&self) -> bool {
-        self.inner_ref().steals()
+        each_policy!(self, p => p.steals())
     }
     fn keeps_released(&self) -> bool {
-        self.inner_ref().keeps_released()
+        each_policy!(self, p => p.keeps_released())
     }
     fn decision(&self) -> &'static str {
-        self.inner_ref().decision()
+        each_policy!(self, p => p.decision())
     }
 }
 
@@ -455,6 +501,67 @@ mod tests {
             PolicyKind::Shared => cfg!(feature = "policy-shared"),
             PolicyKind::Adaptive => cfg!(feature = "policy-adaptive"),
         }
+    }
+
+    /// A policy that says it does not read the queue lengths places every
+    /// task the same whatever they are (the dispatcher gives it zeros).
+    #[test]
+    fn policies_that_do_not_read_queue_lengths_place_the_same_without_them() {
+        let mut checked = 0;
+        for kind in PolicyKind::ALL {
+            let (Ok(mut with), Ok(mut without)) = (kind.build(), kind.build()) else {
+                continue;
+            };
+            if with.reads_queued() {
+                continue;
+            }
+            for key in 0..50u64 {
+                let full = Load {
+                    queued: [key as usize % 7, 200, 0, 31],
+                    starved: key / 10,
+                };
+                let zeros = Load {
+                    starved: key / 10,
+                    ..Load::default()
+                };
+                let (a, b) = (
+                    with.place(&task(key * 13), 3, &full),
+                    without.place(&task(key * 13), 3, &zeros),
+                );
+                assert_eq!(a, b, "{} key {key}", kind.name());
+            }
+            checked += 1;
+        }
+        assert!(checked >= 1);
+    }
+
+    /// A policy that says it does not observe keeps its mind whatever the
+    /// load: the dispatcher does not tell it the load, nor publish its
+    /// steals again.
+    #[test]
+    fn policies_that_do_not_observe_never_change_their_mind() {
+        let mut checked = 0;
+        for kind in PolicyKind::ALL {
+            let Ok(mut p) = kind.build() else { continue };
+            if p.observes() {
+                continue;
+            }
+            let before = (p.steals(), p.keeps_released(), p.decision());
+            for starved in [0, 1, 10, 1000, u64::MAX] {
+                let load = Load {
+                    queued: [500, 0, 0, 0],
+                    starved,
+                };
+                p.observe(&load);
+                p.place(&task(starved), 2, &load);
+                let now = (p.steals(), p.keeps_released(), p.decision());
+                assert_eq!(now, before, "{} after starved {starved}", kind.name());
+            }
+            checked += 1;
+        }
+        assert!(checked >= 1);
+        #[cfg(feature = "policy-adaptive")]
+        assert!(PolicyKind::Adaptive.build().unwrap().observes());
     }
 
     #[test]

@@ -6,15 +6,15 @@
 
 use core::marker::PhantomData;
 
-use wsp_ffi::{CoreKind, WspKernelArgs};
+use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
 
 use super::policy::MAX_THREADS;
 use super::run::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use super::ConfigError;
 use super::{Entry, Queues, DISPATCH_QUEUE, DONE_RING, FINISHED, RELEASED, RUNNING};
-use crate::abi::Table;
-use crate::abi::{Region, MAX_SCALARS, MAX_TENSOR_ARGS};
-use crate::expand::{tensor_view, NO_VIEW};
+use crate::abi::{dtype_size, Table, TaskDesc, TensorArg, TensorDesc};
+use crate::abi::{MAX_RANK, MAX_SCALARS, MAX_TENSOR_ARGS};
+use crate::expand::NO_VIEW;
 use crate::platform::{Completion, Event, Platform, MAX_CORES};
 use crate::steal_deque::{Owner, Steal, StealDeque};
 use crate::sync::Ordering;
@@ -90,31 +90,167 @@ impl<'a> Arena<'a> {
 /// tensors in `arena`: the views a core gets. Building them is safe; running
 /// a kernel on them is not (see [`Platform::launch`]).
 pub fn kernel_args(table: &Table<'_>, arena: &Arena<'_>, task: u32) -> WspKernelArgs {
-    // Straight from the descriptors (the issue path): what
-    // `TaskSpec::of_task(..).kernel_args(..)` gives, without building and
-    // copying the spec (a test checks the two agree).
-    let desc = &table.tasks()[task as usize];
-    let targs = table.task_args(desc);
-    // Validation bounds both counts by the capacities.
-    let scalars = (desc.num_scalars.get() as usize).min(MAX_SCALARS);
     let mut args = WspKernelArgs {
-        num_tensors: targs.len() as u32,
-        num_scalars: scalars as u32,
+        num_tensors: 0,
+        num_scalars: 0,
         tensors: [NO_VIEW; MAX_TENSOR_ARGS],
         scalars: [0; MAX_SCALARS],
     };
-    for (out, s) in args.scalars.iter_mut().zip(&desc.scalars[..scalars]) {
-        *out = s.get();
-    }
-    let tensors = table.tensors();
-    for (view, t) in args.tensors.iter_mut().zip(targs) {
-        *view = tensor_view(
-            &tensors[t.tensor.get() as usize],
-            &Region::of(t),
-            arena.base,
-        );
-    }
+    ViewCache::new().fill(table, arena, &table.tasks()[task as usize], &mut args);
     args
+}
+
+const _: () = assert!(MAX_RANK.is_power_of_two());
+
+/// Slots of a [`ViewCache`]: a few more than the tensors a task names, so
+/// that the tensors of a run's nearby tasks stay in it.
+pub const VIEW_CACHE: usize = 16;
+
+/// What a kernel view of any region of one tensor needs, worked out once
+/// from its descriptor: a view is then an address sum and two extents.
+#[derive(Clone, Copy, Debug)]
+struct TensorPlan {
+    /// The tensor's index plus one; 0 marks an empty slot.
+    tag: u32,
+    dtype: u32,
+    /// The address of element 0: the arena's base plus the tensor's offset
+    /// (wrapping, as in [`tensor_view`](crate::expand::tensor_view)).
+    addr: u64,
+    /// Bytes from one index to the next per dimension; 0 beyond the rank,
+    /// where validation holds every region's offset at 0.
+    byte_strides: [u64; MAX_RANK],
+    /// The dimension of the tile's columns (rank - 1).
+    col_dim: u8,
+    /// Rank 1: one row, whose stride is its length.
+    one_row: bool,
+    /// Elements from one row to the next (rank 2 and up).
+    row_stride: u32,
+}
+
+impl TensorPlan {
+    const EMPTY: TensorPlan = TensorPlan {
+        tag: 0,
+        dtype: 0,
+        addr: 0,
+        byte_strides: [0; MAX_RANK],
+        col_dim: 0,
+        one_row: true,
+        row_stride: 0,
+    };
+
+    fn of(index: u32, tensor: &TensorDesc, arena_base: u64) -> TensorPlan {
+        let dtype = tensor.dtype.get();
+        let elem = dtype_size(dtype).unwrap_or(0);
+        let rank = (tensor.rank.get() as usize).clamp(1, MAX_RANK);
+        let mut byte_strides = [0; MAX_RANK];
+        for (d, out) in byte_strides.iter_mut().enumerate().take(rank) {
+            *out = tensor.strides[d].get() as u64 * elem;
+        }
+        TensorPlan {
+            tag: index.wrapping_add(1),
+            dtype,
+            addr: arena_base.wrapping_add(tensor.arena_offset.get()),
+            byte_strides,
+            col_dim: (rank - 1) as u8,
+            one_row: rank == 1,
+            row_stride: if rank >= 2 {
+                tensor.strides[rank - 2].get()
+            } else {
+                0
+            },
+        }
+    }
+
+    /// The view of `arg`'s region (validated against this tensor): what
+    /// [`tensor_view`](crate::expand::tensor_view) gives.
+    #[inline(always)]
+    fn view(&self, arg: &TensorArg) -> WspTensorView {
+        let mut addr = self.addr;
+        for d in 0..MAX_RANK {
+            addr = addr.wrapping_add(arg.offset[d].get() as u64 * self.byte_strides[d]);
+        }
+        // `col_dim` is below `MAX_RANK` (a power of two): the masks only
+        // spare the bounds checks.
+        const DIMS: usize = MAX_RANK - 1;
+        let col_dim = self.col_dim as usize;
+        let cols = arg.extent[col_dim & DIMS].get();
+        let (rows, row_stride) = if self.one_row {
+            (1, cols)
+        } else {
+            (
+                arg.extent[col_dim.wrapping_sub(1) & DIMS].get(),
+                self.row_stride,
+            )
+        };
+        WspTensorView {
+            addr,
+            rows,
+            cols,
+            row_stride,
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// A scheduler thread's plans of the tensors its recent tasks named
+/// (direct-mapped by tensor index), so that issuing a table task does not
+/// work out strides, element sizes and ranks from the descriptors again.
+#[derive(Clone, Debug)]
+pub struct ViewCache {
+    plans: [TensorPlan; VIEW_CACHE],
+}
+
+impl Default for ViewCache {
+    fn default() -> Self {
+        ViewCache::new()
+    }
+}
+
+impl ViewCache {
+    /// An empty cache.
+    pub const fn new() -> Self {
+        ViewCache {
+            plans: [TensorPlan::EMPTY; VIEW_CACHE],
+        }
+    }
+
+    /// Fills `args` with the kernel arguments of table task `desc` (of the
+    /// validated `table`), its tensors in `arena`: what
+    /// `TaskSpec::of_task(..).kernel_args(..)` gives, straight from the
+    /// descriptors (the issue path: a test checks the two agree).
+    pub fn fill(
+        &mut self,
+        table: &Table<'_>,
+        arena: &Arena<'_>,
+        desc: &TaskDesc,
+        args: &mut WspKernelArgs,
+    ) {
+        let targs = table.task_args(desc);
+        // Validation bounds both counts by the capacities.
+        let scalars = (desc.num_scalars.get() as usize).min(MAX_SCALARS);
+        args.num_tensors = targs.len() as u32;
+        args.num_scalars = scalars as u32;
+        for (i, out) in args.scalars.iter_mut().enumerate() {
+            *out = if i < scalars {
+                desc.scalars[i].get()
+            } else {
+                0
+            };
+        }
+        let tensors = table.tensors();
+        for (i, view) in args.tensors.iter_mut().enumerate() {
+            let Some(t) = targs.get(i) else {
+                *view = NO_VIEW;
+                continue;
+            };
+            let index = t.tensor.get();
+            let plan = &mut self.plans[index as usize % VIEW_CACHE];
+            if plan.tag != index.wrapping_add(1) {
+                *plan = TensorPlan::of(index, &tensors[index as usize], arena.base);
+            }
+            *view = plan.view(t);
+        }
+    }
 }
 
 /// How many times a take retries a deque whose `top` it lost to another
@@ -168,6 +304,10 @@ pub struct Scheduler<'a, P: Platform> {
     ack_ticks: u64,
     stats: ThreadStats,
     cores: [CoreStats; MAX_CORES],
+    /// Plans of the tensors of recent table tasks.
+    views: ViewCache,
+    /// The arguments of the task being issued, filled in place.
+    args: WspKernelArgs,
 }
 
 impl<'a, P: Platform> Scheduler<'a, P> {
@@ -246,6 +386,13 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             },
             cores,
             platform,
+            views: ViewCache::new(),
+            args: WspKernelArgs {
+                num_tensors: 0,
+                num_scalars: 0,
+                tensors: [NO_VIEW; MAX_TENSOR_ARGS],
+                scalars: [0; MAX_SCALARS],
+            },
         })
     }
 
@@ -465,7 +612,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 };
                 let index = entry.task();
                 self.next_core = (core as u32 + 1) % 64;
-                let (args, kernel_id, stream) = self.launch_of(index);
+                let (kernel_id, stream) = self.launch_of(index);
                 // SAFETY: the table is validated and the dispatcher checked
                 // every expanded task's regions, so every view lies inside the
                 // arena, which `Arena` borrows mutably for the whole run; every
@@ -473,7 +620,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 // a task only when every earlier task touching its regions with a
                 // write on either side has completed, and holds back later such
                 // tasks until this one completes.
-                if !unsafe { self.platform.launch(core, kernel_id, &args) } {
+                if !unsafe { self.platform.launch(core, kernel_id, &self.args) } {
                     return Err(RunError::LaunchRefused {
                         task: index,
                         core: self.global[core] as u32,
@@ -511,19 +658,20 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         Ok(issued)
     }
 
-    /// What task `index` launches: its argument block, kernel and stream,
-    /// from the table for a task of the tasks section, else from the
-    /// launch record the dispatcher wrote.
-    fn launch_of(&self, index: u32) -> (WspKernelArgs, u32, u32) {
+    /// What task `index` launches: fills `self.args` with its argument
+    /// block and returns its kernel and stream, from the table for a task
+    /// of the tasks section, else from the launch record the dispatcher
+    /// wrote.
+    fn launch_of(&mut self, index: u32) -> (u32, u32) {
         match self.table.tasks()[..self.table_launches].get(index as usize) {
-            Some(desc) => (
-                kernel_args(self.table, &self.arena, index),
-                desc.kernel_id.get(),
-                desc.stream.get(),
-            ),
+            Some(desc) => {
+                (self.views).fill(self.table, &self.arena, desc, &mut self.args);
+                (desc.kernel_id.get(), desc.stream.get())
+            }
             None => {
                 let launch = self.queues.records.read(index as u64, self.arena.base);
-                (launch.args, launch.kernel_id, launch.stream)
+                self.args = launch.args;
+                (launch.kernel_id, launch.stream)
             }
         }
     }

@@ -289,15 +289,18 @@ pub unsafe fn init(kernel_args: *mut core::ffi::c_void) -> i32 {
     // WspAicpuArgs (aligned, checked), which nothing else writes during
     // the launch; only `result` is written, by this thread now.
     let (fields, result) = unsafe { (args.read(), &mut (*args).result) };
+    if let Err(busy) = GATE.begin_init() {
+        // The launch in progress keeps its statics, `ARGS` and, when the
+        // host passed the same arguments again, the result it is writing.
+        if args != ARGS.load(Ordering::Acquire) {
+            let e = InitError::Busy(busy);
+            report(result, e.status(), e);
+        }
+        return WSP_AICPU_BUSY;
+    }
     result.tasks = 0;
     result.wall_ticks = 0;
     result.ticks_per_second = AicpuClock::new().ticks_per_second();
-    if let Err(busy) = GATE.begin_init() {
-        // The launch in progress keeps its statics (and `ARGS`).
-        let e = InitError::Busy(busy);
-        report(result, e.status(), e);
-        return WSP_AICPU_BUSY;
-    }
     ARGS.store(args, Ordering::Release);
     // SAFETY: as above for every host pointer in `fields` and `regs`.
     let prepared = unsafe { prepare(args, &fields, kernel_args.regs) };

@@ -7,7 +7,8 @@
  * RTLD_LAZY | RTLD_DEEPBIND, fill a 144-byte KernelArgs (runtime_args @48
  * pointing to the runtime's WspAicpuArgs, regs @56 to the per-core register
  * bases), call DynTileFwkBackendKernelServerInit once and
- * DynTileFwkBackendKernelServer on N threads. It also does what the AICores
+ * DynTileFwkBackendKernelServer on N threads, for each launch (--repeat:
+ * several launches in one dlopen, as CANN makes them). It also does what the AICores
  * do: one thread per core serves that core's handshake over a malloc'd
  * register file and runs the project's C++ kernels (linked in, compiled
  * with the host shim's flags, so results are bit-identical).
@@ -178,6 +179,10 @@ typedef struct Options {
     uint32_t error_kernel, error_code;
     /* Kernels left out of the address table (not built in). */
     uint8_t omit[KERNEL_SLOTS];
+    /* Launches in one dlopen, and how many of the first carry the faults
+     * (--fault, --omit-kernel; default: all). */
+    unsigned repeat, faulty_launches;
+    int faulty_given;
 } Options;
 
 static void usage(void) {
@@ -185,10 +190,14 @@ static void usage(void) {
             "usage: wsp-launcher SO TABLE ARENA OUT [--threads N] [--cube N] [--vector N]\n"
             "         [--timeout-secs S] [--fault never-ack=CORE] [--fault never-fin=CORE]\n"
             "         [--fault error=KERNEL_ID:CODE] [--omit-kernel ID]... [--launch FILE]\n"
+            "         [--repeat N] [--faulty-launches K]\n"
             "  Runs descriptor table TABLE on arena ARENA through the AICPU runtime SO\n"
             "  (scheduler threads N, default 2) and emulated AICores (cube cores first,\n"
             "  default 2 + 2); writes the arena to OUT on success. FILE: a launch block\n"
-            "  (symbols, scheduler threads, policy) handed to the runtime as it is.\n");
+            "  (symbols, scheduler threads, policy) handed to the runtime as it is.\n"
+            "  --repeat N: N launches (Init + server) in one dlopen, each on a fresh copy\n"
+            "  of ARENA; the faults apply to the first K (--faulty-launches, default N),\n"
+            "  which must fail but the last; the others must succeed with equal arenas.\n");
 }
 
 /* Parses a decimal number in [0, max]; false on anything else. */
@@ -235,6 +244,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     o->timeout_secs = 120;
     o->never_ack_core = -1;
     o->never_fin_core = -1;
+    o->repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         uint32_t v;
@@ -264,6 +274,11 @@ static int parse_options(int argc, char **argv, Options *o) {
         } else if (strcmp(a, "--fault") == 0 && parse_fault(o, val)) {
         } else if (strcmp(a, "--omit-kernel") == 0 && parse_u32(val, KERNEL_SLOTS - 1, &v) && v > 0) {
             o->omit[v] = 1;
+        } else if (strcmp(a, "--repeat") == 0 && parse_u32(val, 1000, &v) && v > 0) {
+            o->repeat = v;
+        } else if (strcmp(a, "--faulty-launches") == 0 && parse_u32(val, 1000, &v)) {
+            o->faulty_launches = v;
+            o->faulty_given = 1;
         } else {
             fprintf(stderr, "wsp-launcher: bad option %s %s\n", a, val);
             return 0;
@@ -281,6 +296,11 @@ static int parse_options(int argc, char **argv, Options *o) {
     if ((o->never_ack_core >= 0 && (unsigned)o->never_ack_core >= cores) ||
         (o->never_fin_core >= 0 && (unsigned)o->never_fin_core >= cores)) {
         fprintf(stderr, "wsp-launcher: a --fault names a core past the last (%u)\n", cores - 1);
+        return 0;
+    }
+    if (!o->faulty_given) o->faulty_launches = o->repeat;
+    if (o->faulty_launches > o->repeat) {
+        fprintf(stderr, "wsp-launcher: --faulty-launches %u of %u launches\n", o->faulty_launches, o->repeat);
         return 0;
     }
     o->so = pos[0];
@@ -571,52 +591,115 @@ int main(int argc, char **argv) {
     if (!kargs) return 2;
     memcpy(kargs, &launch.args, sizeof *kargs);
 
-    for (unsigned i = 0; i < cores; i++) {
-        if (pthread_create(&core[i].thread, NULL, core_main, &core[i]) != 0) {
-            fprintf(stderr, "wsp-launcher: starting core thread %u failed\n", i);
-            return 2;
+    /* The launches. A launch without the faults sees none of them. */
+    Options clean = o;
+    clean.never_ack_core = -1;
+    clean.never_fin_core = -1;
+    clean.error_kernel = 0;
+    static uint64_t clean_addrs[KERNEL_SLOTS];
+    for (uint32_t id = 1; id < KERNEL_SLOTS; id++)
+        clean_addrs[id] = (uint64_t)(uintptr_t)kernel_entry(id);
+    uint8_t *input = malloc(arena_len ? arena_len : 1);
+    uint8_t *first_out = malloc(arena_len ? arena_len : 1);
+    if (!input || !first_out) return 2;
+    memcpy(input, arena, arena_len);
+    unsigned first_ok = 0; /* the first launch that succeeded (1-based), 0: none yet */
+    int outcome = 0;       /* 0 OK, 1 the run failed */
+    char reason[WSP_AICPU_ERROR_LEN + 96] = "";
+    int has_faults = o.never_ack_core >= 0 || o.never_fin_core >= 0 || o.error_kernel != 0;
+    for (uint32_t id = 1; id < KERNEL_SLOTS; id++) has_faults |= o.omit[id];
+    for (unsigned l = 1; l <= o.repeat; l++) {
+        int faulty = has_faults && l <= o.faulty_launches;
+        const Options *lo = faulty ? &o : &clean;
+        /* The host's part of a fresh launch: the input arena, zeroed
+         * handshake records and register files, a fresh result. */
+        memcpy(arena, input, arena_len);
+        memset(hs, 0, sizeof(Handshake) * cores);
+        memset(&rt->result, 0, sizeof rt->result);
+        rt->kernel_addrs = faulty ? kernel_addrs : clean_addrs;
+        for (unsigned i = 0; i < cores; i++) {
+            uint8_t *regs = (uint8_t *)(uintptr_t)reg_bases[i];
+            memset(regs, 0, REG_FILE_BYTES);
+            atomic_store_explicit(reg(regs, REG_COND), COND_IDLE & ~FIN, memory_order_relaxed);
+            core[i].opts = lo;
+            core[i].error_entry = faulty ? error_entry : NULL;
         }
-    }
-    int init_status = init(kargs);
-    Server servers[MAX_THREADS];
-    if (init_status == 0) {
-        for (unsigned t = 0; t < o.threads; t++) {
-            servers[t] = (Server){.entry = server, .args = kargs, .status = 0};
-            if (pthread_create(&servers[t].thread, NULL, server_main, &servers[t]) != 0) {
-                fprintf(stderr, "wsp-launcher: starting AICPU thread %u failed\n", t);
+
+        for (unsigned i = 0; i < cores; i++) {
+            if (pthread_create(&core[i].thread, NULL, core_main, &core[i]) != 0) {
+                fprintf(stderr, "wsp-launcher: starting core thread %u failed\n", i);
                 return 2;
             }
         }
-        for (unsigned t = 0; t < o.threads; t++) pthread_join(servers[t].thread, NULL);
-    }
-    /* The runtime tells every core to exit when it ends; a runtime that
-     * failed before bring-up never did, so tell them here (harmless after). */
-    for (unsigned i = 0; i < cores; i++)
-        atomic_store_explicit(reg((uint8_t *)(uintptr_t)reg_bases[i], REG_DATA_MAIN_BASE), ID_EXIT,
-                              memory_order_release);
-    for (unsigned i = 0; i < cores; i++) {
-        /* A core still waiting for bring-up: release it so it can exit. */
-        atomic_store_explicit(u32_field(&hs[i].aicpu_ready), 1, memory_order_release);
-        atomic_store_explicit(u32_field(&hs[i].aicpu_regs_ready), 1, memory_order_release);
-    }
-    for (unsigned i = 0; i < cores; i++) pthread_join(core[i].thread, NULL);
+        int init_status = init(kargs);
+        Server servers[MAX_THREADS];
+        if (init_status == 0) {
+            for (unsigned t = 0; t < o.threads; t++) {
+                servers[t] = (Server){.entry = server, .args = kargs, .status = 0};
+                if (pthread_create(&servers[t].thread, NULL, server_main, &servers[t]) != 0) {
+                    fprintf(stderr, "wsp-launcher: starting AICPU thread %u failed\n", t);
+                    return 2;
+                }
+            }
+            for (unsigned t = 0; t < o.threads; t++) pthread_join(servers[t].thread, NULL);
+        }
+        /* The runtime tells every core to exit when it ends; a runtime that
+         * failed before bring-up never did, so tell them here (harmless after). */
+        for (unsigned i = 0; i < cores; i++)
+            atomic_store_explicit(reg((uint8_t *)(uintptr_t)reg_bases[i], REG_DATA_MAIN_BASE), ID_EXIT,
+                                  memory_order_release);
+        for (unsigned i = 0; i < cores; i++) {
+            /* A core still waiting for bring-up: release it so it can exit. */
+            atomic_store_explicit(u32_field(&hs[i].aicpu_ready), 1, memory_order_release);
+            atomic_store_explicit(u32_field(&hs[i].aicpu_regs_ready), 1, memory_order_release);
+        }
+        for (unsigned i = 0; i < cores; i++) pthread_join(core[i].thread, NULL);
 
-    int failed_thread = 0;
-    for (unsigned t = 0; init_status == 0 && t < o.threads; t++) failed_thread |= servers[t].status != 0;
-    const WspAicpuResult *res = &rt->result;
-    if (init_status != 0 || failed_thread || res->status != WSP_AICPU_OK) {
-        /* The runtime NUL-terminates its text; bound it anyway. */
-        const char *text = (const char *)res->error;
-        int len = (int)strnlen(text, sizeof res->error);
-        if (len == 0) text = "(the runtime gave no error text)", len = (int)strlen(text);
-        printf("RESULT ERROR %.*s\n", len, text);
-        fprintf(stderr, "wsp-launcher: the run failed (status %d, init %d): %.*s\n", (int)res->status,
-                init_status, len, text);
+        int failed_thread = 0;
+        for (unsigned t = 0; init_status == 0 && t < o.threads; t++) failed_thread |= servers[t].status != 0;
+        const WspAicpuResult *res = &rt->result;
+        int failed = init_status != 0 || failed_thread || res->status != WSP_AICPU_OK;
+        int last = l == o.repeat;
+        if (failed) {
+            /* The runtime NUL-terminates its text; bound it anyway. */
+            const char *text = (const char *)res->error;
+            int len = (int)strnlen(text, sizeof res->error);
+            if (len == 0) text = "(the runtime gave no error text)", len = (int)strlen(text);
+            if (o.repeat > 1) printf("LAUNCH %u ERROR %.*s\n", l, len, text);
+            fprintf(stderr, "wsp-launcher: launch %u failed (status %d, init %d): %.*s\n", l,
+                    (int)res->status, init_status, len, text);
+            if (!outcome && (last || !faulty)) {
+                outcome = 1;
+                if (last && o.repeat == 1)
+                    snprintf(reason, sizeof reason, "%.*s", len, text);
+                else
+                    snprintf(reason, sizeof reason, "launch %u: %.*s", l, len, text);
+            }
+            continue;
+        }
+        if (o.repeat > 1)
+            printf("LAUNCH %u OK tasks=%" PRIu64 "\n", l, res->tasks);
+        if (!outcome && faulty && !last) {
+            outcome = 1;
+            snprintf(reason, sizeof reason, "launch %u: the run succeeded despite its faults", l);
+        }
+        if (!first_ok) {
+            first_ok = l;
+            memcpy(first_out, arena, arena_len);
+        } else if (!outcome && memcmp(first_out, arena, arena_len) != 0) {
+            outcome = 1;
+            snprintf(reason, sizeof reason, "launch %u: the arena differs from launch %u's", l, first_ok);
+        }
+        if (last && !outcome) {
+            if (!write_file(o.out, arena, arena_len)) return 2;
+            printf("tasks=%" PRIu64 " wall_ticks=%" PRIu64 " ticks_per_second=%" PRIu64 "\n", res->tasks,
+                   res->wall_ticks, res->ticks_per_second);
+        }
+    }
+    if (outcome) {
+        printf("RESULT ERROR %s\n", reason);
         return 1;
     }
-    if (!write_file(o.out, arena, arena_len)) return 2;
-    printf("tasks=%" PRIu64 " wall_ticks=%" PRIu64 " ticks_per_second=%" PRIu64 "\n", res->tasks,
-           res->wall_ticks, res->ticks_per_second);
     printf("RESULT OK\n");
     return 0;
 }

@@ -76,6 +76,12 @@
 #define WSP_AICPU_INTERNAL 7
 
 /*
+ Init was refused because the previous launch's server threads are still
+ running (or another Init is): the launch in progress is left alone.
+ */
+#define WSP_AICPU_BUSY 8
+
+/*
  [`WspAicpuArgs::core_kinds`]: a cube core.
  */
 #define WSP_CORE_CUBE 0
@@ -348,10 +354,11 @@ typedef struct WSP_ALIGNED(64) WspPayload {
 
 
 /*
- CANN's init entry, called once on one AICPU thread before the server:
- validates the arguments; 0 or a `WSP_AICPU_*` status (also written into
- `WspAicpuArgs.result`, with the error's text, when `runtime_args` is
- usable).
+ CANN's init entry, called on one AICPU thread before the server, for
+ every launch: validates the arguments and prepares a clean launch; 0 or
+ a `WSP_AICPU_*` status (also written into `WspAicpuArgs.result`, with
+ the error's text, when `runtime_args` is usable). `WSP_AICPU_BUSY` while
+ server calls of the previous launch have not all returned.
 
  # Safety
  `kernel_args` is null or points to CANN's 144-byte `KernelArgs`, whose

@@ -32,6 +32,9 @@ pub const WSP_AICPU_RUN: i32 = 5;
 pub const WSP_AICPU_NOT_INITIALIZED: i32 = 6;
 /// An internal invariant broke (a bug): see the error text.
 pub const WSP_AICPU_INTERNAL: i32 = 7;
+/// Init was refused because the previous launch's server threads are still
+/// running (or another Init is): the launch in progress is left alone.
+pub const WSP_AICPU_BUSY: i32 = 8;
 
 /// CANN's `KernelArgs` (144 bytes), the one argument of both entry points.
 /// CANN copies it into AICPU-private memory: writes to it reach no one.

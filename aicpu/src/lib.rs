@@ -23,15 +23,17 @@
 pub mod args;
 mod cache;
 pub mod clock;
+mod gate;
 pub mod run;
 mod text;
 
 pub use args::*;
 
-/// CANN's init entry, called once on one AICPU thread before the server:
-/// validates the arguments; 0 or a `WSP_AICPU_*` status (also written into
-/// `WspAicpuArgs.result`, with the error's text, when `runtime_args` is
-/// usable).
+/// CANN's init entry, called on one AICPU thread before the server, for
+/// every launch: validates the arguments and prepares a clean launch; 0 or
+/// a `WSP_AICPU_*` status (also written into `WspAicpuArgs.result`, with
+/// the error's text, when `runtime_args` is usable). `WSP_AICPU_BUSY` while
+/// server calls of the previous launch have not all returned.
 ///
 /// # Safety
 /// `kernel_args` is null or points to CANN's 144-byte `KernelArgs`, whose

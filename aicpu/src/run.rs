@@ -3,7 +3,8 @@
 //!
 //! Init (one thread) validates [`WspAicpuArgs`] and keeps what the run
 //! needs in `PREPARED`. Then CANN calls the server on `n` threads; each
-//! takes a number from `ARRIVED` (no thread-local storage). Thread 0
+//! enters the launch through `GATE` and takes a number from `ARRIVED` (no
+//! thread-local storage). Thread 0
 //! brings every core up, builds one [`Scheduler`] per scheduler thread
 //! over an [`AscendPlatform`] of the cores [`core_owner`] gives it, hands
 //! them to threads 1.. through `HANDOFFS`, and runs the dispatcher and
@@ -11,11 +12,18 @@
 //! thread has finished, thread 0 shuts the cores down and writes the
 //! result. Threads beyond the scheduler threads return at once.
 //!
-//! The program runs one table per load: the orchestrator and the queues
-//! are statics used once (a second Init reports an error).
+//! CANN loads the program once per process and makes every launch through
+//! the same two entry points, so each Init starts a clean launch: once
+//! every server thread of the last launch has left the gate (`gate.rs`), it
+//! puts the per-launch statics back in their first state (the handoffs,
+//! the thread numbers and, after a launch that used them, the orchestrator
+//! and the queues, see `restore`), whether the last launch succeeded or
+//! failed. While a thread of the last launch is still inside, Init answers
+//! `WSP_AICPU_BUSY` and changes nothing.
 
+use core::cell::UnsafeCell;
 use core::fmt::{self, Display};
-use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 use device_runtime::abi::launch::Launch;
 use device_runtime::abi::Table;
@@ -31,6 +39,7 @@ use wsp_ffi::CoreKind;
 
 use crate::args::*;
 use crate::clock::AicpuClock;
+use crate::gate::{Busy, Gate};
 use crate::text::report;
 
 /// Most AICores one run drives (a 910B has 24 cube and 48 vector cores).
@@ -48,7 +57,6 @@ static PAYLOADS: Payloads = Payloads(core::cell::UnsafeCell::new(
 ));
 
 /// What Init validated, for the server.
-#[derive(Clone, Copy)]
 struct Prepared {
     args: *mut WspAicpuArgs,
     table: Table<'static>,
@@ -57,7 +65,9 @@ struct Prepared {
     options: RunOptions,
     sched: SchedConfig,
     kernels: &'static [u64],
-    kinds: [CoreKind; MAX_AICORES],
+    /// Per scheduler thread, the kinds of its cores (in `core_owner`'s
+    /// order); a platform borrows them for the launch.
+    kinds: [heapless::Vec<CoreKind, MAX_AICORES>; MAX_THREADS],
     cores: usize,
     handshakes: *mut Handshake,
     regs: &'static [u64],
@@ -70,29 +80,99 @@ unsafe impl Send for Prepared {}
 // SAFETY: as above.
 unsafe impl Sync for Prepared {}
 
-static PREPARED: spin::Once<Prepared> = spin::Once::new();
-/// Server threads arrived so far: each one's number.
+/// Which launch the server threads may enter and how many are inside.
+static GATE: Gate = Gate::new();
+/// The launch Init prepared.
+static PREPARED: PreparedCell = PreparedCell(UnsafeCell::new(None));
+/// Server threads of this launch arrived so far: each one's number.
 static ARRIVED: AtomicU32 = AtomicU32::new(0);
+/// Whether a launch has used the orchestrator and the queues since Init
+/// last put them back in their first state.
+static USED: AtomicBool = AtomicBool::new(false);
 /// The arguments of the current launch, for the panic handler.
 pub static ARGS: AtomicPtr<WspAicpuArgs> = AtomicPtr::new(core::ptr::null_mut());
 
-static QUEUES: Queues = Queues::new();
+static QUEUES: QueuesCell = QueuesCell(UnsafeCell::new(Queues::new()));
 static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
     spin::Mutex::new(TableOrchestrator::for_tables());
+/// The queues' and the orchestrator's first state, made by the same const
+/// fns as the live ones and never written: what [`restore`] copies back.
+static FIRST_QUEUES: Queues = Queues::new();
+static FIRST_ORCHESTRATOR: TableOrchestrator = TableOrchestrator::for_tables();
+
+/// [`PREPARED`]: written by Init only while it holds the gate (no server
+/// thread inside), read by the server threads only while they are inside.
+struct PreparedCell(UnsafeCell<Option<Prepared>>);
+// SAFETY: the gate orders Init's write before every server thread's reads
+// (its Release when it opens, their Acquire when they enter) and keeps
+// Init from writing while a server thread is inside.
+unsafe impl Sync for PreparedCell {}
+
+/// [`QUEUES`]: shared by the threads of a launch (the queues synchronize
+/// their own fields), replaced by Init between launches.
+struct QueuesCell(UnsafeCell<Queues>);
+// SAFETY: as for `PreparedCell`: shared references are made only by
+// server threads inside the gate; Init writes only while it holds it.
+unsafe impl Sync for QueuesCell {}
+
+/// The launch's queues, for a server thread inside the gate.
+fn queues() -> &'static Queues {
+    // SAFETY: a shared reference, used by the launch's threads (through
+    // its schedulers and dispatcher, all dropped before thread 0 leaves the
+    // gate); `restore` writes the queues only while no thread is inside.
+    unsafe { &*QUEUES.0.get() }
+}
+
+/// Puts the orchestrator and the queues back in their first state by
+/// copying the bytes of [`FIRST_ORCHESTRATOR`] and [`FIRST_QUEUES`] over
+/// them. Assigning `Queues::new()` (or `TableOrchestrator::for_tables()`)
+/// would build a temporary of several hundred KiB on the calling thread's
+/// stack, which an AICPU thread may not have; resetting their fields in
+/// place would repeat the runtime's constructors here. One `memcpy` each
+/// of a pristine copy costs as much memory again (about 1.1 MiB in the
+/// shared object, which is not budgeted like the firmware's RAM) and
+/// cannot drift from the constructors.
+///
+/// # Safety
+/// The caller holds the gate for Init: no server thread is inside, so
+/// nothing uses the queues or the orchestrator (every scheduler and
+/// dispatcher of the last launch was dropped before its thread left).
+unsafe fn restore() -> Result<(), InitError> {
+    let mut orch = ORCHESTRATOR.try_lock().ok_or(InitError::Internal(
+        "the orchestrator is locked between launches",
+    ))?;
+    // SAFETY: both types own nothing (no heap, no `Drop`: plain integers,
+    // atomics and `&'static str`s; device-runtime's `orch` and `sched`
+    // hold no pointer into themselves), so their bytes copied from the
+    // never-written first state are a valid value in its first state and
+    // dropping nothing of the old one loses nothing. The destinations are
+    // the live statics, which nothing else uses now (the caller's
+    // contract; `orch` is locked); the sources are other statics, so the
+    // ranges do not overlap.
+    unsafe {
+        core::ptr::copy_nonoverlapping(&FIRST_ORCHESTRATOR, &mut *orch, 1);
+        core::ptr::copy_nonoverlapping(&FIRST_QUEUES, QUEUES.0.get(), 1);
+    }
+    Ok(())
+}
 
 type Sched = Scheduler<'static, AscendPlatform<'static, AicpuClock>>;
 
 /// Scheduler `t`, handed from thread 0 to thread `t` and back (the
-/// firmware's handoff).
+/// firmware's handoff); emptied by Init for each launch.
 struct Handoff {
     slot: spin::Mutex<Slot>,
-    served: spin::Once<(Sched, Option<RunError>)>,
 }
 
 enum Slot {
     Empty,
     Given(Sched),
+    /// Thread `t` is serving.
     Taken,
+    /// Thread `t` has served: its scheduler and its error, for thread 0.
+    Served(Sched, Option<RunError>),
+    /// Thread 0 took the scheduler back.
+    Collected,
     /// Thread 0 failed before the run: nothing will be given.
     Cancelled,
 }
@@ -100,7 +180,6 @@ enum Slot {
 static HANDOFFS: [Handoff; MAX_THREADS] = [const {
     Handoff {
         slot: spin::Mutex::new(Slot::Empty),
-        served: spin::Once::new(),
     }
 }; MAX_THREADS];
 
@@ -111,7 +190,8 @@ enum InitError {
     Launch(device_runtime::abi::launch::LaunchError),
     Threads { threads: usize, launched: u32 },
     Kind { core: usize, value: u32 },
-    Once,
+    Busy(Busy),
+    Internal(&'static str),
 }
 
 impl InitError {
@@ -120,7 +200,8 @@ impl InitError {
             InitError::Args(_) | InitError::Kind { .. } => WSP_AICPU_BAD_ARGS,
             InitError::Table(_) => WSP_AICPU_BAD_TABLE,
             InitError::Launch(_) | InitError::Threads { .. } => WSP_AICPU_BAD_LAUNCH,
-            InitError::Once => WSP_AICPU_INTERNAL,
+            InitError::Busy(_) => WSP_AICPU_BUSY,
+            InitError::Internal(_) => WSP_AICPU_INTERNAL,
         }
     }
 }
@@ -142,9 +223,15 @@ impl Display for InitError {
                     "WspAicpuArgs: core {core} has kind {value} (0 cube, 1 vector)"
                 )
             }
-            InitError::Once => f.write_str(
-                "this program runs one table per load (Init was already called in this process)",
+            InitError::Busy(Busy::Inside(n)) => write!(
+                f,
+                "{n} server thread(s) of the previous launch are still running; \
+                 Init must wait until every server call of that launch has returned"
             ),
+            InitError::Busy(Busy::Preparing) => f.write_str(
+                "another Init is running; Init must not be called on two threads at once",
+            ),
+            InitError::Internal(e) => f.write_str(e),
         }
     }
 }
@@ -198,26 +285,30 @@ pub unsafe fn init(kernel_args: *mut core::ffi::c_void) -> i32 {
         return WSP_AICPU_BAD_ARGS;
     }
     crate::cache::invalidate(args as *const u8, core::mem::size_of::<WspAicpuArgs>());
-    ARGS.store(args, Ordering::Release);
     // SAFETY: the contract: `runtime_args` points to the host's
     // WspAicpuArgs (aligned, checked), which nothing else writes during
     // the launch; only `result` is written, by this thread now.
     let (fields, result) = unsafe { (args.read(), &mut (*args).result) };
+    if let Err(busy) = GATE.begin_init() {
+        // The launch in progress keeps its statics, `ARGS` and, when the
+        // host passed the same arguments again, the result it is writing.
+        if args != ARGS.load(Ordering::Acquire) {
+            let e = InitError::Busy(busy);
+            report(result, e.status(), e);
+        }
+        return WSP_AICPU_BUSY;
+    }
     result.tasks = 0;
     result.wall_ticks = 0;
     result.ticks_per_second = AicpuClock::new().ticks_per_second();
+    ARGS.store(args, Ordering::Release);
     // SAFETY: as above for every host pointer in `fields` and `regs`.
-    match unsafe { prepare(args, &fields, kernel_args.regs) } {
-        Ok(prepared) => {
-            let mut fresh = false;
-            PREPARED.call_once(|| {
-                fresh = true;
-                prepared
-            });
-            if !fresh {
-                report(result, WSP_AICPU_INTERNAL, InitError::Once);
-                return WSP_AICPU_INTERNAL;
-            }
+    let prepared = unsafe { prepare(args, &fields, kernel_args.regs) };
+    // SAFETY: this thread holds the gate (no server thread inside).
+    let started = prepared.and_then(|prepared| unsafe { start(prepared) });
+    GATE.end_init(started.is_ok());
+    match started {
+        Ok(()) => {
             report(result, WSP_AICPU_OK, "");
             WSP_AICPU_OK
         }
@@ -227,6 +318,29 @@ pub unsafe fn init(kernel_args: *mut core::ffi::c_void) -> i32 {
             status
         }
     }
+}
+
+/// Makes `prepared` the launch: the per-launch statics in their first
+/// state, whatever the last launch left (a failed launch leaves its queues
+/// aborted and its handoffs cancelled).
+///
+/// # Safety
+/// The caller holds the gate for Init ([`Gate::begin_init`]).
+unsafe fn start(prepared: Prepared) -> Result<(), InitError> {
+    if USED.load(Ordering::Acquire) {
+        // SAFETY: the caller holds the gate.
+        unsafe { restore() }?;
+        USED.store(false, Ordering::Release);
+    }
+    for handoff in &HANDOFFS {
+        handoff.reset();
+    }
+    ARRIVED.store(0, Ordering::Release);
+    // SAFETY: the caller holds the gate: no server thread is inside, so
+    // none holds a reference into `PREPARED` (thread 0 dropped every
+    // scheduler that borrowed from it before it left).
+    unsafe { *PREPARED.0.get() = Some(prepared) };
+    Ok(())
 }
 
 /// # Safety
@@ -330,9 +444,11 @@ unsafe fn prepare(
     // SAFETY: as above.
     let kind_values =
         unsafe { host_slice(a.core_kinds, u64::from(a.num_cores), "core_kinds is null") }?;
-    let mut kinds = [CoreKind::Cube; MAX_AICORES];
+    let mut kinds = [const { heapless::Vec::<CoreKind, MAX_AICORES>::new() }; MAX_THREADS];
     for (core, &value) in kind_values.iter().enumerate() {
-        kinds[core] = CoreKind::from_u32(value).ok_or(InitError::Kind { core, value })?;
+        let kind = CoreKind::from_u32(value).ok_or(InitError::Kind { core, value })?;
+        // Cannot fail: at most MAX_AICORES cores in all.
+        let _ = kinds[core_owner(core, sched.threads)].push(kind);
     }
     if a.handshakes.is_null() || !(a.handshakes as usize).is_multiple_of(64) {
         return Err(InitError::Args("handshakes is null or not 64-byte aligned"));
@@ -393,7 +509,22 @@ impl Display for Failure {
 
 /// The server's work on one thread; its status.
 pub fn server() -> i32 {
-    let Some(prepared) = PREPARED.get() else {
+    if !GATE.enter() {
+        return WSP_AICPU_NOT_INITIALIZED;
+    }
+    let status = serve_launch();
+    // After this thread's last use of the launch's statics (thread 0's
+    // schedulers are dropped by now).
+    GATE.leave();
+    status
+}
+
+/// [`server`] inside the gate.
+fn serve_launch() -> i32 {
+    // SAFETY: this thread is inside the gate: Init wrote `PREPARED` (Some,
+    // as the gate is open only after a successful Init) before it opened
+    // the gate and writes it again only when every thread has left.
+    let Some(prepared) = (unsafe { (*PREPARED.0.get()).as_ref() }) else {
         return WSP_AICPU_NOT_INITIALIZED;
     };
     let me = ARRIVED.fetch_add(1, Ordering::AcqRel) as usize;
@@ -404,6 +535,7 @@ pub fn server() -> i32 {
     if me > 0 {
         return HANDOFFS[me].serve();
     }
+    USED.store(true, Ordering::Release);
     let clock = AicpuClock::new();
     let limit = u64::from(prepared.timeout_us) * clock.ticks_per_second() / 1_000_000;
     let mut links = [const { None::<CoreLink> }; MAX_AICORES];
@@ -480,20 +612,24 @@ fn lead(
     for (t, slot) in schedulers.iter_mut().enumerate().take(threads) {
         let mut mine: heapless::Vec<CoreLink, MAX_AICORES> = heapless::Vec::new();
         let mut global: heapless::Vec<u16, MAX_AICORES> = heapless::Vec::new();
-        let mut my_kinds: heapless::Vec<CoreKind, MAX_AICORES> = heapless::Vec::new();
         for core in (0..p.cores).filter(|&c| core_owner(c, threads) == t) {
             let link = all[core].ok_or(Failure::Internal("a core has no link"))?;
             let _ = mine.push(link);
             let _ = global.push(core as u16);
-            let _ = my_kinds.push(p.kinds[core]);
         }
-        let kinds_ref: &'static [CoreKind] = leak_kinds(t, &my_kinds);
         // SAFETY: each core is in exactly one thread's set (`core_owner`),
         // so one platform drives it.
-        let platform = unsafe { AscendPlatform::new(&mine, kinds_ref, p.kernels, clock) }
+        let platform = unsafe { AscendPlatform::new(&mine, &p.kinds[t], p.kernels, clock) }
             .map_err(Failure::Platform)?;
         let scheduler = Scheduler::new(
-            t, threads, platform, &global, &p.table, arena, &QUEUES, &p.options,
+            t,
+            threads,
+            platform,
+            &global,
+            &p.table,
+            arena,
+            queues(),
+            &p.options,
         )
         .map_err(|e| Failure::Run(RunError::Config(e)))?;
         kinds[t] = scheduler.kinds();
@@ -512,7 +648,7 @@ fn lead(
         arena,
         &p.options,
         &mut orch,
-        &QUEUES,
+        queues(),
         &mut policy,
         &p.sched,
         &kinds[..threads],
@@ -536,9 +672,9 @@ fn lead(
     let mut failure = None;
     for handoff in &HANDOFFS[1..threads] {
         let (scheduler, error) = handoff.wait();
-        stats.add_thread(scheduler);
+        stats.add_thread(&scheduler);
         if let Some(e) = error {
-            failure.get_or_insert(*e);
+            failure.get_or_insert(e);
         }
     }
     match (led, failure) {
@@ -549,15 +685,15 @@ fn lead(
     }
 }
 
-/// Per scheduler thread, the kinds of its cores, kept for the run (a
-/// platform borrows them for `'static`).
-fn leak_kinds(t: usize, kinds: &[CoreKind]) -> &'static [CoreKind] {
-    static KINDS: [spin::Once<heapless::Vec<CoreKind, MAX_AICORES>>; MAX_THREADS] =
-        [const { spin::Once::new() }; MAX_THREADS];
-    KINDS[t].call_once(|| kinds.iter().copied().collect())
-}
-
 impl Handoff {
+    /// Init: empty for the next launch. A scheduler left here (none is
+    /// once the last launch's thread 0 has returned) is forgotten, not
+    /// dropped: its queue ends belong to queues that are being reset.
+    fn reset(&self) {
+        let old = core::mem::replace(&mut *self.slot.lock(), Slot::Empty);
+        core::mem::forget(old);
+    }
+
     fn give(&self, sched: Sched) -> bool {
         let mut slot = self.slot.lock();
         if !matches!(*slot, Slot::Empty) {
@@ -598,16 +734,21 @@ impl Handoff {
         } else {
             WSP_AICPU_OK
         };
-        self.served.call_once(|| (sched, result));
+        *self.slot.lock() = Slot::Served(sched, result);
         status
     }
 
-    fn wait(&self) -> &(Sched, Option<RunError>) {
+    /// Thread 0: waits for thread `t` to have served, takes its scheduler
+    /// back (to be dropped before thread 0 leaves the gate).
+    fn wait(&self) -> (Sched, Option<RunError>) {
         let clock = AicpuClock::new();
         loop {
-            if let Some(served) = self.served.get() {
-                return served;
+            let mut slot = self.slot.lock();
+            match core::mem::replace(&mut *slot, Slot::Collected) {
+                Slot::Served(sched, error) => return (sched, error),
+                other => *slot = other,
             }
+            drop(slot);
             clock.relax();
         }
     }

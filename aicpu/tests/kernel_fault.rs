@@ -1,6 +1,7 @@
 //! A run whose AICores reject every kernel: the program reports the
 //! runtime's error (naming task, kernel and core) with `WSP_AICPU_RUN`
-//! and still shuts every core down. Its own process: one run per load.
+//! and still shuts every core down. Its own process: the program's
+//! statics are per process (launches after a failed one: relaunch.rs).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -66,8 +67,9 @@ fn a_rejected_kernel_is_reported_with_task_kernel_and_core() {
     assert_eq!(args.result.status, WSP_AICPU_RUN);
     let text = error_text(&args);
     assert!(
-        text.starts_with(&format!("kernel {ADD} rejected the arguments of task "))
-            && text.contains(" on core "),
+        text.starts_with(&format!(
+            "kernel {ADD} (add) rejected the arguments of task "
+        )) && text.contains(" on core "),
         "{text}"
     );
     for i in 0..CORES {

@@ -184,3 +184,73 @@ fn a_kernel_not_built_in_is_refused_before_the_run() {
     let error = failed_with(&["--omit-kernel", "2"]);
     assert!(error.contains("not built into core"), "{error}");
 }
+
+/// The shim's arena of gemm, and the launcher's outcome of `options` with
+/// gemm's launch block on two threads.
+fn gemm_shim_and_launcher(options: &[&str]) -> (Arena, LauncherOutcome) {
+    let w = small("gemm");
+    let mut shim = w.arena.clone();
+    Shim::default().run(&w.table, &mut shim.bytes).unwrap();
+    let launch = launch_block(&[], 2, "").unwrap();
+    let outcome = run_in_launcher_with(AICPU_SO, &w.table, &w.arena.bytes, Some(&launch), options);
+    (shim, outcome)
+}
+
+/// Three launches of one table in one dlopen, as CANN makes every
+/// inference step a launch: each from a fresh copy of the input arena,
+/// each with every task, each arena the shim's (the launcher compares the
+/// launches' arenas; the last is written).
+#[test]
+fn three_launches_in_one_load_each_give_the_shims_arena() {
+    let (shim, outcome) = gemm_shim_and_launcher(&["--repeat", "3"]);
+    let tasks = small("gemm").tasks;
+    let arena = ran(&outcome, tasks, "gemm, three launches");
+    for l in 1..=3 {
+        assert!(
+            outcome
+                .stdout
+                .contains(&format!("LAUNCH {l} OK tasks={tasks}\n")),
+            "launch {l}: {}",
+            outcome.stdout
+        );
+    }
+    assert!(
+        arena == shim.bytes,
+        "the launches' arena differs from the shim's"
+    );
+}
+
+/// A launch that a kernel fault ends, then two more in the same load:
+/// they run clean, as the first launch of a load would.
+#[test]
+fn launches_after_a_kernel_fault_in_the_same_load_are_clean() {
+    let (shim, outcome) = gemm_shim_and_launcher(&[
+        "--repeat",
+        "3",
+        "--fault",
+        "error=2:7",
+        "--faulty-launches",
+        "1",
+    ]);
+    let tasks = small("gemm").tasks;
+    let arena = ran(&outcome, tasks, "gemm after a kernel fault");
+    let faulty = outcome
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("LAUNCH 1 ERROR "))
+        .unwrap_or_else(|| panic!("launch 1 did not fail: {}", outcome.stdout));
+    assert!(faulty.contains("error code 7"), "{faulty}");
+    for l in 2..=3 {
+        assert!(
+            outcome
+                .stdout
+                .contains(&format!("LAUNCH {l} OK tasks={tasks}\n")),
+            "launch {l}: {}",
+            outcome.stdout
+        );
+    }
+    assert!(
+        arena == shim.bytes,
+        "the clean launches' arena differs from the shim's"
+    );
+}

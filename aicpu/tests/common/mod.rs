@@ -147,3 +147,154 @@ pub fn init(k: &mut WspCannKernelArgs) -> i32 {
     // SAFETY: `k` is a KernelArgs whose pointers are the test's live memory.
     unsafe { DynTileFwkBackendKernelServerInit(k as *mut _ as *mut core::ffi::c_void) }
 }
+
+/// An AICore that comes up and then never acknowledges a task (it sees
+/// each one and leaves it), but exits when told to. Returns 0.
+pub fn aicore_never_acks(idx: usize, record: usize, regs: usize) -> u32 {
+    while word(record).load(Ordering::Acquire) == 0 {
+        std::thread::yield_now();
+    }
+    word(record + 20).store(idx as u32, Ordering::Relaxed);
+    word(record + 28).store(1, Ordering::Release);
+    while word(record + 24).load(Ordering::Acquire) == 0 {
+        std::thread::yield_now();
+    }
+    let (data_main, cond) = (word(regs + 0xA0), word(regs + 0x4C8));
+    cond.store(0xFFFF_FFFF, Ordering::Release);
+    word(record + 4).store(idx as u32 + 1, Ordering::Release);
+    while data_main.load(Ordering::Acquire) != 0x7FFF_FFF0 {
+        std::thread::yield_now();
+    }
+    cond.store(0xFFFF_FFFE, Ordering::Release);
+    0
+}
+
+/// A table of `n` adds of 16x16 tiles, C[i] = A[i] + B[i], with A and B
+/// filled in its arena, and what C must hold after it (computed here, not
+/// by the runtime).
+pub struct Adds {
+    pub table: Vec<u8>,
+    pub arena: Arena,
+    pub c: host_tools::table::TensorLayout,
+    pub expected: Vec<f32>,
+}
+
+impl Adds {
+    pub fn new(n: u32, scale: f32) -> Adds {
+        use host_tools::table::{Arg, TableBuilder};
+        use wsp_ffi::ArgAccess::{In, Out};
+        let rows = 16 * n;
+        let mut b = TableBuilder::new();
+        let (ta, tb, tc) = (
+            b.tensor("A", &[rows, 16]).unwrap(),
+            b.tensor("B", &[rows, 16]).unwrap(),
+            b.tensor("C", &[rows, 16]).unwrap(),
+        );
+        for i in 0..n {
+            let t = |id, access| Arg::tile(id, access, 16 * i, 0, 16, 16);
+            b.task(ADD, &[t(ta, In), t(tb, In), t(tc, Out)], &[])
+                .unwrap();
+        }
+        let mut arena = Arena::zeroed(b.arena_size());
+        let len = (rows * 16) as usize;
+        let a: Vec<f32> = (0..len).map(|i| scale * i as f32).collect();
+        let bv: Vec<f32> = (0..len).map(|i| 0.5 * i as f32).collect();
+        arena.write_f32(b.layout(ta), &a);
+        arena.write_f32(b.layout(tb), &bv);
+        let expected = a.iter().zip(&bv).map(|(x, y)| x + y).collect();
+        Adds {
+            c: b.layout(tc).clone(),
+            table: b.finish().unwrap(),
+            arena,
+            expected,
+        }
+    }
+
+    /// The host side of one launch of this table on [`CORES`] fresh
+    /// emulated cores (cube cores first); `launch`: the launch block.
+    pub fn host(&self, launch: Vec<u8>) -> Host {
+        let mut kernels = vec![0u64; 64];
+        kernels[ADD as usize] = 0x1000; // any nonzero "function address"
+        let regs: Vec<[AtomicU32; WORDS]> = (0..CORES)
+            .map(|_| [const { AtomicU32::new(0) }; WORDS])
+            .collect();
+        let bases = regs.iter().map(|r| r.as_ptr() as u64).collect();
+        Host {
+            table: self.table.clone(),
+            arena: self.arena.clone(),
+            launch,
+            kernels,
+            kinds: vec![
+                WSP_CORE_CUBE,
+                WSP_CORE_CUBE,
+                WSP_CORE_VECTOR,
+                WSP_CORE_VECTOR,
+            ],
+            handshakes: vec![Handshake::default(); CORES],
+            regs,
+            bases,
+        }
+    }
+}
+
+/// A launch block choosing `threads` scheduler threads.
+pub fn launch_block(threads: u32) -> Vec<u8> {
+    use device_runtime::abi::launch::{encode_block, LAUNCH_MAX};
+    let mut launch = vec![0u8; LAUNCH_MAX];
+    let n = encode_block(&[], threads, "", &mut launch).unwrap();
+    launch.truncate(n);
+    launch
+}
+
+/// How an emulated core behaves in [`serve`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CoreMode {
+    /// Runs the real kernels.
+    Runs,
+    /// Rejects every kernel.
+    Rejects,
+    /// Comes up, never acknowledges a task.
+    NeverAcks,
+    /// Never comes up (no thread answers its handshake).
+    Absent,
+}
+
+/// CANN's server calls for one launch whose Init succeeded: the server on
+/// `threads` threads while the cores behave as `modes` says. Returns the
+/// servers' statuses and the tasks each core ran.
+pub fn serve(
+    host: &Host,
+    k: &mut WspCannKernelArgs,
+    threads: usize,
+    modes: [CoreMode; CORES],
+) -> (Vec<i32>, Vec<u32>) {
+    let kp = k as *mut WspCannKernelArgs as usize;
+    std::thread::scope(|s| {
+        let cores: Vec<_> = (0..CORES)
+            .filter(|&i| modes[i] != CoreMode::Absent)
+            .map(|i| {
+                let record = &host.handshakes[i] as *const Handshake as usize;
+                let regs = host.regs[i].as_ptr() as usize;
+                let mode = modes[i];
+                s.spawn(move || match mode {
+                    CoreMode::Runs => aicore(i, record, regs),
+                    CoreMode::Rejects => {
+                        aicore_with(i, record, regs, &|_, _| wsp_ffi::WSP_KERNEL_REJECTED)
+                    }
+                    _ => aicore_never_acks(i, record, regs),
+                })
+            })
+            .collect();
+        let servers: Vec<_> = (0..threads)
+            // SAFETY: `k` outlives the scope; its pointers are `host`'s.
+            .map(|_| {
+                s.spawn(move || unsafe {
+                    DynTileFwkBackendKernelServer(kp as *mut core::ffi::c_void)
+                })
+            })
+            .collect();
+        let statuses = servers.into_iter().map(|t| t.join().unwrap()).collect();
+        let ran = cores.into_iter().map(|t| t.join().unwrap()).collect();
+        (statuses, ran)
+    })
+}

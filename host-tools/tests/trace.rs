@@ -104,7 +104,10 @@ fn check_lanes(trace: &Value) {
     }
     for (tid, mut spans) in lanes {
         assert!(named.contains(&tid), "lane {tid} has no name");
-        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // By start, then end: a task issued and seen finished in one
+        // scheduling round (one clock read) is a zero-length slice, which
+        // may share its start with the next task on its core.
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
         for pair in spans.windows(2) {
             // A microsecond's float rounding at most.
             assert!(pair[0].1 <= pair[1].0 + 1e-6, "lane {tid}: {pair:?}");

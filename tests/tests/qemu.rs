@@ -673,3 +673,37 @@ fn decode_attention_is_bit_identical_in_shim_and_qemu() {
         shim_and_qemu_agree(name, p);
     }
 }
+
+/// A stack overflow is never silent: `overflow-stack` makes CPU 0 recurse
+/// past the end of its stack, into the unmapped guard page below it, on
+/// every CPU model. The run must end with the exception handler's report
+/// naming the overflow and exit status 3 (`EXIT_EXCEPTION`), not run on
+/// with `.bss` overwritten (exit status 1 with `RESULT ERROR overflow-stack:
+/// ... without a fault` means the stack has no guard).
+#[test]
+fn a_stack_overflow_takes_a_fault_in_the_guard_page_in_qemu() {
+    let (table, data) = random_dag(7, 8);
+    let outcome = run_in_qemu_configured(&table, &data.bytes, |run| {
+        run.args = vec!["overflow-stack".into()];
+    });
+    assert_eq!(
+        outcome.status, 3,
+        "expected the guard page's fault:\n{}\n{}",
+        outcome.stdout, outcome.stderr
+    );
+    assert!(
+        outcome
+            .stdout
+            .contains("STACK OVERFLOW on core 0: FAR_EL1=0x"),
+        "no stack overflow report:\n{}",
+        outcome.stdout
+    );
+    assert!(
+        outcome
+            .stdout
+            .contains("in the guard page of core 0's stack"),
+        "{}",
+        outcome.stdout
+    );
+    assert!(!outcome.stdout.contains("RESULT OK"), "{}", outcome.stdout);
+}

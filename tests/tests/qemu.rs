@@ -431,8 +431,10 @@ fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
 /// set, and the MMU translates a RAM address (the arena) to Normal
 /// Write-Back memory (MAIR encoding 0xff), Inner Shareable (PAR_EL1.SH =
 /// 0b11), and the UART to Device-nGnRE (0x04): what the runtime's atomics
-/// need to be correct between CPUs on real hardware. (With the MMU off
-/// there is no such line, and every address would be Device-nGnRnE.)
+/// need to be correct between CPUs on real hardware; and the lowest page of
+/// each of the 8 stacks faults while the page above it maps (the guards
+/// that make a stack overflow a fault). (With the MMU off there is no such
+/// line, and every address would be Device-nGnRnE.)
 #[test]
 fn the_mmu_and_caches_are_on_on_every_cpu_in_qemu() {
     let (table, data) = random_dag(7, 32);
@@ -457,8 +459,12 @@ fn the_mmu_and_caches_are_on_on_every_cpu_in_qemu() {
             "{cpu}: RAM is not Normal Write-Back Inner Shareable: {line}"
         );
         assert!(
-            line.ends_with("; uart attr=0x4"),
+            line.contains("; uart attr=0x4; "),
             "{cpu}: the UART is not Device-nGnRE: {line}"
+        );
+        assert!(
+            line.ends_with("; stack guards=8 of 8"),
+            "{cpu}: not every stack has an unmapped guard page below it: {line}"
         );
     }
 }

@@ -341,22 +341,38 @@ fn translate(addr: usize) -> u64 {
     par
 }
 
+/// The stacks whose guard page faults (every byte of it, read through
+/// `AT`) while the page just above it, the stack's lowest usable one, maps.
+fn guards_working() -> usize {
+    (0..CPUS)
+        .filter(|&cpu| {
+            let guard = STACKS_ADDR + cpu * STACK_SIZE;
+            let faults = (guard..guard + STACK_GUARD)
+                .step_by(PAGE)
+                .all(|page| translate(page) & 1 == 1 && translate(page + PAGE - 1) & 1 == 1);
+            faults && translate(guard + STACK_GUARD) & 1 == 0
+        })
+        .count()
+}
+
 /// Logs that the MMU and caches are on, for the tests to check: the CPUs
 /// of `cpus` (a bit mask of those started) that recorded SCTLR_EL1 with M,
 /// C and I set, and the memory attributes (MAIR encoding, PAR_EL1.ATTR)
 /// and shareability (PAR_EL1.SH) the MMU gives a RAM address (`ram`) and
-/// the UART.
+/// the UART, and how many of the stacks' guard pages fault.
 pub fn report(cpus: u32, ram: usize) {
     let ram = translate(ram);
     let uart = translate(UART_ADDR);
     let attr = |par: u64| if par & 1 == 0 { par >> 56 } else { u64::MAX };
     defmt::info!(
-        "mmu on cpus={=u32:#x} of {=u32:#x}; ram attr={=u64:#x} sh={=u64}; uart attr={=u64:#x}",
+        "mmu on cpus={=u32:#x} of {=u32:#x}; ram attr={=u64:#x} sh={=u64}; uart attr={=u64:#x}; stack guards={=usize} of {=usize}",
         cpus_on(cpus),
         cpus,
         attr(ram),
         (ram >> 7) & 0b11,
         attr(uart),
+        guards_working(),
+        CPUS,
     );
 }
 

@@ -431,8 +431,10 @@ fn random_dags_run_on_four_scheduler_threads_in_qemu_under_every_policy() {
 /// set, and the MMU translates a RAM address (the arena) to Normal
 /// Write-Back memory (MAIR encoding 0xff), Inner Shareable (PAR_EL1.SH =
 /// 0b11), and the UART to Device-nGnRE (0x04): what the runtime's atomics
-/// need to be correct between CPUs on real hardware. (With the MMU off
-/// there is no such line, and every address would be Device-nGnRnE.)
+/// need to be correct between CPUs on real hardware; and the lowest page of
+/// each of the 8 stacks faults while the page above it maps (the guards
+/// that make a stack overflow a fault). (With the MMU off there is no such
+/// line, and every address would be Device-nGnRnE.)
 #[test]
 fn the_mmu_and_caches_are_on_on_every_cpu_in_qemu() {
     let (table, data) = random_dag(7, 32);
@@ -457,8 +459,12 @@ fn the_mmu_and_caches_are_on_on_every_cpu_in_qemu() {
             "{cpu}: RAM is not Normal Write-Back Inner Shareable: {line}"
         );
         assert!(
-            line.ends_with("; uart attr=0x4"),
+            line.contains("; uart attr=0x4; "),
             "{cpu}: the UART is not Device-nGnRE: {line}"
+        );
+        assert!(
+            line.ends_with("; stack guards=8 of 8"),
+            "{cpu}: not every stack has an unmapped guard page below it: {line}"
         );
     }
 }
@@ -672,4 +678,38 @@ fn decode_attention_is_bit_identical_in_shim_and_qemu() {
     for name in ["decode", "decode-uniform", "decode-skew", "decode-device"] {
         shim_and_qemu_agree(name, p);
     }
+}
+
+/// A stack overflow is never silent: `overflow-stack` makes CPU 0 recurse
+/// past the end of its stack, into the unmapped guard page below it, on
+/// every CPU model. The run must end with the exception handler's report
+/// naming the overflow and exit status 3 (`EXIT_EXCEPTION`), not run on
+/// with `.bss` overwritten (exit status 1 with `RESULT ERROR overflow-stack:
+/// ... without a fault` means the stack has no guard).
+#[test]
+fn a_stack_overflow_takes_a_fault_in_the_guard_page_in_qemu() {
+    let (table, data) = random_dag(7, 8);
+    let outcome = run_in_qemu_configured(&table, &data.bytes, |run| {
+        run.args = vec!["overflow-stack".into()];
+    });
+    assert_eq!(
+        outcome.status, 3,
+        "expected the guard page's fault:\n{}\n{}",
+        outcome.stdout, outcome.stderr
+    );
+    assert!(
+        outcome
+            .stdout
+            .contains("STACK OVERFLOW on core 0: FAR_EL1=0x"),
+        "no stack overflow report:\n{}",
+        outcome.stdout
+    );
+    assert!(
+        outcome
+            .stdout
+            .contains("in the guard page of core 0's stack"),
+        "{}",
+        outcome.stdout
+    );
+    assert!(!outcome.stdout.contains("RESULT OK"), "{}", outcome.stdout);
 }

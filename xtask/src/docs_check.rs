@@ -3,8 +3,8 @@
 //! `.cargo/config.toml` and the memory map table in `linker/README.md`.
 
 use device_runtime::abi::memory_map::{
-    ARENA_ADDR, ARENA_MAX, CPUS, IMAGE_ADDR, LAUNCH_ADDR, RAM_END, RAM_MIB, RAM_START, TABLE_ADDR,
-    TABLE_MAX,
+    ARENA_ADDR, ARENA_MAX, CPUS, IMAGE_ADDR, LAUNCH_ADDR, RAM_END, RAM_MIB, RAM_START, STACKS_ADDR,
+    STACK_SIZE, TABLE_ADDR, TABLE_MAX,
 };
 
 use crate::workspace_root;
@@ -84,7 +84,14 @@ fn the_cargo_runner_boots_the_firmwares_machine() {
 fn the_linker_readme_matches_the_memory_map() {
     let readme = read("linker/README.md");
     let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `0x")).collect();
-    let windows = [RAM_START, IMAGE_ADDR, LAUNCH_ADDR, TABLE_ADDR, ARENA_ADDR];
+    let windows = [
+        RAM_START,
+        IMAGE_ADDR,
+        STACKS_ADDR,
+        LAUNCH_ADDR,
+        TABLE_ADDR,
+        ARENA_ADDR,
+    ];
     for addr in windows {
         let cell = format!("| `{}` |", grouped(addr));
         assert!(
@@ -105,7 +112,7 @@ fn the_linker_readme_matches_the_memory_map() {
         format!("-smp {CPUS} -m {RAM_MIB}M"),
         format!("`{}`, {} MiB", grouped(RAM_END), ARENA_MAX >> 20),
         format!("at most {} MiB", TABLE_MAX >> 20),
-        format!("{CPUS} CPUs x 256 KiB"),
+        format!("{CPUS} CPUs x {} KiB", STACK_SIZE >> 10),
     ];
     for fact in facts {
         assert!(readme.contains(&fact), "linker/README.md lacks `{fact}`");

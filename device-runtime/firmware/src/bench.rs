@@ -19,6 +19,12 @@
 //!   in the same booted image without the fault, from the initial arena,
 //!   and reports that run as a normal one.
 //!
+//! - `overflow-stack`: a test of the stack guard ([`crate::mmu`]): CPU 0
+//!   recurses (1 KiB frames) until it has used more than its whole stack,
+//!   which must end the run with a translation fault in its guard page
+//!   (`STACK OVERFLOW`, exit status 3). Should it return instead, the run
+//!   ends with `RESULT ERROR` (exit status 1): the overflow went unnoticed.
+//!
 //! Either mode ends its output with `bench tasks=.. ticks=.. freq=..`
 //! before `RESULT OK`: ticks of the generic timer (CNTVCT_EL0, at `freq`
 //! = CNTFRQ_EL0 per second) from the start of the run to its end.
@@ -64,6 +70,8 @@ pub struct Words {
     pub kernel_timeout_ms: Option<u64>,
     /// `ack-timeout-ms=N`: [`RunOptions::ack_timeout_ms`](device_runtime::sched::RunOptions::ack_timeout_ms).
     pub ack_timeout_ms: Option<u64>,
+    /// `overflow-stack`: overflow CPU 0's stack ([`overflow_stack`]) instead of a run.
+    pub overflow_stack: bool,
 }
 
 /// What the semihosting command line asks for. Its first word is the
@@ -74,6 +82,7 @@ pub fn mode() -> Result<Words, ArgError> {
     let mut mode = Mode::Run;
     let mut trace = false;
     let mut fault = None;
+    let mut overflow_stack = false;
     let (mut kernel_timeout_ms, mut ack_timeout_ms) = (None, None);
     let ms = |n: &str| n.parse::<u64>().map_err(|_| ArgError::Millis);
     for arg in (&args).skip(1) {
@@ -83,6 +92,10 @@ pub fn mode() -> Result<Words, ArgError> {
         }
         if arg == "trace" {
             trace = true;
+            continue;
+        }
+        if arg == "overflow-stack" {
+            overflow_stack = true;
             continue;
         }
         if let Some(text) = arg.strip_prefix("fault=") {
@@ -116,6 +129,7 @@ pub fn mode() -> Result<Words, ArgError> {
         fault,
         kernel_timeout_ms,
         ack_timeout_ms,
+        overflow_stack,
     })
 }
 
@@ -139,13 +153,38 @@ impl Display for ArgError {
             ArgError::Tasks => f.write_str("baseline=N: N must be a whole number above 0"),
             ArgError::Unknown => f.write_str(
                 "unknown word on the semihosting command line (known: empty-kernels, baseline=N, trace, \
-                 fault=F, kernel-timeout-ms=N, ack-timeout-ms=N)",
+                 overflow-stack, fault=F, kernel-timeout-ms=N, ack-timeout-ms=N)",
             ),
             ArgError::Millis => f.write_str("kernel-timeout-ms=N, ack-timeout-ms=N: N must be a whole number"),
             ArgError::Fault(e) => write!(f, "fault=: {e}"),
             ArgError::FaultAlone => f.write_str("fault= runs the table with its kernels, untraced"),
         }
     }
+}
+
+/// Bytes of stack each call of [`recurse`] takes, at least.
+const FRAME: usize = 1024;
+
+/// Recurses until it has taken `bytes` of stack below the caller's frame
+/// (on a guarded stack, more than the stack has: it never returns), then
+/// returns how deep it went.
+pub fn overflow_stack(bytes: usize) -> usize {
+    recurse(0, bytes / FRAME + 1)
+}
+
+/// Calls itself `calls` times, each call with a [`FRAME`]-byte local the
+/// optimizer cannot drop (it is written before and read after the call).
+#[inline(never)]
+fn recurse(depth: usize, calls: usize) -> usize {
+    let mut frame = [0u8; FRAME];
+    frame[depth % FRAME] = 1;
+    core::hint::black_box(&mut frame);
+    if depth >= core::hint::black_box(calls) {
+        return depth;
+    }
+    let deepest = recurse(depth + 1, calls);
+    core::hint::black_box(&frame);
+    deepest
 }
 
 /// Issues `tasks` empty ADD tasks to every core of `platform` of ADD's

@@ -6,7 +6,10 @@
 //! caches ([`crate::mmu::enable`], before any data access), enables FP/SIMD
 //! at EL1 (CPACR_EL1.FPEN = 0b11; Rust and the C++ kernels use NEON
 //! registers), points VBAR_EL1 at the vector table and sets its stack pointer to the top
-//! of its own slice of [`STACKS`], chosen by MPIDR_EL1.Aff0. Core 0 then
+//! of its own slice of [`STACKS`], chosen by MPIDR_EL1.Aff0. The lowest
+//! page of each slice is unmapped (its guard, [`crate::mmu`]): a stack
+//! overflow faults there, and the exception handler reports it as one
+//! (`STACK OVERFLOW on core N`) and exits with [`EXIT_EXCEPTION`]. Core 0 then
 //! zeroes `.bss` and calls `primary_main`; a secondary calls
 //! `secondary_main(core)`. Both run at EL1 with the MMU and caches on.
 
@@ -16,8 +19,8 @@ use core::cell::UnsafeCell;
 /// Cores the firmware runs on (QEMU `-smp 8`); a core with a higher
 /// MPIDR_EL1.Aff0 parks at once.
 pub const CORES: usize = device_runtime::abi::memory_map::CPUS;
-/// Stack of each core.
-pub const STACK_SIZE: usize = 256 * 1024;
+/// Stack of each core, its guard page included (the memory map's).
+pub const STACK_SIZE: usize = device_runtime::abi::memory_map::STACK_SIZE;
 // `mov` in the boot code takes the size as one immediate.
 const _: () = assert!(STACK_SIZE.is_power_of_two());
 
@@ -25,7 +28,9 @@ const _: () = assert!(STACK_SIZE.is_power_of_two());
 pub const EXIT_EXCEPTION: i32 = 3;
 
 /// The stacks of all cores, placed by the linker script in `.stacks`
-/// (neither loaded nor zeroed).
+/// (neither loaded nor zeroed) at the memory map's `STACKS_ADDR`, where the
+/// MMU's tables leave the lowest page of each unmapped (the link fails if
+/// they are elsewhere or of another size).
 #[repr(C, align(16))]
 pub struct Stacks(UnsafeCell<[[u8; STACK_SIZE]; CORES]>);
 
@@ -37,6 +42,9 @@ pub struct Stacks(UnsafeCell<[[u8; STACK_SIZE]; CORES]>);
 //    MPIDR_EL1.Aff0 (< CORES, or the core parks without a stack), and uses
 //    nothing else of the array; the exception handler reuses the same slice.
 unsafe impl Sync for Stacks {}
+
+const _: () =
+    assert!(core::mem::size_of::<Stacks>() == device_runtime::abi::memory_map::STACKS_SIZE);
 
 #[link_section = ".stacks"]
 static STACKS: Stacks = Stacks(UnsafeCell::new([[0; STACK_SIZE]; CORES]));
@@ -146,6 +154,22 @@ extern "C" fn exception(vector: u64, esr: u64, elr: u64, far: u64, core: u64) ->
         "lower EL, AArch32",
     ];
     let class = (esr >> 26) & 0x3f;
+    if let Some(stack) = crate::mmu::guarded_stack(far) {
+        // Said first and on its own line, so that no decoding of the
+        // syndrome is needed to see what went wrong.
+        if crate::log::held_here() {
+            semihosting::eprintln!(
+                "STACK OVERFLOW on core {core}: FAR_EL1={far:#x} is in the guard page of core {stack}'s stack"
+            );
+        } else {
+            defmt::error!(
+                "STACK OVERFLOW on core {=u64}: FAR_EL1={=u64:#x} is in the guard page of core {=usize}'s stack",
+                core,
+                far,
+                stack,
+            );
+        }
+    }
     let kind = KIND[(vector % 4) as usize];
     let from = FROM[(vector / 4 % 4) as usize];
     if crate::log::held_here() {

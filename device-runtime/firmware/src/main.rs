@@ -312,6 +312,17 @@ extern "C" fn primary_main() -> ! {
         Ok(words) => words,
         Err(e) => fail(EXIT_LAUNCH, e),
     };
+    if words.overflow_stack {
+        // The guard page must stop this; 64 KiB past the stack's end
+        // reaches well into `.bss` on an unguarded stack.
+        let depth = bench::overflow_stack(boot::STACK_SIZE + (64 << 10));
+        fail(
+            EXIT_RUN,
+            format_args!(
+                "overflow-stack: {depth} calls of 1 KiB ran past CPU 0's stack without a fault"
+            ),
+        );
+    }
     let (mode, traced) = (*MODE.call_once(|| words.mode), words.trace);
     if traced {
         trace::enable();

@@ -20,12 +20,19 @@
 //! | virtual = physical | level | memory type |
 //! |---|---|---|
 //! | `0` .. [`RAM_START`] | one level 1 block of 1 GiB | Device-nGnRE, never executed: QEMU `virt`'s devices, e.g. the GIC at `0x0800_0000` and the PL011 UART at [`UART_ADDR`] |
-//! | [`RAM_START`] .. [`RAM_END`] | level 2 blocks of 2 MiB | Normal, Inner/Outer Write-Back Read/Write-Allocate, Inner Shareable: the image, its stacks, the launch block, the table, the arena |
-//! | the rest of the 1 GiB above RAM_START, and 2 .. 4 GiB | none | translation fault |
+//! | [`RAM_START`] .. [`RAM_END`] | level 2 blocks of 2 MiB | Normal, Inner/Outer Write-Back Read/Write-Allocate, Inner Shareable: the image, the launch block, the table, the arena (all of RAM but the stacks' blocks) |
+//! | [`STACKS_ADDR`] .. + [`STACKS_SIZE`] | level 3 pages of 4 KiB | as the rest of RAM: the CPUs' stacks, but for the lowest [`STACK_GUARD`] bytes of each |
+//! | each stack's guard page, the rest of the 1 GiB above RAM_START, and 2 .. 4 GiB | none | translation fault |
 //!
-//! All of RAM is readable, writable and executable at EL1 (no EL0 access).
-//! The tables are two 4 KiB pages of static data in the image ([`TABLES_SIZE`]
-//! bytes, in `.rodata`): the loader puts them in RAM with the rest of the
+//! All of RAM is readable, writable and executable at EL1 (no EL0 access),
+//! but for the guard pages: a CPU whose stack overflows takes a data abort
+//! in the guard page below it, which the exception handler reports as a
+//! stack overflow ([`guarded_stack`]) and ends the run with, instead of
+//! overwriting the statics or another CPU's stack below it. (Rust probes
+//! every page of a frame larger than a page, so a frame cannot skip it.)
+//! The tables are 4 KiB pages of static data in the image ([`TABLES_SIZE`]
+//! bytes, in `.rodata`): a level 1, a level 2 and one level 3 table per
+//! 2 MiB of stacks; the loader puts them in RAM with the rest of the
 //! image, and no CPU ever writes them, so a table walk (cacheable, TCR_EL1's
 //! IRGN0/ORGN0/SH0) can only find what the image holds.
 //!
@@ -61,7 +68,9 @@
 use core::arch::{asm, naked_asm};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use device_runtime::abi::memory_map::{CPUS, RAM_END, RAM_START, UART_ADDR};
+use device_runtime::abi::memory_map::{
+    CPUS, RAM_END, RAM_START, STACKS_ADDR, STACKS_SIZE, STACK_GUARD, STACK_SIZE, UART_ADDR,
+};
 
 /// Descriptors in one table: a 4 KiB page of 8-byte entries.
 const ENTRIES: usize = 512;
@@ -69,20 +78,33 @@ const ENTRIES: usize = 512;
 const LEVEL1_BLOCK: usize = 1 << 30;
 /// Bytes one level 2 block maps.
 const LEVEL2_BLOCK: usize = 2 << 20;
-/// Bytes of translation tables in the image: the level 1 and the level 2 table.
-pub const TABLES_SIZE: usize = 2 * 4096;
+/// Bytes one level 3 page maps.
+const PAGE: usize = 4 << 10;
+/// Level 3 tables: one per 2 MiB block of stacks.
+const STACK_TABLES: usize = STACKS_SIZE / LEVEL2_BLOCK;
+/// Bytes of translation tables in the image: the level 1, the level 2 and
+/// the stacks' level 3 tables.
+pub const TABLES_SIZE: usize = (2 + STACK_TABLES) * 4096;
 
 // The map above: devices in the first GiB, RAM in 2 MiB blocks of the second.
 const _: () = assert!(RAM_START == LEVEL1_BLOCK);
 const _: () = assert!(RAM_END - RAM_START <= LEVEL1_BLOCK);
 const _: () = assert!((RAM_END - RAM_START).is_multiple_of(LEVEL2_BLOCK));
 const _: () = assert!(UART_ADDR < RAM_START);
+// The stacks: whole 2 MiB blocks of RAM, each stack and its guard whole pages.
+const _: () = assert!(RAM_START <= STACKS_ADDR && STACKS_ADDR + STACKS_SIZE <= RAM_END);
+const _: () =
+    assert!(STACKS_ADDR.is_multiple_of(LEVEL2_BLOCK) && STACKS_SIZE.is_multiple_of(LEVEL2_BLOCK));
+const _: () = assert!(STACK_SIZE.is_multiple_of(PAGE) && STACK_GUARD.is_multiple_of(PAGE));
+const _: () = assert!(0 < STACK_GUARD && STACK_GUARD < STACK_SIZE);
 
 // Descriptor bits (Arm ARM, VMSAv8-64 stage 1, 4 KiB granule).
 /// A block descriptor at level 1 or 2.
 const BLOCK: u64 = 0b01;
-/// A descriptor pointing at the next level's table.
+/// A descriptor pointing at the next level's table (at level 1 or 2).
 const TABLE: u64 = 0b11;
+/// A page descriptor (at level 3).
+const PAGE_DESCRIPTOR: u64 = 0b11;
 /// AttrIndx = 0: MAIR_EL1.Attr0, Normal Write-Back.
 const ATTR_NORMAL: u64 = 0 << 2;
 /// AttrIndx = 1: MAIR_EL1.Attr1, Device-nGnRE.
@@ -99,6 +121,8 @@ const UXN: u64 = 1 << 54;
 
 /// A RAM block: Normal, cacheable, Inner Shareable, executable at EL1.
 const RAM_BLOCK: u64 = BLOCK | ATTR_NORMAL | INNER_SHAREABLE | ACCESSED | UXN;
+/// A RAM page: as a [`RAM_BLOCK`], at level 3.
+const RAM_PAGE: u64 = PAGE_DESCRIPTOR | ATTR_NORMAL | INNER_SHAREABLE | ACCESSED | UXN;
 /// A device block: Device-nGnRE, never executed (no speculative fetch).
 const DEVICE_BLOCK: u64 = BLOCK | ATTR_DEVICE | ACCESSED | PXN | UXN;
 
@@ -135,46 +159,89 @@ const SCTLR_OFF: u64 = 1 << 1 | 1 << 19 | 1 << 25;
 // `enable` loads each with two 16-bit moves.
 const _: () = assert!(SCTLR_ON >> 32 == 0 && SCTLR_OFF >> 32 == 0);
 
-/// One page of descriptors.
+/// One page of page descriptors (level 3).
 #[repr(C, align(4096))]
-struct Level2([u64; ENTRIES]);
+struct Level3([u64; ENTRIES]);
 
-/// One page of descriptors, some of them pointing at a [`Level2`]: the
-/// address of a table is only known at link time, so these entries are
-/// pointers (the linker fills them in) with the descriptor bits added
-/// (a table is page-aligned, so adding is or-ing).
+/// One page of descriptors, some of them pointing at the next level's
+/// table: the address of a table is only known at link time, so these
+/// entries are pointers (the linker fills them in) with the descriptor bits
+/// added (a table is page-aligned, so adding is or-ing); the others are
+/// blocks (or invalid), plain numbers as pointers without provenance.
 #[repr(C, align(4096))]
-struct Level1([*const u8; ENTRIES]);
+struct Table([*const u8; ENTRIES]);
 
-// SAFETY: `Sync` lets the static be shared; it is never written (it is an
-// immutable static in `.rodata`) and only its address is used, by `enable`.
-unsafe impl Sync for Level1 {}
+// SAFETY: `Sync` lets the statics be shared; they are never written (they
+// are immutable statics in `.rodata`) and only their addresses are used,
+// by `enable` and by the table walks.
+unsafe impl Sync for Table {}
 
-const _: () =
-    assert!(core::mem::size_of::<Level1>() + core::mem::size_of::<Level2>() == TABLES_SIZE);
+const _: () = assert!(
+    2 * core::mem::size_of::<Table>() + core::mem::size_of::<[Level3; STACK_TABLES]>()
+        == TABLES_SIZE
+);
 
-/// RAM: [`RAM_START`] .. [`RAM_END`] in 2 MiB blocks, the rest invalid.
-static RAM: Level2 = Level2(ram_blocks());
+/// The stacks: [`STACKS_ADDR`] .. + [`STACKS_SIZE`] in 4 KiB pages, each
+/// stack's guard invalid.
+static STACK_PAGES: [Level3; STACK_TABLES] = stack_pages();
+
+/// RAM: [`RAM_START`] .. [`RAM_END`] in 2 MiB blocks, the stacks' blocks
+/// through [`STACK_PAGES`], the rest invalid.
+static RAM: Table = ram_blocks(&raw const STACK_PAGES);
 
 /// The level 1 table TTBR0_EL1 points at.
-static LEVEL1: Level1 = level1(&raw const RAM);
+static LEVEL1: Table = level1(&raw const RAM);
 
-const fn ram_blocks() -> [u64; ENTRIES] {
-    let mut table = [0; ENTRIES];
-    let mut i = 0;
-    while i < (RAM_END - RAM_START) / LEVEL2_BLOCK {
-        table[i] = (RAM_START + i * LEVEL2_BLOCK) as u64 | RAM_BLOCK;
-        i += 1;
-    }
-    table
+/// Whether `addr` (in the stacks) is in the guard of its stack.
+const fn in_guard(addr: usize) -> bool {
+    (addr - STACKS_ADDR) % STACK_SIZE < STACK_GUARD
 }
 
-const fn level1(ram: *const Level2) -> Level1 {
+const fn stack_pages() -> [Level3; STACK_TABLES] {
+    let mut tables = [const { Level3([0; ENTRIES]) }; STACK_TABLES];
+    let mut page = 0;
+    while page < STACKS_SIZE / PAGE {
+        let addr = STACKS_ADDR + page * PAGE;
+        if !in_guard(addr) {
+            tables[page / ENTRIES].0[page % ENTRIES] = addr as u64 | RAM_PAGE;
+        }
+        page += 1;
+    }
+    tables
+}
+
+const fn ram_blocks(stack_pages: *const [Level3; STACK_TABLES]) -> Table {
+    let mut table = [core::ptr::null(); ENTRIES];
+    let mut i = 0;
+    while i < (RAM_END - RAM_START) / LEVEL2_BLOCK {
+        let addr = RAM_START + i * LEVEL2_BLOCK;
+        table[i] = if addr >= STACKS_ADDR && addr < STACKS_ADDR + STACKS_SIZE {
+            let offset = (addr - STACKS_ADDR) / LEVEL2_BLOCK * core::mem::size_of::<Level3>();
+            stack_pages
+                .cast::<u8>()
+                .wrapping_add(offset + TABLE as usize)
+        } else {
+            core::ptr::without_provenance(addr | RAM_BLOCK as usize)
+        };
+        i += 1;
+    }
+    Table(table)
+}
+
+const fn level1(ram: *const Table) -> Table {
     let mut table = [core::ptr::null(); ENTRIES];
     // 0 .. 1 GiB: the devices (output address 0).
     table[0] = core::ptr::without_provenance(DEVICE_BLOCK as usize);
     table[RAM_START / LEVEL1_BLOCK] = ram.cast::<u8>().wrapping_add(TABLE as usize);
-    Level1(table)
+    Table(table)
+}
+
+/// The CPU whose stack's guard holds `addr`, if it is in one: a fault
+/// there is that stack's overflow.
+pub fn guarded_stack(addr: u64) -> Option<usize> {
+    let addr = usize::try_from(addr).ok()?;
+    let offset = addr.checked_sub(STACKS_ADDR).filter(|&o| o < STACKS_SIZE)?;
+    in_guard(addr).then_some(offset / STACK_SIZE)
 }
 
 /// Turns on the MMU and the caches of the calling CPU with the map above.
@@ -274,22 +341,38 @@ fn translate(addr: usize) -> u64 {
     par
 }
 
+/// The stacks whose guard page faults (every byte of it, read through
+/// `AT`) while the page just above it, the stack's lowest usable one, maps.
+fn guards_working() -> usize {
+    (0..CPUS)
+        .filter(|&cpu| {
+            let guard = STACKS_ADDR + cpu * STACK_SIZE;
+            let faults = (guard..guard + STACK_GUARD)
+                .step_by(PAGE)
+                .all(|page| translate(page) & 1 == 1 && translate(page + PAGE - 1) & 1 == 1);
+            faults && translate(guard + STACK_GUARD) & 1 == 0
+        })
+        .count()
+}
+
 /// Logs that the MMU and caches are on, for the tests to check: the CPUs
 /// of `cpus` (a bit mask of those started) that recorded SCTLR_EL1 with M,
 /// C and I set, and the memory attributes (MAIR encoding, PAR_EL1.ATTR)
 /// and shareability (PAR_EL1.SH) the MMU gives a RAM address (`ram`) and
-/// the UART.
+/// the UART, and how many of the stacks' guard pages fault.
 pub fn report(cpus: u32, ram: usize) {
     let ram = translate(ram);
     let uart = translate(UART_ADDR);
     let attr = |par: u64| if par & 1 == 0 { par >> 56 } else { u64::MAX };
     defmt::info!(
-        "mmu on cpus={=u32:#x} of {=u32:#x}; ram attr={=u64:#x} sh={=u64}; uart attr={=u64:#x}",
+        "mmu on cpus={=u32:#x} of {=u32:#x}; ram attr={=u64:#x} sh={=u64}; uart attr={=u64:#x}; stack guards={=usize} of {=usize}",
         cpus_on(cpus),
         cpus,
         attr(ram),
         (ram >> 7) & 0b11,
         attr(uart),
+        guards_working(),
+        CPUS,
     );
 }
 

@@ -4,7 +4,7 @@
 //! real kernels). The program's statics are per process, so this file
 //! holds one test that goes through its cases in order.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 mod common;
 use common::*;
@@ -37,27 +37,7 @@ fn init_refuses_bad_arguments_then_a_run_adds_on_emulated_aicores() {
     let mut launch = vec![0u8; LAUNCH_MAX];
     let n = encode_block(&[], 2, "", &mut launch).unwrap();
     launch.truncate(n);
-    let mut kernels = vec![0u64; 64];
-    kernels[ADD as usize] = 0x1000; // any nonzero "function address"
-    let regs: Vec<[AtomicU32; WORDS]> = (0..CORES)
-        .map(|_| [const { AtomicU32::new(0) }; WORDS])
-        .collect();
-    let bases = regs.iter().map(|r| r.as_ptr() as u64).collect();
-    let mut host = Host {
-        table: b.finish().unwrap(),
-        arena,
-        launch,
-        kernels,
-        kinds: vec![
-            WSP_CORE_CUBE,
-            WSP_CORE_CUBE,
-            WSP_CORE_VECTOR,
-            WSP_CORE_VECTOR,
-        ],
-        handshakes: vec![Handshake::default(); CORES],
-        regs,
-        bases,
-    };
+    let mut host = Host::new(b.finish().unwrap(), arena, launch);
 
     // The server before Init refuses.
     // SAFETY: the server ignores its argument before Init.

@@ -3,7 +3,7 @@
 //! and still shuts every core down. Its own process: the program's
 //! statics are per process (launches after a failed one: relaunch.rs).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 mod common;
 use common::*;
@@ -26,27 +26,11 @@ fn a_rejected_kernel_is_reported_with_task_kernel_and_core() {
         b.task(ADD, &[t(ta, In), t(tb, In), t(tc, Out)], &[])
             .unwrap();
     }
-    let mut kernels = vec![0u64; 64];
-    kernels[ADD as usize] = 0x1000;
-    let regs: Vec<[AtomicU32; WORDS]> = (0..CORES)
-        .map(|_| [const { AtomicU32::new(0) }; WORDS])
-        .collect();
-    let bases = regs.iter().map(|r| r.as_ptr() as u64).collect();
-    let mut host = Host {
-        table: b.finish().unwrap(),
-        arena: Arena::zeroed(b.arena_size()),
-        launch: Vec::new(),
-        kernels,
-        kinds: vec![
-            WSP_CORE_CUBE,
-            WSP_CORE_CUBE,
-            WSP_CORE_VECTOR,
-            WSP_CORE_VECTOR,
-        ],
-        handshakes: vec![Handshake::default(); CORES],
-        regs,
-        bases,
-    };
+    let mut host = Host::new(
+        b.finish().unwrap(),
+        Arena::zeroed(b.arena_size()),
+        Vec::new(),
+    );
     let mut args = host.args();
     args.aicpu_threads = 1;
     let mut k = kernel_args(&mut args, host.bases.as_ptr());

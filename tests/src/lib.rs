@@ -254,3 +254,27 @@ pub fn run_in_launcher_with(
     let _ = std::fs::remove_dir_all(&dir);
     outcome
 }
+
+/// The arena of a run (in QEMU or through the launcher: `runner`) that
+/// ended with status 0, `RESULT OK` and `tasks` tasks; panics naming
+/// `what` otherwise. `written` is the arena the run wrote back.
+pub fn succeeded(
+    runner: &str,
+    (status, stdout, stderr): (i32, &str, &str),
+    written: &Option<Vec<u8>>,
+    tasks: usize,
+    what: &str,
+) -> Vec<u8> {
+    assert_eq!(
+        status, 0,
+        "{what}: the {runner} run failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("RESULT OK"), "{what}: {stdout}");
+    assert!(
+        stdout.contains(&format!("tasks={tasks} ")),
+        "{what}: expected {tasks} tasks: {stdout}"
+    );
+    written
+        .clone()
+        .unwrap_or_else(|| panic!("{what}: the {runner} run wrote no arena"))
+}

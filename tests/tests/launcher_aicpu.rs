@@ -36,25 +36,14 @@ fn small(name: &str) -> Workload {
 
 /// The arena of a launcher run that succeeded after `tasks` tasks.
 fn ran(outcome: &LauncherOutcome, tasks: usize, what: &str) -> Vec<u8> {
-    assert_eq!(
-        outcome.status, 0,
-        "{what}: the launcher failed:\n{}\n{}",
-        outcome.stdout, outcome.stderr
-    );
-    assert!(
-        outcome.stdout.contains("RESULT OK"),
-        "{what}: {}",
-        outcome.stdout
-    );
-    assert!(
-        outcome.stdout.contains(&format!("tasks={tasks} ")),
-        "{what}: expected {tasks} tasks: {}",
-        outcome.stdout
-    );
-    outcome
-        .arena_out
-        .clone()
-        .expect("the launcher writes the arena after a successful run")
+    let o = outcome;
+    wsp_tests::succeeded(
+        "launcher",
+        (o.status, &o.stdout, &o.stderr),
+        &o.arena_out,
+        tasks,
+        what,
+    )
 }
 
 /// Runs workload `name` on the host shim and through the launcher (on

@@ -23,25 +23,14 @@ use wsp_tests::{
 /// The arena of a QEMU run that succeeded after running `tasks` tasks
 /// (`what` names the run in failure messages).
 fn ran(outcome: &QemuOutcome, tasks: usize, what: &str) -> Vec<u8> {
-    assert_eq!(
-        outcome.status, 0,
-        "{what}: QEMU run failed:\n{}\n{}",
-        outcome.stdout, outcome.stderr
-    );
-    assert!(
-        outcome.stdout.contains("RESULT OK"),
-        "{what}: {}",
-        outcome.stdout
-    );
-    assert!(
-        outcome.stdout.contains(&format!("tasks={tasks} ")),
-        "{what}: expected {tasks} tasks: {}",
-        outcome.stdout
-    );
-    outcome
-        .arena_out
-        .clone()
-        .expect("the firmware writes arena.out")
+    let o = outcome;
+    wsp_tests::succeeded(
+        "QEMU",
+        (o.status, &o.stdout, &o.stderr),
+        &o.arena_out,
+        tasks,
+        what,
+    )
 }
 
 fn shim_and_qemu_agree(name: &str, params: Params) {

@@ -96,6 +96,33 @@ pub struct Host {
 }
 
 impl Host {
+    /// A launch of `table` over `arena` on 2 cube + 2 vector emulated
+    /// AICores (zeroed registers and handshake records), with ADD the one
+    /// kernel built in.
+    pub fn new(table: Vec<u8>, arena: Arena, launch: Vec<u8>) -> Host {
+        let mut kernels = vec![0u64; 64];
+        kernels[ADD as usize] = 0x1000; // any nonzero "function address"
+        let regs: Vec<[AtomicU32; WORDS]> = (0..CORES)
+            .map(|_| [const { AtomicU32::new(0) }; WORDS])
+            .collect();
+        let bases = regs.iter().map(|r| r.as_ptr() as u64).collect();
+        Host {
+            table,
+            arena,
+            launch,
+            kernels,
+            kinds: vec![
+                WSP_CORE_CUBE,
+                WSP_CORE_CUBE,
+                WSP_CORE_VECTOR,
+                WSP_CORE_VECTOR,
+            ],
+            handshakes: vec![Handshake::default(); CORES],
+            regs,
+            bases,
+        }
+    }
+
     pub fn args(&mut self) -> Box<WspAicpuArgs> {
         Box::new(WspAicpuArgs {
             magic: WSP_AICPU_MAGIC,
@@ -213,27 +240,7 @@ impl Adds {
     /// The host side of one launch of this table on [`CORES`] fresh
     /// emulated cores (cube cores first); `launch`: the launch block.
     pub fn host(&self, launch: Vec<u8>) -> Host {
-        let mut kernels = vec![0u64; 64];
-        kernels[ADD as usize] = 0x1000; // any nonzero "function address"
-        let regs: Vec<[AtomicU32; WORDS]> = (0..CORES)
-            .map(|_| [const { AtomicU32::new(0) }; WORDS])
-            .collect();
-        let bases = regs.iter().map(|r| r.as_ptr() as u64).collect();
-        Host {
-            table: self.table.clone(),
-            arena: self.arena.clone(),
-            launch,
-            kernels,
-            kinds: vec![
-                WSP_CORE_CUBE,
-                WSP_CORE_CUBE,
-                WSP_CORE_VECTOR,
-                WSP_CORE_VECTOR,
-            ],
-            handshakes: vec![Handshake::default(); CORES],
-            regs,
-            bases,
-        }
+        Host::new(self.table.clone(), self.arena.clone(), launch)
     }
 }
 

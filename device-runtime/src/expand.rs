@@ -65,7 +65,8 @@ pub const NO_VIEW: WspTensorView = WspTensorView {
     dtype: 0,
 };
 
-const NO_ARG: TaskArg = TaskArg {
+/// An unused entry of an argument list.
+pub(crate) const NO_ARG: TaskArg = TaskArg {
     tensor: 0,
     region: Region {
         offset: [0; MAX_RANK],

@@ -22,4 +22,4 @@ pub use layout::*;
 pub use limits::{MAX_SCRATCH, TASK_WINDOW};
 pub use program::ProgramInfo;
 pub use region::{Region, TileView};
-pub use validate::{check_region, dtype_size, table_len, Table, ARENA_ALIGN};
+pub use validate::{check_region, dtype_size, table_len, Table, ARENA_ALIGN, WRITES_TRACKED};

@@ -24,7 +24,18 @@ pub struct Table<'a> {
     program_info: ProgramInfo,
     /// Scratch tensors (set by validation).
     scratch: u32,
+    /// Bit `t` (for `t` below [`WRITES_TRACKED`]): some task argument or
+    /// program `ARG` writes tensor `t` (set by validation).
+    written: [u64; WRITES_TRACKED / 64],
 }
+
+/// Tensors whose writers validation records: a tensor below this index
+/// that no task argument and no program `ARG` writes is *read-only* for
+/// the run ([`Table::is_read_only`]); the orchestrator need not track its
+/// accesses, as it has no writer to wait for or to hold back. Tensors at
+/// or above it count as written (always correct, only slower). 1,024:
+/// 128 bytes of [`Table`], far more tensors than a decode step declares.
+pub const WRITES_TRACKED: usize = 1024;
 
 /// Bytes per element of a dtype, or `None` for a dtype the ABI does not compute on.
 pub const fn dtype_size(dtype: u32) -> Option<u64> {
@@ -207,6 +218,7 @@ impl<'a> Table<'a> {
             program,
             program_info: ProgramInfo::default(),
             scratch: 0,
+            written: [0; WRITES_TRACKED / 64],
         };
         table.validate_tensors()?;
         table.validate_kernels()?;
@@ -224,7 +236,40 @@ impl<'a> Table<'a> {
             },
         )?;
         table.scratch = table.validate_scratch()?;
+        table.written = table.writes();
         Ok(table)
+    }
+
+    /// Which tensors below [`WRITES_TRACKED`] some task argument or program
+    /// `ARG` writes (every entry of the arguments section counts, used by
+    /// a task or not, and every `ARG` of the program, reached or not).
+    fn writes(&self) -> [u64; WRITES_TRACKED / 64] {
+        let mut written = [0u64; WRITES_TRACKED / 64];
+        let mut mark = |tensor: u32, access: u32| {
+            let t = tensor as usize;
+            if t < WRITES_TRACKED && Access::from_bits_truncate(access).contains(Access::WRITE) {
+                written[t / 64] |= 1 << (t % 64);
+            }
+        };
+        for a in self.args {
+            mark(a.tensor.get(), a.access.get());
+        }
+        for ins in self.program {
+            if ins.op == super::program::OP_ARG {
+                mark(ins.imm.get(), ins.r as u32);
+            }
+        }
+        written
+    }
+
+    /// Whether no task of a run of this table writes `tensor` (found by
+    /// validation; see [`WRITES_TRACKED`]): its contents are those the run
+    /// starts with (weights, inputs), so no task's access to it orders
+    /// any other task's.
+    #[inline]
+    pub fn is_read_only(&self, tensor: u32) -> bool {
+        let t = tensor as usize;
+        t < WRITES_TRACKED && self.written[t / 64] & (1 << (t % 64)) == 0
     }
 
     /// Scratch tensors: at most [`MAX_SCRATCH`], only with a `HEAP`, each

@@ -16,8 +16,10 @@ use super::{Arena, ConfigError, Entry, Queues, SchedConfig, DISPATCH_QUEUE, RELE
 use crate::abi::launch::Symbols;
 use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_CONSUME, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
-use crate::abi::{Region, Table, TensorDesc, ARENA_ALIGN, STREAM_OP_RECORD, TASK_WINDOW};
-use crate::expand::{tensor_view, Context, Expander, Next, TaskSpec, Wait};
+use crate::abi::{
+    Region, Table, TensorDesc, ARENA_ALIGN, MAX_TENSOR_ARGS, STREAM_OP_RECORD, TASK_WINDOW,
+};
+use crate::expand::{tensor_view, Context, Expander, Next, TaskSpec, Wait, NO_ARG};
 use crate::orch::scratch::{Bind, ScratchError, ScratchHeap};
 use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
 use crate::steal_deque::Owner;
@@ -602,12 +604,23 @@ impl<'a> Dispatcher<'a> {
             }
             let spec = &self.spec;
             let graph = &self.queues.graph;
+            // The TensorMap tracks the arguments on tensors some task
+            // writes; one that none writes (a weight, an input) can
+            // neither wait for a writer nor hold one back.
+            let mut tracked = [NO_ARG; MAX_TENSOR_ARGS];
+            let mut count = 0;
+            for arg in spec.args() {
+                if !self.table.is_read_only(arg.tensor) {
+                    tracked[count] = *arg;
+                    count += 1;
+                }
+            }
             match self.orch.submit_linked(
                 graph,
                 now,
                 spec.stream,
                 spec.kernel,
-                spec.args(),
+                &tracked[..count],
                 entry.0,
                 entry.0,
             ) {

@@ -71,7 +71,8 @@ pub fn random_dag(seed: u64, tasks: usize) -> (Vec<u8>, Data) {
 }
 
 /// Runs every task in table order on this thread: the meaning of the table.
-/// Panics on an invalid table or an arena shorter than its `arena_size`.
+/// Panics on an invalid table, an arena shorter than its `arena_size`, or a
+/// task on a scratch tensor (whose storage exists only during a run).
 pub fn in_table_order(table: &[u8], data: &Data) -> Vec<u8> {
     let table = Table::parse(table).unwrap();
     let len = data.bytes.len();
@@ -87,13 +88,16 @@ pub fn in_table_order(table: &[u8], data: &Data) -> Vec<u8> {
     bytes.copy_from_slice(&data.bytes);
     let arena = Arena::new(bytes);
     for (index, task) in table.tasks().iter().enumerate() {
-        let args = kernel_args(&table, &arena, index as u32);
+        let Some(args) = kernel_args(&table, &arena, index as u32) else {
+            panic!("task {index} names a scratch tensor: only a run gives it storage");
+        };
         let kernel = wsp_ffi::lookup(task.kernel_id.get()).unwrap();
         // SAFETY: `invoke` needs each view aligned, inside memory valid for
         // its access, and unshared during the call:
         // 1. Inside valid memory: `Table::parse` checked that every region
-        //    lies inside its tensor and every tensor inside `arena_size`
-        //    bytes, which `bytes` holds (asserted above); `arena` borrows
+        //    lies inside its tensor and every arena tensor inside
+        //    `arena_size` bytes, which `bytes` holds (asserted above;
+        //    `kernel_args` refuses scratch tensors, which have none); `arena` borrows
         //    `bytes` mutably, so nothing else reaches them.
         // 2. Aligned: `bytes` starts on a `u32`, and validation keeps every
         //    tensor's offset a multiple of its element size (4).
@@ -108,6 +112,25 @@ pub fn in_table_order(table: &[u8], data: &Data) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[should_panic(expected = "task 1 names a scratch tensor")]
+    fn a_task_on_a_scratch_tensor_is_refused() {
+        use crate::table::{Arg, TableBuilder};
+        use wsp_ffi::ArgAccess::{In, Out};
+        let mut b = TableBuilder::new();
+        let x = b.tensor("x", &[1, 1]).unwrap();
+        let y = b.tensor("y", &[1, 1]).unwrap();
+        let s = b.scratch("s", &[1, 1]).unwrap();
+        b.heap(64).unwrap();
+        let one = |t, access| Arg::tile(t, access, 0, 0, 1, 1);
+        let add = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+        b.task(add, &[one(x, In), one(x, In), one(y, Out)], &[])
+            .unwrap();
+        b.task(add, &[one(x, In), one(x, In), one(s, Out)], &[])
+            .unwrap();
+        in_table_order(&b.finish().unwrap(), &Data::zeroed(b.arena_size()));
+    }
 
     #[test]
     #[should_panic(expected = "an arena of 0 bytes")]

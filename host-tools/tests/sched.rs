@@ -468,7 +468,7 @@ fn the_issue_path_builds_the_same_kernel_arguments_as_a_task_spec() {
         let arena = Arena::new(&mut bytes);
         checked += table.tasks().len();
         for task in 0..table.tasks().len() {
-            let direct = kernel_args(&table, &arena, task as u32);
+            let direct = kernel_args(&table, &arena, task as u32).unwrap();
             let spec = TaskSpec::of_task(&table, task).kernel_args(&table, arena.base());
             assert_eq!(
                 format!("{direct:?}"),

@@ -83,7 +83,7 @@ fn launch_rows(table: &[u8], data: &Data, run: &SemanticRun) -> Vec<usize> {
     let probe_base = probe.as_ptr() as u64;
     let probe = Arena::new(&mut probe);
     let outputs: Vec<u64> = (0..ROWS)
-        .map(|i| kernel_args(&t, &probe, i).tensors[2].addr - probe_base)
+        .map(|i| kernel_args(&t, &probe, i).unwrap().tensors[2].addr - probe_base)
         .collect();
     let base = data.bytes.as_ptr() as u64;
     run.launches

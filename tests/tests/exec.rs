@@ -165,7 +165,7 @@ fn task_keys(table: &Table<'_>, bytes: &mut [u8]) -> Vec<[u64; 3]> {
     let views = sched::Arena::new(bytes);
     (0..table.tasks().len() as u32)
         .map(|i| {
-            let t = kernel_args(table, &views, i).tensors;
+            let t = kernel_args(table, &views, i).unwrap().tensors;
             [t[0].addr, t[1].addr, t[2].addr]
         })
         .collect()
@@ -210,7 +210,7 @@ fn in_order(table: &Table<'_>, arena: &mut Arena) {
     let views = sched::Arena::new(&mut arena.bytes);
     for (i, task) in table.tasks().iter().enumerate() {
         let info = wsp_ffi::lookup(task.kernel_id.get()).unwrap();
-        let args = kernel_args(table, &views, i as u32);
+        let args = kernel_args(table, &views, i as u32).unwrap();
         // SAFETY: the views lie inside `arena`, validated by Table::parse, and
         // nothing else touches it while the kernel runs on this thread.
         unsafe { info.invoke(&args) }.unwrap();

@@ -88,16 +88,27 @@ impl<'a> Arena<'a> {
 
 /// The kernel arguments of task `task` of the table's tasks section with its
 /// tensors in `arena`: the views a core gets. Building them is safe; running
-/// a kernel on them is not (see [`Platform::launch`]).
-pub fn kernel_args(table: &Table<'_>, arena: &Arena<'_>, task: u32) -> WspKernelArgs {
+/// a kernel on them is not (see [`Platform::launch`]). `None` if the task
+/// names a scratch tensor: its storage is a heap-ring block that exists only
+/// during a run (the dispatcher rebases such views when it submits the task).
+pub fn kernel_args(table: &Table<'_>, arena: &Arena<'_>, task: u32) -> Option<WspKernelArgs> {
+    let desc = &table.tasks()[task as usize];
+    let tensors = table.tensors();
+    if table
+        .task_args(desc)
+        .iter()
+        .any(|a| tensors[a.tensor.get() as usize].is_scratch())
+    {
+        return None;
+    }
     let mut args = WspKernelArgs {
         num_tensors: 0,
         num_scalars: 0,
         tensors: [NO_VIEW; MAX_TENSOR_ARGS],
         scalars: [0; MAX_SCALARS],
     };
-    ViewCache::new().fill(table, arena, &table.tasks()[task as usize], &mut args);
-    args
+    ViewCache::new().fill(table, arena, desc, &mut args);
+    Some(args)
 }
 
 const _: () = assert!(MAX_RANK.is_power_of_two());

@@ -23,7 +23,6 @@
 pub mod args;
 mod cache;
 pub mod clock;
-mod gate;
 pub mod run;
 mod text;
 

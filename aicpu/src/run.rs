@@ -14,7 +14,7 @@
 //!
 //! CANN loads the program once per process and makes every launch through
 //! the same two entry points, so each Init starts a clean launch: once
-//! every server thread of the last launch has left the gate (`gate.rs`), it
+//! every server thread of the last launch has left the gate (`device_runtime::ascend::gate`), it
 //! puts the per-launch statics back in their first state (the handoffs,
 //! the thread numbers and, after a launch that used them, the orchestrator
 //! and the queues, see `restore`), whether the last launch succeeded or
@@ -27,6 +27,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 use device_runtime::abi::launch::Launch;
 use device_runtime::abi::Table;
+use device_runtime::ascend::gate::{Busy, Gate};
 use device_runtime::ascend::{
     bring_up, shut_down, AscendPlatform, CoreError, CoreLink, Handshake, Payload, PayloadPair,
 };
@@ -39,7 +40,6 @@ use wsp_ffi::CoreKind;
 
 use crate::args::*;
 use crate::clock::AicpuClock;
-use crate::gate::{Busy, Gate};
 use crate::text::report;
 
 /// Most AICores one run drives (a 910B has 24 cube and 48 vector cores).

@@ -9,7 +9,10 @@
 //!   waits and errors naming the core.
 //! - [`issue`]: [`AscendPlatform`], the scheduler's `Platform` over the
 //!   registers and the double-buffered payloads.
+//! - [`gate`]: the launch gate of the AICPU program, which CANN launches
+//!   many times per load.
 
+pub mod gate;
 pub mod handshake;
 pub mod issue;
 pub mod layout;

@@ -7,8 +7,12 @@
 //! running: it moves the gate from open (or closed) with nobody inside to
 //! *preparing* in one compare-and-swap, so that no thread enters while it
 //! works, and opens it (or closes it, on bad arguments) when it is done.
+//!
+//! The AICPU program (`wsp-aicpu`) keeps one gate in a static. It is
+//! written over [`crate::sync`], so the loom model checker covers it
+//! (`RUSTFLAGS="--cfg loom" cargo test -p device-runtime --release loom`).
 
-use core::sync::atomic::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, Ordering};
 
 /// The low bits: server threads inside the launch.
 const INSIDE: u32 = 0xFFFF;
@@ -33,10 +37,18 @@ pub enum Busy {
 /// The gate (one per program).
 pub struct Gate(AtomicU32);
 
+impl Default for Gate {
+    fn default() -> Self {
+        Gate::new()
+    }
+}
+
 impl Gate {
-    /// Closed, nobody inside.
-    pub const fn new() -> Self {
-        Gate(AtomicU32::new(CLOSED << PHASE_SHIFT))
+    crate::sync::maybe_const_fn! {
+        /// Closed, nobody inside.
+        pub fn new() -> Self {
+            Gate(AtomicU32::new(CLOSED << PHASE_SHIFT))
+        }
     }
 
     /// Init: takes the gate for preparing a launch, when no server thread
@@ -98,7 +110,7 @@ impl Gate {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -121,5 +133,68 @@ mod tests {
         gate.begin_init().unwrap();
         gate.end_init(true);
         assert!(gate.enter(), "open again");
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::sync::UnsafeCell;
+    use loom::sync::Arc;
+
+    /// What a launch's Init prepares and its server threads read.
+    struct Launch {
+        gate: Gate,
+        data: UnsafeCell<u32>,
+    }
+
+    // SAFETY: `data` is written only by a thread that holds the gate for
+    // Init and read only by threads inside an open launch; loom checks in
+    // every interleaving that the two never overlap.
+    unsafe impl Sync for Launch {}
+
+    fn init(launch: &Launch, value: u32) {
+        while launch.gate.begin_init().is_err() {
+            loom::thread::yield_now();
+        }
+        // SAFETY: the gate is held for Init: no server thread is inside,
+        // and none enters until `end_init`.
+        launch.data.with_mut(|p| unsafe { *p = value });
+        launch.gate.end_init(true);
+    }
+
+    fn serve(launch: &Launch) -> Option<u32> {
+        if !launch.gate.enter() {
+            return None;
+        }
+        // SAFETY: inside an open launch, which no Init replaces until this
+        // thread leaves.
+        let value = launch.data.with(|p| unsafe { *p });
+        launch.gate.leave();
+        Some(value)
+    }
+
+    /// The next launch's Init never writes while a server thread of the
+    /// last one reads (loom reports any such race), and a server thread
+    /// that enters sees a whole prepared launch. (With `leave` or `enter`
+    /// relaxed, loom reports the race.)
+    #[test]
+    fn init_never_overlaps_a_server_thread_inside() {
+        loom::model(|| {
+            let launch = Arc::new(Launch {
+                gate: Gate::new(),
+                data: UnsafeCell::new(0),
+            });
+            init(&launch, 1);
+            let server = {
+                let launch = launch.clone();
+                loom::thread::spawn(move || serve(&launch))
+            };
+            init(&launch, 2);
+            let seen = server.join().unwrap();
+            // `None`: it came while the second Init prepared.
+            assert_ne!(seen, Some(0), "a server thread saw an unprepared launch");
+            assert_eq!(serve(&launch), Some(2));
+        });
     }
 }

@@ -9,6 +9,8 @@
 //!   (`target/aicpu`: other flags than the firmware's), then linked with
 //!   `aarch64-linux-gnu-gcc -shared -Wl,--whole-archive ... -Wl,--version-script=aicpu/exports.map
 //!   -Wl,-z,defs,-z,text -Wl,--gc-sections -lc`.
+//!   Its debug information is split off into `libwsp_aicpu.so.debug`
+//!   ([`split_debug`]), which the `.so` names in its `.gnu_debuglink`.
 //! - `wsp_aicpu.h`: the C header (the checked-in one; `dist` fails when it
 //!   is stale, as `cargo xtask header --check` does).
 //! - `manifest.json`: each file's name, size and sha256, the crate
@@ -76,6 +78,7 @@ pub fn dist(root: &Path, out: &Path) -> Result<()> {
     .context("firmware.bin needs rust-objcopy (cargo-binutils): run `cargo xtask setup`")?;
     let so = out.join("libwsp_aicpu.so");
     build_so(root, &so)?;
+    split_debug(&so, &out.join(SO_DEBUG))?;
     let report =
         check_so(&std::fs::read(&so).with_context(|| format!("reading {}", so.display()))?)?;
     eprintln!("libwsp_aicpu.so: exports {:?}", report.exports);
@@ -97,6 +100,7 @@ pub fn dist(root: &Path, out: &Path) -> Result<()> {
             "firmware.elf",
             "firmware.bin",
             "libwsp_aicpu.so",
+            SO_DEBUG,
             "wsp_aicpu.h",
         ],
     )?;
@@ -156,6 +160,27 @@ pub fn build_so(root: &Path, so: &Path) -> Result<()> {
     run(&mut link).with_context(|| {
         format!("linking needs {LINKER} (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross): run `cargo xtask setup`")
     })
+}
+
+/// The shared object's debug information, split off: the device loads a
+/// `.so` without it (about half the size), and a debugger finds this file
+/// by the `.gnu_debuglink` section the `.so` keeps.
+pub const SO_DEBUG: &str = "libwsp_aicpu.so.debug";
+
+/// Moves `so`'s debug sections to `debug` and links the two
+/// (`rust-objcopy --only-keep-debug`, `--strip-debug --add-gnu-debuglink`).
+pub fn split_debug(so: &Path, debug: &Path) -> Result<()> {
+    let hint = "splitting debug info needs rust-objcopy (cargo-binutils): run `cargo xtask setup`";
+    run(Command::new("rust-objcopy")
+        .arg("--only-keep-debug")
+        .arg(so)
+        .arg(debug))
+    .context(hint)?;
+    run(Command::new("rust-objcopy")
+        .arg("--strip-debug")
+        .arg(format!("--add-gnu-debuglink={}", debug.display()))
+        .arg(so))
+    .context(hint)
 }
 
 /// Checks a shared object's dynamic symbols and relocations (see the
@@ -346,6 +371,35 @@ mod tests {
         assert!(e.contains("not exactly"), "{e}");
         assert!(e.contains("extra"), "{e}");
         assert!(e.contains("imports `puts`"), "{e}");
+    }
+
+    /// Section names of an ELF file.
+    fn sections(bytes: &[u8]) -> Vec<String> {
+        use object::ObjectSection;
+        let file = object::File::parse(bytes).unwrap();
+        file.sections()
+            .map(|s| s.name().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn debug_info_moves_to_its_own_file() {
+        let so_bytes = cross_so("debug", ENTRIES, &["-g"]);
+        assert!(sections(&so_bytes).iter().any(|s| s == ".debug_info"));
+        let dir = std::env::temp_dir().join(format!("wsp-dist-split-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (so, debug) = (dir.join("x.so"), dir.join("x.so.debug"));
+        std::fs::write(&so, &so_bytes).unwrap();
+        split_debug(&so, &debug).unwrap();
+        let (stripped, kept) = (std::fs::read(&so).unwrap(), std::fs::read(&debug).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let names = sections(&stripped);
+        assert!(!names.iter().any(|s| s.starts_with(".debug")), "{names:?}");
+        assert!(names.iter().any(|s| s == ".gnu_debuglink"), "{names:?}");
+        assert!(sections(&kept).iter().any(|s| s == ".debug_info"));
+        assert!(stripped.len() < so_bytes.len());
+        // The stripped object still passes the checks.
+        check_so(&stripped).unwrap();
     }
 
     #[test]

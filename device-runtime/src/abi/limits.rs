@@ -4,12 +4,12 @@
 /// not yet retired. A program's `WINDOW` ([`OP_WINDOW`](super::program::OP_WINDOW))
 /// may ask for fewer, never more; the scheduler sizes its per-task arrays by it.
 ///
-/// The runtime's statics grow by 520 bytes per task of the window:
-/// orchestrator slot 104 and three TensorMap entries of 48, launch record
-/// 144, completion-ring entries 64 (two per task on each of four threads),
+/// The runtime's statics grow by 376 bytes per task of the window:
+/// orchestrator slot 64 and two TensorMap entries of 48, launch record
+/// 120, completion-ring entries 32 (one per task on each of four threads),
 /// release-graph slot 32 (with the dispatch key) and four edges of 8. At
-/// 2,048 the firmware's static footprint is 1.66 MiB, under the 2 MiB
-/// budget `cargo xtask fw` checks; 4,096 would take 2.68 MiB.
+/// 2,048 the firmware's static footprint is 1.42 MiB, under the 2 MiB
+/// budget `cargo xtask fw` checks; 4,096 would take about 2.16 MiB.
 pub const TASK_WINDOW: usize = 2048;
 
 /// Scratch tensors a table may declare (tensors whose `arena_offset` is

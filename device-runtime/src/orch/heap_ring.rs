@@ -11,19 +11,14 @@
 pub struct HeapBlock {
     /// Byte offset in the arena.
     pub offset: u64,
-    /// Length in bytes.
+    /// Length in bytes (a multiple of [`HEAP_ALIGN`]); the ring's tail
+    /// moves to `offset + len` when the block is freed.
     pub len: u64,
-    /// Where the ring's tail moves when this block is freed.
-    end: u64,
 }
 
 impl HeapBlock {
     /// No allocation.
-    pub const EMPTY: HeapBlock = HeapBlock {
-        offset: 0,
-        len: 0,
-        end: 0,
-    };
+    pub const EMPTY: HeapBlock = HeapBlock { offset: 0, len: 0 };
 }
 
 /// Why an allocation failed.
@@ -109,7 +104,7 @@ impl HeapRing {
         self.head = end;
         self.live += 1;
         self.used += len + gap;
-        Ok(HeapBlock { offset, len, end })
+        Ok(HeapBlock { offset, len })
     }
 
     /// Frees the oldest live block, which must be `block` (retirement order).
@@ -118,7 +113,7 @@ impl HeapRing {
         // Most tasks ask for no heap: freeing their empty block is one test,
         // and the ring's fields stay out of the caller's loop.
         if block.len != 0 {
-            self.free_until(block.end);
+            self.free_until(block.offset + block.len);
         }
     }
 

@@ -222,55 +222,91 @@ impl fmt::Display for SubmitError {
     }
 }
 
+/// A task's slot: 64 bytes a task of the window. Task numbers that the
+/// window bounds are kept narrow: the next task of a ready list or stream
+/// as a slot index (the slot holds the task's full id: such a task is live),
+/// ring positions as their low 32 bits (restored from the ring's current
+/// position, at most the ring's capacity ahead; see [`restore`]).
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     id: TaskId,
-    kernel: KernelRef,
     tag: u64,
-    state: TaskState,
+    heap: HeapBlock,
+    /// The kernel's id ([`KernelRef::id`]; its kind is `vector`).
+    kernel_id: u32,
     /// Unfinished producers, plus one while the task is being wired.
     fanin: u32,
     /// Head of the fan-out list in the DepList pool.
     fanout: u32,
-    heap: HeapBlock,
+    /// The low 32 bits of the last dependency pass that met this task as a
+    /// producer (see [`Orchestrator::next_mark`]).
+    marked_by: u32,
+    /// The low 32 bits of the TensorMap position after this task's
+    /// entries: reclaimed up to it when the task retires.
+    tmap_end: u32,
+    /// The low 32 bits of the release-graph edge position after this
+    /// task's edges: reclaimed up to it when the task retires
+    /// ([`Orchestrator::submit_linked`]).
+    edges_end: u32,
+    /// Slot of the next task in the ready list of its kind ([`NO_SLOT`]: none).
+    ready_next: u16,
+    /// Slot of the next task of its stream, held back until this one is
+    /// issued ([`NO_SLOT`]: none).
+    stream_next: u16,
+    state: TaskState,
+    /// Its kernel runs on vector cores (else cube cores).
+    vector: bool,
     /// An open scope keeps the task from retiring.
     held: bool,
-    /// The last dependency pass that met this task as a producer.
-    marked_by: u64,
-    /// Next task in the ready list of its kind.
-    ready_next: TaskId,
-    /// TensorMap position after this task's entries: reclaimed up to it
-    /// when the task retires.
-    tmap_end: u64,
-    /// Its stream (0: none).
-    stream: StreamId,
-    /// The next task of its stream, held back until this one is issued.
-    stream_next: TaskId,
-    /// Release-graph edge position after this task's edges: reclaimed up
-    /// to it when the task retires ([`Orchestrator::submit_linked`]).
-    edges_end: u64,
+    /// Its stream (0: none; at most [`MAX_STREAMS`](crate::abi::MAX_STREAMS)).
+    stream: u8,
+}
+const _: () = assert!(core::mem::size_of::<Slot>() == 64);
+const _: () = assert!(crate::abi::MAX_STREAMS <= u8::MAX as usize);
+
+impl Slot {
+    fn kernel(&self) -> KernelRef {
+        KernelRef {
+            id: self.kernel_id,
+            kind: if self.vector {
+                CoreKind::Vector
+            } else {
+                CoreKind::Cube
+            },
+        }
+    }
 }
 
 const NONE: TaskId = u64::MAX;
 
+/// No slot ([`Slot::ready_next`], [`Slot::stream_next`]): slot indices are
+/// below `TASKS`, at most 2^15.
+const NO_SLOT: u16 = u16::MAX;
+
+/// The full position of a ring whose current position is `now`, from its
+/// low 32 bits `low`, for a position at most 2^32 - 1 behind `now` (the
+/// ring's capacity bounds how far behind it can be).
+#[inline(always)]
+fn restore(now: u64, low: u32) -> u64 {
+    now - (now as u32).wrapping_sub(low) as u64
+}
+
 const FREE_SLOT: Slot = Slot {
     id: NONE,
-    kernel: KernelRef {
-        id: 0,
-        kind: CoreKind::Vector,
-    },
     tag: 0,
-    state: TaskState::Completed,
+    heap: HeapBlock::EMPTY,
+    kernel_id: 0,
     fanin: 0,
     fanout: NIL,
-    heap: HeapBlock::EMPTY,
-    held: false,
     marked_by: 0,
-    ready_next: NONE,
     tmap_end: 0,
-    stream: 0,
-    stream_next: NONE,
     edges_end: 0,
+    ready_next: NO_SLOT,
+    stream_next: NO_SLOT,
+    state: TaskState::Completed,
+    vector: true,
+    held: false,
+    stream: 0,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -301,7 +337,8 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     scopes: [Scope; MAX_SCOPE_DEPTH],
     depth: usize,
     stats: StallStats,
-    /// Counts dependency passes; each pass marks producers with its number.
+    /// Counts dependency passes; each pass marks producers with its
+    /// number's low 32 bits ([`Orchestrator::next_mark`]).
     pass: u64,
     /// The first producers the last dependency pass found (all of them when
     /// it found no more than this holds), so that committing needs no second walk.
@@ -324,11 +361,19 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         TASKS.is_power_of_two(),
         "the task window must be a power of two"
     );
+    /// Slots name slots in 16 bits ([`NO_SLOT`] is none), and ring
+    /// positions in 32 ([`restore`]).
+    const NARROW: () = assert!(
+        TASKS <= 1 << 15 && TMAP <= u32::MAX as usize,
+        "the task window is at most 2^15, the TensorMap below 2^32 entries"
+    );
 
     /// An empty orchestrator whose heap ring manages `heap_bytes` bytes.
     pub const fn new(heap_bytes: u64) -> Self {
         #[allow(clippy::let_unit_value)]
         let _ = Self::POWER_OF_TWO;
+        #[allow(clippy::let_unit_value)]
+        let _ = Self::NARROW;
         let empty = ReadyList {
             head: NONE,
             tail: NONE,
@@ -644,13 +689,15 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // `edges_end` below, and `marked_by` only ever matches a pass of its own.
         let slot = self.slot_mut(id);
         slot.id = id;
-        slot.kernel = kernel;
+        slot.kernel_id = kernel.id;
+        slot.vector = kernel.kind == CoreKind::Vector;
         slot.tag = tag;
         slot.state = TaskState::Pending;
         slot.fanin = 1;
         slot.heap = heap;
         slot.held = held;
-        slot.stream = stream;
+        // Checked above: 0 or a stream number, at most `MAX_STREAMS`.
+        slot.stream = stream as u8;
         let at = (id % TASKS as u64) as usize;
         let graph = linked.map(|(graph, _)| graph);
         if let Some((graph, release_tag)) = linked {
@@ -677,7 +724,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                         let waiting =
                             |s: TaskState| s != TaskState::Issued && s != TaskState::Completed;
                         if waiting(self.slot(before).state) {
-                            self.slot_mut(before).stream_next = id;
+                            self.slot_mut(before).stream_next = at as u16;
                             self.slot_mut(id).fanin += 1;
                         }
                     }
@@ -698,8 +745,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         let tmap_end = self.tmap.end();
         let edge_alloc = self.edge_alloc;
         let slot = self.slot_mut(id);
-        slot.tmap_end = tmap_end;
-        slot.edges_end = edge_alloc;
+        slot.tmap_end = tmap_end as u32;
+        slot.edges_end = edge_alloc as u32;
         let ready = match linked {
             None => {
                 self.release(id);
@@ -800,6 +847,27 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Err(SubmitError::Stall(reason))
     }
 
+    /// The mark of a new dependency pass: the pass count's low 32 bits,
+    /// never 0. When they wrap to 0 (every 2^32 passes) every slot's mark
+    /// is cleared to 0, so that no slot keeps a mark an old pass left that
+    /// a new pass would take for its own.
+    #[inline(always)]
+    fn next_mark(&mut self) -> u32 {
+        self.pass += 1;
+        if self.pass as u32 == 0 {
+            self.clear_marks();
+        }
+        self.pass as u32
+    }
+
+    #[inline(never)]
+    fn clear_marks(&mut self) {
+        for slot in &mut self.slots {
+            slot.marked_by = 0;
+        }
+        self.pass += 1;
+    }
+
     /// Finds the distinct live producers of task `id` (submitted or about to
     /// be) and, when `commit` is given, records an edge from each: in the
     /// DepList pool and the task's fan-in when it is `Some(None)`, in the
@@ -818,8 +886,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         extra_deps: &[TaskId],
         commit: Option<Option<&ReleaseGraph<TASKS, E>>>,
     ) -> u64 {
-        self.pass += 1;
-        let mark = self.pass;
+        let mark = self.next_mark();
         self.tmap.begin();
         let mut wiring = Wiring {
             slots: &mut self.slots,
@@ -898,13 +965,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     fn push_ready(&mut self, id: TaskId) {
         let slot = self.slot_mut(id);
         slot.state = TaskState::Ready;
-        slot.ready_next = NONE;
-        let kind = slot.kernel.kind as usize;
+        slot.ready_next = NO_SLOT;
+        let kind = slot.kernel().kind as usize;
         let tail = self.ready[kind].tail;
         if tail == NONE {
             self.ready[kind].head = id;
         } else {
-            self.slot_mut(tail).ready_next = id;
+            self.slot_mut(tail).ready_next = (id % TASKS as u64) as u16;
         }
         self.ready[kind].tail = id;
         self.ready[kind].len += 1;
@@ -918,16 +985,20 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             return None;
         }
         list.len -= 1;
-        let slot = &mut self.slots[(id % TASKS as u64) as usize];
+        let next = self.slots[(id % TASKS as u64) as usize].ready_next;
+        // The next task of the list is live: its slot holds its id.
         let list = &mut self.ready[kind as usize];
-        list.head = slot.ready_next;
-        if list.head == NONE {
+        if next == NO_SLOT {
+            list.head = NONE;
             list.tail = NONE;
+        } else {
+            list.head = self.slots[next as usize].id;
         }
+        let slot = &mut self.slots[(id % TASKS as u64) as usize];
         slot.state = TaskState::Running;
         Some(ReadyTask {
             id,
-            kernel: slot.kernel,
+            kernel: slot.kernel(),
             tag: slot.tag,
             heap: slot.heap,
         })
@@ -957,9 +1028,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// Lets the task held back behind `id` on its stream go.
     #[inline(always)]
     fn release_stream_next(&mut self, id: TaskId) {
-        let next = core::mem::replace(&mut self.slot_mut(id).stream_next, NONE);
-        if next != NONE {
-            self.release(next);
+        let next = core::mem::replace(&mut self.slot_mut(id).stream_next, NO_SLOT);
+        if next != NO_SLOT {
+            // Held back, so live: its slot holds its id.
+            self.release(self.slots[next as usize].id);
         }
     }
 
@@ -1037,7 +1109,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             if slot.state != TaskState::Completed || slot.held {
                 break;
             }
-            let (tmap_end, heap, edges_end) = (slot.tmap_end, slot.heap, slot.edges_end);
+            // Its positions are at most a ring's capacity behind the
+            // ring's current one (older tasks' entries are reclaimed).
+            let tmap_end = restore(self.tmap.end(), slot.tmap_end);
+            let edges_end = restore(self.edge_alloc, slot.edges_end);
+            let heap = slot.heap;
             self.tmap.release_until(tmap_end);
             // Its release-graph edges: its producers' lists were walked
             // before it could run, so no thread reads them any more.
@@ -1239,7 +1315,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             let slot = self.slot(id);
             let mut task = BlockedTask {
                 id,
-                kernel_id: slot.kernel.id,
+                kernel_id: slot.kernel_id,
                 state: slot.state,
                 waits_on: [None; REPORTED_PRODUCERS],
                 producers: 0,
@@ -1251,7 +1327,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 let named = |p: TaskId| match graph {
                     Some(graph) => graph.waits_for(at(id), at(p)),
                     None => {
-                        self.slot(p).stream_next == id
+                        // `id` is live: a slot index names it alone.
+                        self.slot(p).stream_next == at(id) as u16
                             || self.deps.iter(self.slot(p).fanout).any(|c| c == id)
                     }
                 };
@@ -1280,7 +1357,7 @@ struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
     head: TaskId,
     next: TaskId,
     id: TaskId,
-    mark: u64,
+    mark: u32,
     commit: bool,
     /// Committing into the release graph rather than the DepList pool.
     graph: Option<&'a ReleaseGraph<TASKS, E>>,
@@ -1306,7 +1383,8 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DE
     /// An event wait: a dependency on every live task of `stream` below `bound`.
     fn stream_tasks(&mut self, stream: StreamId, bound: TaskId) {
         for p in self.head..bound.min(self.next) {
-            if self.slots[(p % TASKS as u64) as usize].stream == stream && self.live(p) {
+            if self.slots[(p % TASKS as u64) as usize].stream as StreamId == stream && self.live(p)
+            {
                 self.edge(p);
             }
         }

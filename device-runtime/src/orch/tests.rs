@@ -782,3 +782,34 @@ fn implied_conflicts_behind_a_covering_writer_get_no_edge() {
     }
     assert_eq!(ran, 40);
 }
+
+/// Slots keep a pass's mark in 32 bits: after the pass count's low bits
+/// wrap, a pass must not take a mark left by a pass 2^32 earlier for its
+/// own (it would skip that producer and miss the dependency).
+#[test]
+fn a_mark_from_before_the_pass_count_wrapped_is_not_taken_for_a_new_one() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let a = submit(&mut o, &[write(7, 0, 4)]).unwrap();
+    submit(&mut o, &[read(7, 0, 4)]).unwrap(); // its pass marks `a`
+    let marked = o.slot(a).marked_by;
+    // As if 2^32 - `marked` passes had gone by since.
+    o.pass = u32::MAX as u64;
+    for t in 0..marked {
+        submit(&mut o, &[write(100 + t, 0, 1)]).unwrap();
+    }
+    let c = submit(&mut o, &[read(7, 0, 4)]).unwrap();
+    assert_eq!(o.slot(c).state, TaskState::Pending, "`c` waits for `a`");
+    assert_eq!(run_one(&mut o), a);
+    assert_eq!(o.slot(c).state, TaskState::Ready);
+}
+
+#[test]
+fn a_ring_position_is_restored_from_its_low_bits() {
+    assert_eq!(restore(100, 90), 90);
+    assert_eq!(restore(100, 100), 100);
+    // Across a multiple of 2^32.
+    let now = (5 << 32) + 3;
+    assert_eq!(restore(now, u32::MAX - 1), (5 << 32) - 2);
+    assert_eq!(restore(now, 1), (5 << 32) + 1);
+    assert_eq!(restore(u64::MAX, u32::MAX), u64::MAX);
+}

@@ -594,10 +594,15 @@ impl<'a> Dispatcher<'a> {
                         self.rebase(&mut args);
                     }
                     let spec = &self.spec;
+                    let mut tensors = [0; MAX_TENSOR_ARGS];
+                    for (t, arg) in tensors.iter_mut().zip(spec.args()) {
+                        *t = arg.tensor;
+                    }
                     let launch = Launch {
                         kernel_id: spec.kernel.id,
                         stream: spec.stream,
                         args,
+                        tensors,
                     };
                     self.queues.records.write(index, &launch);
                 }

@@ -98,9 +98,15 @@ pub use thread::{kernel_args, Arena, Scheduler, ViewCache, VIEW_CACHE};
 /// shared queue per kind). [`SchedConfig::queue_depth`] may set a lower limit.
 pub const DISPATCH_QUEUE: usize = 256;
 
-/// Capacity of a thread's completion ring: two entries (released,
-/// finished) per task of the window.
-const DONE_RING: usize = 2 * TASK_WINDOW;
+/// Capacity of a thread's completion ring: one entry per task of the
+/// window. A task has at most one report pending at a time: "released"
+/// (a thread released it and left it to the dispatcher to place) until
+/// the dispatcher collects it, and only then can the task be placed, run
+/// and reported "finished"; after the dispatcher collects that, the task
+/// retires. Every pending report is so of a distinct task in the window,
+/// and the window holds at most `TASK_WINDOW` tasks, across all threads'
+/// rings together. 8 bytes an entry, one ring per thread.
+const DONE_RING: usize = TASK_WINDOW;
 
 /// Edge nodes of the release graph: four fan-in edges per task of the
 /// window on average (a submission that finds fewer free stalls on
@@ -161,7 +167,7 @@ const FINISHED: u32 = 1;
 const ABORTED: u32 = 2;
 
 /// The queues between the dispatcher and the scheduler threads, and the
-/// tasks' launch records and their release graph (about 580 KiB at the default
+/// tasks' launch records and their release graph (about 470 KiB at the default
 /// window; on the device, a `static`, on the host on the heap).
 pub struct Queues {
     /// Per thread and kind, the tasks the dispatcher placed there.
@@ -172,9 +178,10 @@ pub struct Queues {
     /// Fan-in and fan-out of the window's tasks, released by the threads.
     graph: TableGraph,
     shared: [StealDeque<DISPATCH_QUEUE>; 2],
-    /// Per thread, the run's numbers of finished tasks, and of stream tasks
-    /// just issued (marked [`ISSUED`]). Never full: every entry is one of at
-    /// most two per task of the window that has not been collected.
+    /// Per thread, the queue entries of finished tasks, and of tasks the
+    /// thread released and left to the dispatcher (marked [`RELEASED`]).
+    /// Never full: every entry is the one pending report of a distinct task
+    /// of the window (see [`DONE_RING`]).
     done: [Ring<DONE_RING>; MAX_THREADS],
     state: AtomicU32,
     /// Whether some taskset's policy lets idle threads steal now (policies

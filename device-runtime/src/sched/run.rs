@@ -21,18 +21,22 @@ use crate::platform::{Platform, MAX_CORES};
 /// [`MAX_CORES`] each (an Ascend 910B has 24 cube and 48 vector cores).
 pub const MAX_RUN_CORES: usize = MAX_THREADS * MAX_CORES;
 
-/// TensorMap entries of table runs: three per task of the window, one per
-/// tensor argument. A task has at most [`MAX_TENSOR_ARGS`] (four), most have
-/// three or fewer; a window full of four-argument tasks stalls on
-/// `TENSORMAP_POOL_FULL` at three quarters of the window until older tasks
-/// retire. Three, not four, saves 56 bytes per task of the window.
-pub const TENSORMAP_ENTRIES: usize = 3 * TASK_WINDOW;
+/// TensorMap entries of table runs: two per task of the window, 48 bytes
+/// each. Only arguments on tensors some task writes take an entry (one on
+/// a read-only tensor, a weight or an input, takes none), so a typical
+/// task (activation in, weight in, output out) takes two. A task has at
+/// most [`MAX_TENSOR_ARGS`] (four) tracked arguments: a window of tasks
+/// with three stalls on `TENSORMAP_POOL_FULL` at two thirds of the window
+/// (with four, at half) until older tasks retire, a sizing trade that
+/// costs throughput only for such workloads. Two, not three, saves 48
+/// bytes per task of the window.
+pub const TENSORMAP_ENTRIES: usize = 2 * TASK_WINDOW;
 const _: () = assert!(TENSORMAP_ENTRIES >= MAX_TENSOR_ARGS);
 /// DepList nodes of table runs: none, as their edges live in the release
 /// graph ([`GRAPH_EDGES`](super::GRAPH_EDGES)), which scheduler threads release.
 pub const DEPLIST_NODES: usize = 0;
 
-/// The orchestrator a table run uses (about 540 KiB at the default window:
+/// The orchestrator a table run uses (about 360 KiB at the default window:
 /// on the device, place it in a `static`, on the host on the heap). Its own heap ring (per-task output
 /// buffers) is empty: a table's scratch tensors live on the dispatcher's
 /// heap ring ([`crate::orch::scratch`]), which their scopes outlive a task.

@@ -680,7 +680,8 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                 (desc.kernel_id.get(), desc.stream.get())
             }
             None => {
-                let launch = self.queues.records.read(index as u64, self.arena.base);
+                let launch =
+                    (self.queues.records).read(index as u64, self.arena.base, self.table.tensors());
                 self.args = launch.args;
                 (launch.kernel_id, launch.stream)
             }
@@ -725,11 +726,11 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// A task this thread released: into its own queue if the taskset's
     /// policy keeps released tasks, it has cores of the task's kind and the
     /// queue has room; else to the dispatcher, to place by the policy. The
-    /// completion ring has room: it holds at most one release and one
-    /// completion report per task that the dispatcher has not collected as
-    /// finished, every such task is in the window, and the window is at
-    /// most `TASK_WINDOW` (`Orchestrator::set_window` refuses more), so at
-    /// most `DONE_RING` = 2 * `TASK_WINDOW` reports are pending.
+    /// completion ring has room: a task has at most one report pending (it
+    /// cannot run, and so finish, before the dispatcher has collected its
+    /// release and placed it), every such task is in the window, and the
+    /// window is at most `TASK_WINDOW` (`Orchestrator::set_window` refuses
+    /// more), so at most `DONE_RING` = `TASK_WINDOW` reports are pending.
     pub(super) fn keep_or_hand_on(&mut self, tag: u64) {
         let entry = Entry(tag);
         let kind = entry.kind();
@@ -783,7 +784,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         let mut busy = self.busy();
         let queues = self.queues;
         let done = &queues.done[self.id];
-        // Never full (it holds at most two reports per uncollected task of
+        // Never full (it holds at most one report per uncollected task of
         // the window, and has room for that); checked anyway, once a round
         // (the check reads the dispatcher's position), so that no
         // completion is taken from a core without room to hand it on.

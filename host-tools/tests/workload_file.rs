@@ -623,8 +623,9 @@ body = [
     let ring = run.stats.stalls.resources[StallReason::TaskRingFull as usize];
     assert_eq!((ring.capacity, ring.high_water), (3, 3));
 
+    let window = format!("task window 0; 1 to {}", device_runtime::abi::TASK_WINDOW);
     for (from, to, message) in [
-        ("window = 3", "window = 0", "task window 0; 1 to 2048"),
+        ("window = 3", "window = 0", window.as_str()),
         (
             "\"affinity\"",
             "\"gang\"",

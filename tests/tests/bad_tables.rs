@@ -3,7 +3,7 @@
 
 use device_runtime::abi::{
     Problem, Section, StreamOp, Table, TableError, TableHeader, TaskDesc, TensorArg, TensorDesc,
-    HEADER_SIZE, MAX_EVENTS, MAX_STREAMS,
+    HEADER_SIZE, MAX_EVENTS, MAX_STREAMS, MAX_TENSORS,
 };
 use host_tools::inspect::inspect;
 use host_tools::rng::SplitMix64;
@@ -462,4 +462,29 @@ fn a_tensor_spanning_more_than_u64_bytes() {
         t.strides[0].set(1 << 31);
     });
     expect(e, Section::Tensors, 0, "arena_offset");
+}
+
+/// More tensors than a launch record can name (`MAX_TENSORS`) are refused
+/// before any of them is read: the tensors section is moved to the end of
+/// a valid table and given one descriptor too many.
+#[test]
+fn too_many_tensors() {
+    let e = refused(|b| {
+        let at = b.len();
+        b.resize(at + (MAX_TENSORS + 1) * size_of::<TensorDesc>(), 0);
+        let len = b.len() as u32;
+        let h = header(b);
+        h.tensors.offset.set(at as u32);
+        h.tensors.count.set(MAX_TENSORS as u32 + 1);
+        h.total_len.set(len);
+    });
+    expect(e, Section::Header, 0, "tensors");
+    assert_eq!(
+        e.problem,
+        Problem::OutOfRange {
+            value: MAX_TENSORS as u64 + 1,
+            min: 0,
+            max: MAX_TENSORS as u64
+        }
+    );
 }

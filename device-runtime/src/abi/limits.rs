@@ -4,13 +4,18 @@
 /// not yet retired. A program's `WINDOW` ([`OP_WINDOW`](super::program::OP_WINDOW))
 /// may ask for fewer, never more; the scheduler sizes its per-task arrays by it.
 ///
-/// The runtime's statics grow by 376 bytes per task of the window:
+/// The runtime's statics grow by 352 bytes per task of the window:
 /// orchestrator slot 64 and two TensorMap entries of 48, launch record
-/// 120, completion-ring entries 32 (one per task on each of four threads),
-/// release-graph slot 32 (with the dispatch key) and four edges of 8. At
-/// 2,048 the firmware's static footprint is 1.42 MiB, under the 2 MiB
-/// budget `cargo xtask fw` checks; 4,096 would take about 2.16 MiB.
-pub const TASK_WINDOW: usize = 2048;
+/// 112, completion-ring entries 32 (one per task on each of four threads),
+/// release-graph slot 32 (with the dispatch key) and two edges of 8. At
+/// 4,096 the firmware's static footprint is 1.97 MiB, under the 2 MiB
+/// budget `cargo xtask fw` checks (2,048 would take 1.36 MiB).
+pub const TASK_WINDOW: usize = 4096;
+
+/// Tensors a table may declare: 65,536, so that a launch record keeps a
+/// task's tensor indices in one word (16 bits each). A larger tensors
+/// section is refused.
+pub const MAX_TENSORS: usize = 1 << 16;
 
 /// Scratch tensors a table may declare (tensors whose `arena_offset` is
 /// [`SCRATCH_OFFSET`](super::SCRATCH_OFFSET)). The dispatcher keeps one

@@ -19,7 +19,7 @@ mod validate;
 pub use checksum::{table_checksum, CHECKSUM_FIELD};
 pub use error::{Problem, Section, TableError};
 pub use layout::*;
-pub use limits::{MAX_SCRATCH, TASK_WINDOW};
+pub use limits::{MAX_SCRATCH, MAX_TENSORS, TASK_WINDOW};
 pub use program::ProgramInfo;
 pub use region::{Region, TileView};
 pub use validate::{check_region, dtype_size, table_len, Table, ARENA_ALIGN, WRITES_TRACKED};

@@ -7,7 +7,7 @@ use zerocopy::FromBytes;
 use super::checksum::table_checksum;
 use super::error::{Problem, Section, TableError};
 use super::layout::*;
-use super::limits::MAX_SCRATCH;
+use super::limits::{MAX_SCRATCH, MAX_TENSORS};
 use super::program::ProgramInfo;
 use super::region::{Region, TileView};
 
@@ -188,6 +188,14 @@ impl<'a> Table<'a> {
             return Err(header_err("checksum", problem));
         }
         let (tensors, r0) = section::<TensorDesc>(bytes, "tensors", &header.tensors)?;
+        if tensors.len() > MAX_TENSORS {
+            let problem = Problem::OutOfRange {
+                value: tensors.len() as u64,
+                min: 0,
+                max: MAX_TENSORS as u64,
+            };
+            return Err(header_err("tensors", problem));
+        }
         let (kernels, r1) = section::<KernelDesc>(bytes, "kernels", &header.kernels)?;
         let (tasks, r2) = section::<TaskDesc>(bytes, "tasks", &header.tasks)?;
         let (args, r3) = section::<TensorArg>(bytes, "args", &header.args)?;

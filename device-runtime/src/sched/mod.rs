@@ -108,12 +108,14 @@ pub const DISPATCH_QUEUE: usize = 256;
 /// rings together. 8 bytes an entry, one ring per thread.
 const DONE_RING: usize = TASK_WINDOW;
 
-/// Edge nodes of the release graph: four fan-in edges per task of the
+/// Edge nodes of the release graph: two fan-in edges per task of the
 /// window on average (a submission that finds fewer free stalls on
 /// `DEPLIST_POOL_FULL` until older tasks retire). Edges to producers that a
-/// live writer of the whole argument already orders are not linked, so
-/// tiled workloads need one or two per task; 8 bytes each.
-pub const GRAPH_EDGES: usize = 4 * TASK_WINDOW;
+/// live writer of the whole argument already orders are not linked, and
+/// arguments on read-only tensors link none, so tiled workloads need one or
+/// two per task; 8 bytes each (8,192 at the default window: the decode-layer
+/// workload's high water is about 4,600 with 2,048 tasks in flight).
+pub const GRAPH_EDGES: usize = 2 * TASK_WINDOW;
 
 /// The release graph of table runs.
 pub type TableGraph = crate::orch::ReleaseGraph<TASK_WINDOW, GRAPH_EDGES>;
@@ -167,7 +169,7 @@ const FINISHED: u32 = 1;
 const ABORTED: u32 = 2;
 
 /// The queues between the dispatcher and the scheduler threads, and the
-/// tasks' launch records and their release graph (about 470 KiB at the default
+/// tasks' launch records and their release graph (about 810 KiB at the default
 /// window; on the device, a `static`, on the host on the heap).
 pub struct Queues {
     /// Per thread and kind, the tasks the dispatcher placed there.

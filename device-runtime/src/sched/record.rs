@@ -20,19 +20,25 @@
 
 use wsp_ffi::{WspKernelArgs, WspTensorView};
 
-use crate::abi::{TensorDesc, MAX_SCALARS, MAX_STREAMS, MAX_TENSOR_ARGS, TASK_WINDOW};
+use crate::abi::{TensorDesc, MAX_SCALARS, MAX_STREAMS, MAX_TENSORS, MAX_TENSOR_ARGS, TASK_WINDOW};
 use crate::expand::NO_VIEW;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Words of one record: kernel, stream and counts in one; the tensors'
-/// indices, two to a word; address and extents per tensor view; one per
-/// scalar.
-const WORDS: usize = 1 + MAX_TENSOR_ARGS / 2 + 2 * MAX_TENSOR_ARGS + MAX_SCALARS;
+/// indices in one (16 bits each: a table declares at most
+/// [`MAX_TENSORS`]); address and extents per tensor view; one per scalar.
+const WORDS: usize = 2 + 2 * MAX_TENSOR_ARGS + MAX_SCALARS;
 /// Where the words of the tensors' indices, views and scalars start.
 const INDICES: usize = 1;
-const VIEWS: usize = INDICES + MAX_TENSOR_ARGS / 2;
+const VIEWS: usize = INDICES + 1;
 const SCALARS: usize = VIEWS + 2 * MAX_TENSOR_ARGS;
-const _: () = assert!(MAX_TENSOR_ARGS.is_multiple_of(2) && SCALARS + MAX_SCALARS == WORDS);
+/// Bits of a tensor's index in the record.
+const INDEX_BITS: usize = 16;
+const _: () = assert!(
+    MAX_TENSOR_ARGS * INDEX_BITS <= 64
+        && MAX_TENSORS <= 1 << INDEX_BITS
+        && SCALARS + MAX_SCALARS == WORDS
+);
 // The first word: the kernel's id, then the stream and the two counts in
 // a byte each.
 const _: () = assert!(MAX_STREAMS < 256 && MAX_TENSOR_ARGS < 256 && MAX_SCALARS < 256);
@@ -51,7 +57,7 @@ pub struct Launch {
     pub tensors: [u32; MAX_TENSOR_ARGS],
 }
 
-/// The records of the task window (120 bytes a task: 480 KiB at a window
+/// The records of the task window (112 bytes a task: 448 KiB at a window
 /// of 4,096; part of [`super::Queues`]).
 pub struct Records {
     slots: [[AtomicU64; WORDS]; TASK_WINDOW],
@@ -88,7 +94,11 @@ impl Records {
             | (args.num_tensors as u8 as u64) << 40
             | (args.num_scalars as u8 as u64) << 48;
         for (i, &t) in launch.tensors.iter().enumerate() {
-            words[INDICES + i / 2] |= (t as u64) << (32 * (i % 2));
+            debug_assert!(
+                (t as usize) < MAX_TENSORS,
+                "validation bounds tensor indices"
+            );
+            words[INDICES] |= (t as u64 & 0xFFFF) << (INDEX_BITS * i);
         }
         for (i, v) in args.tensors.iter().enumerate() {
             words[VIEWS + 2 * i] = v.addr;
@@ -120,7 +130,7 @@ impl Records {
             if i >= args.num_tensors as usize {
                 break;
             }
-            *index = (w(INDICES + i / 2) >> (32 * (i % 2))) as u32;
+            *index = (w(INDICES) >> (INDEX_BITS * i)) as u16 as u32;
             let Some(desc) = tensors.get(*index as usize) else {
                 continue;
             };
@@ -206,14 +216,14 @@ mod tests {
     #[test]
     fn a_record_reads_back_the_launch_written() {
         // Four tensors of ranks 1 to 3, padded rows, both element types;
-        // indices above 16 bits.
-        let mut tensors: Vec<TensorDesc> = (0..70_000)
+        // indices up to the last a table may declare.
+        let mut tensors: Vec<TensorDesc> = (0..MAX_TENSORS)
             .map(|_| tensor(wsp_ffi::DTYPE_F32, &[1], &[1], 0))
             .collect();
-        let picks = [69_999u32, 3, 65_536, 0];
-        tensors[69_999] = tensor(wsp_ffi::DTYPE_F32, &[1000], &[1], 64);
+        let picks = [65_535u32, 3, 65_534, 0];
+        tensors[65_535] = tensor(wsp_ffi::DTYPE_F32, &[1000], &[1], 64);
         tensors[3] = tensor(wsp_ffi::DTYPE_I32, &[64, 100], &[128, 1], 4096);
-        tensors[65_536] = tensor(wsp_ffi::DTYPE_F32, &[4, 32, 48], &[2048, 64, 1], 1 << 40);
+        tensors[65_534] = tensor(wsp_ffi::DTYPE_F32, &[4, 32, 48], &[2048, 64, 1], 1 << 40);
         tensors[0] = tensor(wsp_ffi::DTYPE_F32, &[7, 5], &[5, 1], 8);
         let regions = [
             region([100, 0, 0, 0], [300, 1, 1, 1]),

@@ -36,7 +36,7 @@ const _: () = assert!(TENSORMAP_ENTRIES >= MAX_TENSOR_ARGS);
 /// graph ([`GRAPH_EDGES`](super::GRAPH_EDGES)), which scheduler threads release.
 pub const DEPLIST_NODES: usize = 0;
 
-/// The orchestrator a table run uses (about 360 KiB at the default window:
+/// The orchestrator a table run uses (about 680 KiB at the default window:
 /// on the device, place it in a `static`, on the host on the heap). Its own heap ring (per-task output
 /// buffers) is empty: a table's scratch tensors live on the dispatcher's
 /// heap ring ([`crate::orch::scratch`]), which their scopes outlive a task.

@@ -26,6 +26,16 @@
 //! scan, by marking them for the next scan to unlink. Unlinking shortens
 //! chains; the ring space comes back when the task retires.
 //!
+//! A scan of more than one bucket also stops at the first live writer of
+//! all of its region that it meets: every older access that conflicts with
+//! the region conflicts with that write too, so it was ordered before it
+//! (and any older entry the region covers, that write covered and
+//! unlinked). Reads of a whole tensor never cover each other and stay
+//! linked while live; a tile's write between them then visits the reads
+//! since its tile's last write only. To meet that writer early, a scan
+//! walks the writers' chain of a bucket before the readers', and a tile's
+//! own cell before the wide bucket.
+//!
 //! Entries are found by place, not only by tensor. A tensor's elements are
 //! split into cells, boxes whose extent is a power of two in every
 //! dimension, and an entry goes to the bucket of its tensor and of the cell
@@ -392,6 +402,12 @@ struct Scan<'r> {
     writes: bool,
     /// Unlink covered entries at once (the submission is committing).
     mark_now: bool,
+    /// Position of the newest live entry met that writes all of the
+    /// region, or [`NONE`]: the scan skips the entries before it, since
+    /// every earlier access that conflicts with the region conflicts with
+    /// that write too, and so was ordered before it (and any it covers,
+    /// this write covered too).
+    bound: u64,
 }
 
 /// Whether `new` and `old` overlap ([`Region::overlaps`]), and whether
@@ -682,7 +698,8 @@ impl<const N: usize> TensorMap<N> {
         mark_now: bool,
         v: &mut impl Visitor,
     ) {
-        let scan = Scan {
+        let mut scan = Scan {
+            bound: NONE,
             tensor,
             region,
             exact: place.has(Place::EXACT) && !place.has(Place::PREV),
@@ -692,72 +709,110 @@ impl<const N: usize> TensorMap<N> {
         // The common case: a tile inside one cell, no entry reaching over,
         // no wide entry.
         if place.has(Place::SIMPLE) {
-            self.scan_bucket(place.home(), &scan, v);
+            // One bucket, whose older entries a committing write unlinked
+            // as it covered them: no bound to keep.
+            if writes {
+                self.scan_chain::<false>(place.home(), 0, &mut scan, v);
+            }
+            self.scan_chain::<false>(place.home(), 1, &mut scan, v);
             return;
         }
-        // The cells of the previous shape, as `probe` does.
-        if place.has(Place::PREV) {
+        // The cells of the previous shape, as `probe` does; too many to
+        // list, and every bucket is all there is to scan.
+        let prev = if place.has(Place::PREV) {
             let cells = self.prev_cells(place, region);
-            if !self.scan_cells(cells, &scan, v) {
+            if cells.is_none() {
+                self.scan_every_bucket(&mut scan, v);
                 return;
             }
-        }
-        // The wide bucket (a wide argument's home), as `probe` does.
-        if place.has(Place::WIDE_LIVE) {
-            let b = bucket(tensor, WIDE);
-            self.scan_bucket(b, &scan, v);
-        }
+            cells
+        } else {
+            None
+        };
+        // Where a live writer of all of the region most likely is first (a
+        // tile's own cell, or the wide bucket for a larger region), so that
+        // the scans after it stop at it.
         if place.has(Place::ONE_CELL) && !place.has(Place::BACK) {
-            self.scan_bucket(place.home(), &scan, v);
-            return;
+            self.scan_bucket(place.home(), &mut scan, v);
+            if place.has(Place::WIDE_LIVE) {
+                self.scan_bucket(bucket(tensor, WIDE), &mut scan, v);
+            }
+        } else {
+            // The wide bucket (a wide argument's home), as `probe` does.
+            if place.has(Place::WIDE_LIVE) {
+                self.scan_bucket(bucket(tensor, WIDE), &mut scan, v);
+            }
+            let cells = self.cells(place, region);
+            self.scan_cells(cells, &mut scan, v);
         }
-        let cells = self.cells(place, region);
-        self.scan_cells(cells, &scan, v);
+        if prev.is_some() {
+            self.scan_cells(prev, &mut scan, v);
+        }
     }
 
     /// Scans the buckets of `cells`, or every bucket when the region's
-    /// cells are too many to list (`None`). Returns whether it scanned
-    /// only the cells' buckets (after every bucket there is nothing left
-    /// to scan).
+    /// cells are too many to list (`None`).
     #[inline(always)]
-    fn scan_cells(&mut self, cells: Option<Cells>, scan: &Scan, v: &mut impl Visitor) -> bool {
+    fn scan_cells(&mut self, cells: Option<Cells>, scan: &mut Scan, v: &mut impl Visitor) {
         let Some(cells) = cells else {
-            for b in 0..BUCKETS {
-                self.scan_bucket(b, scan, v);
-            }
-            return false;
+            self.scan_every_bucket(scan, v);
+            return;
         };
         let mut cell = cells.0;
         loop {
             self.scan_bucket(bucket(scan.tensor, cell), scan, v);
             if !next_cell(&mut cell, &cells) {
-                return true;
+                return;
             }
         }
     }
 
+    /// Scans every bucket.
     #[inline(always)]
-    fn scan_bucket(&mut self, b: usize, scan: &Scan, v: &mut impl Visitor) {
-        // A write also waits for readers; any access waits for writers.
-        if scan.writes {
-            self.scan_chain(b, 0, scan, v);
+    fn scan_every_bucket(&mut self, scan: &mut Scan, v: &mut impl Visitor) {
+        for b in 0..BUCKETS {
+            self.scan_bucket(b, scan, v);
         }
-        self.scan_chain(b, 1, scan, v);
     }
 
-    /// [`TensorMap::scan_bucket`] of the readers' (0) or writers' (1) chain.
     #[inline(always)]
-    fn scan_chain(&mut self, b: usize, chain: usize, scan: &Scan, v: &mut impl Visitor) {
+    fn scan_bucket(&mut self, b: usize, scan: &mut Scan, v: &mut impl Visitor) {
+        // Any access waits for writers, a write also for readers. Writers
+        // first: a live writer of all of the region ends the scans after it
+        // at its position.
+        self.scan_chain::<true>(b, 1, scan, v);
+        if scan.writes {
+            self.scan_chain::<true>(b, 0, scan, v);
+        }
+    }
+
+    /// [`TensorMap::scan_bucket`] of the readers' (0) or writers' (1)
+    /// chain; with `BOUND`, ends at [`Scan::bound`] and moves it up to a
+    /// live writer of all of the region.
+    #[inline(always)]
+    fn scan_chain<const BOUND: bool>(
+        &mut self,
+        b: usize,
+        chain: usize,
+        scan: &mut Scan,
+        v: &mut impl Visitor,
+    ) {
         let Scan {
             tensor,
             region,
             exact,
             writes,
             mark_now,
+            ..
         } = *scan;
         let mut prev = NONE;
+        let mut lower = if BOUND {
+            self.tail.max(scan.bound)
+        } else {
+            self.tail
+        };
         let mut position = self.buckets[b % BUCKETS][chain];
-        while position >= self.tail {
+        while position >= lower {
             let e = self.at(position);
             let next = e.link & POSITION;
             let task = self.task_of(e);
@@ -775,8 +830,13 @@ impl<const N: usize> TensorMap<N> {
             let mut keep = keep;
             if overlap {
                 if chain == 1 && covers {
-                    // A live writer of all of the scanned region.
+                    // A live writer of all of the scanned region: the
+                    // entries before it need no visit.
                     v.cut(task);
+                    if BOUND {
+                        lower = position;
+                        scan.bound = position;
+                    }
                 }
                 v.conflict(task);
                 if writes && covered {
@@ -946,6 +1006,63 @@ mod tests {
         map.scan(&place, 5, &tile(4 * j), true, true, &mut found);
         assert_eq!(found.0, [2]);
         assert_eq!(map.chain_len(5, &tile(4 * j)), 1, "task 1's entry only");
+    }
+
+    /// Records the tasks a scan reports and counts the entries it visits
+    /// (one [`Visitor::live`] question each); every task is live.
+    struct Visits {
+        asked: core::cell::Cell<usize>,
+        found: Vec<u64>,
+    }
+
+    impl Visitor for Visits {
+        fn live(&self, _: u64) -> bool {
+            self.asked.set(self.asked.get() + 1);
+            true
+        }
+        fn conflict(&mut self, task: u64) {
+            self.found.push(task);
+        }
+    }
+
+    #[test]
+    fn a_tile_write_stops_at_the_live_writer_of_its_tile() {
+        // Rounds of a write of one 1x1 tile of a 4x4 tensor and a read of
+        // all of it (reads never cover each other, so every round's read
+        // stays linked). The last write needs only the last round's writer
+        // and read: the reads before that writer are ordered before it.
+        let cell = Region {
+            offset: [0; MAX_RANK],
+            extent: [1; MAX_RANK],
+        };
+        let all = Region {
+            offset: [0; MAX_RANK],
+            extent: [4, 4, 1, 1],
+        };
+        let mut map = TensorMap::<64>::new();
+        let mut task = 0;
+        for (region, writes) in [(cell, true), (all, false)].repeat(8) {
+            task += 1;
+            let place = map.place(5, &region);
+            map.begin();
+            map.scan(&place, 5, &region, writes, true, &mut Found(Vec::new()));
+            assert!(map.insert(&place, 5, region, writes, task));
+        }
+        let place = map.place(5, &cell);
+        assert!(!place.simple(), "a wide read is live");
+        let mut visits = Visits {
+            asked: Default::default(),
+            found: Vec::new(),
+        };
+        map.begin();
+        map.scan(&place, 5, &cell, true, true, &mut visits);
+        visits.found.sort();
+        assert_eq!(visits.found, [task - 1, task], "the last writer and read");
+        assert!(
+            visits.asked.get() <= 3,
+            "visited {} entries, not the older rounds'",
+            visits.asked.get()
+        );
     }
 
     #[test]

@@ -86,8 +86,9 @@ const _: () = assert!(SHAPES.is_power_of_two() && SHAPES <= 256);
 
 /// Most cells one lookup probes before it scans every bucket instead (a
 /// probe costs a hash and two chain heads; a scan of every bucket costs
-/// `2 x BUCKETS` chain heads).
-pub const MAX_PROBES: u64 = 64;
+/// `2 x BUCKETS` chain heads): a whole 16 x 16 tensor of one-element tiles
+/// probes its 256 cells.
+pub const MAX_PROBES: u64 = 256;
 
 /// The cell coordinates of a wide entry's bucket. Not all ones: [`bucket`]
 /// folds the two halves of the coordinates onto each other, and all ones

@@ -58,7 +58,9 @@
 //! cell grid, with the cell's extent. Placing one then takes a few bitwise
 //! operations, and two exact entries of a tensor overlap iff they name the
 //! same cell, in which case each covers the other: a lookup compares their
-//! offsets instead of computing the overlap of two boxes.
+//! offsets instead of computing the overlap of two boxes. Likewise a region
+//! made of whole cells (a block of tiles, a whole tensor of them) holds
+//! every cell it probes: an exact entry of the probed cell is inside it.
 //!
 //! A region larger than its tensor's cell in some dimension is *wide*: it
 //! goes to its tensor's wide bucket. A lookup probes the cells its region
@@ -216,9 +218,10 @@ pub trait Visitor {
     /// A live `task` writes all of the scanned region (reported before its
     /// [`Visitor::conflict`]): every live task before it whose access
     /// conflicts with the scanned one conflicts with its write too, so it
-    /// was ordered before it when it was submitted. A visitor that records
-    /// edges may leave those out (they are implied); the scan still reports
-    /// them, in any order, since chains are not ordered across each other.
+    /// was ordered before it when it was submitted. The scan visits no
+    /// entry older than it from then on, but may have reported some in the
+    /// chains it walked before (chains are not ordered across each other);
+    /// a visitor that records edges may leave those out (they are implied).
     fn cut(&mut self, _task: u64) {}
 }
 
@@ -409,6 +412,24 @@ struct Scan<'r> {
     /// that write too, and so was ordered before it (and any it covers,
     /// this write covered too).
     bound: u64,
+    /// The region holds all of the cell [`Scan::cell`] being probed, and
+    /// every live entry of the tensor was placed with the current shape:
+    /// an exact entry of that cell lies inside the region.
+    whole: bool,
+    /// The cell being probed (its first element, as a [`word`]).
+    cell: u128,
+}
+
+/// Whether `region` is made of whole cells of `mask` (its first element and
+/// the one after its last are on cell boundaries in every dimension, and it
+/// is not empty): every cell [`cells_of`] lists for it without `back` then
+/// lies inside it. The end is taken modulo 2^32, which keeps the bits below
+/// a cell's extent (at most 2^31).
+#[inline(always)]
+fn whole_cells(mask: [u32; MAX_RANK], region: &Region) -> bool {
+    let end: [u32; MAX_RANK] =
+        core::array::from_fn(|d| region.offset[d].wrapping_add(region.extent[d]));
+    (word(region.offset) | word(end)) & !word(mask) == 0 && !region.extent.contains(&0)
 }
 
 /// Whether `new` and `old` overlap ([`Region::overlaps`]), and whether
@@ -706,6 +727,8 @@ impl<const N: usize> TensorMap<N> {
             exact: place.has(Place::EXACT) && !place.has(Place::PREV),
             writes,
             mark_now,
+            whole: false,
+            cell: 0,
         };
         // The common case: a tile inside one cell, no entry reaching over,
         // no wide entry.
@@ -744,7 +767,11 @@ impl<const N: usize> TensorMap<N> {
                 self.scan_bucket(bucket(tensor, WIDE), &mut scan, v);
             }
             let cells = self.cells(place, region);
+            let mask = self.shapes[place.slot()].mask;
+            scan.whole =
+                place.flags() & (Place::BACK | Place::PREV) == 0 && whole_cells(mask, region);
             self.scan_cells(cells, &mut scan, v);
+            scan.whole = false;
         }
         if prev.is_some() {
             self.scan_cells(prev, &mut scan, v);
@@ -756,11 +783,13 @@ impl<const N: usize> TensorMap<N> {
     #[inline(always)]
     fn scan_cells(&mut self, cells: Option<Cells>, scan: &mut Scan, v: &mut impl Visitor) {
         let Some(cells) = cells else {
+            scan.whole = false;
             self.scan_every_bucket(scan, v);
             return;
         };
         let mut cell = cells.0;
         loop {
+            scan.cell = word(cell);
             self.scan_bucket(bucket(scan.tensor, cell), scan, v);
             if !next_cell(&mut cell, &cells) {
                 return;
@@ -822,6 +851,14 @@ impl<const N: usize> TensorMap<N> {
                 if exact && e.link & EXACT != 0 {
                     let same = e.region.offset == region.offset;
                     (same, same, same)
+                } else if BOUND
+                    && scan.whole
+                    && e.link & EXACT != 0
+                    && word(e.region.offset) == scan.cell
+                {
+                    // The probed cell, inside the region (which, not
+                    // exact, is more than that cell).
+                    (true, true, false)
                 } else {
                     relation(region, &e.region)
                 }
@@ -1064,6 +1101,44 @@ mod tests {
             "visited {} entries, not the older rounds'",
             visits.asked.get()
         );
+    }
+
+    #[test]
+    fn a_write_of_whole_cells_covers_the_tiles_inside_it_only() {
+        // One-element tiles of a 4 x 4 tensor, each written once; then a
+        // write of the 2 x 2 block at the origin (whole cells).
+        let at = |r: u32, c: u32, side: u32| Region {
+            offset: [r, c, 0, 0],
+            extent: [side, side, 1, 1],
+        };
+        let mut map = TensorMap::<64>::new();
+        let mut task = 0;
+        for r in 0..4 {
+            for c in 0..4 {
+                task += 1;
+                let place = map.place(5, &at(r, c, 1));
+                map.begin();
+                map.scan(&place, 5, &at(r, c, 1), true, true, &mut Found(Vec::new()));
+                assert!(map.insert(&place, 5, at(r, c, 1), true, task));
+            }
+        }
+        let block = at(0, 0, 2);
+        let place = map.place(5, &block);
+        assert!(!place.exact() && !place.simple());
+        let mut found = Found(Vec::new());
+        map.begin();
+        map.scan(&place, 5, &block, true, true, &mut found);
+        found.0.sort();
+        assert_eq!(
+            found.0,
+            [1, 2, 5, 6],
+            "the tiles of rows 0 and 1, columns 0 and 1"
+        );
+        assert!(map.insert(&place, 5, block, true, task + 1));
+        // The block's write unlinked the tiles it covers: a lookup of one
+        // of them meets the block's entry only; the others keep theirs.
+        assert_eq!(map.chain_len(5, &at(1, 1, 1)), 1, "the block only");
+        assert_eq!(map.chain_len(5, &at(2, 2, 1)), 2, "its tile and the block");
     }
 
     #[test]

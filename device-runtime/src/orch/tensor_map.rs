@@ -218,10 +218,11 @@ pub trait Visitor {
     /// A live `task` writes all of the scanned region (reported before its
     /// [`Visitor::conflict`]): every live task before it whose access
     /// conflicts with the scanned one conflicts with its write too, so it
-    /// was ordered before it when it was submitted. The scan visits no
-    /// entry older than it from then on, but may have reported some in the
-    /// chains it walked before (chains are not ordered across each other);
-    /// a visitor that records edges may leave those out (they are implied).
+    /// was ordered before it when it was submitted. A scan of more than
+    /// one bucket visits no entry older than it from then on, but may have
+    /// reported some in the chains it walked before (chains are not ordered
+    /// across each other); a visitor that records edges may leave those out
+    /// (they are implied).
     fn cut(&mut self, _task: u64) {}
 }
 

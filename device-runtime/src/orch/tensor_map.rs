@@ -26,6 +26,16 @@
 //! scan, by marking them for the next scan to unlink. Unlinking shortens
 //! chains; the ring space comes back when the task retires.
 //!
+//! A scan of more than one bucket also stops at the first live writer of
+//! all of its region that it meets: every older access that conflicts with
+//! the region conflicts with that write too, so it was ordered before it
+//! (and any older entry the region covers, that write covered and
+//! unlinked). Reads of a whole tensor never cover each other and stay
+//! linked while live; a tile's write between them then visits the reads
+//! since its tile's last write only. To meet that writer early, a scan
+//! walks the writers' chain of a bucket before the readers', and a tile's
+//! own cell before the wide bucket.
+//!
 //! Entries are found by place, not only by tensor. A tensor's elements are
 //! split into cells, boxes whose extent is a power of two in every
 //! dimension, and an entry goes to the bucket of its tensor and of the cell
@@ -48,7 +58,9 @@
 //! cell grid, with the cell's extent. Placing one then takes a few bitwise
 //! operations, and two exact entries of a tensor overlap iff they name the
 //! same cell, in which case each covers the other: a lookup compares their
-//! offsets instead of computing the overlap of two boxes.
+//! offsets instead of computing the overlap of two boxes. Likewise a region
+//! made of whole cells (a block of tiles, a whole tensor of them) holds
+//! every cell it probes: an exact entry of the probed cell is inside it.
 //!
 //! A region larger than its tensor's cell in some dimension is *wide*: it
 //! goes to its tensor's wide bucket. A lookup probes the cells its region
@@ -76,8 +88,9 @@ const _: () = assert!(SHAPES.is_power_of_two() && SHAPES <= 256);
 
 /// Most cells one lookup probes before it scans every bucket instead (a
 /// probe costs a hash and two chain heads; a scan of every bucket costs
-/// `2 x BUCKETS` chain heads).
-pub const MAX_PROBES: u64 = 64;
+/// `2 x BUCKETS` chain heads): a whole 16 x 16 tensor of one-element tiles
+/// probes its 256 cells.
+pub const MAX_PROBES: u64 = 256;
 
 /// The cell coordinates of a wide entry's bucket. Not all ones: [`bucket`]
 /// folds the two halves of the coordinates onto each other, and all ones
@@ -205,9 +218,11 @@ pub trait Visitor {
     /// A live `task` writes all of the scanned region (reported before its
     /// [`Visitor::conflict`]): every live task before it whose access
     /// conflicts with the scanned one conflicts with its write too, so it
-    /// was ordered before it when it was submitted. A visitor that records
-    /// edges may leave those out (they are implied); the scan still reports
-    /// them, in any order, since chains are not ordered across each other.
+    /// was ordered before it when it was submitted. A scan of more than
+    /// one bucket visits no entry older than it from then on, but may have
+    /// reported some in the chains it walked before (chains are not ordered
+    /// across each other); a visitor that records edges may leave those out
+    /// (they are implied).
     fn cut(&mut self, _task: u64) {}
 }
 
@@ -392,6 +407,30 @@ struct Scan<'r> {
     writes: bool,
     /// Unlink covered entries at once (the submission is committing).
     mark_now: bool,
+    /// Position of the newest live entry met that writes all of the
+    /// region, or [`NONE`]: the scan skips the entries before it, since
+    /// every earlier access that conflicts with the region conflicts with
+    /// that write too, and so was ordered before it (and any it covers,
+    /// this write covered too).
+    bound: u64,
+    /// The region holds all of the cell [`Scan::cell`] being probed, and
+    /// every live entry of the tensor was placed with the current shape:
+    /// an exact entry of that cell lies inside the region.
+    whole: bool,
+    /// The cell being probed (its first element, as a [`word`]).
+    cell: u128,
+}
+
+/// Whether `region` is made of whole cells of `mask` (its first element and
+/// the one after its last are on cell boundaries in every dimension, and it
+/// is not empty): every cell [`cells_of`] lists for it without `back` then
+/// lies inside it. The end is taken modulo 2^32, which keeps the bits below
+/// a cell's extent (at most 2^31).
+#[inline(always)]
+fn whole_cells(mask: [u32; MAX_RANK], region: &Region) -> bool {
+    let end: [u32; MAX_RANK] =
+        core::array::from_fn(|d| region.offset[d].wrapping_add(region.extent[d]));
+    (word(region.offset) | word(end)) & !word(mask) == 0 && !region.extent.contains(&0)
 }
 
 /// Whether `new` and `old` overlap ([`Region::overlaps`]), and whether
@@ -682,82 +721,129 @@ impl<const N: usize> TensorMap<N> {
         mark_now: bool,
         v: &mut impl Visitor,
     ) {
-        let scan = Scan {
+        let mut scan = Scan {
+            bound: NONE,
             tensor,
             region,
             exact: place.has(Place::EXACT) && !place.has(Place::PREV),
             writes,
             mark_now,
+            whole: false,
+            cell: 0,
         };
         // The common case: a tile inside one cell, no entry reaching over,
         // no wide entry.
         if place.has(Place::SIMPLE) {
-            self.scan_bucket(place.home(), &scan, v);
+            // One bucket, whose older entries a committing write unlinked
+            // as it covered them: no bound to keep.
+            if writes {
+                self.scan_chain::<false>(place.home(), 0, &mut scan, v);
+            }
+            self.scan_chain::<false>(place.home(), 1, &mut scan, v);
             return;
         }
-        // The cells of the previous shape, as `probe` does.
-        if place.has(Place::PREV) {
+        // The cells of the previous shape, as `probe` does; too many to
+        // list, and every bucket is all there is to scan.
+        let prev = if place.has(Place::PREV) {
             let cells = self.prev_cells(place, region);
-            if !self.scan_cells(cells, &scan, v) {
+            if cells.is_none() {
+                self.scan_every_bucket(&mut scan, v);
                 return;
             }
-        }
-        // The wide bucket (a wide argument's home), as `probe` does.
-        if place.has(Place::WIDE_LIVE) {
-            let b = bucket(tensor, WIDE);
-            self.scan_bucket(b, &scan, v);
-        }
+            cells
+        } else {
+            None
+        };
+        // Where a live writer of all of the region most likely is first (a
+        // tile's own cell, or the wide bucket for a larger region), so that
+        // the scans after it stop at it.
         if place.has(Place::ONE_CELL) && !place.has(Place::BACK) {
-            self.scan_bucket(place.home(), &scan, v);
-            return;
+            self.scan_bucket(place.home(), &mut scan, v);
+            if place.has(Place::WIDE_LIVE) {
+                self.scan_bucket(bucket(tensor, WIDE), &mut scan, v);
+            }
+        } else {
+            // The wide bucket (a wide argument's home), as `probe` does.
+            if place.has(Place::WIDE_LIVE) {
+                self.scan_bucket(bucket(tensor, WIDE), &mut scan, v);
+            }
+            let cells = self.cells(place, region);
+            let mask = self.shapes[place.slot()].mask;
+            scan.whole =
+                place.flags() & (Place::BACK | Place::PREV) == 0 && whole_cells(mask, region);
+            self.scan_cells(cells, &mut scan, v);
+            scan.whole = false;
         }
-        let cells = self.cells(place, region);
-        self.scan_cells(cells, &scan, v);
+        if prev.is_some() {
+            self.scan_cells(prev, &mut scan, v);
+        }
     }
 
     /// Scans the buckets of `cells`, or every bucket when the region's
-    /// cells are too many to list (`None`). Returns whether it scanned
-    /// only the cells' buckets (after every bucket there is nothing left
-    /// to scan).
+    /// cells are too many to list (`None`).
     #[inline(always)]
-    fn scan_cells(&mut self, cells: Option<Cells>, scan: &Scan, v: &mut impl Visitor) -> bool {
+    fn scan_cells(&mut self, cells: Option<Cells>, scan: &mut Scan, v: &mut impl Visitor) {
         let Some(cells) = cells else {
-            for b in 0..BUCKETS {
-                self.scan_bucket(b, scan, v);
-            }
-            return false;
+            scan.whole = false;
+            self.scan_every_bucket(scan, v);
+            return;
         };
         let mut cell = cells.0;
         loop {
+            scan.cell = word(cell);
             self.scan_bucket(bucket(scan.tensor, cell), scan, v);
             if !next_cell(&mut cell, &cells) {
-                return true;
+                return;
             }
         }
     }
 
+    /// Scans every bucket.
     #[inline(always)]
-    fn scan_bucket(&mut self, b: usize, scan: &Scan, v: &mut impl Visitor) {
-        // A write also waits for readers; any access waits for writers.
-        if scan.writes {
-            self.scan_chain(b, 0, scan, v);
+    fn scan_every_bucket(&mut self, scan: &mut Scan, v: &mut impl Visitor) {
+        for b in 0..BUCKETS {
+            self.scan_bucket(b, scan, v);
         }
-        self.scan_chain(b, 1, scan, v);
     }
 
-    /// [`TensorMap::scan_bucket`] of the readers' (0) or writers' (1) chain.
     #[inline(always)]
-    fn scan_chain(&mut self, b: usize, chain: usize, scan: &Scan, v: &mut impl Visitor) {
+    fn scan_bucket(&mut self, b: usize, scan: &mut Scan, v: &mut impl Visitor) {
+        // Any access waits for writers, a write also for readers. Writers
+        // first: a live writer of all of the region ends the scans after it
+        // at its position.
+        self.scan_chain::<true>(b, 1, scan, v);
+        if scan.writes {
+            self.scan_chain::<true>(b, 0, scan, v);
+        }
+    }
+
+    /// [`TensorMap::scan_bucket`] of the readers' (0) or writers' (1)
+    /// chain; with `BOUND`, ends at [`Scan::bound`] and moves it up to a
+    /// live writer of all of the region.
+    #[inline(always)]
+    fn scan_chain<const BOUND: bool>(
+        &mut self,
+        b: usize,
+        chain: usize,
+        scan: &mut Scan,
+        v: &mut impl Visitor,
+    ) {
         let Scan {
             tensor,
             region,
             exact,
             writes,
             mark_now,
+            ..
         } = *scan;
         let mut prev = NONE;
+        let mut lower = if BOUND {
+            self.tail.max(scan.bound)
+        } else {
+            self.tail
+        };
         let mut position = self.buckets[b % BUCKETS][chain];
-        while position >= self.tail {
+        while position >= lower {
             let e = self.at(position);
             let next = e.link & POSITION;
             let task = self.task_of(e);
@@ -766,6 +852,14 @@ impl<const N: usize> TensorMap<N> {
                 if exact && e.link & EXACT != 0 {
                     let same = e.region.offset == region.offset;
                     (same, same, same)
+                } else if BOUND
+                    && scan.whole
+                    && e.link & EXACT != 0
+                    && word(e.region.offset) == scan.cell
+                {
+                    // The probed cell, inside the region (which, not
+                    // exact, is more than that cell).
+                    (true, true, false)
                 } else {
                     relation(region, &e.region)
                 }
@@ -775,8 +869,13 @@ impl<const N: usize> TensorMap<N> {
             let mut keep = keep;
             if overlap {
                 if chain == 1 && covers {
-                    // A live writer of all of the scanned region.
+                    // A live writer of all of the scanned region: the
+                    // entries before it need no visit.
                     v.cut(task);
+                    if BOUND {
+                        lower = position;
+                        scan.bound = position;
+                    }
                 }
                 v.conflict(task);
                 if writes && covered {
@@ -946,6 +1045,101 @@ mod tests {
         map.scan(&place, 5, &tile(4 * j), true, true, &mut found);
         assert_eq!(found.0, [2]);
         assert_eq!(map.chain_len(5, &tile(4 * j)), 1, "task 1's entry only");
+    }
+
+    /// Records the tasks a scan reports and counts the entries it visits
+    /// (one [`Visitor::live`] question each); every task is live.
+    struct Visits {
+        asked: core::cell::Cell<usize>,
+        found: Vec<u64>,
+    }
+
+    impl Visitor for Visits {
+        fn live(&self, _: u64) -> bool {
+            self.asked.set(self.asked.get() + 1);
+            true
+        }
+        fn conflict(&mut self, task: u64) {
+            self.found.push(task);
+        }
+    }
+
+    #[test]
+    fn a_tile_write_stops_at_the_live_writer_of_its_tile() {
+        // Rounds of a write of one 1x1 tile of a 4x4 tensor and a read of
+        // all of it (reads never cover each other, so every round's read
+        // stays linked). The last write needs only the last round's writer
+        // and read: the reads before that writer are ordered before it.
+        let cell = Region {
+            offset: [0; MAX_RANK],
+            extent: [1; MAX_RANK],
+        };
+        let all = Region {
+            offset: [0; MAX_RANK],
+            extent: [4, 4, 1, 1],
+        };
+        let mut map = TensorMap::<64>::new();
+        let mut task = 0;
+        for (region, writes) in [(cell, true), (all, false)].repeat(8) {
+            task += 1;
+            let place = map.place(5, &region);
+            map.begin();
+            map.scan(&place, 5, &region, writes, true, &mut Found(Vec::new()));
+            assert!(map.insert(&place, 5, region, writes, task));
+        }
+        let place = map.place(5, &cell);
+        assert!(!place.simple(), "a wide read is live");
+        let mut visits = Visits {
+            asked: Default::default(),
+            found: Vec::new(),
+        };
+        map.begin();
+        map.scan(&place, 5, &cell, true, true, &mut visits);
+        visits.found.sort();
+        assert_eq!(visits.found, [task - 1, task], "the last writer and read");
+        assert!(
+            visits.asked.get() <= 3,
+            "visited {} entries, not the older rounds'",
+            visits.asked.get()
+        );
+    }
+
+    #[test]
+    fn a_write_of_whole_cells_covers_the_tiles_inside_it_only() {
+        // One-element tiles of a 4 x 4 tensor, each written once; then a
+        // write of the 2 x 2 block at the origin (whole cells).
+        let at = |r: u32, c: u32, side: u32| Region {
+            offset: [r, c, 0, 0],
+            extent: [side, side, 1, 1],
+        };
+        let mut map = TensorMap::<64>::new();
+        let mut task = 0;
+        for r in 0..4 {
+            for c in 0..4 {
+                task += 1;
+                let place = map.place(5, &at(r, c, 1));
+                map.begin();
+                map.scan(&place, 5, &at(r, c, 1), true, true, &mut Found(Vec::new()));
+                assert!(map.insert(&place, 5, at(r, c, 1), true, task));
+            }
+        }
+        let block = at(0, 0, 2);
+        let place = map.place(5, &block);
+        assert!(!place.exact() && !place.simple());
+        let mut found = Found(Vec::new());
+        map.begin();
+        map.scan(&place, 5, &block, true, true, &mut found);
+        found.0.sort();
+        assert_eq!(
+            found.0,
+            [1, 2, 5, 6],
+            "the tiles of rows 0 and 1, columns 0 and 1"
+        );
+        assert!(map.insert(&place, 5, block, true, task + 1));
+        // The block's write unlinked the tiles it covers: a lookup of one
+        // of them meets the block's entry only; the others keep theirs.
+        assert_eq!(map.chain_len(5, &at(1, 1, 1)), 1, "the block only");
+        assert_eq!(map.chain_len(5, &at(2, 2, 1)), 2, "its tile and the block");
     }
 
     #[test]

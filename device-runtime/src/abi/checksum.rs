@@ -1,38 +1,20 @@
 //! CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) over a table.
 
-const fn make_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-}
-
-static TABLE: [u32; 256] = make_table();
-
 /// Byte range of the checksum field inside the header.
 pub const CHECKSUM_FIELD: core::ops::Range<usize> = 20..24;
 
 /// CRC-32 of `bytes`, reading the header's checksum field as zero.
+///
+/// `crc32fast` (slicing by 16 bytes without `std`, about eight times
+/// fewer instructions than a byte at a time): a table of a million tasks is
+/// tens of megabytes, which the device checks before it runs.
 pub fn table_checksum(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for (i, &b) in bytes.iter().enumerate() {
-        let b = if CHECKSUM_FIELD.contains(&i) { 0 } else { b };
-        crc = TABLE[((crc ^ b as u32) & 0xFF) as usize] ^ (crc >> 8);
-    }
-    !crc
+    let mut crc = crc32fast::Hasher::new();
+    let field = CHECKSUM_FIELD.start.min(bytes.len())..CHECKSUM_FIELD.end.min(bytes.len());
+    crc.update(&bytes[..field.start]);
+    crc.update(&[0; CHECKSUM_FIELD.end - CHECKSUM_FIELD.start][..field.len()]);
+    crc.update(&bytes[field.end..]);
+    crc.finalize()
 }
 
 #[cfg(test)]

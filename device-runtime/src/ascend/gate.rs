@@ -9,8 +9,9 @@
 //! works, and opens it (or closes it, on bad arguments) when it is done.
 //!
 //! The AICPU program (`wsp-aicpu`) keeps one gate in a static. It is
-//! written over [`crate::sync`], so the loom model checker covers it
-//! (`RUSTFLAGS="--cfg loom" cargo test -p device-runtime --release loom`).
+//! written over the runtime's swappable atomics (`sync`), so the loom
+//! model checker covers it (`RUSTFLAGS="--cfg loom" cargo test -p
+//! device-runtime --release loom`).
 
 use crate::sync::{AtomicU32, Ordering};
 

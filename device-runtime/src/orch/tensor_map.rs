@@ -419,6 +419,12 @@ struct Scan<'r> {
     whole: bool,
     /// The cell being probed (its first element, as a [`word`]).
     cell: u128,
+    /// A write's scan: one more than the newest live task met that reads
+    /// all of the region, or 0. A writer older than that task needs no
+    /// edge: the reader's region holds the writer's conflict with this
+    /// one, so the reader was ordered after the writer, and this write
+    /// waits for the reader.
+    reader: u64,
 }
 
 /// Whether `region` is made of whole cells of `mask` (its first element and
@@ -730,6 +736,7 @@ impl<const N: usize> TensorMap<N> {
             mark_now,
             whole: false,
             cell: 0,
+            reader: 0,
         };
         // The common case: a tile inside one cell, no entry reaching over,
         // no wide entry.
@@ -737,9 +744,9 @@ impl<const N: usize> TensorMap<N> {
             // One bucket, whose older entries a committing write unlinked
             // as it covered them: no bound to keep.
             if writes {
-                self.scan_chain::<false>(place.home(), 0, &mut scan, v);
+                self.scan_chain::<false, 0>(place.home(), &mut scan, v);
             }
-            self.scan_chain::<false>(place.home(), 1, &mut scan, v);
+            self.scan_chain::<false, 1>(place.home(), &mut scan, v);
             return;
         }
         // The cells of the previous shape, as `probe` does; too many to
@@ -811,9 +818,9 @@ impl<const N: usize> TensorMap<N> {
         // Any access waits for writers, a write also for readers. Writers
         // first: a live writer of all of the region ends the scans after it
         // at its position.
-        self.scan_chain::<true>(b, 1, scan, v);
+        self.scan_chain::<true, 1>(b, scan, v);
         if scan.writes {
-            self.scan_chain::<true>(b, 0, scan, v);
+            self.scan_chain::<true, 0>(b, scan, v);
         }
     }
 
@@ -821,13 +828,13 @@ impl<const N: usize> TensorMap<N> {
     /// chain; with `BOUND`, ends at [`Scan::bound`] and moves it up to a
     /// live writer of all of the region.
     #[inline(always)]
-    fn scan_chain<const BOUND: bool>(
+    fn scan_chain<const BOUND: bool, const CHAIN: usize>(
         &mut self,
         b: usize,
-        chain: usize,
         scan: &mut Scan,
         v: &mut impl Visitor,
     ) {
+        let chain = CHAIN;
         let Scan {
             tensor,
             region,
@@ -877,7 +884,16 @@ impl<const N: usize> TensorMap<N> {
                         scan.bound = position;
                     }
                 }
-                v.conflict(task);
+                if chain == 0 {
+                    if covers {
+                        scan.reader = scan.reader.max(task + 1);
+                    }
+                    v.conflict(task);
+                } else if task + 1 >= scan.reader {
+                    // A writer before a live reader of all of the region
+                    // was ordered before that reader (see `Scan::reader`).
+                    v.conflict(task);
+                }
                 if writes && covered {
                     if mark_now {
                         // Covered by the committing write: later tasks reach
@@ -1045,6 +1061,45 @@ mod tests {
         map.scan(&place, 5, &tile(4 * j), true, true, &mut found);
         assert_eq!(found.0, [2]);
         assert_eq!(map.chain_len(5, &tile(4 * j)), 1, "task 1's entry only");
+    }
+
+    /// A write after "task 1 writes a tile, task 2 reads all of it"
+    /// conflicts with the reader only: the reader was ordered after the
+    /// writer. A reader of part of the tile, or one older than the writer,
+    /// orders nothing, and both conflicts are reported.
+    #[test]
+    fn a_write_skips_writers_a_newer_reader_of_all_of_it_follows() {
+        let scan = |accesses: &[(u64, Region, bool)], region: Region| {
+            let mut map = TensorMap::<16>::new();
+            for &(task, r, writes) in accesses {
+                let place = map.place(5, &r);
+                assert!(map.insert(&place, 5, r, writes, task));
+            }
+            let place = map.place(5, &region);
+            let mut found = Found(Vec::new());
+            map.begin();
+            map.scan(&place, 5, &region, true, false, &mut found);
+            found.0.sort_unstable();
+            found.0
+        };
+        let half = Region {
+            offset: [4, 0, 0, 0],
+            extent: [2, 1, 1, 1],
+        };
+        assert_eq!(
+            scan(&[(1, tile(4), true), (2, tile(4), false)], tile(4)),
+            [2]
+        );
+        assert_eq!(
+            scan(&[(1, tile(4), true), (2, half, false)], tile(4)),
+            [1, 2]
+        );
+        assert_eq!(
+            scan(&[(1, tile(4), false), (2, tile(4), true)], tile(4)),
+            [1, 2]
+        );
+        // The same for a write of part of the tile the reader read.
+        assert_eq!(scan(&[(1, tile(4), true), (2, tile(4), false)], half), [2]);
     }
 
     /// Records the tasks a scan reports and counts the entries it visits

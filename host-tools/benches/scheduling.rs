@@ -14,7 +14,9 @@
 //!
 //! `cargo bench -p host-tools --bench scheduling`; `WSP_BENCH_SMOKE=1` runs
 //! small sizes once (CI); `WSP_BENCH_ONLY=a|b|c` runs one graph;
-//! `WSP_BENCH_PROFILE=THREADS` runs only ours, once (for callgrind).
+//! `WSP_BENCH_PROFILE=THREADS` runs only ours, once (for callgrind);
+//! `WSP_BENCH_THREADS=1` prints each of our runs' tasks issued and stolen
+//! per scheduler thread.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -208,6 +210,18 @@ fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
     )
     .unwrap();
     let elapsed = start.elapsed().as_nanos() as f64;
+    if std::env::var_os("WSP_BENCH_THREADS").is_some() {
+        let each: Vec<String> = stats
+            .threads()
+            .iter()
+            .map(|t| {
+                let (issued, stolen) = (t.issued, t.steals);
+                format!("thread {}: {issued} issued, {stolen} stolen", t.thread)
+            })
+            .collect();
+        let ns = elapsed / stats.tasks as f64;
+        eprintln!("{} {ns:.1} ns on {threads}: {}", dag.name, each.join("; "));
+    }
     assert_eq!(stats.tasks as usize, dag.graph.fanin.len());
     elapsed / stats.tasks as f64
 }

@@ -1128,6 +1128,51 @@ mod ring_tests {
         }
     }
 
+    /// A task a thread releases while it has an idle core for it waits in
+    /// the thread's own slot, out of thieves' reach, and is the next it
+    /// takes; a second one in the same round goes to its stealable queue.
+    #[test]
+    fn a_released_task_with_an_idle_core_is_not_stealable() {
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(|| {
+                let bytes = empty_table();
+                let table = Table::parse(&bytes).unwrap();
+                let mut arena = [0u8; 0];
+                let queues = Box::new(Queues::new());
+                queues.keeps[0].store(true, Ordering::Relaxed);
+                let options = RunOptions::default();
+                // Thread 1 of 2 (thread 0 dispatches and keeps nothing).
+                let mut s = Scheduler::new(
+                    1,
+                    2,
+                    Idle,
+                    &[0],
+                    &table,
+                    Arena::new(&mut arena),
+                    &queues,
+                    &options,
+                )
+                .unwrap();
+                let (a, b) = (
+                    Entry::new(7, 0, CoreKind::Vector, 7),
+                    Entry::new(8, 0, CoreKind::Vector, 8),
+                );
+                let own = &queues.local[1][CoreKind::Vector as usize];
+                s.keep_or_hand_on(a.0);
+                assert!(own.is_empty(), "a thief finds nothing to take");
+                s.keep_or_hand_on(b.0);
+                assert_eq!(own.len(), 1);
+                assert_eq!(s.take(CoreKind::Vector, false), Some(a));
+                assert_eq!(s.take(CoreKind::Vector, false), Some(b));
+                assert_eq!(s.take(CoreKind::Vector, false), None);
+                assert!(queues.done[1].is_empty(), "nothing went to the dispatcher");
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
     /// A release that finds the completion ring full ends the run with an
     /// error naming it, rather than dropping the task.
     #[test]

@@ -11,9 +11,12 @@
 //!
 //! Completions do not travel back before their dependents can run: the
 //! scheduler thread that sees a task finish releases its consumers in the
-//! graph itself. A task it releases stays in that thread's own queue when
-//! the policy keeps released tasks ([`DispatchPolicy::keeps_released`]:
-//! work stealing), so a chain stays on one thread and its cores; otherwise
+//! graph itself. A task it releases stays with that thread when the policy
+//! keeps released tasks ([`DispatchPolicy::keeps_released`]: work
+//! stealing), so a chain stays on one thread and its cores: the first one
+//! of a round that an idle core of the thread can take in a slot no thief
+//! reaches (issued in that same round), the others in its own queue;
+//! otherwise
 //! (and always on thread 0 of several, which dispatches too) the thread
 //! hands it to the dispatcher, which places it by the policy.
 //! The thread then reports the finished task through its completion ring,

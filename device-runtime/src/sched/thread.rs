@@ -291,6 +291,11 @@ pub struct Scheduler<'a, P: Platform> {
     /// (it pushes there; it takes the oldest, as thieves do, which keeps
     /// program order first, as in the dispatcher's queues).
     local: [Owner<'a, DISPATCH_QUEUE>; 2],
+    /// Per kind, the task it released last when it had an idle core for
+    /// it: issued before anything else this round, and not stealable (a
+    /// chain stays on the thread and its cores without a thief taking each
+    /// hop from between the release and the issue).
+    next: [Option<Entry>; 2],
     /// Per core, the tasks it holds in launch order (a ring of
     /// [`MAX_ISSUE_DEPTH`]): `core_task[core][(core_head[core] + i) % 2]`,
     /// as queue entries ([`Entry`]).
@@ -366,6 +371,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         }
         Ok(Scheduler {
             local,
+            next: [None; 2],
             id,
             threads: threads.min(MAX_THREADS),
             queues,
@@ -549,12 +555,15 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// allows) one task stolen from another thread. To queue behind a busy
     /// core (`behind`), only from the dispatcher's queue for it: a task that
     /// another thread could start now should not wait behind a running one.
-    fn take(&mut self, kind: CoreKind, behind: bool) -> Option<Entry> {
+    pub(super) fn take(&mut self, kind: CoreKind, behind: bool) -> Option<Entry> {
         let k = kind as usize;
         let queues = self.queues;
         let any = |_| true;
         // Not behind a busy core: another thread could start the task now.
         if !behind {
+            if let Some(task) = self.next[k].take() {
+                return Some(task);
+            }
             if let Some(task) = Self::take_from(&queues.local[self.id][k], any) {
                 return Some(task);
             }
@@ -742,10 +751,18 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         if !dispatches
             && self.kind_mask[kind] != 0
             && self.queues.keeps[entry.taskset()].load(Ordering::Relaxed)
-            && self.local[kind].push(tag).is_ok()
         {
-            self.stats.released += 1;
-            return;
+            // An idle core takes it this round: keep it out of thieves'
+            // reach (the first such task of the round; later ones queue).
+            if self.idle & self.kind_mask[kind] != 0 && self.next[kind].is_none() {
+                self.next[kind] = Some(entry);
+                self.stats.released += 1;
+                return;
+            }
+            if self.local[kind].push(tag).is_ok() {
+                self.stats.released += 1;
+                return;
+            }
         }
         if !self.queues.done[self.id].push(tag | RELEASED) {
             self.ring_full = true;

@@ -1128,24 +1128,26 @@ mod ring_tests {
         }
     }
 
-    /// A task a thread releases while it has an idle core for it waits in
-    /// the thread's own slot, out of thieves' reach, and is the next it
-    /// takes; a second one in the same round goes to its stealable queue.
-    #[test]
-    fn a_released_task_with_an_idle_core_is_not_stealable() {
+    /// Runs `check` on a thread with room for the queues (built on the
+    /// stack before they are boxed in a debug build), with scheduler
+    /// thread `id` of `threads` on one idle vector core, over an empty
+    /// table, and the queues it shares.
+    fn with_scheduler(
+        id: usize,
+        threads: usize,
+        check: impl FnOnce(&mut Scheduler<'_, Idle>, &Queues) + Send + 'static,
+    ) {
         std::thread::Builder::new()
             .stack_size(64 << 20)
-            .spawn(|| {
+            .spawn(move || {
                 let bytes = empty_table();
                 let table = Table::parse(&bytes).unwrap();
                 let mut arena = [0u8; 0];
                 let queues = Box::new(Queues::new());
-                queues.keeps[0].store(true, Ordering::Relaxed);
                 let options = RunOptions::default();
-                // Thread 1 of 2 (thread 0 dispatches and keeps nothing).
                 let mut s = Scheduler::new(
-                    1,
-                    2,
+                    id,
+                    threads,
                     Idle,
                     &[0],
                     &table,
@@ -1154,61 +1156,52 @@ mod ring_tests {
                     &options,
                 )
                 .unwrap();
-                let (a, b) = (
-                    Entry::new(7, 0, CoreKind::Vector, 7),
-                    Entry::new(8, 0, CoreKind::Vector, 8),
-                );
-                let own = &queues.local[1][CoreKind::Vector as usize];
-                s.keep_or_hand_on(a.0);
-                assert!(own.is_empty(), "a thief finds nothing to take");
-                s.keep_or_hand_on(b.0);
-                assert_eq!(own.len(), 1);
-                assert_eq!(s.take(CoreKind::Vector, false), Some(a));
-                assert_eq!(s.take(CoreKind::Vector, false), Some(b));
-                assert_eq!(s.take(CoreKind::Vector, false), None);
-                assert!(queues.done[1].is_empty(), "nothing went to the dispatcher");
+                check(&mut s, &queues);
             })
             .unwrap()
             .join()
             .unwrap();
     }
 
+    /// A task a thread releases while it has an idle core for it waits in
+    /// the thread's own slot, out of thieves' reach, and is the next it
+    /// takes; a second one in the same round goes to its stealable queue.
+    #[test]
+    fn a_released_task_with_an_idle_core_is_not_stealable() {
+        // Thread 1 of 2 (thread 0 dispatches and keeps nothing).
+        with_scheduler(1, 2, |s, queues| {
+            queues.keeps[0].store(true, Ordering::Relaxed);
+            let (a, b) = (
+                Entry::new(7, 0, CoreKind::Vector, 7),
+                Entry::new(8, 0, CoreKind::Vector, 8),
+            );
+            let own = &queues.local[1][CoreKind::Vector as usize];
+            s.keep_or_hand_on(a.0);
+            assert!(own.is_empty(), "a thief finds nothing to take");
+            s.keep_or_hand_on(b.0);
+            assert_eq!(own.len(), 1);
+            assert_eq!(s.take(CoreKind::Vector, false), Some(a));
+            assert_eq!(s.take(CoreKind::Vector, false), Some(b));
+            assert_eq!(s.take(CoreKind::Vector, false), None);
+            assert!(queues.done[1].is_empty(), "nothing went to the dispatcher");
+        });
+    }
+
     /// A release that finds the completion ring full ends the run with an
     /// error naming it, rather than dropping the task.
     #[test]
     fn a_report_that_finds_the_ring_full_ends_the_run() {
-        std::thread::Builder::new()
-            .stack_size(64 << 20)
-            .spawn(|| {
-                let bytes = empty_table();
-                let table = Table::parse(&bytes).unwrap();
-                let mut arena = [0u8; 0];
-                let queues = Box::new(Queues::new());
-                let options = RunOptions::default();
-                let mut s = Scheduler::new(
-                    0,
-                    1,
-                    Idle,
-                    &[0],
-                    &table,
-                    Arena::new(&mut arena),
-                    &queues,
-                    &options,
-                )
-                .unwrap();
-                for i in 0..DONE_RING as u64 {
-                    assert!(queues.done[0].push(i));
-                }
-                assert_eq!(s.check_ring(), Ok(()));
-                // A task of a taskset that does not keep released tasks:
-                // it goes to the dispatcher, through the full ring.
-                s.keep_or_hand_on(Entry::new(7, 0, CoreKind::Vector, 7).0);
-                let err = s.check_ring().unwrap_err();
-                assert_eq!(err, RunError::CompletionRingFull { thread: 0 });
-                assert!(std::format!("{err}").contains("completion ring was full"));
-            })
-            .unwrap()
-            .join()
-            .unwrap();
+        with_scheduler(0, 1, |s, queues| {
+            for i in 0..DONE_RING as u64 {
+                assert!(queues.done[0].push(i));
+            }
+            assert_eq!(s.check_ring(), Ok(()));
+            // A task of a taskset that does not keep released tasks: it
+            // goes to the dispatcher, through the full ring.
+            s.keep_or_hand_on(Entry::new(7, 0, CoreKind::Vector, 7).0);
+            let err = s.check_ring().unwrap_err();
+            assert_eq!(err, RunError::CompletionRingFull { thread: 0 });
+            assert!(std::format!("{err}").contains("completion ring was full"));
+        });
     }
 }

@@ -430,10 +430,19 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// if so, counts the stall as the submission would, or returns the
     /// scope deadlock it would report): lets a submitter skip building a
     /// task it cannot submit yet.
+    #[inline(always)]
     pub fn window_full(&mut self, now: u64) -> Result<bool, SubmitError> {
         if self.in_flight() < self.window {
             return Ok(false);
         }
+        self.window_stall(now)
+    }
+
+    /// [`Orchestrator::window_full`] when it is (out of line: the
+    /// submitter asks before every task, and the window is most often
+    /// not full).
+    #[inline(never)]
+    fn window_stall(&mut self, now: u64) -> Result<bool, SubmitError> {
         match self.stall_or_scope::<()>(StallReason::TaskRingFull, now) {
             Err(SubmitError::Stall(_)) => Ok(true),
             other => other.map(|()| true),
@@ -648,20 +657,21 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             return self.stall_or_scope(StallReason::TensorMapPoolFull, now);
         }
         let id = self.next;
-        let mut places = [Place::default(); MAX_TENSOR_ARGS];
-        place_args(&mut self.tmap, args, &mut places);
-        let places = &places[..args.len()];
         // Each producer is a distinct live task, so a pool with room for one
         // edge per task in flight cannot run out: wire in one pass while
-        // committing. Otherwise count the edges first, so that a stall
-        // changes nothing.
+        // committing, placing and inserting each argument as its scan ends.
+        // Otherwise place the arguments and count the edges first, so that
+        // a stall changes nothing.
         let available = match linked {
             None => self.deps.available() as u64,
             Some(_) => self.edges_available::<E>(),
         };
         let one_pass = available >= self.in_flight();
+        let mut places = [Place::default(); MAX_TENSOR_ARGS];
+        let places = &mut places[..args.len()];
         let mut edges = 0;
         if !one_pass {
+            place_args(&mut self.tmap, args, places);
             // More edges than the whole pool is no deadlock: the count is of
             // producers still running, and each one that completes frees its
             // edges and drops out of the count.
@@ -708,8 +718,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // The counting pass saw every producer and covered entry: wire
             // from its lists.
             linked_edges = self.wire_found(id, edges, graph);
+            insert_args(&mut self.tmap, args, places, id);
         } else {
-            edges = self.wire(id, stream, args, places, extra_deps, Some(graph));
+            // Places the arguments (unless the counting pass did) and
+            // inserts them.
+            let placed = (!one_pass).then_some(&*places);
+            edges = self.wire(id, stream, args, placed, extra_deps, Some(graph));
             if graph.is_some() {
                 linked_edges = edges as u32;
             }
@@ -741,7 +755,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             self.streams.submitted(stream, id);
         }
         self.next += 1;
-        insert_args(&mut self.tmap, args, places, id);
         let tmap_end = self.tmap.end();
         let edge_alloc = self.edge_alloc;
         let slot = self.slot_mut(id);
@@ -793,7 +806,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         places: &[Place],
         extra_deps: &[TaskId],
     ) -> u64 {
-        self.wire::<E>(id, stream, args, places, extra_deps, None)
+        self.wire::<E>(id, stream, args, Some(places), extra_deps, None)
     }
 
     /// Records an edge to task `id` from each of the `edges` producers the
@@ -876,13 +889,21 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// no edge). A fresh mark per pass dedups producers met through several
     /// arguments (a stalled submission is retried with the same id, so the
     /// mark cannot derive from the id).
+    ///
+    /// The arguments' places are `places`, or, when `None`, placed here.
+    /// A committing pass inserts each argument's entry as soon as its scan
+    /// ends, in the same loop (one walk over the arguments instead of
+    /// three). The later arguments' scans may then meet the task's own
+    /// entries: harmless, as no two arguments of a task conflict
+    /// ([`overlapping_args`]), so such an entry is never reported, and
+    /// marked covered only by a write of the same region, which overlaps.
     #[inline(always)]
     fn wire<const E: usize>(
         &mut self,
         id: TaskId,
         stream: StreamId,
         args: &[TaskArg],
-        places: &[Place],
+        places: Option<&[Place]>,
         extra_deps: &[TaskId],
         commit: Option<Option<&ReleaseGraph<TASKS, E>>>,
     ) -> u64 {
@@ -906,14 +927,16 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             cutoff: 0,
         };
         for i in 0..MAX_TENSOR_ARGS {
-            let (Some(a), Some(place)) = (args.get(i), places.get(i)) else {
-                break;
+            let Some(a) = args.get(i) else { break };
+            let place = match places {
+                Some(places) => places[i],
+                None => self.tmap.place(a.tensor, &a.region),
             };
             let writes = a.access.contains(Access::WRITE);
             // Held conflicts pay only where a cut can leave some out.
             wiring.hold = !place.simple();
             self.tmap.scan(
-                place,
+                &place,
                 a.tensor,
                 &a.region,
                 writes,
@@ -921,6 +944,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 &mut wiring,
             );
             wiring.end_argument();
+            if commit.is_some() {
+                self.tmap.push(&place, a.tensor, a.region, writes, id);
+            }
         }
         for &p in extra_deps {
             if wiring.live(p) {
@@ -1477,20 +1503,12 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DE
     }
 }
 
-/// Places every argument in the TensorMap ([`TensorMap::place`]).
+/// Places every argument in the TensorMap ([`TensorMap::place`]), one
+/// place each of `places`.
 #[inline(always)]
-fn place_args<const N: usize>(
-    tmap: &mut TensorMap<N>,
-    args: &[TaskArg],
-    places: &mut [Place; MAX_TENSOR_ARGS],
-) {
-    // An indexed loop with an early exit rather than a zip of two slices:
-    // inlined into a submission, its counter costs less than the zip's
-    // set-up and state.
-    #[allow(clippy::needless_range_loop)] // Measured cheaper than the iterator.
-    for i in 0..MAX_TENSOR_ARGS {
-        let Some(a) = args.get(i) else { break };
-        places[i] = tmap.place(a.tensor, &a.region);
+fn place_args<const N: usize>(tmap: &mut TensorMap<N>, args: &[TaskArg], places: &mut [Place]) {
+    for (place, a) in places.iter_mut().zip(args) {
+        *place = tmap.place(a.tensor, &a.region);
     }
 }
 
@@ -1540,6 +1558,9 @@ fn overlapping_args(args: &[TaskArg]) -> Option<(usize, usize)> {
 #[inline(always)]
 fn live<const T: usize>(slots: &[Slot; T], next: TaskId, id: TaskId) -> bool {
     let slot = &slots[(id % T as u64) as usize];
-    debug_assert!(slot.id != id || id < next, "a slot holds a submitted task");
+    debug_assert!(
+        slot.id != id || id <= next,
+        "a slot holds a submitted task, or the one being submitted"
+    );
     slot.id == id && slot.state != TaskState::Completed
 }

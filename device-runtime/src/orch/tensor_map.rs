@@ -347,11 +347,6 @@ impl Place {
         (self.0 >> 16 & 0xff) as usize % SHAPES
     }
 
-    #[inline(always)]
-    fn flags(&self) -> u8 {
-        (self.0 >> 24) as u8
-    }
-
     /// The region lies inside its origin cell, and no wide or crossing
     /// entry of its slot is live: its lookup scans its home bucket only,
     /// and its entry changes nothing in the slot's shape (the common case,
@@ -377,9 +372,13 @@ impl Place {
     /// entry's exactness was of the shape it was placed with).
     const PREV: u8 = 128;
 
+    /// Whether any of the flags `flags` is set.
     #[inline(always)]
-    fn has(&self, flag: u8) -> bool {
-        self.flags() & flag != 0
+    fn has(&self, flags: u8) -> bool {
+        // A test of the word against the flags in place, not of the
+        // extracted byte: one instruction where the byte costs a shift
+        // and a mask per test.
+        self.0 & (flags as u32) << 24 != 0
     }
 
     /// The region is exactly its origin cell (`EXACT`).
@@ -776,8 +775,7 @@ impl<const N: usize> TensorMap<N> {
             }
             let cells = self.cells(place, region);
             let mask = self.shapes[place.slot()].mask;
-            scan.whole =
-                place.flags() & (Place::BACK | Place::PREV) == 0 && whole_cells(mask, region);
+            scan.whole = !place.has(Place::BACK | Place::PREV) && whole_cells(mask, region);
             self.scan_cells(cells, &mut scan, v);
             scan.whole = false;
         }
@@ -965,7 +963,7 @@ impl<const N: usize> TensorMap<N> {
         debug_assert!(self.used() < N, "TensorMap room was checked");
         let position = self.head;
         self.head = Self::after(position);
-        if place.flags() & (Place::WIDE | Place::CROSSING) != 0 {
+        if place.has(Place::WIDE | Place::CROSSING) {
             let shape = &mut self.shapes[place.slot()];
             if place.has(Place::WIDE) {
                 shape.wide = position;

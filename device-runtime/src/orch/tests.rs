@@ -813,3 +813,42 @@ fn a_ring_position_is_restored_from_its_low_bits() {
     assert_eq!(restore(now, 1), (5 << 32) + 1);
     assert_eq!(restore(u64::MAX, u32::MAX), u64::MAX);
 }
+
+/// A submission inserts each argument's entry as soon as its scan ends,
+/// so a later argument's scan can meet the task's own entries (same
+/// tile, or a neighbour in the same cell or bucket): it must neither wait
+/// for itself nor unlink them, and later tasks must still find them.
+#[test]
+fn a_task_never_waits_for_its_own_earlier_arguments() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    // The same tile read twice, and a read and a write of neighbouring
+    // tiles of one tensor (one cell: the first region fits the cell to
+    // length 4 and both lie in 0..4).
+    let twice = submit(&mut o, &[read(3, 0, 4), read(3, 0, 4)]).unwrap();
+    let mixed = submit(&mut o, &[read(5, 0, 2), write(5, 2, 2)]).unwrap();
+    let wide = submit(&mut o, &[read(6, 0, 64), write(6, 64, 2)]).unwrap();
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        3,
+        "none of them waits (for itself or anything)"
+    );
+    // Later tasks find every argument: a write over the tile read twice,
+    // a write over `mixed`'s read tile, a read of its written tile, a
+    // write into `wide`'s read region.
+    let after_twice = submit(&mut o, &[write(3, 0, 4)]).unwrap();
+    let after_read = submit(&mut o, &[write(5, 0, 2)]).unwrap();
+    let after_write = submit(&mut o, &[read(5, 2, 2)]).unwrap();
+    let after_wide = submit(&mut o, &[write(6, 10, 2)]).unwrap();
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        3,
+        "the four later ones wait"
+    );
+    assert_eq!(run_one(&mut o), twice);
+    assert_eq!(run_one(&mut o), mixed);
+    assert_eq!(run_one(&mut o), wide);
+    let mut rest: Vec<TaskId> = (0..4).map(|_| run_one(&mut o)).collect();
+    rest.sort();
+    assert_eq!(rest, [after_twice, after_read, after_write, after_wide]);
+    assert!(o.is_drained());
+}

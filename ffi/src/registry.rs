@@ -640,9 +640,16 @@ static KERNELS: [KernelInfo; 20] = [
     },
 ];
 
-/// The kernel with this id, if registered.
+/// The kernel with this id, if registered. Ids run from 1 in the
+/// registry's order, so the kernel is at `id - 1` (one load: the
+/// dispatcher looks up every task's kernel); the search behind it keeps
+/// the answer right should an id ever be skipped.
+#[inline]
 pub fn lookup(id: u32) -> Option<&'static KernelInfo> {
-    KERNELS.iter().find(|k| k.id == id)
+    match KERNELS.get(id.wrapping_sub(1) as usize) {
+        Some(k) if k.id == id => Some(k),
+        _ => KERNELS.iter().find(|k| k.id == id),
+    }
 }
 
 /// Every registered kernel, in id order.

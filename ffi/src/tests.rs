@@ -226,7 +226,7 @@ fn registry_is_consistent() {
             );
         }
     }
-    assert!(lookup(0).is_none() && lookup(ROPE + 1).is_none());
+    assert!(lookup(0).is_none() && lookup(ROPE + 1).is_none() && lookup(u32::MAX).is_none());
     for (id, kind) in [
         (DECODE, CoreKind::Cube),
         (MERGE, CoreKind::Vector),

@@ -92,6 +92,9 @@ pub struct Dispatcher<'a> {
     yielded: bool,
     /// A task finished since the last submission (which may have stalled).
     retired: bool,
+    /// Some policy of the run observes the load
+    /// ([`DispatchPolicy::observes`], asked once).
+    observing: bool,
     /// [`Load::starved`] when the policies last observed the load.
     observed_starved: u64,
     /// Per kind, a ready task whose queue was full, and where it goes.
@@ -239,6 +242,7 @@ impl<'a> Dispatcher<'a> {
         orch.use_graph_edges(super::GRAPH_EDGES as u64);
         queues.starved.store(0, Ordering::Relaxed);
         queues.state.store(RUNNING, Ordering::Release);
+        let observing = policy.observes() || policies.iter().flatten().any(|p| p.observes());
         let mut dispatcher = Dispatcher {
             table,
             arena,
@@ -267,6 +271,7 @@ impl<'a> Dispatcher<'a> {
             expanded: false,
             yielded: false,
             retired: false,
+            observing,
             observed_starved: 0,
             held: [None; 2],
             ready_queue: ResourceStats {
@@ -784,9 +789,7 @@ impl<'a> Dispatcher<'a> {
             }
         }
         // Policies that never change their mind need not look.
-        let observing =
-            self.policy.observes() || self.policies.iter().flatten().any(|p| p.observes());
-        if !observing {
+        if !self.observing {
             return Ok(placed);
         }
         // Policies look again when the load changed: tasks were placed or

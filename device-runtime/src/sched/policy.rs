@@ -65,7 +65,7 @@ pub trait DispatchPolicy {
     /// or `steals`, `keeps_released` or `decision` may change during a
     /// run. The dispatcher reads the load after its rounds, and tells the
     /// threads what the policies allow again, only when some policy of the
-    /// run says yes.
+    /// run says yes. Read once, when the dispatcher is made.
     fn observes(&self) -> bool {
         true
     }

@@ -12,7 +12,9 @@ use super::policy::{
 };
 use super::record::Launch;
 use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats};
-use super::{Arena, ConfigError, Entry, Queues, SchedConfig, DISPATCH_QUEUE, RELEASED, RUNNING};
+use super::{
+    Arena, ConfigError, Entry, Queues, SchedConfig, DISPATCH_QUEUE, RELEASED, RUNNING, SUBMIT_BATCH,
+};
 use crate::abi::launch::Symbols;
 use crate::abi::program::{MAX_TASKSETS, OP_CALL, OP_CONSUME, OP_DISPATCH, OP_END, OP_LOOP};
 use crate::abi::schedule::{DispatchKey, Schedule};
@@ -515,7 +517,8 @@ impl<'a> Dispatcher<'a> {
         }
     }
 
-    /// Submits tasks in order until one stalls or none is left for now.
+    /// Submits tasks in order until one stalls, none is left for now, or
+    /// [`SUBMIT_BATCH`] went in (the round then places them: see there).
     fn submit(&mut self, now: u64) -> Result<bool, RunError> {
         // A stalled submission waits for room, which only a retirement
         // makes: no retry (a whole submission's checks) before one.
@@ -523,7 +526,7 @@ impl<'a> Dispatcher<'a> {
             return Ok(false);
         }
         let mut submitted = false;
-        loop {
+        for _ in 0..SUBMIT_BATCH {
             // Stalling before the task is built costs less than after.
             match self.orch.window_full(now) {
                 Ok(false) => {}

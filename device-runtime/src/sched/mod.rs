@@ -101,6 +101,17 @@ pub use thread::{kernel_args, Arena, Scheduler, ViewCache, VIEW_CACHE};
 /// shared queue per kind). [`SchedConfig::queue_depth`] may set a lower limit.
 pub const DISPATCH_QUEUE: usize = 256;
 
+/// Most tasks the dispatcher submits in one round before it places the
+/// ready ones and the leader's scheduler takes its turn. Without a bound a
+/// round submitted until the window was full (thousands of tasks) and
+/// placed them only then, so the threads ran dry while it submitted and
+/// got the tasks in bursts; at 128, placing follows submission closely
+/// (the scheduling bench's independent tasks: 68-70 -> 58-60 ns per task
+/// on two threads, BENCHMARKS.md), and a round's fixed costs (collecting
+/// reports, the clock, the leader's scheduler step) are shared by up to
+/// 128 tasks.
+pub const SUBMIT_BATCH: u64 = 128;
+
 /// Capacity of a thread's completion ring: one entry per task of the
 /// window. A task has at most one report pending at a time: "released"
 /// (a thread released it and left it to the dispatcher to place) until

@@ -7,7 +7,8 @@
 //! into the release graph ([`crate::orch::release`]: atomic fan-in counters
 //! and fan-out lists), and places every task that is ready when submitted,
 //! by the run's [`DispatchPolicy`], in the dispatch queue of one thread that
-//! owns cores of the task's kind, or in the shared queue.
+//! owns cores of the task's kind, or in the shared queue. Each of its
+//! rounds submits at most [`SUBMIT_BATCH`] tasks before placing them.
 //!
 //! Completions do not travel back before their dependents can run: the
 //! scheduler thread that sees a task finish releases its consumers in the

@@ -199,14 +199,16 @@ const RUNS: usize = 2;
 /// before it starts the others.
 static PLANNED_RUNS: AtomicU32 = AtomicU32::new(1);
 
-/// Scheduler threads 1 .. of each run.
-static HANDOFFS: [[Handoff; AICPUS]; RUNS] = [const {
-    [const {
-        Handoff {
-            slot: spin::Mutex::new(Slot::Empty),
-        }
-    }; AICPUS]
-}; RUNS];
+/// Scheduler threads 1 .. of a run. The runs of an image share them: a
+/// run gives each its scheduler and takes every one back
+/// ([`Handoff::wait`]) before it ends, so the next run finds them empty
+/// (a faulty run ends only with the errors that come after that), and
+/// CPU `t` serves its handoff once per planned run.
+static HANDOFFS: [Handoff; AICPUS] = [const {
+    Handoff {
+        slot: spin::Mutex::new(Slot::Empty),
+    }
+}; AICPUS];
 /// The validated table, shared by every scheduler thread for the whole run.
 static TABLE: spin::Once<Table<'static>> = spin::Once::new();
 /// The run's mode, set by CPU 0 before it starts the others.
@@ -368,19 +370,17 @@ extern "C" fn primary_main() -> ! {
     //    threads turn it into tensor views only for the kernels they issue,
     //    under `IssuePort::issue`'s contract.
     let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
-    let (arena, run) = match words.fault {
-        None => (arena, 0),
+    let arena = match words.fault {
+        None => arena,
         Some(fault) => {
             faulty_run(table, arena, clock, &options, &sched, fault);
             // SAFETY: as above; the faulty run is over: its schedulers were
             // handed back and dropped and its cores drained, so nothing
             // uses the slice it was given any more.
-            let arena =
-                unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) };
-            (arena, 1)
+            unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, arena_len) }
         }
     };
-    let result = run_threads(table, Arena::new(arena), clock, &options, &sched, None, run);
+    let result = run_threads(table, Arena::new(arena), clock, &options, &sched, None);
     MAILBOXES.iter().for_each(CoreMailbox::request_exit);
     match result {
         Ok(stats) => {
@@ -468,15 +468,7 @@ fn faulty_run(
         snapshot(&mut *ORCHESTRATOR.lock(), orch_at, false);
         snapshot(QUEUES.0.get(), queues_at, false);
     }
-    let result = run_threads(
-        table,
-        Arena::new(arena),
-        clock,
-        options,
-        sched,
-        Some(fault),
-        0,
-    );
+    let result = run_threads(table, Arena::new(arena), clock, options, sched, Some(fault));
     match result {
         // The errors a fault ends a run with, all after every scheduler
         // thread took its scheduler (so each hands it back before the next run).
@@ -569,7 +561,6 @@ fn run_threads(
     options: &RunOptions,
     sched: &SchedConfig,
     fault: Option<Fault>,
-    run: usize,
 ) -> Result<RunStats, RunFailure> {
     let threads = sched.threads;
     let slots = &SLOTS[threads - 1];
@@ -620,7 +611,7 @@ fn run_threads(
         .ok_or(RunFailure::Internal("no scheduler thread 0"))?;
     for (t, scheduler) in schedulers.iter_mut().enumerate().skip(1) {
         if let Some(scheduler) = scheduler.take() {
-            if !HANDOFFS[run][t].give(scheduler) {
+            if !HANDOFFS[t].give(scheduler) {
                 return Err(RunFailure::Internal("a scheduler thread was given twice"));
             }
         }
@@ -633,7 +624,7 @@ fn run_threads(
     let wall = end.wrapping_sub(start);
     let mut stats = RunStats::collect(&dispatcher, core::slice::from_ref(&leader), tps, wall);
     let mut failure = None;
-    for handoff in &HANDOFFS[run][1..threads] {
+    for handoff in &HANDOFFS[1..threads] {
         let (scheduler, error) = handoff.wait();
         stats.add_thread(&scheduler);
         if let Some(e) = error {
@@ -654,8 +645,8 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
     ONLINE.fetch_or(1 << cpu, Ordering::Release);
     if cpu < AICPUS {
         let runs = PLANNED_RUNS.load(Ordering::Acquire) as usize;
-        for handoffs in &HANDOFFS[..runs.min(RUNS)] {
-            handoffs[cpu].serve();
+        for _ in 0..runs.min(RUNS) {
+            HANDOFFS[cpu].serve();
         }
     } else {
         let mailbox = &MAILBOXES[cpu - AICPUS];

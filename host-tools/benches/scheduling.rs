@@ -28,7 +28,7 @@ use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::RunOptions;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use host_tools::semantic::run_semantic_with;
-use host_tools::shim::run_threads;
+use host_tools::shim::{run_threads, HostClock};
 use host_tools::table::{Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, Out};
 use wsp_ffi::{
@@ -41,19 +41,20 @@ const THREADS: usize = 2;
 const CORES_PER_THREAD: usize = 4;
 const WIDTH: u32 = 256;
 
-/// Cores whose kernels are empty: a launch completes at once.
+/// Cores whose kernels are empty: a launch completes at once. Their clock
+/// is the shim's (the time-stamp counter where it is invariant).
 struct EmptyCores {
     cores: usize,
     busy: u64,
-    start: Instant,
+    clock: HostClock,
 }
 
 impl Clock for EmptyCores {
     fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        self.clock.now()
     }
     fn ticks_per_second(&self) -> u64 {
-        1_000_000_000
+        self.clock.ticks_per_second()
     }
 }
 
@@ -184,12 +185,13 @@ fn ours(dag: &Dag, policy: PolicyKind) -> f64 {
 fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
     let table = Table::parse(&dag.table).unwrap();
     let mut arena = vec![0u8; dag.arena];
+    let clock = HostClock::new();
     let start = Instant::now();
     let platforms = (0..threads)
         .map(|_| EmptyCores {
             cores: CORES_PER_THREAD,
             busy: 0,
-            start,
+            clock: clock.clone(),
         })
         .collect();
     let cores: Vec<Vec<usize>> = (0..threads)

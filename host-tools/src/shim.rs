@@ -3,9 +3,6 @@
 //! memory; scheduling, dependency tracking and the issue protocol are the
 //! runtime's.
 
-use std::fmt;
-use std::time::Instant;
-
 use device_runtime::abi::{Table, TableError};
 use device_runtime::fault::{Fault, FaultPlatform};
 use device_runtime::mailbox::{serve, CoreMailbox};
@@ -14,6 +11,7 @@ use device_runtime::sched::{
     core_owner, drive_leader, Arena, ConfigError, Dispatcher, SchedConfig, Scheduler, MAX_THREADS,
 };
 use device_runtime::sched::{OnSubmit, RunError, RunOptions, RunStats};
+use std::fmt;
 use wsp_ffi::CoreKind;
 
 use crate::record::{Observed, Sink};
@@ -90,15 +88,45 @@ impl From<ConfigError> for ShimError {
     }
 }
 
-/// Nanoseconds since the shim started; idles by spinning a little, then
+/// Nanoseconds since the clock was made; idles by spinning a little, then
 /// yielding the host thread (the shim's cores are host threads too, and
 /// the host may have fewer processors than threads).
-#[derive(Clone, Copy)]
-struct HostClock(Instant);
+///
+/// Read from the processor's time-stamp counter where it is invariant
+/// (`quanta` checks, and calibrates it against the OS clock), else from
+/// the OS's monotonic clock. The runtime reads its clock once a round, so
+/// on a chain of tasks once a task: `Instant::elapsed` costs 25 ns a read
+/// on the development host and its ordered counter read stalls the work
+/// around it (the scheduling bench's chain: 104-118 -> 70-74 ns per task
+/// on two threads, BENCHMARKS.md), where a plain counter read costs 11 ns,
+/// near what the device's system counter costs the AICPU.
+#[derive(Clone)]
+pub struct HostClock {
+    clock: quanta::Clock,
+    start: quanta::Instant,
+}
+
+impl HostClock {
+    /// A clock that starts at 0 now.
+    pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let start = clock.now();
+        HostClock { clock, start }
+    }
+}
+
+impl Default for HostClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Clock for HostClock {
     fn now(&self) -> u64 {
-        self.0.elapsed().as_nanos() as u64
+        self.clock
+            .now()
+            .saturating_duration_since(self.start)
+            .as_nanos() as u64
     }
     fn ticks_per_second(&self) -> u64 {
         1_000_000_000
@@ -186,7 +214,7 @@ impl Shim {
             .iter()
             .map(|g| g.iter().map(|&c| kinds[c]).collect())
             .collect();
-        let clock = HostClock(Instant::now());
+        let clock = HostClock::new();
         std::thread::scope(|s| {
             for mailbox in mailboxes.iter().flatten() {
                 s.spawn(move || serve(mailbox, std::thread::yield_now));
@@ -194,7 +222,7 @@ impl Shim {
             let result = (0..groups.len())
                 .map(|t| {
                     let fault = fault.and_then(|f| f.on_cores(groups[t].iter().copied()));
-                    MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock)
+                    MailboxPlatform::new(&mailboxes[t], &group_kinds[t], clock.clone())
                         .map(|p| FaultPlatform::new(p, fault))
                 })
                 .collect::<Result<Vec<_>, _>>()

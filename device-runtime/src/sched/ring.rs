@@ -103,6 +103,22 @@ impl<const N: usize> Ring<N> {
         true
     }
 
+    /// Producer: whether `n` more values fit. Reads the consumer's position
+    /// only when its last reading leaves too little room (that reading is
+    /// at or behind the consumer, so the answer errs towards "no"): a
+    /// check each round would otherwise pull the consumer's line over
+    /// after every value it took.
+    pub fn has_room(&self, n: usize) -> bool {
+        let end = &self.tail.0;
+        let tail = end.at.load(Ordering::Relaxed);
+        if tail - end.seen.load(Ordering::Relaxed) + n as u64 <= N as u64 {
+            return true;
+        }
+        let head = self.head.0.at.load(Ordering::Acquire);
+        end.seen.store(head, Ordering::Relaxed);
+        tail - head + n as u64 <= N as u64
+    }
+
     /// Consumer: the oldest value, if any.
     pub fn pop(&self) -> Option<u64> {
         let end = &self.head.0;
@@ -160,6 +176,22 @@ mod tests {
     }
 
     #[test]
+    fn room_counts_what_the_consumer_took() {
+        let r = Ring::<4>::new();
+        assert!(r.has_room(4) && !r.has_room(5));
+        for v in 0..3 {
+            assert!(r.push(v));
+        }
+        assert!(r.has_room(1) && !r.has_room(2), "three of four slots taken");
+        assert_eq!(r.pop(), Some(0));
+        assert_eq!(r.pop(), Some(1));
+        // The producer's last reading was before the pops: it looks again.
+        assert!(r.has_room(3) && !r.has_room(4));
+        assert!(r.push(3) && r.push(4) && r.push(5));
+        assert!(!r.has_room(1), "full");
+    }
+
+    #[test]
     fn two_threads_pass_every_value_in_order() {
         let r = Ring::<8>::new();
         const COUNT: u64 = 200_000;
@@ -193,7 +225,8 @@ mod loom_tests {
     use super::*;
     use loom::sync::Arc;
 
-    /// Every value arrives once and in order, also when the ring wraps.
+    /// Every value arrives once and in order, also when the ring wraps, and
+    /// room the producer sees is there when it pushes.
     #[test]
     fn values_arrive_once_in_order_in_every_interleaving() {
         loom::model(|| {
@@ -203,7 +236,9 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     let mut v = 1;
                     while v <= 3 {
-                        if r.push(v) {
+                        // Room the producer sees stays: only it fills slots.
+                        if r.has_room(1) {
+                            assert!(r.push(v), "room was seen");
                             v += 1;
                         } else {
                             loom::thread::yield_now();

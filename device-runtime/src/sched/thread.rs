@@ -11,7 +11,7 @@ use wsp_ffi::{CoreKind, WspKernelArgs, WspTensorView};
 use super::policy::MAX_THREADS;
 use super::run::{CoreStats, RunError, RunOptions, ThreadStats, MAX_ISSUE_DEPTH};
 use super::ConfigError;
-use super::{Entry, Queues, DISPATCH_QUEUE, DONE_RING, FINISHED, RELEASED, RUNNING};
+use super::{Entry, Queues, DISPATCH_QUEUE, FINISHED, RELEASED, RUNNING};
 use crate::abi::{dtype_size, Table, TaskDesc, TensorArg, TensorDesc};
 use crate::abi::{MAX_RANK, MAX_SCALARS, MAX_TENSOR_ARGS};
 use crate::expand::NO_VIEW;
@@ -739,7 +739,7 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// cannot run, and so finish, before the dispatcher has collected its
     /// release and placed it), every such task is in the window, and the
     /// window is at most `TASK_WINDOW` (`Orchestrator::set_window` refuses
-    /// more), so at most `DONE_RING` = `TASK_WINDOW` reports are pending.
+    /// more), so at most [`DONE_RING`](super::DONE_RING) = `TASK_WINDOW` reports are pending.
     pub(super) fn keep_or_hand_on(&mut self, tag: u64) {
         let entry = Entry(tag);
         let kind = entry.kind();
@@ -803,9 +803,10 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         let done = &queues.done[self.id];
         // Never full (it holds at most one report per uncollected task of
         // the window, and has room for that); checked anyway, once a round
-        // (the check reads the dispatcher's position), so that no
+        // (the check reads the dispatcher's position only when the
+        // thread's last reading of it leaves too little room), so that no
         // completion is taken from a core without room to hand it on.
-        if busy != 0 && done.len() + 2 * self.num_cores > DONE_RING {
+        if busy != 0 && !done.has_room(2 * self.num_cores) {
             return Ok(false);
         }
         while busy != 0 {

@@ -925,6 +925,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             held_len: 0,
             hold: false,
             cutoff: 0,
+            reader: 0,
         };
         for i in 0..MAX_TENSOR_ARGS {
             let Some(a) = args.get(i) else { break };
@@ -1395,15 +1396,26 @@ struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
     /// tiles read by a whole-tensor task each round would otherwise link
     /// every later tile write to every such task still in flight). Past
     /// [`HELD`] conflicts the rest of the argument's are linked directly.
+    /// Held writers' conflicts are tagged [`WRITER`]; those before
+    /// `reader` are left out too: a live reader of the whole argument
+    /// orders them already (a tile write after a round whose tiles a
+    /// whole-tensor task read would otherwise link to the tile's last
+    /// writer as well as to that reader).
     held: &'a mut [TaskId; HELD],
     held_len: usize,
     /// Whether the current argument's conflicts are held (see `held`).
     hold: bool,
     cutoff: TaskId,
+    /// One more than the newest live task met that reads all of the
+    /// current (written) argument, or 0.
+    reader: TaskId,
 }
 
 /// Conflicts of one argument held to leave out the implied ones.
 const HELD: usize = 16;
+
+/// The tag of a held writer's conflict (task numbers stay far below it).
+const WRITER: TaskId = 1 << 63;
 
 impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DEPS, E> {
     /// An event wait: a dependency on every live task of `stream` below `bound`.
@@ -1423,18 +1435,45 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DE
         // The cut is the argument's own: reset it even when nothing was
         // held (an argument whose conflicts were not held still reports
         // its covering writer).
-        let (held, cutoff) = (self.held_len, self.cutoff);
+        let (held, cutoff, reader) = (self.held_len, self.cutoff, self.reader);
         self.cutoff = 0;
         if held == 0 {
+            // `reader` is set only when conflicts are held.
             return;
         }
         self.held_len = 0;
+        self.reader = 0;
         for i in 0..held.min(HELD) {
-            let p = self.held[i];
-            if p >= cutoff {
+            let tagged = self.held[i];
+            let p = tagged & !WRITER;
+            // A writer before a live reader of the whole argument was
+            // ordered before that reader.
+            let implied = tagged & WRITER != 0 && p + 1 < reader;
+            if p >= cutoff && !implied {
                 self.edge(p);
             }
         }
+    }
+
+    /// Holds the conflict with `tagged` (a task, tagged [`WRITER`] for a
+    /// writer's) until the argument's end, or links it directly when there
+    /// are too many to hold (the argument's conflicts are held).
+    #[inline(always)]
+    fn hold_conflict(&mut self, tagged: TaskId) {
+        let p = tagged & !WRITER;
+        if self.held_len < HELD {
+            self.held[self.held_len] = tagged;
+            self.held_len += 1;
+            return;
+        }
+        if self.held_len == HELD {
+            // Too many to hold: link the held ones and the rest directly.
+            self.held_len += 1;
+            for i in 0..HELD {
+                self.edge(self.held[i] & !WRITER);
+            }
+        }
+        self.edge(p);
     }
 }
 
@@ -1446,23 +1485,29 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Wiring<'
 
     #[inline(always)]
     fn conflict(&mut self, p: TaskId) {
-        if !self.hold {
+        if self.hold {
+            self.hold_conflict(p);
+        } else {
             self.edge(p);
-            return;
         }
-        if self.held_len < HELD {
-            self.held[self.held_len] = p;
-            self.held_len += 1;
-            return;
+    }
+
+    #[inline(always)]
+    fn writer_conflict(&mut self, p: TaskId) {
+        if self.hold {
+            self.hold_conflict(p | WRITER);
+        } else {
+            self.edge(p);
         }
-        if self.held_len == HELD {
-            // Too many to hold: link the held ones and the rest directly.
-            self.held_len += 1;
-            for i in 0..HELD {
-                self.edge(self.held[i]);
-            }
+    }
+
+    #[inline(always)]
+    fn covering_reader(&mut self, p: TaskId) {
+        // Only held conflicts are left out by it (the scan leaves out the
+        // writers it meets after the reader itself).
+        if self.hold {
+            self.reader = self.reader.max(p + 1);
         }
-        self.edge(p);
     }
 
     #[inline(always)]

@@ -220,6 +220,19 @@ pub trait Visitor {
     fn live(&self, task: u64) -> bool;
     /// A live `task` has an access that conflicts with the scanned one.
     fn conflict(&mut self, task: u64);
+    /// [`Visitor::conflict`] with a write of `task`'s (the scanned access
+    /// then reads or writes).
+    fn writer_conflict(&mut self, task: u64) {
+        self.conflict(task)
+    }
+    /// A scanned write met a live `task` that reads all of its region
+    /// (reported before its [`Visitor::conflict`]): every live writer
+    /// older than that task whose write conflicts with the scanned one
+    /// conflicts with its read too, so it was ordered before it, and the
+    /// scanned write waits for the reader. The scan itself leaves out the
+    /// writers it meets after the reader; a visitor that holds conflicts
+    /// may leave out those it met before.
+    fn covering_reader(&mut self, _task: u64) {}
     /// A live `task` writes all of the scanned region (reported before its
     /// [`Visitor::conflict`]): every live task before it whose access
     /// conflicts with the scanned one conflicts with its write too, so it
@@ -890,12 +903,13 @@ impl<const N: usize> TensorMap<N> {
                 if chain == 0 {
                     if covers {
                         scan.reader = scan.reader.max(task + 1);
+                        v.covering_reader(task);
                     }
                     v.conflict(task);
                 } else if task + 1 >= scan.reader {
                     // A writer before a live reader of all of the region
                     // was ordered before that reader (see `Scan::reader`).
-                    v.conflict(task);
+                    v.writer_conflict(task);
                 }
                 if writes && covered {
                     if mark_now {

@@ -818,21 +818,22 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             let started = self.core_started[core];
             let entry = self.retire_oldest(core, now);
             let index = entry.task();
-            let (task, kernel_id, core_id) =
-                (index, self.kernel_of(index), self.global[core] as u32);
+            // The kernel and core, named only by an error (the kernel is
+            // looked up then, off the completion path).
+            let (task, core_id) = (index, self.global[core] as u32);
             let cycles = match completion {
                 Completion::Done { cycles } => cycles,
                 Completion::Rejected => {
                     return Err(RunError::KernelRejected {
                         task,
-                        kernel_id,
+                        kernel_id: self.kernel_of(index),
                         core: core_id,
                     });
                 }
                 Completion::Failed { code } => {
                     return Err(RunError::KernelFailed {
                         task,
-                        kernel_id,
+                        kernel_id: self.kernel_of(index),
                         core: core_id,
                         code,
                     });

@@ -342,7 +342,7 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     pass: u64,
     /// The first producers the last dependency pass found (all of them when
     /// it found no more than this holds), so that committing needs no second walk.
-    found: [TaskId; 16],
+    found: [TaskId; FOUND],
     streams: Streams,
     /// Tasks that may be in flight at once: `TASKS`, or fewer
     /// ([`Orchestrator::set_window`]).
@@ -391,7 +391,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             depth: 0,
             stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0, 0, 0]),
             pass: 0,
-            found: [0; 16],
+            found: [0; FOUND],
             streams: Streams::new(),
             window: TASKS as u64,
             edge_alloc: 0,
@@ -1380,7 +1380,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
     slots: &'a mut [Slot; TASKS],
     deps: &'a mut DepPool<DEPS>,
-    found: &'a mut [TaskId; 16],
+    found: &'a mut [TaskId; FOUND],
     head: TaskId,
     next: TaskId,
     id: TaskId,
@@ -1413,6 +1413,13 @@ struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
 
 /// Conflicts of one argument held to leave out the implied ones.
 const HELD: usize = 16;
+
+/// Producers a counting pass remembers, so that its commit links them
+/// without a second scan (more: the commit rescans). As many as the
+/// covered entries the TensorMap remembers (its `PENDING`): a task that
+/// writes or reads a whole tensor of [`tensor_map::MAX_PROBES`] tiles
+/// has a producer per tile. 8 bytes each.
+const FOUND: usize = tensor_map::MAX_PROBES as usize + 16;
 
 /// The tag of a held writer's conflict (task numbers stay far below it).
 const WRITER: TaskId = 1 << 63;

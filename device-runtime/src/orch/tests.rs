@@ -898,3 +898,39 @@ fn a_tile_write_links_only_to_the_whole_read_after_its_last_writer() {
     assert!(at(tiles[1]) < at(last));
     assert!(o.is_drained());
 }
+
+/// A submission whose edges must be counted first (fewer DepList nodes
+/// free than tasks in flight) and that has more producers and covers more
+/// entries than the counting pass remembers ([`FOUND`], the TensorMap's
+/// `PENDING`) commits by scanning again: every producer gets its edge and
+/// every covered entry is unlinked.
+#[test]
+fn a_counted_submission_with_more_producers_than_it_remembers_scans_again() {
+    let mut o = Orchestrator::<1024, 1024, 290>::new(0);
+    let tiles = FOUND as u32 + 8;
+    let writers: Vec<TaskId> = (0..tiles)
+        .map(|t| submit(&mut o, &[write(9, t, 1)]).unwrap())
+        .collect();
+    for t in 0..12 {
+        submit(&mut o, &[write(10, t, 1)]).unwrap();
+    }
+    assert!(o.deps.available() < o.in_flight() as usize, "counted first");
+    let all = submit(&mut o, &[write(9, 0, tiles)]).unwrap();
+    assert_eq!(o.deps.used(), tiles as usize, "one edge per tile writer");
+    // The tile writers' entries are covered: a later read of a tile finds
+    // the whole write alone.
+    let read_tile = submit(&mut o, &[read(9, 3, 1)]).unwrap();
+    assert_eq!(o.deps.used(), tiles as usize + 1);
+    let mut order = Vec::new();
+    while let Some(t) = o.pop_ready(CoreKind::Vector) {
+        order.push(t.id);
+        o.complete(t.id).unwrap();
+    }
+    assert_eq!(order.len(), tiles as usize + 12 + 2);
+    let at = |id| order.iter().position(|&t| t == id).unwrap();
+    for &w in &writers {
+        assert!(at(w) < at(all), "the whole write after tile writer {w}");
+    }
+    assert!(at(all) < at(read_tile));
+    assert!(o.is_drained());
+}

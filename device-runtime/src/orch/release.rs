@@ -50,23 +50,37 @@ const NO_NEXT: u32 = u32::MAX;
 /// The task was issued: a stream successor linked now would wait forever.
 const ISSUED: u32 = u32::MAX - 1;
 
-/// One task slot.
-#[repr(align(32))]
-struct Slot {
+/// One task slot's words that releasers write: its fan-in and tag.
+/// Apart from its fan-out list ([`Links`]): a thread that releases the
+/// task as a consumer would otherwise pull the line the orchestrator
+/// links later consumers into when the task is their producer (a
+/// whole-tensor task linked into each of a round of tile tasks that a
+/// thread had just released found every one of their lines on that
+/// thread).
+#[repr(align(16))]
+struct Fanin {
     /// Unfinished producers (plus [`BIAS`] while linking).
     fanin: AtomicU32,
+    /// The caller's value for the task, handed to whoever releases it.
+    tag: AtomicU64,
+}
+#[cfg(not(loom))]
+const _: () = assert!(core::mem::size_of::<Fanin>() == 16);
+
+/// One task slot's words that the orchestrator links into and the
+/// task's completer (or issuer) closes.
+#[repr(align(16))]
+struct Links {
     /// Head edge of the fan-out list, with [`CLOSED`] once completed.
     fanout: AtomicU32,
     /// The slot of the stream's next task, [`NO_NEXT`] or [`ISSUED`].
     stream_next: AtomicU32,
-    /// The caller's value for the task, handed to whoever releases it.
-    tag: AtomicU64,
     /// Another value of the caller's for the task, that the graph does not
-    /// use (the dispatcher's dispatch key): it fills the slot's 32 bytes.
+    /// use (the dispatcher's dispatch key): it fills the 16 bytes.
     key: AtomicU64,
 }
 #[cfg(not(loom))]
-const _: () = assert!(core::mem::size_of::<Slot>() == 32);
+const _: () = assert!(core::mem::size_of::<Links>() == 16);
 
 /// One fan-out edge.
 struct Edge {
@@ -77,12 +91,19 @@ struct Edge {
 }
 
 crate::sync::maybe_const_fn! {
-    fn new_slot() -> Slot {
-        Slot {
+    fn new_fanin() -> Fanin {
+        Fanin {
             fanin: AtomicU32::new(0),
+            tag: AtomicU64::new(0),
+        }
+    }
+}
+
+crate::sync::maybe_const_fn! {
+    fn new_links() -> Links {
+        Links {
             fanout: AtomicU32::new(NIL | CLOSED),
             stream_next: AtomicU32::new(ISSUED),
-            tag: AtomicU64::new(0),
             key: AtomicU64::new(0),
         }
     }
@@ -100,7 +121,8 @@ crate::sync::maybe_const_fn! {
 /// Fan-in and fan-out of `TASKS` task slots, with `EDGES` edge nodes
 /// (32 bytes per slot, 8 per edge).
 pub struct ReleaseGraph<const TASKS: usize, const EDGES: usize> {
-    slots: [Slot; TASKS],
+    fanins: [Fanin; TASKS],
+    links: [Links; TASKS],
     edges: [Edge; EDGES],
 }
 
@@ -116,7 +138,8 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
         #[allow(clippy::let_unit_value)]
         let _ = Self::FITS;
         ReleaseGraph {
-            slots: [const { new_slot() }; TASKS],
+            fanins: [const { new_fanin() }; TASKS],
+            links: [const { new_links() }; TASKS],
             edges: [const { new_edge() }; EDGES],
         }
     }
@@ -128,7 +151,8 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
         #[allow(clippy::let_unit_value)]
         let _ = Self::FITS;
         ReleaseGraph {
-            slots: core::array::from_fn(|_| new_slot()),
+            fanins: core::array::from_fn(|_| new_fanin()),
+            links: core::array::from_fn(|_| new_links()),
             edges: core::array::from_fn(|_| new_edge()),
         }
     }
@@ -137,23 +161,23 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     /// edge to or from it. Its previous task must have completed, and its
     /// releases and issue must be done (it retired).
     pub fn open(&self, slot: usize, tag: u64) {
-        let s = &self.slots[slot];
-        s.fanin.store(BIAS, Ordering::Relaxed);
-        s.fanout.store(NIL, Ordering::Relaxed);
-        s.stream_next.store(NO_NEXT, Ordering::Relaxed);
-        s.tag.store(tag, Ordering::Relaxed);
+        let (f, l) = (&self.fanins[slot], &self.links[slot]);
+        f.fanin.store(BIAS, Ordering::Relaxed);
+        f.tag.store(tag, Ordering::Relaxed);
+        l.fanout.store(NIL, Ordering::Relaxed);
+        l.stream_next.store(NO_NEXT, Ordering::Relaxed);
     }
 
     /// Sets `slot`'s [`key`](Self::key): the caller's, for the task the slot
     /// holds next or now, kept until it sets another. No other thread reads
     /// it (`Relaxed`).
     pub fn set_key(&self, slot: usize, key: u64) {
-        self.slots[slot].key.store(key, Ordering::Relaxed);
+        self.links[slot].key.store(key, Ordering::Relaxed);
     }
 
     /// The value [`set_key`](Self::set_key) last set for `slot`.
     pub fn key(&self, slot: usize) -> u64 {
-        self.slots[slot].key.load(Ordering::Relaxed)
+        self.links[slot].key.load(Ordering::Relaxed)
     }
 
     /// Orchestrator: makes `consumer` wait for `producer`'s completion
@@ -163,7 +187,7 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     pub fn link(&self, producer: usize, consumer: usize, edge: usize) -> bool {
         let node = &self.edges[edge];
         node.consumer.store(consumer as u32, Ordering::Relaxed);
-        let list = &self.slots[producer].fanout;
+        let list = &self.links[producer].fanout;
         let mut head = list.load(Ordering::Relaxed);
         loop {
             if head & CLOSED != 0 {
@@ -188,7 +212,7 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     /// Orchestrator: makes `consumer` wait until the stream's previous task
     /// `before` is issued. `false` if it already was.
     pub fn link_stream(&self, before: usize, consumer: usize) -> bool {
-        self.slots[before]
+        self.links[before]
             .stream_next
             .compare_exchange(
                 NO_NEXT,
@@ -206,13 +230,13 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     pub fn arm(&self, slot: usize, linked: u32) -> bool {
         debug_assert!(linked < BIAS);
         let take = BIAS - linked;
-        self.slots[slot].fanin.fetch_sub(take, Ordering::AcqRel) == take
+        self.fanins[slot].fanin.fetch_sub(take, Ordering::AcqRel) == take
     }
 
     /// Drops one from `slot`'s fan-in; at zero, hands its tag to `ready`.
     #[inline(always)]
     fn release(&self, slot: usize, ready: &mut impl FnMut(u64)) {
-        let s = &self.slots[slot];
+        let s = &self.fanins[slot];
         // AcqRel: the last releaser sees every producer's completion (and
         // their kernels' writes, which each completer acquired by polling).
         if s.fanin.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -225,7 +249,7 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     /// `ready`. Exactly once per task.
     pub fn complete(&self, slot: usize, mut ready: impl FnMut(u64)) {
         // Acquire: the edges the orchestrator pushed, and their consumers' slots.
-        let head = self.slots[slot].fanout.fetch_or(CLOSED, Ordering::AcqRel);
+        let head = self.links[slot].fanout.fetch_or(CLOSED, Ordering::AcqRel);
         debug_assert!(head & CLOSED == 0, "a task completes once");
         let mut edge = head & !CLOSED;
         while edge != NIL {
@@ -242,7 +266,7 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     /// task of its stream go (handing its tag to `ready` if that was its
     /// last wait). Once per task on a stream, before its completion.
     pub fn issued(&self, slot: usize, mut ready: impl FnMut(u64)) {
-        let next = self.slots[slot].stream_next.swap(ISSUED, Ordering::AcqRel);
+        let next = self.links[slot].stream_next.swap(ISSUED, Ordering::AcqRel);
         if next != NO_NEXT && next != ISSUED {
             self.release(next as usize, &mut ready);
         }
@@ -251,13 +275,13 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     /// Whether the task in `slot` has been released (its fan-in reached
     /// zero): it is queued, running or done, as far as this thread sees.
     pub fn released(&self, slot: usize) -> bool {
-        self.slots[slot].fanin.load(Ordering::Acquire) == 0
+        self.fanins[slot].fanin.load(Ordering::Acquire) == 0
     }
 
     /// Orchestrator (for reports): whether the task in `producer` has not
     /// completed and `consumer` waits for it, by an edge or on its stream.
     pub fn waits_for(&self, consumer: usize, producer: usize) -> bool {
-        let p = &self.slots[producer];
+        let p = &self.links[producer];
         if p.stream_next.load(Ordering::Acquire) == consumer as u32 {
             return true;
         }

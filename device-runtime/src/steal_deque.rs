@@ -106,7 +106,11 @@ impl<const N: usize> StealDeque<N> {
         if self.owner_claimed.swap(true, Ordering::Acquire) {
             return Err(AlreadyOwned);
         }
-        Ok(Owner { deque: self })
+        let seen_top = self.top.load(Ordering::Acquire);
+        Ok(Owner {
+            deque: self,
+            seen_top,
+        })
     }
 
     /// Tasks in the deque at some recent moment (exact when no one else
@@ -168,6 +172,12 @@ impl<const N: usize> Default for StealDeque<N> {
 /// The owner's end of a [`StealDeque`]: push and pop at the bottom.
 pub struct Owner<'a, const N: usize> {
     deque: &'a StealDeque<N>,
+    /// The owner's last reading of `top` (at or behind it: `top` only
+    /// grows). Thieves write `top` as they take tasks, so reading it on
+    /// every push fetched its line back from the last thief: a push reads
+    /// it again only when this reading says the deque is full, and
+    /// [`Owner::len_bound`] reads it not at all.
+    seen_top: i64,
 }
 
 impl<const N: usize> Drop for Owner<'_, N> {
@@ -182,9 +192,15 @@ impl<const N: usize> Owner<'_, N> {
     pub fn push(&mut self, task: u64) -> Result<(), Full> {
         let d = self.deque;
         let b = d.bottom.0.load(Ordering::Relaxed);
-        let t = d.top.load(Ordering::Acquire);
-        if b - t >= N as i64 {
-            return Err(Full(task));
+        if b - self.seen_top >= N as i64 {
+            // Full as last seen. Acquire: the thieves' reads of the slots
+            // they took happen before the owner overwrites them (a stale
+            // reading only refuses more: the slot of position `b` is
+            // overwritten only once `top` has passed `b - N`).
+            self.seen_top = d.top.load(Ordering::Acquire);
+            if b - self.seen_top >= N as i64 {
+                return Err(Full(task));
+            }
         }
         d.slot(b).store(task, Ordering::Relaxed);
         // Publishes the slot before the new bottom that makes it visible.
@@ -219,9 +235,20 @@ impl<const N: usize> Owner<'_, N> {
         won.then_some(task)
     }
 
-    /// Tasks it holds now.
-    pub fn len(&self) -> usize {
-        self.deque.len()
+    /// Tasks it holds now (and a fresh reading of `top` for the owner).
+    pub fn len(&mut self) -> usize {
+        let d = self.deque;
+        let b = d.bottom.0.load(Ordering::Relaxed);
+        self.seen_top = self.seen_top.max(d.top.load(Ordering::Acquire));
+        (b - self.seen_top).max(0) as usize
+    }
+
+    /// At least the tasks it holds now, without reading the thieves' end:
+    /// what it held at the owner's last reading of `top`, plus what the
+    /// owner pushed since.
+    pub fn len_bound(&self) -> usize {
+        let b = self.deque.bottom.0.load(Ordering::Relaxed);
+        (b - self.seen_top).max(0) as usize
     }
 
     /// Whether it holds no task now.
@@ -235,6 +262,31 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
+
+    #[test]
+    fn the_owners_bound_counts_steals_only_once_it_reads_top() {
+        let d = StealDeque::<8>::new();
+        let mut o = d.claim_owner().unwrap();
+        for t in 1..=3 {
+            o.push(t).unwrap();
+        }
+        assert_eq!(d.steal(), Steal::Task(1));
+        assert_eq!(d.steal(), Steal::Task(2));
+        assert_eq!(o.len_bound(), 3, "two steals the owner has not read");
+        assert_eq!(o.len(), 1);
+        assert_eq!(o.len_bound(), 1, "read with the length");
+        // A push into a deque full as last seen reads `top` again.
+        for t in 4..=8 {
+            o.push(t).unwrap();
+        }
+        assert_eq!(d.steal(), Steal::Task(3));
+        assert_eq!(o.len_bound(), 6);
+        for t in 9..=11 {
+            o.push(t).unwrap();
+        }
+        assert_eq!(o.len(), 8);
+        assert_eq!(o.push(12), Err(Full(12)));
+    }
 
     #[test]
     fn owner_is_lifo_thieves_are_fifo_and_full_refuses() {

@@ -761,7 +761,10 @@ impl<'a> Dispatcher<'a> {
                 };
                 let entry = Entry(task.tag);
                 let set = entry.taskset();
-                if owner.len() >= self.depth || owner.push(task.tag).is_err() {
+                // The bound first: the exact length reads the line the
+                // thread writes as it takes tasks.
+                let full = owner.len_bound() >= self.depth && owner.len() >= self.depth;
+                if full || owner.push(task.tag).is_err() {
                     self.held[k] = Some((task, target));
                     if self.stalled_since.is_none() {
                         self.ready_queue.stalls += 1;
@@ -769,17 +772,22 @@ impl<'a> Dispatcher<'a> {
                     }
                     break;
                 }
-                let len = owner.len() as u64;
-                self.ready_queue.high_water = self.ready_queue.high_water.max(len);
+                // High-water marks: the queues hold at most their bounds
+                // (what they held at the last reading plus what was pushed
+                // since); only when a bound could make a new high is a
+                // length (a line the thread writes) read.
+                let bound = owner.len_bound() as u64;
+                if bound > self.ready_queue.high_water {
+                    let len = owner.len() as u64;
+                    self.ready_queue.high_water = self.ready_queue.high_water.max(len);
+                }
                 if let Some(t) = thread {
-                    self.pushed_len[t][k] = len;
+                    self.pushed_len[t][k] = bound;
                     let stats = &mut self.per_thread[t];
                     stats.placed += 1;
-                    // The other kind's queue holds at most what it held
-                    // after the last push there: only when that could make
-                    // a new high is its length (a line the thread writes)
-                    // read.
-                    if len + self.pushed_len[t][1 - k] > stats.queue_high_water {
+                    if bound + self.pushed_len[t][1 - k] > stats.queue_high_water {
+                        let len = owner.len() as u64;
+                        self.pushed_len[t][k] = len;
                         let other = self.queues.ready[t][1 - k].len() as u64;
                         stats.queue_high_water = stats.queue_high_water.max(len + other);
                     }

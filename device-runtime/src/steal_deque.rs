@@ -107,9 +107,11 @@ impl<const N: usize> StealDeque<N> {
             return Err(AlreadyOwned);
         }
         let seen_top = self.top.load(Ordering::Acquire);
+        let bottom = self.bottom.0.load(Ordering::Relaxed);
         Ok(Owner {
             deque: self,
             seen_top,
+            bottom,
         })
     }
 
@@ -178,11 +180,16 @@ pub struct Owner<'a, const N: usize> {
     /// it again only when this reading says the deque is full, and
     /// [`Owner::len_bound`] reads it not at all.
     seen_top: i64,
+    /// The next position the owner writes: at or ahead of the published
+    /// `bottom` ([`Owner::write`], [`Owner::publish`]).
+    bottom: i64,
 }
 
 impl<const N: usize> Drop for Owner<'_, N> {
-    /// Gives the owner end back, so that a later run can claim it.
+    /// Publishes what it wrote and gives the owner end back, so that a
+    /// later run can claim it.
     fn drop(&mut self) {
+        self.publish();
         self.deque.owner_claimed.store(false, Ordering::Release);
     }
 }
@@ -190,8 +197,18 @@ impl<const N: usize> Drop for Owner<'_, N> {
 impl<const N: usize> Owner<'_, N> {
     /// Adds a task at the bottom; refused when the deque holds `N` tasks.
     pub fn push(&mut self, task: u64) -> Result<(), Full> {
+        self.write(task)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// Adds a task at the bottom without showing it to thieves yet (see
+    /// [`Owner::publish`]); refused when the deque holds `N` tasks. Tasks
+    /// written in a row and published at once cost a thief that takes
+    /// them one transfer of `bottom`'s line, not one per task.
+    pub fn write(&mut self, task: u64) -> Result<(), Full> {
         let d = self.deque;
-        let b = d.bottom.0.load(Ordering::Relaxed);
+        let b = self.bottom;
         if b - self.seen_top >= N as i64 {
             // Full as last seen. Acquire: the thieves' reads of the slots
             // they took happen before the owner overwrites them (a stale
@@ -203,14 +220,29 @@ impl<const N: usize> Owner<'_, N> {
             }
         }
         d.slot(b).store(task, Ordering::Relaxed);
-        // Publishes the slot before the new bottom that makes it visible.
-        fence(Ordering::Release);
-        d.bottom.0.store(b + 1, Ordering::Relaxed);
+        self.bottom = b + 1;
         Ok(())
+    }
+
+    /// Shows thieves every task written so far.
+    pub fn publish(&mut self) {
+        let d = self.deque;
+        if d.bottom.0.load(Ordering::Relaxed) != self.bottom {
+            // The slots before the new bottom that makes them visible.
+            fence(Ordering::Release);
+            d.bottom.0.store(self.bottom, Ordering::Relaxed);
+        }
     }
 
     /// Takes the newest task.
     pub fn pop(&mut self) -> Option<u64> {
+        self.publish();
+        let task = self.pop_published();
+        self.bottom = self.deque.bottom.0.load(Ordering::Relaxed);
+        task
+    }
+
+    fn pop_published(&mut self) -> Option<u64> {
         let d = self.deque;
         let b = d.bottom.0.load(Ordering::Relaxed) - 1;
         d.bottom.0.store(b, Ordering::Relaxed);
@@ -238,22 +270,20 @@ impl<const N: usize> Owner<'_, N> {
     /// Tasks it holds now (and a fresh reading of `top` for the owner).
     pub fn len(&mut self) -> usize {
         let d = self.deque;
-        let b = d.bottom.0.load(Ordering::Relaxed);
         self.seen_top = self.seen_top.max(d.top.load(Ordering::Acquire));
-        (b - self.seen_top).max(0) as usize
+        (self.bottom - self.seen_top).max(0) as usize
     }
 
     /// At least the tasks it holds now, without reading the thieves' end:
     /// what it held at the owner's last reading of `top`, plus what the
     /// owner pushed since.
     pub fn len_bound(&self) -> usize {
-        let b = self.deque.bottom.0.load(Ordering::Relaxed);
-        (b - self.seen_top).max(0) as usize
+        (self.bottom - self.seen_top).max(0) as usize
     }
 
-    /// Whether it holds no task now.
+    /// Whether it holds no task now (written or published).
     pub fn is_empty(&self) -> bool {
-        self.deque.is_empty()
+        self.bottom <= self.deque.top.load(Ordering::Relaxed)
     }
 }
 
@@ -426,6 +456,45 @@ mod loom_tests {
                 all.push(t);
             }
             all.extend(thief.join().unwrap());
+            all.sort();
+            assert_eq!(all, vec![1, 2, 3], "each task exactly once");
+        });
+    }
+
+    /// Tasks written in a row and published at once, past a full deque
+    /// as last seen, reach a thief with their values, each once.
+    #[test]
+    fn tasks_published_together_are_each_stolen_once() {
+        loom::model(|| {
+            let d = Arc::new(StealDeque::<2>::new());
+            let mut o = d.claim_owner().unwrap();
+            o.write(1).unwrap();
+            o.write(2).unwrap();
+            o.publish();
+            let thief = {
+                let d = d.clone();
+                loom::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for _ in 0..3 {
+                        if let Steal::Task(t) = d.steal() {
+                            got.push(t);
+                        }
+                    }
+                    got
+                })
+            };
+            // Full as last seen: the write reads `top` again, and goes in
+            // once the thief has taken one.
+            let mut all = Vec::new();
+            if o.write(3).is_ok() {
+                o.publish();
+            } else {
+                all.push(3);
+            }
+            all.extend(thief.join().unwrap());
+            while let Some(t) = o.pop() {
+                all.push(t);
+            }
             all.sort();
             assert_eq!(all, vec![1, 2, 3], "each task exactly once");
         });

@@ -764,7 +764,8 @@ impl<'a> Dispatcher<'a> {
                 // The bound first: the exact length reads the line the
                 // thread writes as it takes tasks.
                 let full = owner.len_bound() >= self.depth && owner.len() >= self.depth;
-                if full || owner.push(task.tag).is_err() {
+                // Shown to the threads at the end of the round (below).
+                if full || owner.write(task.tag).is_err() {
                     self.held[k] = Some((task, target));
                     if self.stalled_since.is_none() {
                         self.ready_queue.stalls += 1;
@@ -798,6 +799,12 @@ impl<'a> Dispatcher<'a> {
                 self.placed_in[set] += 1;
                 placed = true;
             }
+        }
+        if placed {
+            // One store of each queue's bottom for the round's tasks: a
+            // thread reads that line once for all of them.
+            let owners = self.owners.iter_mut().flatten().chain(&mut self.shared);
+            owners.flatten().for_each(Owner::publish);
         }
         // Policies that never change their mind need not look.
         if !self.observing {

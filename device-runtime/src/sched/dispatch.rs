@@ -105,9 +105,12 @@ pub struct Dispatcher<'a> {
     stalled_since: Option<u64>,
     per_thread: [DispatchStats; MAX_THREADS],
     /// Per thread and kind, the length of its dispatch queue after the
-    /// dispatcher's last push there: at least its length now, as only the
-    /// dispatcher pushes and the others only take.
+    /// dispatcher's last publish there: at least its length now, as only
+    /// the dispatcher pushes and the others only take.
     pushed_len: [[u64; 2]; MAX_THREADS],
+    /// The queues this round wrote tasks to and has not published
+    /// ([`written_bit`]).
+    written: u32,
     /// Told each task's number and loop indices as it is submitted, if set
     /// ([`Dispatcher::observe_submissions`]; a traced host run).
     on_submit: Option<OnSubmit<'a>>,
@@ -283,6 +286,7 @@ impl<'a> Dispatcher<'a> {
             stalled_since: None,
             per_thread: [DispatchStats::default(); MAX_THREADS],
             pushed_len: [[0; 2]; MAX_THREADS],
+            written: 0,
             on_submit: None,
             scratch: ScratchHeap::of_table(table),
             heap_stats: ResourceStats {
@@ -773,25 +777,9 @@ impl<'a> Dispatcher<'a> {
                     }
                     break;
                 }
-                // High-water marks: the queues hold at most their bounds
-                // (what they held at the last reading plus what was pushed
-                // since); only when a bound could make a new high is a
-                // length (a line the thread writes) read.
-                let bound = owner.len_bound() as u64;
-                if bound > self.ready_queue.high_water {
-                    let len = owner.len() as u64;
-                    self.ready_queue.high_water = self.ready_queue.high_water.max(len);
-                }
+                self.written |= 1 << written_bit(thread, k);
                 if let Some(t) = thread {
-                    self.pushed_len[t][k] = bound;
-                    let stats = &mut self.per_thread[t];
-                    stats.placed += 1;
-                    if bound + self.pushed_len[t][1 - k] > stats.queue_high_water {
-                        let len = owner.len() as u64;
-                        self.pushed_len[t][k] = len;
-                        let other = self.queues.ready[t][1 - k].len() as u64;
-                        stats.queue_high_water = stats.queue_high_water.max(len + other);
-                    }
+                    self.per_thread[t].placed += 1;
                 }
                 if let Some(since) = self.stalled_since.take() {
                     self.ready_queue.stall_ticks += now.saturating_sub(since);
@@ -801,10 +789,7 @@ impl<'a> Dispatcher<'a> {
             }
         }
         if placed {
-            // One store of each queue's bottom for the round's tasks: a
-            // thread reads that line once for all of them.
-            let owners = self.owners.iter_mut().flatten().chain(&mut self.shared);
-            owners.flatten().for_each(Owner::publish);
+            self.publish();
         }
         // Policies that never change their mind need not look.
         if !self.observing {
@@ -831,6 +816,42 @@ impl<'a> Dispatcher<'a> {
         }
         self.publish_steals();
         Ok(placed)
+    }
+
+    /// Shows the threads the tasks this round wrote to their queues: one
+    /// store of each queue's bottom for all of them, so that a thread
+    /// reads that line once for the round. The queues' high-water marks
+    /// are taken here: a queue grows only when it is published, so its
+    /// length now is its largest since the last publish.
+    fn publish(&mut self) {
+        let mut written = core::mem::take(&mut self.written);
+        while written != 0 {
+            let bit = written.trailing_zeros() as usize;
+            written &= written - 1;
+            let (t, k) = (bit / 2, bit % 2);
+            let owner = match t {
+                MAX_THREADS => &mut self.shared[k],
+                t => &mut self.owners[t][k],
+            };
+            let Some(owner) = owner.as_mut() else {
+                continue;
+            };
+            owner.publish();
+            // Reads the line the taking thread writes: once a round.
+            let len = owner.len() as u64;
+            self.ready_queue.high_water = self.ready_queue.high_water.max(len);
+            if t < MAX_THREADS {
+                self.pushed_len[t][k] = len;
+                // The other kind's queue holds at most what it held at its
+                // last publish: only when that could make a new high is its
+                // length read.
+                let stats = &mut self.per_thread[t];
+                if len + self.pushed_len[t][1 - k] > stats.queue_high_water {
+                    let other = self.queues.ready[t][1 - k].len() as u64;
+                    stats.queue_high_water = stats.queue_high_water.max(len + other);
+                }
+            }
+        }
     }
 
     fn place(&mut self, task: &ReadyTask, kind: CoreKind) -> Result<Target, RunError> {
@@ -1017,6 +1038,13 @@ impl Context for Expansion<'_, '_> {
         unsafe { self.arena.read_i32(offset) }
     }
 }
+
+/// The bit of [`Dispatcher::written`] for the dispatch queue of `thread`
+/// (the shared one for `None`) and kind `k`.
+fn written_bit(thread: Option<usize>, k: usize) -> u32 {
+    (thread.unwrap_or(MAX_THREADS) * 2 + k) as u32
+}
+const _: () = assert!((MAX_THREADS + 1) * 2 <= 32, "the written bits fit a u32");
 
 #[cfg(test)]
 #[cfg(not(loom))]

@@ -14,7 +14,8 @@
 //!
 //! `cargo bench -p host-tools --bench scheduling`; `WSP_BENCH_SMOKE=1` runs
 //! small sizes once (CI); `WSP_BENCH_ONLY=a|b|c` runs one graph;
-//! `WSP_BENCH_PROFILE=THREADS` runs only ours, once (for callgrind);
+//! `WSP_BENCH_PROFILE=THREADS` runs only ours, once (for callgrind), or
+//! `WSP_BENCH_REPS` times (for a sampling profiler such as `perf record`);
 //! `WSP_BENCH_THREADS=1` prints each of our runs' tasks issued and stolen
 //! per scheduler thread.
 
@@ -376,7 +377,14 @@ fn main() {
             .ok()
             .and_then(|t| t.parse().ok())
         {
-            let ns = ours_on(dag, PolicyKind::WorkStealing, threads);
+            let reps = std::env::var("WSP_BENCH_REPS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(1);
+            let mut ns = 0.0;
+            for _ in 0..reps {
+                ns = ours_on(dag, PolicyKind::WorkStealing, threads);
+            }
             println!(
                 "{:<20} {tasks:>8} tasks  ours {ns:>6.1} ns on {threads} threads",
                 dag.name

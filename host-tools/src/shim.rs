@@ -3,6 +3,8 @@
 //! memory; scheduling, dependency tracking and the issue protocol are the
 //! runtime's.
 
+use std::fmt;
+
 use device_runtime::abi::{Table, TableError};
 use device_runtime::fault::{Fault, FaultPlatform};
 use device_runtime::mailbox::{serve, CoreMailbox};
@@ -11,7 +13,6 @@ use device_runtime::sched::{
     core_owner, drive_leader, Arena, ConfigError, Dispatcher, SchedConfig, Scheduler, MAX_THREADS,
 };
 use device_runtime::sched::{OnSubmit, RunError, RunOptions, RunStats};
-use std::fmt;
 use wsp_ffi::CoreKind;
 
 use crate::record::{Observed, Sink};
@@ -97,9 +98,14 @@ impl From<ConfigError> for ShimError {
 /// the OS's monotonic clock. The runtime reads its clock once a round, so
 /// on a chain of tasks once a task: `Instant::elapsed` costs 25 ns a read
 /// on the development host and its ordered counter read stalls the work
-/// around it (the scheduling bench's chain: 104-118 -> 70-74 ns per task
-/// on two threads, BENCHMARKS.md), where a plain counter read costs 11 ns,
-/// near what the device's system counter costs the AICPU.
+/// around it, where a plain counter read costs 11 ns, nearer what the
+/// device's system counter costs the AICPU (the scheduling bench's chain
+/// on one thread: 180 -> 138 ns per task, BENCHMARKS.md).
+///
+/// A scheduler thread's timeouts and busy times compare readings it took
+/// itself; a trace puts every thread's readings on one time line, which
+/// needs the processors' counters in step, as they are where the OS keeps
+/// the counter as its own clock source (Linux checks that at boot).
 #[derive(Clone)]
 pub struct HostClock {
     clock: quanta::Clock,

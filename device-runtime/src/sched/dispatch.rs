@@ -822,7 +822,8 @@ impl<'a> Dispatcher<'a> {
     /// store of each queue's bottom for all of them, so that a thread
     /// reads that line once for the round. The queues' high-water marks
     /// are taken here: a queue grows only when it is published, so its
-    /// length now is its largest since the last publish.
+    /// length just after is its largest since the last publish (less what
+    /// a thread took in between).
     fn publish(&mut self) {
         let mut written = core::mem::take(&mut self.written);
         while written != 0 {

@@ -1,9 +1,12 @@
 //! Orchestration cost per task: submit (dependency inference in the
 //! TensorMap, DepList wiring) plus hand-out, completion and retirement, with
-//! kernels that take no time. Three DAGs:
+//! kernels that take no time. Four DAGs:
 //! (a) independent tasks, (b) one chain, (c) a tiled GEMM like the reference
 //!     runtime's bgemm: 16 x 16 output tiles x 16 k steps = 4096 tasks, each
-//!     C[i,j] += A[i,k] x B[k,j] (C InOut, A and B In).
+//!     C[i,j] += A[i,k] x B[k,j] (C InOut, A and B In);
+//! (d) the scheduling bench's fan-out/fan-in graph: rounds of 256 tile
+//!     tasks, each reading X[j] and writing Y[j], then one task reading
+//!     all of Y and writing all of X.
 //!
 //! Peer in the same run: a hand-written scheduler for the same DAG with its
 //! edges given up front (fan-in counters and consumer lists precomputed,
@@ -129,18 +132,32 @@ fn peer(fanin: &[u32], consumers: &[Vec<u32>]) {
     black_box(&count);
 }
 
+/// Whether `WSP_BENCH_ONLY` leaves the DAG called `name` out (`=c` runs
+/// only the one whose name starts with "(c)", for profiling).
+fn skipped(name: &str) -> bool {
+    std::env::var("WSP_BENCH_ONLY").is_ok_and(|only| !name.starts_with(&format!("({only})")))
+}
+
 fn measure(name: &str, tasks: usize, args: impl Fn(usize) -> [TaskArg; 3], nargs: usize) {
-    // `WSP_BENCH_ONLY=c` runs only the DAG whose name starts with "(c)" (for profiling).
-    if let Ok(only) = std::env::var("WSP_BENCH_ONLY") {
-        if !name.starts_with(&format!("({only})")) {
-            return;
-        }
+    if skipped(name) {
+        return;
     }
+    let given = edges(tasks, &args, nargs);
+    measure_with(name, tasks, args, nargs, given);
+}
+
+/// [`measure`] with the peer's edges given.
+fn measure_with(
+    name: &str,
+    tasks: usize,
+    args: impl Fn(usize) -> [TaskArg; 3],
+    nargs: usize,
+    (fanin, consumers): (Vec<u32>, Vec<Vec<u32>>),
+) {
     let mut orch = Box::new(Orch::new(0));
     // The submitter's arguments are built outside the timing, as the peer's edges are.
     let all: Vec<[TaskArg; 3]> = (0..tasks).map(&args).collect();
     let ours = median(tasks, || drive(black_box(&mut orch), 64, &all, nargs));
-    let (fanin, consumers) = edges(tasks, &args, nargs);
     let peer_ns = median(tasks, || peer(black_box(&fanin), &consumers));
     println!(
         "{name:<26} {tasks:>7} tasks  {ours:>6.1} ns/task; peer with given edges {peer_ns:>5.1} ns/task; ratio {:.1}",
@@ -174,4 +191,53 @@ fn main() {
         ]
     };
     measure("(c) bgemm 16x16x16 tiles", 4096, bgemm, 3);
+
+    // (d): X and Y are 16 x 16 tiles; a round is 256 tile tasks and a
+    // whole-tensor task. The peer's edges, by hand (the nearest-conflict
+    // rule of `edges` finds one of a whole-tensor task's 256 producers):
+    // a tile task waits for the last round's whole-tensor task (it reads
+    // the X tile that task wrote; its Y write comes after that task's
+    // read and the last tile write there, which that task waited for),
+    // and a whole-tensor task for its round's 256 tile tasks.
+    const PER: usize = 257;
+    let name = "(d) fan-out/fan-in rounds";
+    if !skipped(name) {
+        let tasks = N / PER * PER;
+        let round = |i: usize| {
+            let j = (i % PER) as u32;
+            if j == 256 {
+                let all = |t, access| TaskArg {
+                    tensor: t,
+                    region: Region {
+                        offset: [0; 4],
+                        extent: [256, 256, 1, 1],
+                    },
+                    access,
+                };
+                return [
+                    all(2, Access::READ),
+                    all(1, Access::WRITE),
+                    all(0, Access::READ),
+                ];
+            }
+            [
+                tile(1, j / 16, j % 16, Access::READ),
+                tile(2, j / 16, j % 16, Access::WRITE),
+                tile(0, 0, 0, Access::READ),
+            ]
+        };
+        let mut fanin = vec![0u32; tasks];
+        let mut consumers: Vec<Vec<u32>> = vec![Vec::new(); tasks];
+        for base in (0..tasks).step_by(PER) {
+            for t in base..base + 256 {
+                if base > 0 {
+                    consumers[base - 1].push(t as u32);
+                    fanin[t] += 1;
+                }
+                consumers[t].push((base + 256) as u32);
+                fanin[base + 256] += 1;
+            }
+        }
+        measure_with(name, tasks, round, 2, (fanin, consumers));
+    }
 }

@@ -15,7 +15,7 @@
 //! two is the figure to compare across runs.
 //!
 //! Run: `cargo bench -p device-runtime --bench orchestration`. Prints medians
-//! over 15 runs of nanoseconds per task. `WSP_BENCH_ONLY=a|b|c` runs one DAG.
+//! over 15 runs of nanoseconds per task. `WSP_BENCH_ONLY=a|b|c|d` runs one DAG.
 
 use std::collections::VecDeque;
 use std::hint::black_box;

@@ -17,7 +17,8 @@
 //! `WSP_BENCH_PROFILE=THREADS` runs only ours, once (for callgrind), or
 //! `WSP_BENCH_REPS` times (for a sampling profiler such as `perf record`);
 //! `WSP_BENCH_THREADS=1` prints each of our runs' tasks issued and stolen
-//! per scheduler thread.
+//! per scheduler thread; `WSP_BENCH_WINDOW=N` runs ours with a task
+//! window of N tasks instead of the default.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -41,6 +42,12 @@ const THREADS: usize = 2;
 
 const CORES_PER_THREAD: usize = 4;
 const WIDTH: u32 = 256;
+
+/// Our runs' task window: `WSP_BENCH_WINDOW`, else the default.
+fn window() -> Option<usize> {
+    let w = std::env::var("WSP_BENCH_WINDOW").ok()?;
+    Some(w.parse().expect("WSP_BENCH_WINDOW is a number of tasks"))
+}
 
 /// Cores whose kernels are empty: a launch completes at once. Their clock
 /// is the shim's (the time-stamp counter where it is invariant).
@@ -209,7 +216,10 @@ fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
         platforms,
         &cores,
         &sched,
-        &RunOptions::default(),
+        &RunOptions {
+            window: window(),
+            ..RunOptions::default()
+        },
     )
     .unwrap();
     let elapsed = start.elapsed().as_nanos() as f64;

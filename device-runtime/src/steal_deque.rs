@@ -426,23 +426,26 @@ mod loom_tests {
     use super::*;
     use loom::sync::Arc;
 
+    /// A thread that tries `tries` steals from `d`; joins with what it got.
+    fn thief(d: &Arc<StealDeque<2>>, tries: usize) -> loom::thread::JoinHandle<Vec<u64>> {
+        let d = d.clone();
+        loom::thread::spawn(move || {
+            let mut got = Vec::new();
+            for _ in 0..tries {
+                if let Steal::Task(t) = d.steal() {
+                    got.push(t);
+                }
+            }
+            got
+        })
+    }
+
     /// Owner pushes past capacity and pops while a thief steals twice.
     #[test]
     fn each_task_is_taken_once_in_every_interleaving() {
         loom::model(|| {
             let d = Arc::new(StealDeque::<2>::new());
-            let thief = {
-                let d = d.clone();
-                loom::thread::spawn(move || {
-                    let mut got = Vec::new();
-                    for _ in 0..2 {
-                        if let Steal::Task(t) = d.steal() {
-                            got.push(t);
-                        }
-                    }
-                    got
-                })
-            };
+            let thief = thief(&d, 2);
             let mut o = d.claim_owner().unwrap();
             let mut all = Vec::new();
             o.push(1).unwrap();
@@ -471,18 +474,7 @@ mod loom_tests {
             o.write(1).unwrap();
             o.write(2).unwrap();
             o.publish();
-            let thief = {
-                let d = d.clone();
-                loom::thread::spawn(move || {
-                    let mut got = Vec::new();
-                    for _ in 0..3 {
-                        if let Steal::Task(t) = d.steal() {
-                            got.push(t);
-                        }
-                    }
-                    got
-                })
-            };
+            let thief = thief(&d, 3);
             // Full as last seen: the write reads `top` again, and goes in
             // once the thief has taken one.
             let mut all = Vec::new();

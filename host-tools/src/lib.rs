@@ -26,6 +26,7 @@ pub mod inspect;
 pub mod model;
 pub mod moe;
 pub mod moe_layer;
+pub mod pinning;
 pub mod pipeline;
 pub mod plot;
 pub mod program;

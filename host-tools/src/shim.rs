@@ -15,6 +15,7 @@ use device_runtime::sched::{
 use device_runtime::sched::{OnSubmit, RunError, RunOptions, RunStats};
 use wsp_ffi::CoreKind;
 
+use crate::pinning::{PinError, Pins, Placement};
 use crate::record::{Observed, Sink};
 
 /// The emulated machine.
@@ -29,6 +30,9 @@ pub struct Shim {
     /// Scheduler threads and dispatch policy. Core `c` (cube cores first,
     /// then vector cores) belongs to scheduler thread `c % threads`.
     pub sched: SchedConfig,
+    /// Where the scheduler threads run on the host (the cores' threads
+    /// are left to the OS).
+    pub placement: Placement,
 }
 
 impl Default for Shim {
@@ -38,6 +42,7 @@ impl Default for Shim {
             vector_cores: 2,
             options: RunOptions::default(),
             sched: SchedConfig::default(),
+            placement: Placement::Os,
         }
     }
 }
@@ -63,6 +68,8 @@ pub enum ShimError {
     Platform(PlatformError),
     /// Boxed: a run error can carry a deadlock report of several hundred bytes.
     Run(Box<RunError>),
+    /// A pinned run ([`Placement::Pinned`]) could not pin its threads.
+    Pin(PinError),
 }
 
 impl fmt::Display for ShimError {
@@ -71,6 +78,7 @@ impl fmt::Display for ShimError {
             ShimError::Table(e) => write!(f, "{e}"),
             ShimError::Platform(e) => write!(f, "platform: {e}"),
             ShimError::Run(e) => write!(f, "run failed: {e}"),
+            ShimError::Pin(e) => write!(f, "{e}"),
         }
     }
 }
@@ -233,23 +241,36 @@ impl Shim {
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(ShimError::Platform)
-                .and_then(|platforms| match sink {
-                    None => run_threads(
-                        &table,
-                        arena,
-                        platforms,
-                        &groups,
-                        &self.sched,
-                        &self.options,
-                    ),
-                    Some(sink) => {
-                        let observed = platforms
-                            .into_iter()
-                            .enumerate()
-                            .map(|(t, p)| Observed::new(p, sink, t, &groups[t]))
-                            .collect();
-                        let (sched, options) = (&self.sched, &self.options);
-                        run_threads_with(&table, arena, observed, &groups, sched, options, sink)
+                .and_then(|platforms| {
+                    let (sched, options) = (&self.sched, &self.options);
+                    match sink {
+                        None => run_threads_inner(
+                            &table,
+                            arena,
+                            platforms,
+                            &groups,
+                            sched,
+                            options,
+                            None,
+                            self.placement,
+                        ),
+                        Some(sink) => {
+                            let observed = platforms
+                                .into_iter()
+                                .enumerate()
+                                .map(|(t, p)| Observed::new(p, sink, t, &groups[t]))
+                                .collect();
+                            run_threads_inner(
+                                &table,
+                                arena,
+                                observed,
+                                &groups,
+                                sched,
+                                options,
+                                Some(sink),
+                                self.placement,
+                            )
+                        }
                     }
                 });
             // Also when the run failed early: the core threads must end.
@@ -282,7 +303,34 @@ pub fn run_threads<P: Platform + Send>(
     sched: &SchedConfig,
     options: &RunOptions,
 ) -> Result<RunStats, ShimError> {
-    run_threads_inner(table, arena, platforms, cores, sched, options, None)
+    run_threads_inner(
+        table,
+        arena,
+        platforms,
+        cores,
+        sched,
+        options,
+        None,
+        Placement::Os,
+    )
+}
+
+/// As [`run_threads`], with the scheduler threads placed on the host's
+/// processors as `placement` says (see [`crate::pinning`]: pinned, a
+/// run does not depend on where the OS puts a new thread).
+#[allow(clippy::too_many_arguments)]
+pub fn run_threads_placed<P: Platform + Send>(
+    table: &Table<'_>,
+    arena: &mut [u8],
+    platforms: Vec<P>,
+    cores: &[Vec<usize>],
+    sched: &SchedConfig,
+    options: &RunOptions,
+    placement: Placement,
+) -> Result<RunStats, ShimError> {
+    run_threads_inner(
+        table, arena, platforms, cores, sched, options, None, placement,
+    )
 }
 
 /// As [`run_threads`], telling `sink` each task's loop indices (if it
@@ -296,9 +344,20 @@ pub fn run_threads_with<P: Platform + Send>(
     options: &RunOptions,
     sink: &Sink,
 ) -> Result<RunStats, ShimError> {
-    run_threads_inner(table, arena, platforms, cores, sched, options, Some(sink))
+    let placement = Placement::Os;
+    run_threads_inner(
+        table,
+        arena,
+        platforms,
+        cores,
+        sched,
+        options,
+        Some(sink),
+        placement,
+    )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_threads_inner<P: Platform + Send>(
     table: &Table<'_>,
     arena: &mut [u8],
@@ -307,7 +366,18 @@ fn run_threads_inner<P: Platform + Send>(
     sched: &SchedConfig,
     options: &RunOptions,
     sink: Option<&Sink>,
+    placement: Placement,
 ) -> Result<RunStats, ShimError> {
+    check_threads(platforms.len())?;
+    let pins = match placement {
+        Placement::Os => None,
+        Placement::Pinned => Some(Pins::plan(platforms.len()).map_err(ShimError::Pin)?),
+    };
+    // Thread 0 (this thread) is pinned before it builds the run's state,
+    // which then is in the caches of the processor that uses it.
+    if let Some(pins) = &pins {
+        pins.pin(0).map_err(ShimError::Pin)?;
+    }
     let mut loops: Vec<(u32, Vec<u32>)> = Vec::new();
     let mut on_submit = |task: u32, l: &[u32]| loops.push((task, l.to_vec()));
     let result = run_threads_observing(
@@ -318,13 +388,22 @@ fn run_threads_inner<P: Platform + Send>(
         sched,
         options,
         sink.filter(|s| s.keeps()).map(|_| &mut on_submit as _),
+        pins.as_ref(),
     );
     if let Some(sink) = sink {
         sink.add_loops(loops);
     }
-    result
+    match pins.as_ref().map_or(Ok(()), Pins::restore) {
+        Ok(()) => result,
+        // The run's own error first: it says more than the restore's.
+        Err(e) => result.and(Err(ShimError::Pin(e))),
+    }
 }
 
+/// Runs the table on one scheduler thread per platform, thread 0 (this
+/// thread) already placed; threads 1.. pin themselves to their
+/// processors in `pins` (if given) before they serve.
+#[allow(clippy::too_many_arguments)]
 fn run_threads_observing<'o, P: Platform + Send>(
     table: &'o Table<'_>,
     arena: &'o mut [u8],
@@ -333,8 +412,8 @@ fn run_threads_observing<'o, P: Platform + Send>(
     sched: &SchedConfig,
     options: &RunOptions,
     on_submit: Option<OnSubmit<'o>>,
+    pins: Option<&Pins>,
 ) -> Result<RunStats, ShimError> {
-    check_threads(platforms.len())?;
     let threads = platforms.len();
     let ids: Vec<Vec<u16>> = cores
         .iter()
@@ -377,9 +456,19 @@ fn run_threads_observing<'o, P: Platform + Send>(
         let start = leader.platform().now();
         let handles: Vec<_> = others
             .into_iter()
-            .map(|mut scheduler| {
+            .enumerate()
+            .map(|(i, mut scheduler)| {
                 s.spawn(move || {
-                    let result = scheduler.serve();
+                    // Pinned before the thread takes any work. A thread that
+                    // cannot pin ends the run (its `serve` stops the others).
+                    let pinned = pins.map_or(Ok(()), |p| p.pin(i + 1));
+                    let result = match pinned {
+                        Ok(()) => scheduler.serve().map_err(ShimError::from),
+                        Err(e) => {
+                            scheduler.abort();
+                            Err(ShimError::Pin(e))
+                        }
+                    };
                     (scheduler, result)
                 })
             })
@@ -399,9 +488,8 @@ fn run_threads_observing<'o, P: Platform + Send>(
         }
         all.insert(0, leader);
         match (led, failure) {
-            (Err(RunError::ThreadFailed), Some(e)) | (Ok(()), Some(e)) | (Err(e), _) => {
-                Err(e.into())
-            }
+            (Err(RunError::ThreadFailed), Some(e)) | (Ok(()), Some(e)) => Err(e),
+            (Err(e), _) => Err(e.into()),
             (Ok(()), None) => Ok(RunStats::collect(&dispatcher, &all, tps, wall)),
         }
     })

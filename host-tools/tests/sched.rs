@@ -398,6 +398,7 @@ fn issue_depth_two_queues_behind_running_tasks_and_one_does_not() {
             vector_cores: 0,
             sched,
             options: options(depth),
+            ..Shim::default()
         };
         let mut arena = w.arena.clone();
         let stats = shim.run(&w.table, &mut arena.bytes).unwrap();

@@ -2,6 +2,7 @@
 //! depend on how many cores run it (dependency order fixes every result).
 
 use device_runtime::sched::RunError;
+use host_tools::pinning::{processors, Placement};
 use host_tools::shim::{Shim, ShimError};
 use host_tools::workloads::{Params, Workload, NAMES};
 
@@ -188,4 +189,72 @@ fn a_seed_changes_the_data_only_and_given_sizes_are_honoured() {
     assert!(mlp.summary.contains("X[256x256]"), "{}", mlp.summary);
     assert_eq!(Params::of("mlp").unwrap().m, 64);
     assert!(Params::of("nope").is_err());
+}
+
+/// A pinned run computes what an unpinned one does and gives the calling
+/// thread (scheduler thread 0, pinned during the run) its processors
+/// back; with more threads than processors it is refused with the cause
+/// (also checked in `pinning`'s own tests, which do not depend on
+/// `MAX_THREADS`).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_pinned_run_computes_the_same_and_gives_the_caller_its_processors_back() {
+    let w = Workload::build(
+        "gemm",
+        Params {
+            m: 128,
+            n: 128,
+            k: 96,
+            tile: 32,
+            seed: 4,
+        },
+    )
+    .unwrap();
+    let available = processors().unwrap();
+    let threads = available.len().min(2);
+    let shim = |placement| Shim {
+        cube_cores: 2,
+        vector_cores: 2,
+        placement,
+        sched: device_runtime::sched::SchedConfig {
+            threads,
+            ..Default::default()
+        },
+        ..Shim::default()
+    };
+    let mut pinned = w.arena.clone();
+    let stats = shim(Placement::Pinned)
+        .run(&w.table, &mut pinned.bytes)
+        .unwrap();
+    assert_eq!(stats.tasks as usize, w.tasks);
+    let check = w.verify(&pinned);
+    assert!(check.passed(), "pinned: {check}");
+    assert_eq!(processors().unwrap(), available, "the caller's set is back");
+    let mut free = w.arena.clone();
+    shim(Placement::Os).run(&w.table, &mut free.bytes).unwrap();
+    assert!(
+        pinned.bytes == free.bytes,
+        "pinned and unpinned runs differ"
+    );
+
+    // More threads than this thread may use processors: refused, nothing run.
+    let set = processors().unwrap();
+    if set.len() < device_runtime::sched::MAX_THREADS {
+        let too_many = Shim {
+            sched: device_runtime::sched::SchedConfig {
+                threads: set.len() + 1,
+                ..Default::default()
+            },
+            ..shim(Placement::Pinned)
+        };
+        let mut arena = w.arena.clone();
+        match too_many.run(&w.table, &mut arena.bytes) {
+            Err(ShimError::Pin(e)) => assert!(
+                e.to_string()
+                    .contains(&format!("may use {} processors", set.len())),
+                "{e}"
+            ),
+            other => panic!("expected a pinning error, got {other:?}"),
+        }
+    }
 }

@@ -499,6 +499,14 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         Ok(progress)
     }
 
+    /// Ends the run from this thread instead of serving it (its host could
+    /// not set the thread up): tells the other threads, then leaves its
+    /// cores idle.
+    pub fn abort(&mut self) {
+        self.queues.abort();
+        self.drain();
+    }
+
     /// Threads 1.. of a threaded run: steps until the dispatcher says the
     /// run finished or some thread failed; then returns with its cores idle.
     pub fn serve(&mut self) -> Result<(), RunError> {

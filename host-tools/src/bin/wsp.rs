@@ -10,6 +10,7 @@ use device_runtime::fault::Fault;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunError, RunOptions, RunStats};
 use host_tools::inspect::inspect_named;
+use host_tools::pinning::Placement;
 use host_tools::plot::Swimlanes;
 use host_tools::program::CspNames;
 use host_tools::record::Sink;
@@ -90,6 +91,11 @@ enum Command {
         /// The default is every runner's (QEMU's too): 2.
         #[arg(long, default_value_t = SchedConfig::default().threads)]
         threads: usize,
+        /// Pin the scheduler threads one to a processor (Linux; refused when
+        /// this process may use fewer processors than --threads): a run
+        /// then does not depend on where the OS puts a new thread.
+        #[arg(long)]
+        pin: bool,
         /// Dispatch policy: round-robin, affinity, hash, work-stealing, shared,
         /// adaptive. The default is every runner's (QEMU's too).
         #[arg(long, default_value = SchedConfig::default().policy.name())]
@@ -686,6 +692,7 @@ fn run(cli: Cli) -> Result<bool> {
             plot,
             json,
             threads,
+            pin,
             policy,
             key,
             queue_depth,
@@ -697,6 +704,9 @@ fn run(cli: Cli) -> Result<bool> {
         } => {
             if fault.is_some() && semantic {
                 bail!("--fault runs on the shim's threads; semantic time has no cores to break");
+            }
+            if pin && semantic {
+                bail!("--pin places the shim's threads; a semantic-time run has no host threads to place");
             }
             JSON.store(json, std::sync::atomic::Ordering::Relaxed);
             let policy = PolicyKind::parse(&policy)
@@ -727,6 +737,11 @@ fn run(cli: Cli) -> Result<bool> {
                         kernel_timeout_ms,
                         ack_timeout_ms,
                         ..RunOptions::default()
+                    },
+                    placement: if pin {
+                        Placement::Pinned
+                    } else {
+                        Placement::Os
                     },
                 },
                 semantic,

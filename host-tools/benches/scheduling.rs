@@ -19,9 +19,17 @@
 //! `WSP_BENCH_THREADS=1` prints each of our runs' tasks issued and stolen
 //! per scheduler thread; `WSP_BENCH_WINDOW=N` runs ours with a task
 //! window of N tasks instead of the default.
+//!
+//! Every contestant's threads are pinned one to a processor (ours with
+//! [`Placement::Pinned`], the peers' from their threads' start), when the
+//! host has processors for all of them (`WSP_BENCH_PIN=0`: never): left to
+//! the OS, two threads of a run sometimes share one processor while the
+//! other idles, and the run measures one processor instead of two
+//! (`BENCHMARKS.md`, "Seventh pass").
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
@@ -29,8 +37,9 @@ use device_runtime::abi::Table;
 use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::RunOptions;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
+use host_tools::pinning::{pin_to_nth, Pins, Placement};
 use host_tools::semantic::run_semantic_with;
-use host_tools::shim::{run_threads, HostClock};
+use host_tools::shim::{run_threads_placed, HostClock};
 use host_tools::table::{Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, Out};
 use wsp_ffi::{
@@ -42,6 +51,33 @@ const THREADS: usize = 2;
 
 const CORES_PER_THREAD: usize = 4;
 const WIDTH: u32 = 256;
+
+/// Where every contestant's threads run: pinned one to a processor when
+/// the host has `THREADS` processors for this process, else (or with
+/// `WSP_BENCH_PIN=0`) where the OS puts them (said once).
+fn placement() -> Placement {
+    static PLACEMENT: OnceLock<Placement> = OnceLock::new();
+    *PLACEMENT.get_or_init(|| {
+        if std::env::var("WSP_BENCH_PIN").is_ok_and(|v| v == "0") {
+            eprintln!("threads not pinned (WSP_BENCH_PIN=0)");
+            return Placement::Os;
+        }
+        match Pins::plan(THREADS) {
+            Ok(_) => Placement::Pinned,
+            Err(e) => {
+                eprintln!("threads not pinned ({e}): figures depend on where the OS puts them");
+                Placement::Os
+            }
+        }
+    })
+}
+
+/// Pins the calling peer thread `index` as [`placement`] says.
+fn pin_peer(index: usize) {
+    if placement() == Placement::Pinned {
+        pin_to_nth(index).expect("the processors were there when the plan was made");
+    }
+}
 
 /// Our runs' task window: `WSP_BENCH_WINDOW`, else the default.
 fn window() -> Option<usize> {
@@ -63,6 +99,14 @@ impl Clock for EmptyCores {
     }
     fn ticks_per_second(&self) -> u64 {
         self.clock.ticks_per_second()
+    }
+    // Idles as the shim does: spins, then yields (without the yield, two
+    // threads the OS put on one processor shared it in 4 ms slices).
+    fn relax(&self) {
+        self.clock.relax()
+    }
+    fn pause(&self) {
+        self.clock.pause()
     }
 }
 
@@ -210,7 +254,7 @@ fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
         policy,
         ..SchedConfig::default()
     };
-    let stats = run_threads(
+    let stats = run_threads_placed(
         &table,
         &mut arena,
         platforms,
@@ -220,6 +264,7 @@ fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
             window: window(),
             ..RunOptions::default()
         },
+        placement(),
     )
     .unwrap();
     let elapsed = start.elapsed().as_nanos() as f64;
@@ -229,7 +274,11 @@ fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
             .iter()
             .map(|t| {
                 let (issued, stolen) = (t.issued, t.steals);
-                format!("thread {}: {issued} issued, {stolen} stolen", t.thread)
+                let (placed, kept) = (t.placed, t.released);
+                format!(
+                    "thread {}: {issued} issued, {stolen} stolen, {placed} placed by the dispatcher, {kept} kept",
+                    t.thread
+                )
             })
             .collect();
         let ns = elapsed / stats.tasks as f64;
@@ -295,6 +344,7 @@ fn crossbeam_peer(dag: &Dag) -> f64 {
         for (id, worker) in workers.into_iter().enumerate() {
             let (fanin, injector, done, stealers) = (&fanin, &injector, &done, &stealers);
             s.spawn(move || {
+                pin_peer(id);
                 while done.load(Ordering::Acquire) < n {
                     let task = worker.pop().or_else(|| loop {
                         let found = injector.steal_batch_and_pop(&worker).or_else(|| {
@@ -366,6 +416,7 @@ fn main() {
     let (n, samples) = if smoke { (20_000, 1) } else { (1_000_000, 5) };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(THREADS)
+        .start_handler(pin_peer)
         .build()
         .unwrap();
     println!(

@@ -20,11 +20,11 @@
 //! per scheduler thread; `WSP_BENCH_WINDOW=N` runs ours with a task
 //! window of N tasks instead of the default.
 //!
-//! Every contestant's threads are pinned one to a processor (ours with
-//! [`Placement::Pinned`], the peers' from their threads' start), when the
-//! host has processors for all of them (`WSP_BENCH_PIN=0`: never): left to
-//! the OS, two threads of a run sometimes share one processor while the
-//! other idles, and the run measures one processor instead of two
+//! `WSP_BENCH_PIN=1` pins every contestant's threads one to a processor
+//! (ours with [`Placement::Pinned`], the peers' from their threads'
+//! start): left to the OS, two threads of a run sometimes share one
+//! processor while the other idles, and the run measures one processor
+//! instead of two; pinned, our runs were slower on this project's machine
 //! (`BENCHMARKS.md`, "Seventh pass").
 
 use std::hint::black_box;
@@ -52,20 +52,19 @@ const THREADS: usize = 2;
 const CORES_PER_THREAD: usize = 4;
 const WIDTH: u32 = 256;
 
-/// Where every contestant's threads run: pinned one to a processor when
-/// the host has `THREADS` processors for this process, else (or with
-/// `WSP_BENCH_PIN=0`) where the OS puts them (said once).
+/// Where every contestant's threads run: where the OS puts them, or with
+/// `WSP_BENCH_PIN=1` pinned one to a processor (if the host has `THREADS`
+/// processors for this process; said once if not).
 fn placement() -> Placement {
     static PLACEMENT: OnceLock<Placement> = OnceLock::new();
     *PLACEMENT.get_or_init(|| {
-        if std::env::var("WSP_BENCH_PIN").is_ok_and(|v| v == "0") {
-            eprintln!("threads not pinned (WSP_BENCH_PIN=0)");
+        if !std::env::var("WSP_BENCH_PIN").is_ok_and(|v| v == "1") {
             return Placement::Os;
         }
         match Pins::plan(THREADS) {
             Ok(_) => Placement::Pinned,
             Err(e) => {
-                eprintln!("threads not pinned ({e}): figures depend on where the OS puts them");
+                eprintln!("WSP_BENCH_PIN=1: threads not pinned ({e})");
                 Placement::Os
             }
         }

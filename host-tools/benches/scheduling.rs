@@ -418,8 +418,12 @@ fn main() {
         .start_handler(pin_peer)
         .build()
         .unwrap();
+    let placed = match placement() {
+        Placement::Os => "placed by the OS",
+        Placement::Pinned => "each pinned to a processor",
+    };
     println!(
-        "overhead per task, empty kernels, {THREADS} threads ({CORES_PER_THREAD} empty cores each for ours); median of {samples}"
+        "overhead per task, empty kernels, {THREADS} threads ({placed}; {CORES_PER_THREAD} empty cores each for ours); median of {samples}"
     );
     let dags = [independent(n), chain(n / 10), fan((n / 10) / (WIDTH + 1))];
     // `WSP_BENCH_ONLY=a|b|c` runs one graph (for profiling).

@@ -21,9 +21,10 @@ pub enum Placement {
     /// Where the OS puts them (and moves them).
     #[default]
     Os,
-    /// Thread `t` on the `t`-th processor the calling thread may use;
-    /// the calling thread (thread 0) gets its own set back after the run.
-    /// Refused when it may use fewer processors than the run has threads.
+    /// Each thread on its own processor of those the calling thread may
+    /// use ([`Pins::plan`]): the calling thread (thread 0) on the one it
+    /// runs on, and its own set back after the run. Refused when it may
+    /// use fewer processors than the run has threads.
     Pinned,
 }
 

@@ -460,7 +460,7 @@ fn run_threads_observing<'o, P: Platform + Send>(
             .map(|(i, mut scheduler)| {
                 s.spawn(move || {
                     // Pinned before the thread takes any work. A thread that
-                    // cannot pin ends the run (its `serve` stops the others).
+                    // cannot pin aborts the run, which stops the others.
                     let pinned = pins.map_or(Ok(()), |p| p.pin(i + 1));
                     let result = match pinned {
                         Ok(()) => scheduler.serve().map_err(ShimError::from),

@@ -52,9 +52,9 @@ fn drive(o: &mut Orch, batch: usize, args: &[[TaskArg; 3]], nargs: usize) {
             o.complete(t.id).unwrap();
         }
     };
-    // The loop's own bookkeeping is kept to a few instructions per task (a
-    // countdown instead of `i % batch`, a division), since callgrind counts
-    // it with the orchestrator's.
+    // Callgrind counts the loop's own bookkeeping with the orchestrator's:
+    // a countdown, not `i % batch` (a division per task). About 20
+    // instructions per task remain the loop's (BENCHMARKS.md).
     let mut left = batch;
     for (tag, a) in args.iter().enumerate() {
         let a = &a[..nargs];

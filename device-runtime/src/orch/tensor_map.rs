@@ -800,17 +800,15 @@ impl<const N: usize> TensorMap<N> {
             return;
         }
         // The cells of the previous shape, as `probe` does; too many to
-        // list, and every bucket is all there is to scan.
-        let prev = if place.has(Place::PREV) {
-            let cells = self.prev_cells(place, region);
-            if cells.is_none() {
-                self.scan_every_bucket(&mut scan, v);
-                return;
-            }
-            cells
-        } else {
-            None
-        };
+        // list, and every bucket is all there is to scan. (They are worked
+        // out again for their scan below rather than kept: 48 bytes kept
+        // across the scans cost the common case a copy through the stack
+        // per argument.)
+        let prev = place.has(Place::PREV);
+        if prev && self.prev_cells(place, region).is_none() {
+            self.scan_every_bucket(&mut scan, v);
+            return;
+        }
         // Where a live writer of all of the region most likely is first (a
         // tile's own cell, or the wide bucket for a larger region), so that
         // the scans after it stop at it.
@@ -830,8 +828,9 @@ impl<const N: usize> TensorMap<N> {
             self.scan_cells(cells, &mut scan, v);
             scan.whole = false;
         }
-        if prev.is_some() {
-            self.scan_cells(prev, &mut scan, v);
+        if prev {
+            let cells = self.prev_cells(place, region);
+            self.scan_cells(cells, &mut scan, v);
         }
     }
 

@@ -1475,12 +1475,11 @@ impl Expander {
                     }
                     self.m.depth -= 1;
                 }
-                OP_WHEN => {
-                    if self.read(ins.x[0]) == 0 {
-                        self.m.pc = ins.imm.get() as usize;
-                        continue;
-                    }
+                OP_WHEN if self.read(ins.x[0]) == 0 => {
+                    self.m.pc = ins.imm.get() as usize;
+                    continue;
                 }
+                OP_WHEN => {}
                 OP_JUMP => {
                     self.m.pc = ins.imm.get() as usize;
                     continue;
@@ -1501,7 +1500,9 @@ impl Expander {
                 }
                 OP_PROCESS_END => return Ok(Next::Done),
                 OP_SEND => {
-                    if !self.send(ins, cx)? {
+                    // Not a guard: sending changes the channel.
+                    let sent = self.send(ins, cx)?;
+                    if !sent {
                         return Ok(Next::Wait(Wait::ChannelFull {
                             channel: ins.imm.get() as u8,
                         }));

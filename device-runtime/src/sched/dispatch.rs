@@ -23,7 +23,9 @@ use crate::abi::{
 };
 use crate::expand::{tensor_view, Context, Expander, Next, TaskSpec, Wait, NO_ARG};
 use crate::orch::scratch::{Bind, ScratchError, ScratchHeap};
-use crate::orch::{ReadyTask, ResourceStats, StallReason, SubmitError, TaskId, UsageError};
+use crate::orch::{
+    ReadyTask, ResourceStats, StallReason, SubmitError, TaskArg, TaskId, UsageError,
+};
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
 
@@ -83,6 +85,10 @@ pub struct Dispatcher<'a> {
     /// The task to submit next (when `pending`), filled in place: a spec
     /// is a few hundred bytes, not moved per task.
     spec: TaskSpec,
+    /// The arguments of `spec` the TensorMap tracks, rebuilt for each
+    /// submission (a field, so that a submission does not fill a fresh
+    /// array first).
+    tracked: [TaskArg; MAX_TENSOR_ARGS],
     /// The program has ended.
     expanded: bool,
     /// What the program waited for at its last step, if it waited.
@@ -273,6 +279,7 @@ impl<'a> Dispatcher<'a> {
             contexts: [0; TASK_WINDOW],
             pending: false,
             spec: TaskSpec::empty(),
+            tracked: [NO_ARG; MAX_TENSOR_ARGS],
             expanded: false,
             yielded: false,
             retired: false,
@@ -624,11 +631,10 @@ impl<'a> Dispatcher<'a> {
             // The TensorMap tracks the arguments on tensors some task
             // writes; one that none writes (a weight, an input) can
             // neither wait for a writer nor hold one back.
-            let mut tracked = [NO_ARG; MAX_TENSOR_ARGS];
             let mut count = 0;
             for arg in spec.args() {
                 if !self.table.is_read_only(arg.tensor) {
-                    tracked[count] = *arg;
+                    self.tracked[count] = *arg;
                     count += 1;
                 }
             }
@@ -637,7 +643,7 @@ impl<'a> Dispatcher<'a> {
                 now,
                 spec.stream,
                 spec.kernel,
-                &tracked[..count],
+                &self.tracked[..count],
                 entry.0,
                 entry.0,
             ) {

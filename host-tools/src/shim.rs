@@ -97,18 +97,22 @@ impl From<ConfigError> for ShimError {
     }
 }
 
-/// Nanoseconds since the clock was made; idles by spinning a little, then
-/// yielding the host thread (the shim's cores are host threads too, and
-/// the host may have fewer processors than threads).
+/// Counter ticks since the clock was made, at
+/// [`Clock::ticks_per_second`]; idles by spinning a little, then yielding
+/// the host thread (the shim's cores are host threads too, and the host may
+/// have fewer processors than threads).
 ///
 /// Read from the processor's time-stamp counter where it is invariant
-/// (`quanta` checks, and calibrates it against the OS clock), else from
-/// the OS's monotonic clock. The runtime reads its clock once a round, so
-/// on a chain of tasks once a task: `Instant::elapsed` costs 25 ns a read
-/// on the development host and its ordered counter read stalls the work
-/// around it, where a plain counter read costs 11 ns, nearer what the
-/// device's system counter costs the AICPU (the scheduling bench's chain
-/// on one thread: 180 -> 138 ns per task, BENCHMARKS.md).
+/// (`quanta` checks, and calibrates it against the OS clock: the rate
+/// comes from that calibration), else from the OS's monotonic clock in
+/// nanoseconds. The runtime reads its clock once a round, so on a chain of
+/// tasks once a task: `Instant::elapsed` costs 25 ns a read on the
+/// development host and its ordered counter read stalls the work around
+/// it, where a plain counter read costs 11 ns, nearer what the device's
+/// system counter costs the AICPU (the scheduling bench's chain on one
+/// thread: 180 -> 138 ns per task, BENCHMARKS.md). The reading stays in
+/// counter ticks, as the device's does: scaling each one to nanoseconds
+/// cost about 20 instructions a round, and only reports need the scale.
 ///
 /// A scheduler thread's timeouts and busy times compare readings it took
 /// itself; a trace puts every thread's readings on one time line, which
@@ -117,15 +121,27 @@ impl From<ConfigError> for ShimError {
 #[derive(Clone)]
 pub struct HostClock {
     clock: quanta::Clock,
-    start: quanta::Instant,
+    /// The counter's reading when the clock was made.
+    start: u64,
+    ticks_per_second: u64,
 }
 
 impl HostClock {
     /// A clock that starts at 0 now.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        let start = clock.now();
-        HostClock { clock, start }
+        // The counter's rate, from quanta's calibration: the nanoseconds
+        // a long span of ticks takes (exact to far below a part per
+        // million at this span).
+        const SPAN: u64 = 1 << 40;
+        let nanos = clock.delta_as_nanos(0, SPAN).max(1);
+        let ticks_per_second = (SPAN as u128 * 1_000_000_000 / nanos as u128) as u64;
+        let start = clock.raw();
+        HostClock {
+            clock,
+            start,
+            ticks_per_second: ticks_per_second.max(1),
+        }
     }
 }
 
@@ -137,13 +153,10 @@ impl Default for HostClock {
 
 impl Clock for HostClock {
     fn now(&self) -> u64 {
-        self.clock
-            .now()
-            .saturating_duration_since(self.start)
-            .as_nanos() as u64
+        self.clock.raw().saturating_sub(self.start)
     }
     fn ticks_per_second(&self) -> u64 {
-        1_000_000_000
+        self.ticks_per_second
     }
     fn relax(&self) {
         std::hint::spin_loop();

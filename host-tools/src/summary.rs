@@ -141,10 +141,49 @@ fn table(header: &[&str], text: usize, rows: Vec<Vec<String>>) -> Table {
     t
 }
 
+/// How the tables show a run's times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeUnit {
+    /// Semantic cycles, as the run counted them.
+    Cycles,
+    /// Nanoseconds, from the platform's ticks at the run's
+    /// `ticks_per_second` (the shim's ticks are its host's counter ticks).
+    Nanos,
+}
+
+impl TimeUnit {
+    /// Cycles for a semantic run, else nanoseconds.
+    pub fn of_run(semantic: bool) -> Self {
+        if semantic {
+            TimeUnit::Cycles
+        } else {
+            TimeUnit::Nanos
+        }
+    }
+
+    /// Its name in a column's header.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimeUnit::Cycles => "cycles",
+            TimeUnit::Nanos => "ns",
+        }
+    }
+
+    /// `ticks` of `stats`'s run in this unit.
+    pub fn of(self, stats: &RunStats, ticks: u64) -> u64 {
+        match self {
+            TimeUnit::Cycles => ticks,
+            TimeUnit::Nanos => {
+                let tps = stats.ticks_per_second.max(1) as u128;
+                (ticks as u128 * 1_000_000_000 / tps) as u64
+            }
+        }
+    }
+}
+
 /// Per scheduler thread: tasks placed on it, released and issued by it,
-/// steals, its queue's high-water mark and its cores' busy time (`unit`:
-/// the run's ticks, cycles or ns).
-pub fn threads_table(stats: &RunStats, unit: &str) -> Table {
+/// steals, its queue's high-water mark and its cores' busy time.
+pub fn threads_table(stats: &RunStats, unit: TimeUnit) -> Table {
     let rows = stats
         .threads()
         .iter()
@@ -158,11 +197,11 @@ pub fn threads_table(stats: &RunStats, unit: &str) -> Table {
                 t.queued.to_string(),
                 format!("{}/{}", t.steals, t.steal_attempts),
                 t.queue_high_water.to_string(),
-                t.busy_ticks.to_string(),
+                unit.of(stats, t.busy_ticks).to_string(),
             ]
         })
         .collect();
-    let busy = format!("cores busy ({unit})");
+    let busy = format!("cores busy ({})", unit.name());
     let header = [
         "thread",
         "placed",
@@ -179,7 +218,7 @@ pub fn threads_table(stats: &RunStats, unit: &str) -> Table {
 
 /// Per core: its kind and thread, tasks, kernel cycles, busy and idle
 /// time and the busy share of the run.
-pub fn cores_table(stats: &RunStats, unit: &str) -> Table {
+pub fn cores_table(stats: &RunStats, unit: TimeUnit) -> Table {
     let wall = stats.wall_ticks;
     let rows = stats
         .cores()
@@ -192,13 +231,17 @@ pub fn cores_table(stats: &RunStats, unit: &str) -> Table {
                 c.thread.to_string(),
                 c.tasks.to_string(),
                 c.cycles.to_string(),
-                c.busy_ticks.to_string(),
-                wall.saturating_sub(c.busy_ticks).to_string(),
+                unit.of(stats, c.busy_ticks).to_string(),
+                unit.of(stats, wall.saturating_sub(c.busy_ticks))
+                    .to_string(),
                 format!("{share:.1}%"),
             ]
         })
         .collect();
-    let (busy, idle) = (format!("busy ({unit})"), format!("idle ({unit})"));
+    let (busy, idle) = (
+        format!("busy ({})", unit.name()),
+        format!("idle ({})", unit.name()),
+    );
     let header = [
         "core",
         "kind",
@@ -215,7 +258,7 @@ pub fn cores_table(stats: &RunStats, unit: &str) -> Table {
 /// Per stall reason: stalls, time stalled, high-water mark and capacity;
 /// a resource the run does not have (capacity 0) and the channel reasons
 /// only where they were used.
-pub fn stalls_table(stats: &RunStats, unit: &str) -> Table {
+pub fn stalls_table(stats: &RunStats, unit: TimeUnit) -> Table {
     let rows = StallReason::ALL
         .iter()
         .filter(|&&r| {
@@ -229,13 +272,13 @@ pub fn stalls_table(stats: &RunStats, unit: &str) -> Table {
             vec![
                 r.name().to_string(),
                 s.stalls.to_string(),
-                s.stall_ticks.to_string(),
+                unit.of(stats, s.stall_ticks).to_string(),
                 s.high_water.to_string(),
                 s.capacity.to_string(),
             ]
         })
         .collect();
-    let stalled = format!("stalled ({unit})");
+    let stalled = format!("stalled ({})", unit.name());
     let header = [
         "stall reason",
         "stalls",

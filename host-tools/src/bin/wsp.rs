@@ -601,7 +601,7 @@ fn print_stats(stats: &RunStats, semantic: bool) {
         }
     }
     say!("window    {} tasks in flight at most", stats.window);
-    let unit = if semantic { "cycles" } else { "ns" };
+    let unit = host_tools::summary::TimeUnit::of_run(semantic);
     say!("{}", host_tools::summary::threads_table(stats, unit));
     say!("{}", host_tools::summary::cores_table(stats, unit));
     say!("total semantic cycles {}", stats.total_cycles());

@@ -829,8 +829,10 @@ impl<const N: usize> TensorMap<N> {
             scan.whole = false;
         }
         if prev {
-            let cells = self.prev_cells(place, region);
-            self.scan_cells(cells, &mut scan, v);
+            // Listed: checked above.
+            if let Some(cells) = self.prev_cells(place, region) {
+                self.scan_listed(&cells, &mut scan, v);
+            }
         }
     }
 
@@ -843,11 +845,17 @@ impl<const N: usize> TensorMap<N> {
             self.scan_every_bucket(scan, v);
             return;
         };
+        self.scan_listed(&cells, scan, v);
+    }
+
+    /// Scans the buckets of `cells`.
+    #[inline(always)]
+    fn scan_listed(&mut self, cells: &Cells, scan: &mut Scan, v: &mut impl Visitor) {
         let mut cell = cells.0;
         loop {
             scan.cell = word(cell);
             self.scan_bucket(bucket(scan.tensor, cell), scan, v);
-            if !next_cell(&mut cell, &cells) {
+            if !next_cell(&mut cell, cells) {
                 return;
             }
         }

@@ -474,6 +474,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         self.ready[kind as usize].len
     }
 
+    /// Whether a task is ready to run on cores of either kind.
+    pub fn has_ready(&self) -> bool {
+        self.ready[0].len | self.ready[1].len != 0
+    }
+
     fn slot(&self, id: TaskId) -> &Slot {
         &self.slots[(id % TASKS as u64) as usize]
     }

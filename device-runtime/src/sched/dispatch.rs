@@ -969,7 +969,12 @@ fn check_keys(
 ) -> Result<(), RunError> {
     let rank =
         |tensor: u32| (table.tensors().get(tensor as usize)).map_or(0, |t| t.rank.get() as usize);
-    if let Some(key) = keys[0] {
+    // A key of every task's (its number, its stream, or a loop index,
+    // which a task of the tasks section lacks and reads as 0) needs no
+    // walk over the tasks: on a million-task table that walk took about
+    // 5 % of the run's time on the dispatcher's thread (BENCHMARKS.md).
+    let of_fields = |key| matches!(key, DispatchKey::Scalar(_) | DispatchKey::Tile { .. });
+    if let Some(key) = keys[0].filter(|&key| of_fields(key)) {
         for (index, desc) in table.tasks().iter().enumerate() {
             let args = table.task_args(desc);
             let scalars = desc.num_scalars.get() as usize;

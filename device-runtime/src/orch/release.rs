@@ -82,12 +82,15 @@ struct Links {
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::size_of::<Links>() == 16);
 
-/// One fan-out edge.
+/// One fan-out edge, in one word (4 bytes an edge, so that the graph can
+/// hold four edges per task of the window in the space two took): the
+/// consumer's slot in the low bits (see [`ReleaseGraph::SLOT_BITS`]), the
+/// next edge of the producer's list above them ([`ReleaseGraph::EDGE_NIL`]
+/// at the end). The orchestrator writes it before it pushes the edge, and
+/// a completer reads it after it closes the list, so the word needs no
+/// ordering of its own.
 struct Edge {
-    /// The consumer's slot.
-    consumer: AtomicU32,
-    /// The next edge of the producer's list.
-    next: AtomicU32,
+    word: AtomicU32,
 }
 
 crate::sync::maybe_const_fn! {
@@ -112,14 +115,13 @@ crate::sync::maybe_const_fn! {
 crate::sync::maybe_const_fn! {
     fn new_edge() -> Edge {
         Edge {
-            consumer: AtomicU32::new(0),
-            next: AtomicU32::new(NIL),
+            word: AtomicU32::new(0),
         }
     }
 }
 
 /// Fan-in and fan-out of `TASKS` task slots, with `EDGES` edge nodes
-/// (32 bytes per slot, 8 per edge).
+/// (32 bytes per slot, 4 per edge).
 pub struct ReleaseGraph<const TASKS: usize, const EDGES: usize> {
     fanins: [Fanin; TASKS],
     links: [Links; TASKS],
@@ -127,10 +129,30 @@ pub struct ReleaseGraph<const TASKS: usize, const EDGES: usize> {
 }
 
 impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
+    /// Bits of an edge word that hold the consumer's slot.
+    const SLOT_BITS: u32 = usize::BITS - (TASKS.saturating_sub(1)).leading_zeros();
+    /// The next-edge field of an edge word at the end of its list.
+    const EDGE_NIL: u32 = u32::MAX >> Self::SLOT_BITS;
     const FITS: () = assert!(
-        TASKS < NO_NEXT as usize - 1 && EDGES < NIL as usize,
-        "slot and edge numbers must fit below the markers"
+        TASKS < NO_NEXT as usize - 1 && EDGES < NIL as usize && EDGES < Self::EDGE_NIL as usize,
+        "slot and edge numbers must fit below the markers and an edge in one word"
     );
+
+    /// The word of an edge to `consumer` before list head `head` (an edge
+    /// or [`NIL`]).
+    #[inline(always)]
+    fn edge_word(consumer: usize, head: u32) -> u32 {
+        let next = if head == NIL { Self::EDGE_NIL } else { head };
+        consumer as u32 | next << Self::SLOT_BITS
+    }
+
+    /// The consumer slot and the next edge (or [`NIL`]) of an edge word.
+    #[inline(always)]
+    fn edge_of(word: u32) -> (usize, u32) {
+        let consumer = (word & ((1u64 << Self::SLOT_BITS) - 1) as u32) as usize;
+        let next = word >> Self::SLOT_BITS;
+        (consumer, if next == Self::EDGE_NIL { NIL } else { next })
+    }
 
     /// An empty graph (`const`, so that it can live in a `static`).
     #[cfg(not(loom))]
@@ -186,15 +208,15 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     /// node stays free.
     pub fn link(&self, producer: usize, consumer: usize, edge: usize) -> bool {
         let node = &self.edges[edge];
-        node.consumer.store(consumer as u32, Ordering::Relaxed);
         let list = &self.links[producer].fanout;
         let mut head = list.load(Ordering::Relaxed);
         loop {
             if head & CLOSED != 0 {
                 return false;
             }
-            node.next.store(head, Ordering::Relaxed);
-            // Release: the node's words and the consumer's slot (written
+            node.word
+                .store(Self::edge_word(consumer, head), Ordering::Relaxed);
+            // Release: the node's word and the consumer's slot (written
             // by `open`) before the completer that closes this list.
             match list.compare_exchange_weak(
                 head,
@@ -253,11 +275,11 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
         debug_assert!(head & CLOSED == 0, "a task completes once");
         let mut edge = head & !CLOSED;
         while edge != NIL {
-            let node = &self.edges[edge as usize];
-            let consumer = node.consumer.load(Ordering::Relaxed) as usize;
             // Before the release: once released, the consumer may run and
             // retire, and its nodes be reused.
-            edge = node.next.load(Ordering::Relaxed);
+            let (consumer, next) =
+                Self::edge_of(self.edges[edge as usize].word.load(Ordering::Relaxed));
+            edge = next;
             self.release(consumer, &mut ready);
         }
     }
@@ -292,11 +314,11 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
         let mut edge = head;
         let mut steps = 0;
         while edge != NIL && steps < EDGES {
-            let node = &self.edges[edge as usize];
-            if node.consumer.load(Ordering::Relaxed) == consumer as u32 {
+            let (to, next) = Self::edge_of(self.edges[edge as usize].word.load(Ordering::Relaxed));
+            if to == consumer {
                 return true;
             }
-            edge = node.next.load(Ordering::Relaxed);
+            edge = next;
             steps += 1;
         }
         false
@@ -341,6 +363,25 @@ mod tests {
         assert_eq!(released(|r| g.complete(0, r)), [102]);
         assert!(g.released(2));
         assert!(!g.waits_for(2, 0), "a completed producer holds no one");
+    }
+
+    #[test]
+    fn a_fan_out_list_keeps_every_consumer_in_the_packed_edge_words() {
+        // The highest slot and edge numbers use every bit of an edge
+        // word's two fields; edge 0 and slot 0 use none.
+        let g = Graph::new();
+        g.open(0, 1000);
+        assert!(g.arm(0, 0));
+        for (consumer, edge) in [(7, 15), (1, 0), (6, 14), (3, 8)] {
+            g.open(consumer, 1000 + consumer as u64);
+            assert!(g.link(0, consumer, edge));
+            assert!(!g.arm(consumer, 1));
+            assert!(g.waits_for(consumer, 0));
+        }
+        assert!(!g.waits_for(2, 0), "slot 2 was never linked");
+        let mut got = released(|r| g.complete(0, r));
+        got.sort_unstable();
+        assert_eq!(got, [1001, 1003, 1006, 1007]);
     }
 
     #[test]

@@ -123,14 +123,19 @@ pub const SUBMIT_BATCH: u64 = 128;
 /// rings together. 8 bytes an entry, one ring per thread.
 const DONE_RING: usize = TASK_WINDOW;
 
-/// Edge nodes of the release graph: two fan-in edges per task of the
-/// window on average (a submission that finds fewer free stalls on
-/// `DEPLIST_POOL_FULL` until older tasks retire). Edges to producers that a
-/// live writer of the whole argument already orders are not linked, and
-/// arguments on read-only tensors link none, so tiled workloads need one or
-/// two per task; 8 bytes each (8,192 at the default window: the decode-layer
-/// workload's high water is about 4,600 with 2,048 tasks in flight).
-pub const GRAPH_EDGES: usize = 2 * TASK_WINDOW;
+/// Edge nodes of the release graph: four fan-in edges per task of the
+/// window (4 bytes each: 64 KiB at the default window). Edges to producers
+/// that a live writer of the whole argument already orders are not linked,
+/// and arguments on read-only tensors link none, so tiled workloads need
+/// one or two per task (the decode-layer workload's high water is about
+/// 4,600 with 2,048 tasks in flight). A submission links in one pass while
+/// the free edges are at least the tasks in flight (each producer is one
+/// of them); below that it first counts its edges, and stalls on
+/// `DEPLIST_POOL_FULL` if they do not fit. With two edges per window task
+/// the scheduling bench's fan-out/fan-in graph (two edges a task) counted
+/// before nine submissions in ten: 2,494 against 2,225 instructions a task
+/// on one thread (BENCHMARKS.md).
+pub const GRAPH_EDGES: usize = 4 * TASK_WINDOW;
 
 /// The release graph of table runs.
 pub type TableGraph = crate::orch::ReleaseGraph<TASK_WINDOW, GRAPH_EDGES>;

@@ -243,8 +243,12 @@ impl Shim {
             .collect();
         let clock = HostClock::new();
         std::thread::scope(|s| {
-            for mailbox in mailboxes.iter().flatten() {
-                s.spawn(move || serve(mailbox, std::thread::yield_now));
+            for (core, mailbox) in mailboxes.iter().flatten().enumerate() {
+                // Named, so that profilers and debuggers tell them apart.
+                std::thread::Builder::new()
+                    .name(format!("wsp-core-{core}"))
+                    .spawn_scoped(s, move || serve(mailbox, std::thread::yield_now))
+                    .expect("the host could not start an emulated core's thread");
             }
             let result = (0..groups.len())
                 .map(|t| {
@@ -471,19 +475,25 @@ fn run_threads_observing<'o, P: Platform + Send>(
             .into_iter()
             .enumerate()
             .map(|(i, mut scheduler)| {
-                s.spawn(move || {
-                    // Pinned before the thread takes any work. A thread that
-                    // cannot pin aborts the run, which stops the others.
-                    let pinned = pins.map_or(Ok(()), |p| p.pin(i + 1));
-                    let result = match pinned {
-                        Ok(()) => scheduler.serve().map_err(ShimError::from),
-                        Err(e) => {
-                            scheduler.abort();
-                            Err(ShimError::Pin(e))
-                        }
-                    };
-                    (scheduler, result)
-                })
+                // Named (thread 0 is the caller's, which also dispatches),
+                // so that profilers tell the threads apart: `perf report
+                // --sort comm,sym` gives each thread's own profile.
+                let named = std::thread::Builder::new().name(format!("wsp-sched-{}", i + 1));
+                named
+                    .spawn_scoped(s, move || {
+                        // Pinned before the thread takes any work. A thread that
+                        // cannot pin aborts the run, which stops the others.
+                        let pinned = pins.map_or(Ok(()), |p| p.pin(i + 1));
+                        let result = match pinned {
+                            Ok(()) => scheduler.serve().map_err(ShimError::from),
+                            Err(e) => {
+                                scheduler.abort();
+                                Err(ShimError::Pin(e))
+                            }
+                        };
+                        (scheduler, result)
+                    })
+                    .expect("the host could not start a scheduler thread")
             })
             .collect();
         let led = drive_leader(&mut dispatcher, &mut leader);

@@ -258,3 +258,104 @@ fn a_pinned_run_computes_the_same_and_gives_the_caller_its_processors_back() {
         }
     }
 }
+
+/// A platform whose cores complete every launch at once and that records
+/// the name of each thread that launches on it.
+struct NamingCores {
+    busy: u64,
+    names: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    clock: host_tools::shim::HostClock,
+}
+
+impl device_runtime::platform::Clock for NamingCores {
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+    fn ticks_per_second(&self) -> u64 {
+        self.clock.ticks_per_second()
+    }
+    fn relax(&self) {
+        self.clock.relax()
+    }
+    fn pause(&self) {
+        self.clock.pause()
+    }
+}
+
+impl device_runtime::platform::Platform for NamingCores {
+    fn num_cores(&self) -> usize {
+        2
+    }
+    fn core_kind(&self, _: usize) -> wsp_ffi::CoreKind {
+        wsp_ffi::CoreKind::Vector
+    }
+    unsafe fn launch(&mut self, core: usize, _: u32, _: &wsp_ffi::WspKernelArgs) -> bool {
+        if self.busy & (1 << core) != 0 {
+            return false;
+        }
+        self.busy |= 1 << core;
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        self.names.lock().unwrap().insert(name);
+        true
+    }
+    fn poll(&mut self, core: usize) -> Option<device_runtime::platform::Completion> {
+        if self.busy & (1 << core) == 0 {
+            return None;
+        }
+        self.busy &= !(1 << core);
+        Some(device_runtime::platform::Completion::Done { cycles: 0 })
+    }
+}
+
+/// Scheduler threads carry names (thread 0 is the caller's), so that a
+/// profiler or a debugger tells them apart (`perf report --sort comm`).
+#[test]
+fn scheduler_threads_are_named() {
+    use device_runtime::sched::{PolicyKind, RunOptions, SchedConfig};
+    use host_tools::table::{Arg, TableBuilder};
+    use wsp_ffi::ArgAccess::{In, Out};
+
+    let mut b = TableBuilder::new();
+    let x = b.tensor("x", &[1, 1]).unwrap();
+    let out = b.tensor("out", &[1, 64]).unwrap();
+    for i in 0..64 {
+        let args = [
+            Arg::tile(x, In, 0, 0, 1, 1),
+            Arg::tile(x, In, 0, 0, 1, 1),
+            Arg::tile(out, Out, 0, i, 1, 1),
+        ];
+        b.task(wsp_ffi::WspKernelId_WSP_KERNEL_ADD, &args, &[])
+            .unwrap();
+    }
+    let table = b.finish().unwrap();
+    let mut arena = vec![0u8; b.arena_size() as usize];
+    let table = device_runtime::abi::Table::parse(&table).unwrap();
+    let names = std::sync::Arc::default();
+    let clock = host_tools::shim::HostClock::new();
+    let platforms = (0..2)
+        .map(|_| NamingCores {
+            busy: 0,
+            names: std::sync::Arc::clone(&names),
+            clock: clock.clone(),
+        })
+        .collect();
+    // Round-robin places every other task on thread 1, which issues it.
+    let sched = SchedConfig {
+        threads: 2,
+        policy: PolicyKind::RoundRobin,
+        ..SchedConfig::default()
+    };
+    let stats = host_tools::shim::run_threads_placed(
+        &table,
+        &mut arena,
+        platforms,
+        &[vec![0, 1], vec![2, 3]],
+        &sched,
+        &RunOptions::default(),
+        Placement::Os,
+    )
+    .unwrap();
+    assert_eq!(stats.tasks, 64);
+    let names = names.lock().unwrap();
+    assert!(names.contains("wsp-sched-1"), "launched from {names:?}");
+}

@@ -289,6 +289,9 @@ impl device_runtime::platform::Platform for NamingCores {
     fn core_kind(&self, _: usize) -> wsp_ffi::CoreKind {
         wsp_ffi::CoreKind::Vector
     }
+    /// # Safety
+    ///
+    /// None needed here: the arguments' pointers are never read.
     unsafe fn launch(&mut self, core: usize, _: u32, _: &wsp_ffi::WspKernelArgs) -> bool {
         if self.busy & (1 << core) != 0 {
             return false;

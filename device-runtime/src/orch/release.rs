@@ -142,6 +142,7 @@ impl<const TASKS: usize, const EDGES: usize> ReleaseGraph<TASKS, EDGES> {
     /// or [`NIL`]).
     #[inline(always)]
     fn edge_word(consumer: usize, head: u32) -> u32 {
+        debug_assert!(consumer < TASKS, "a slot fits the word's low bits");
         let next = if head == NIL { Self::EDGE_NIL } else { head };
         consumer as u32 | next << Self::SLOT_BITS
     }

@@ -61,6 +61,10 @@
 //! offsets instead of computing the overlap of two boxes. Likewise a region
 //! made of whole cells (a block of tiles, a whole tensor of them) holds
 //! every cell it probes: an exact entry of the probed cell is inside it.
+//! The other way round, an entry of whole cells (more than one) is flagged
+//! when placed, and an exact tile's lookup that meets it tests only
+//! whether the tile's first element is inside it: the tile is inside it or
+//! apart from it, and never holds all of it.
 //!
 //! A region larger than its tensor's cell in some dimension is *wide*: it
 //! goes to its tensor's wide bucket. A lookup probes the cells its region
@@ -133,7 +137,7 @@ struct Entry {
     /// which restores the rest ([`TensorMap::task_of`]).
     task: u32,
     /// Position of the next (older) entry of the bucket chain (below
-    /// [`COVERED`]), with the flags [`COVERED`] and [`EXACT`].
+    /// [`WHOLE`]), with the flags [`COVERED`], [`EXACT`] and [`WHOLE`].
     link: u64,
     region: Region,
 }
@@ -144,9 +148,12 @@ const _: () = assert!(core::mem::size_of::<Entry>() == 48);
 const COVERED: u64 = 1 << 63;
 /// [`Entry::link`] flag: the region is exactly one cell ([`Place::exact`]).
 const EXACT: u64 = 1 << 62;
+/// [`Entry::link`] flag: the region is made of whole cells, more than one
+/// ([`Place::whole`]).
+const WHOLE: u64 = 1 << 61;
 /// [`Entry::link`]'s position bits. Positions grow by one per entry, so
-/// they stay below 2^62 (over a century at a billion entries a second).
-const POSITION: u64 = EXACT - 1;
+/// they stay below 2^61 (over 70 years at a billion entries a second).
+const POSITION: u64 = WHOLE - 1;
 
 const EMPTY: Entry = Entry {
     tensor: 0,
@@ -340,8 +347,9 @@ fn cells_of(mask: [u32; MAX_RANK], back: bool, region: &Region) -> Option<Cells>
 /// committing scan and the insert).
 ///
 /// One word, so that a place is built, stored and tested in a register:
-/// bits 0..16 are the bucket of the entry (its tensor's and origin cell's,
-/// or its tensor's wide bucket), bits 16..24 its tensor's cell-shape slot,
+/// bits 0..15 are the bucket of the entry (its tensor's and origin cell's,
+/// or its tensor's wide bucket), bit 15 whether the region is whole cells
+/// (`Place::whole`), bits 16..24 its tensor's cell-shape slot,
 /// bits 24..32 what the region is and what its lookup must probe
 /// (`SIMPLE` and the other flags below, one bit each). Bucket and slot
 /// numbers are below [`BUCKETS`] and [`SHAPES`]; indexing with `% BUCKETS`
@@ -350,7 +358,11 @@ fn cells_of(mask: [u32; MAX_RANK], back: bool, region: &Region) -> Option<Cells>
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Place(u32);
 
-const _: () = assert!(BUCKETS <= 1 << 16, "a bucket number fits 16 bits");
+const _: () = assert!(BUCKETS <= 1 << 15, "a bucket number fits 15 bits");
+
+/// [`Place`]'s bit for [`Place::whole`] (above the bucket number; the
+/// flags byte is full).
+const WHOLE_PLACE: u32 = 1 << 15;
 
 impl Place {
     #[inline(always)]
@@ -361,7 +373,15 @@ impl Place {
     /// The bucket of the entry.
     #[inline(always)]
     fn home(&self) -> usize {
-        (self.0 & 0xffff) as usize % BUCKETS
+        (self.0 & 0x7fff) as usize % BUCKETS
+    }
+
+    /// The region is wide and made of whole cells ([`whole_cells`]): an
+    /// exact region of its tensor (one cell of the same shape) is inside it
+    /// or apart from it, and never holds all of it.
+    #[inline(always)]
+    fn whole(&self) -> bool {
+        self.0 & WHOLE_PLACE != 0
     }
 
     /// The cell-shape slot of its tensor.
@@ -461,6 +481,19 @@ fn whole_cells(mask: [u32; MAX_RANK], region: &Region) -> bool {
     (word(region.offset) | word(end)) & !word(mask) == 0 && !region.extent.contains(&0)
 }
 
+/// Whether the element `at` lies in the non-empty `region`: per dimension,
+/// `offset <= at < offset + extent`, as sign bits of i64 differences
+/// (branch-free, as [`relation_dims`]).
+#[inline(always)]
+fn cell_inside(at: &[u32; MAX_RANK], region: &Region) -> bool {
+    let mut outside = 0i64;
+    for ((&a, &first), &extent) in at.iter().zip(&region.offset).zip(&region.extent) {
+        let (a, first) = (a as i64, first as i64);
+        outside |= (a - first) | (first + extent as i64 - 1 - a);
+    }
+    outside >= 0
+}
+
 /// Whether `new` and `old` overlap ([`Region::overlaps`]), and whether
 /// `new` contains every element of `old` (and `old` every element of
 /// `new`). Dimensions from [`LEAD`] on are most often the same non-empty
@@ -470,8 +503,16 @@ fn whole_cells(mask: [u32; MAX_RANK], region: &Region) -> bool {
 /// entries the fast paths of the scan do not settle (a tile against a wide
 /// entry, or another cell's), and inlined in every scan it spills the
 /// scan's state around itself (about 100 instructions a call against 60).
+///
+/// With `cell_in_whole`, `new` is exactly one cell and `old` whole cells
+/// of the same shape, more than one ([`Place::whole`]): the cell is inside
+/// them or apart from them, and never holds them all.
 #[inline(never)]
-fn relation(new: &Region, old: &Region) -> (bool, bool, bool) {
+fn relation(new: &Region, old: &Region, cell_in_whole: bool) -> (bool, bool, bool) {
+    if cell_in_whole {
+        let inside = cell_inside(&new.offset, old);
+        return (inside, false, inside);
+    }
     // Two 64-bit compares (a slice compare can become a call to `bcmp`).
     let tail = |r: &Region| {
         let pair = |a: [u32; MAX_RANK]| a[LEAD] as u64 | (a[LEAD + 1] as u64) << 32;
@@ -642,7 +683,12 @@ impl<const N: usize> TensorMap<N> {
             | flag(large, Place::WIDE)
             | flag(crossing & !large, Place::CROSSING)
             | live_flags;
-        Place::new(bucket(tensor, if large { WIDE } else { cell }), slot, flags)
+        let place = Place::new(bucket(tensor, if large { WIDE } else { cell }), slot, flags);
+        // A region of whole cells that is not exact spans more than one.
+        if large && whole_cells(shape.mask, region) {
+            return Place(place.0 | WHOLE_PLACE);
+        }
+        place
     }
 
     /// The box of cells where an entry overlapping `region` can have its
@@ -924,7 +970,10 @@ impl<const N: usize> TensorMap<N> {
                     // exact, is more than that cell).
                     (true, true, false)
                 } else {
-                    relation(region, &e.region)
+                    // A cell against whole cells of the same shape (the
+                    // live entries of the tensor were all placed with it)
+                    // is the other way round.
+                    relation(region, &e.region, exact && e.link & WHOLE != 0)
                 }
             } else {
                 (false, false, false)
@@ -1022,15 +1071,6 @@ impl<const N: usize> TensorMap<N> {
         debug_assert!(self.used() < N, "TensorMap room was checked");
         let position = self.head;
         self.head = Self::after(position);
-        if place.has(Place::WIDE | Place::CROSSING) {
-            let shape = &mut self.shapes[place.slot()];
-            if place.has(Place::WIDE) {
-                shape.wide = position;
-            } else {
-                shape.crossing = position;
-            }
-            shape.odd = position;
-        }
         let head = &mut self.buckets[place.home()][writes as usize];
         let next = core::mem::replace(head, position);
         self.newest_task = task;
@@ -1040,6 +1080,19 @@ impl<const N: usize> TensorMap<N> {
             link: next | if place.has(Place::EXACT) { EXACT } else { 0 },
             region,
         };
+        if place.has(Place::WIDE | Place::CROSSING) {
+            let shape = &mut self.shapes[place.slot()];
+            if place.has(Place::WIDE) {
+                shape.wide = position;
+            } else {
+                shape.crossing = position;
+            }
+            shape.odd = position;
+            // Here, not with the flags above: the common case pays nothing.
+            if place.whole() {
+                self.at_mut(position).link |= WHOLE;
+            }
+        }
     }
 
     /// Entries of `tensor` a lookup of `region` would still visit: live
@@ -1255,6 +1308,120 @@ mod tests {
     }
 
     #[test]
+    fn a_tile_meets_whole_cells_only_inside_them() {
+        // One-element tiles of a 4 x 4 tensor; then the 2 x 2 block at row
+        // 2, column 0 (whole cells, wide), written by task 2 and read by
+        // task 3. A tile inside the block conflicts with both (a read with
+        // the write only); a tile outside it with neither.
+        let at = |r: u32, c: u32, side: u32| Region {
+            offset: [r, c, 0, 0],
+            extent: [side, side, 1, 1],
+        };
+        let mut map = TensorMap::<64>::new();
+        let first = map.place(5, &at(0, 0, 1));
+        assert!(first.exact());
+        map.begin();
+        map.scan(&first, 5, &at(0, 0, 1), true, true, &mut Found(Vec::new()));
+        assert!(map.insert(&first, 5, at(0, 0, 1), true, 1));
+        let block = at(2, 0, 2);
+        for (task, writes) in [(2, true), (3, false)] {
+            let place = map.place(5, &block);
+            assert!(place.whole() && !place.exact());
+            map.begin();
+            map.scan(&place, 5, &block, writes, true, &mut Found(Vec::new()));
+            assert!(map.insert(&place, 5, block, writes, task));
+        }
+        // Not whole cells: starts inside a cell of the block's shape
+        // (1 x 1 here, so any wide region is whole; use a 2 x 2 grid).
+        let mut coarse = TensorMap::<64>::new();
+        let tile2 = coarse.place(6, &at(0, 0, 2));
+        coarse.begin();
+        coarse.scan(&tile2, 6, &at(0, 0, 2), true, true, &mut Found(Vec::new()));
+        assert!(coarse.insert(&tile2, 6, at(0, 0, 2), true, 1));
+        assert!(
+            !coarse.place(6, &at(1, 1, 4)).whole(),
+            "offset inside a cell"
+        );
+        assert!(coarse.place(6, &at(0, 2, 4)).whole(), "four 2 x 2 cells");
+
+        let lookup = |map: &mut TensorMap<64>, r, c, writes| {
+            let region = at(r, c, 1);
+            let place = map.place(5, &region);
+            assert!(place.exact() && !place.simple(), "the block is live");
+            let mut found = Found(Vec::new());
+            map.begin();
+            map.scan(&place, 5, &region, writes, false, &mut found);
+            found.0.sort();
+            found.0
+        };
+        for (r, c) in [(2, 0), (2, 1), (3, 0), (3, 1)] {
+            assert_eq!(lookup(&mut map, r, c, false), [2], "({r}, {c}) read");
+            assert_eq!(lookup(&mut map, r, c, true), [2, 3], "({r}, {c}) write");
+        }
+        for (r, c) in [(1, 0), (2, 2), (3, 3), (1, 1)] {
+            assert_eq!(lookup(&mut map, r, c, true), [], "({r}, {c}) write");
+        }
+        assert_eq!(lookup(&mut map, 0, 0, false), [1], "the first tile");
+    }
+
+    /// `relation` of one cell to whole cells of its shape (the case of
+    /// [`Place::whole`]) against element sets: random cell shapes of 1, 2
+    /// or 4 elements per dimension in an 8 x 8 x 2 x 1 grid, a random cell,
+    /// and a random box of whole cells that is more than one cell.
+    #[test]
+    fn a_cell_against_whole_cells_agrees_with_element_sets() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |below: u32| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % below as u64) as u32
+        };
+        let elements = |r: &Region| {
+            let mut set = std::collections::BTreeSet::new();
+            for a in r.offset[0]..r.offset[0] + r.extent[0] {
+                for b in r.offset[1]..r.offset[1] + r.extent[1] {
+                    for c in r.offset[2]..r.offset[2] + r.extent[2] {
+                        for d in r.offset[3]..r.offset[3] + r.extent[3] {
+                            set.insert([a, b, c, d]);
+                        }
+                    }
+                }
+            }
+            set
+        };
+        let grid = [8, 8, 2, 1];
+        let (mut tested, mut inside) = (0, 0);
+        while tested < 2000 {
+            let size: [u32; MAX_RANK] = core::array::from_fn(|d| (1 << next(3)).min(grid[d]));
+            let cells: [u32; MAX_RANK] = core::array::from_fn(|d| grid[d] / size[d]);
+            let cell = Region {
+                offset: core::array::from_fn(|d| next(cells[d]) * size[d]),
+                extent: size,
+            };
+            let first: [u32; MAX_RANK] = core::array::from_fn(|d| next(cells[d]));
+            let whole = Region {
+                offset: core::array::from_fn(|d| first[d] * size[d]),
+                extent: core::array::from_fn(|d| (1 + next(cells[d] - first[d])) * size[d]),
+            };
+            if whole.extent == size {
+                continue; // one cell: exact, not whole
+            }
+            assert!(whole_cells(fit(size), &whole), "{whole:?}");
+            let (n, o) = (elements(&cell), elements(&whole));
+            let expected = (!n.is_disjoint(&o), o.is_subset(&n), n.is_subset(&o));
+            assert_eq!(
+                relation(&cell, &whole, true),
+                expected,
+                "{cell:?} {whole:?}"
+            );
+            tested += 1;
+            inside += expected.0 as u32;
+        }
+        assert!(inside > 200 && inside < 1800, "both cases: {inside} inside");
+    }
+
+    #[test]
     fn the_wide_bucket_is_not_the_first_cells() {
         for tensor in 0..64 {
             assert_ne!(bucket(tensor, WIDE), bucket(tensor, [0; MAX_RANK]));
@@ -1378,7 +1545,7 @@ mod tests {
             }
             let (n, o) = (elements(&new), elements(&old));
             let expected = (!n.is_disjoint(&o), o.is_subset(&n), n.is_subset(&o));
-            assert_eq!(relation(&new, &old), expected, "{new:?} {old:?}");
+            assert_eq!(relation(&new, &old, false), expected, "{new:?} {old:?}");
         }
         assert_eq!(shortened, 2000);
     }

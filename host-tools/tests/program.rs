@@ -663,3 +663,64 @@ fn a_count_axis_loops_over_a_count_computed_on_the_device() {
     let e = run_shim(&table, &mut arena, &[]).unwrap_err();
     assert!(e.to_string().contains("loop count 9 outside [0, 8]"), "{e}");
 }
+
+/// A load of data a task writes, reached before any task wrote it: the
+/// data does not exist yet, so the device refuses the run and names the
+/// tensor (validation passes: a call does write it). The same load after
+/// the writing call waits for that task and runs.
+#[test]
+fn a_load_before_any_task_wrote_the_tensor_is_refused() {
+    use host_tools::attention::device::{plan_call, AttnDims};
+    let build = |load_first: bool| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        let lens = w.tensor_i32("lens", &[1, 4]).unwrap();
+        w.input(lens);
+        let plan = w.tensor_i32("plan", &[1, 1]).unwrap();
+        let dims = AttnDims {
+            batch: 4,
+            kv_heads: 1,
+            group: 1,
+            d: 64,
+            page: 16,
+            pool: 64,
+            width: 4,
+            most: 8,
+        };
+        // One iteration whatever the plan holds, but the load runs.
+        let one = || Axis::Count {
+            count: Expr::load(plan, vec![Expr::Const(0), Expr::Const(0)])
+                .min(1)
+                .max(1),
+            max: 1,
+        };
+        let add = |w: &mut Workload| {
+            w.parallel(one(), |w, c| add_tile(w, x, y, Expr::Const(0), c));
+        };
+        if load_first {
+            add(&mut w);
+            plan_call(&mut w, &dims, lens, plan, 2);
+        } else {
+            plan_call(&mut w, &dims, lens, plan, 2);
+            add(&mut w);
+        }
+        let table = w.finish().unwrap();
+        let mut arena = Arena::zeroed(w.arena_size());
+        arena.write_i32(w.layout(lens), &[16, 32, 8, 40]);
+        (table, arena, plan)
+    };
+    let (table, mut arena, plan) = build(true);
+    let e = run_shim(&table, &mut arena, &[]).unwrap_err();
+    assert!(
+        matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::Expand { why: ExpandError::ReadBeforeWrite { tensor }, .. } if tensor == plan.0)),
+        "{e}"
+    );
+    assert!(e.to_string().contains("before any task wrote it"), "{e}");
+    let (table, mut arena, _) = build(false);
+    assert_eq!(
+        run_shim(&table, &mut arena, &[]).unwrap(),
+        2,
+        "plan, then add"
+    );
+}

@@ -20,6 +20,11 @@
 //! shared expert (optional): out += silu(x @ sg) * (x @ su) @ sd
 //! ```
 //!
+//! Every sum over blocks (the logits, g, u, y, the shared expert's g and u)
+//! starts with `matmul` (C = A B, C not read) and adds its other blocks
+//! with `gemm_tile` (C += A B): no buffer of the layer needs zeroing, so a
+//! launch on an arena an earlier launch left computes the same.
+//!
 //! Each expert issues `ceil(n_e / M)` tiles, n_e its (token, slot) pairs:
 //! none for an expert no token chose, `ceil(T / M)` for one every token
 //! chose. The padded rows, at most `pairs + E (M - 1)`, are zero on the way
@@ -56,8 +61,9 @@
 
 use wsp_ffi::{
     WspKernelId_WSP_KERNEL_GATHER_ROWS as GATHER, WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM,
-    WspKernelId_WSP_KERNEL_MOE_ALIGN as ALIGN, WspKernelId_WSP_KERNEL_MOE_ROUTE as ROUTE,
-    WspKernelId_WSP_KERNEL_SILU_MUL as SILU, WspKernelId_WSP_KERNEL_SOFTMAX as SOFTMAX,
+    WspKernelId_WSP_KERNEL_MATMUL as MATMUL, WspKernelId_WSP_KERNEL_MOE_ALIGN as ALIGN,
+    WspKernelId_WSP_KERNEL_MOE_ROUTE as ROUTE, WspKernelId_WSP_KERNEL_SILU_MUL as SILU,
+    WspKernelId_WSP_KERNEL_SOFTMAX as SOFTMAX,
 };
 
 use crate::program::{Axis, Expr, LowerError, Workload as Program};
@@ -174,8 +180,10 @@ impl MoeConfig {
 }
 
 /// The tensors [`moe_ffn`] declared. The host writes the weights before
-/// launch; the rest are the layer's own buffers, which must start zero (a
-/// zeroed arena), so one `moe_ffn` runs once per launch.
+/// launch; the rest are the layer's own buffers, which need no zeroing:
+/// every sum starts with a product that overwrites its tile (`matmul`), so
+/// a launch on an arena a launch left computes the same. (`{name}.zero`,
+/// which softmax turns into ones, may hold any finite values.)
 #[derive(Clone, Copy, Debug)]
 pub struct MoeFfn {
     /// Router weights, f32 hidden x experts.
@@ -279,20 +287,20 @@ pub fn moe_ffn(
             let rows = w.let_(tile_rows(ti, ROUTE_ROWS));
             w.parallel(Axis::Dense(ns), |w, fb| {
                 let col = w.let_(fb * bs);
-                w.parallel(Axis::Dense(nh), |w, hb| {
-                    let hc = hb * bh;
-                    for (wt, dst) in [(sg, gs), (su, us)] {
+                for (wt, dst) in [(sg, gs), (su, us)] {
+                    accumulate(w, nh, |w, kernel, hb| {
+                        let hc = hb * bh;
                         w.call(
-                            GEMM,
+                            kernel,
                             &[
                                 x.tile(r0.clone(), hc.clone(), rows.clone(), bh),
-                                wt.tile(hc.clone(), col.clone(), bh, bs),
+                                wt.tile(hc, col.clone(), bh, bs),
                                 dst.tile(r0.clone(), col.clone(), rows.clone(), bs),
                             ],
                             &[],
                         );
-                    }
-                });
+                    });
+                }
                 w.call(
                     SILU,
                     &[
@@ -310,10 +318,10 @@ pub fn moe_ffn(
     w.parallel(Axis::Dense(t.div_ceil(ROUTE_ROWS)), |w, ti| {
         let r0 = w.let_(ti.clone() * ROUTE_ROWS);
         let rows = w.let_(tile_rows(ti, ROUTE_ROWS));
-        w.parallel(Axis::Dense(nh), |w, hb| {
+        accumulate(w, nh, |w, kernel, hb| {
             let hc = hb * bh;
             w.call(
-                GEMM,
+                kernel,
                 &[
                     x.tile(r0.clone(), hc.clone(), rows.clone(), bh),
                     router.tile(hc, 0, bh, e),
@@ -362,21 +370,21 @@ pub fn moe_ffn(
             );
             w.parallel(Axis::Dense(nf), |w, fb| {
                 let col = w.let_(fb * bf);
-                w.parallel(Axis::Dense(nh), |w, hb| {
-                    let hc = hb * bh;
-                    let wrow = ex.clone() * h + hc.clone();
-                    for (wt, dst) in [(gate, g), (up, u)] {
+                for (wt, dst) in [(gate, g), (up, u)] {
+                    accumulate(w, nh, |w, kernel, hb| {
+                        let hc = hb * bh;
+                        let wrow = ex.clone() * h + hc.clone();
                         w.call(
-                            GEMM,
+                            kernel,
                             &[
-                                xg.tile(r.clone(), hc.clone(), m, bh),
-                                wt.tile(wrow.clone(), col.clone(), bh, bf),
+                                xg.tile(r.clone(), hc, m, bh),
+                                wt.tile(wrow, col.clone(), bh, bf),
                                 dst.tile(r.clone(), col.clone(), m, bf),
                             ],
                             &[],
                         );
-                    }
-                });
+                    });
+                }
                 w.call(
                     SILU,
                     &[
@@ -389,10 +397,10 @@ pub fn moe_ffn(
             });
             w.parallel(Axis::Dense(nh), |w, hb| {
                 let hc = w.let_(hb * bh);
-                w.parallel(Axis::Dense(nf), |w, fb| {
+                accumulate(w, nf, |w, kernel, fb| {
                     let fc = fb * bf;
                     w.call(
-                        GEMM,
+                        kernel,
                         &[
                             act.tile(r.clone(), fc.clone(), m, bf),
                             down.tile(ex.clone() * f + fc, hc.clone(), bf, bh),
@@ -456,6 +464,18 @@ pub fn moe_ffn(
         weights,
         tiles,
     })
+}
+
+/// One tile's sum of `blocks` products: `product(w, kernel, b)` adds the
+/// call for block `b`. Block 0 is `matmul` (C = A B: the tile is written,
+/// not read, so it needs no zeroing and a second launch on the same arena
+/// computes the same), the others `gemm_tile` (C += A B), in order of `b`
+/// (the runtime orders writes to one tile by submission).
+fn accumulate(w: &mut Program, blocks: u32, product: impl Fn(&mut Program, u32, Expr)) {
+    product(w, MATMUL, Expr::Const(0));
+    if blocks > 1 {
+        w.parallel(Axis::Dense(blocks - 1), |w, b| product(w, GEMM, b + 1));
+    }
 }
 
 fn lower(e: LowerError) -> WorkloadError {

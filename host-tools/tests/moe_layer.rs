@@ -10,8 +10,9 @@ use host_tools::table::Arena;
 use host_tools::workloads::{Params, Workload, WorkloadError};
 use wsp_ffi::{
     CoreKind, WspKernelId_WSP_KERNEL_GATHER_ROWS as GATHER,
-    WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM, WspKernelId_WSP_KERNEL_MOE_ALIGN as ALIGN,
-    WspKernelId_WSP_KERNEL_MOE_ROUTE as ROUTE, WspKernelId_WSP_KERNEL_SILU_MUL as SILU,
+    WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM, WspKernelId_WSP_KERNEL_MATMUL as MATMUL,
+    WspKernelId_WSP_KERNEL_MOE_ALIGN as ALIGN, WspKernelId_WSP_KERNEL_MOE_ROUTE as ROUTE,
+    WspKernelId_WSP_KERNEL_SILU_MUL as SILU,
 };
 
 const SMALL: MoeConfig = MoeConfig {
@@ -62,26 +63,43 @@ fn semantic(w: &Workload) -> (SemanticRun, Arena) {
 }
 
 /// Launches per kernel the layer must make, counted from the f64 routing
-/// by hand: (gemm, moe_route, moe_align, gather_rows, silu_mul).
-fn expected_launches(cfg: &MoeConfig, pairs: &[usize]) -> [usize; 5] {
+/// by hand: (gemm_tile, moe_route, moe_align, gather_rows, silu_mul,
+/// matmul). Each sum of block products is one `matmul` (its first) and a
+/// `gemm_tile` per further block: the logits per token tile (hidden
+/// blocks), g and u per expert tile and ffn block (hidden blocks), y per
+/// expert tile and hidden block (ffn blocks), the shared expert's g and u
+/// per token tile and block (hidden blocks); its down projection adds
+/// onto the combine's output, all `gemm_tile`.
+fn expected_launches(cfg: &MoeConfig, pairs: &[usize]) -> [usize; 6] {
     let blocks = |v: u32| v.div_ceil(64) as usize;
     let (nh, nf, ns) = (blocks(cfg.hidden), blocks(cfg.ffn), blocks(cfg.shared_ffn));
     let tiles: usize = pairs.iter().map(|&n| n.div_ceil(cfg.tile as usize)).sum();
     let token_tiles = (cfg.tokens as usize).div_ceil(64);
     let shared_tiles = if cfg.shared_ffn > 0 { token_tiles } else { 0 };
+    // (sums, blocks each)
+    let sums = [
+        (token_tiles, nh),
+        (tiles * nf * 2, nh),
+        (tiles * nh, nf),
+        (shared_tiles * ns * 2, nh),
+    ];
+    let matmul: usize = sums.iter().map(|&(n, _)| n).sum();
+    let gemm: usize =
+        sums.iter().map(|&(n, b)| n * (b - 1)).sum::<usize>() + shared_tiles * nh * ns;
     [
-        token_tiles * nh + tiles * 3 * nf * nh + shared_tiles * 3 * ns * nh,
+        gemm,
         token_tiles,
         1,
         tiles + (cfg.tokens as usize).div_ceil(16),
         // silu_mul per expert tile and block, the shared expert's, and the
         // softmax that makes the gather's ones is not counted here.
         tiles * nf + shared_tiles * ns,
+        matmul,
     ]
 }
 
-fn launches(run: &SemanticRun) -> [usize; 5] {
-    [GEMM, ROUTE, ALIGN, GATHER, SILU]
+fn launches(run: &SemanticRun) -> [usize; 6] {
+    [GEMM, ROUTE, ALIGN, GATHER, SILU, MATMUL]
         .map(|k| run.launches.iter().filter(|l| l.kernel_id == k).count())
 }
 
@@ -283,4 +301,30 @@ fn release_size_64_experts_top8_1024_tokens_hidden_512() {
         shared_ffn: 128,
     };
     runs_everywhere(&cfg, 1, false);
+}
+
+/// The layer's own buffers need no zeroing: a second launch on the arena
+/// the first left (its accumulators full of the first run's sums) passes
+/// the f64 check again, bit for bit the first run's output.
+#[test]
+fn a_second_launch_on_the_same_arena_computes_the_same() {
+    let w = moe_layer::workload("moe-layer", &SMALL, 3, false).unwrap();
+    let first = shim(&w, 1, 1);
+    let mut arena = first.clone();
+    let stats = Shim::default().run(&w.table, &mut arena.bytes).unwrap();
+    assert_eq!(stats.tasks as usize, w.tasks);
+    let check = w.verify(&arena);
+    assert!(check.passed(), "second launch: {check}");
+    assert!(
+        arena.bytes == first.bytes,
+        "the second launch's arena differs"
+    );
+    // In semantic time too.
+    let kinds = [CoreKind::Cube, CoreKind::Vector];
+    run_semantic(&w.table, &mut arena.bytes, &kinds, &RunOptions::default()).unwrap();
+    assert!(w.verify(&arena).passed(), "third launch");
+    assert!(
+        arena.bytes == first.bytes,
+        "the third launch's arena differs"
+    );
 }

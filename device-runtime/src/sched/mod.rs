@@ -467,7 +467,7 @@ pub fn drive_leader<P: crate::platform::Platform>(
             let progress = scheduler.step_at(now, !dispatched)? | dispatched;
             if !progress {
                 dispatcher.check_progress()?;
-                scheduler.check_timeouts()?;
+                scheduler.check_timeouts_at(now)?;
                 match dispatcher.wake_at() {
                     Some(deadline) => scheduler.relax_until(deadline),
                     None => scheduler.relax(),

@@ -523,9 +523,11 @@ impl<'a, P: Platform> Scheduler<'a, P> {
                     return Ok(());
                 }
             }
-            let stepped = match self.step() {
+            // One clock reading a round, for the round and its timeout check.
+            let now = self.platform.now();
+            let stepped = match self.step_at(now, true) {
                 Ok(true) => Ok(()),
-                Ok(false) => self.check_timeouts().map(|()| self.relax()),
+                Ok(false) => self.check_timeouts_at(now).map(|()| self.relax()),
                 Err(e) => Err(e),
             };
             if let Err(e) = stepped {
@@ -884,7 +886,13 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// the kernel timeout ([`RunError::KernelTimeout`]), both counted from
     /// the task's start.
     pub fn check_timeouts(&self) -> Result<(), RunError> {
-        let now = self.platform.now();
+        self.check_timeouts_at(self.platform.now())
+    }
+
+    /// [`Scheduler::check_timeouts`] at time `now`, the reading its caller
+    /// took for the round that found nothing to do (a task issued in that
+    /// round started at `now` at the latest).
+    pub(super) fn check_timeouts_at(&self, now: u64) -> Result<(), RunError> {
         let mut busy = self.busy();
         while busy != 0 {
             let core = busy.trailing_zeros() as usize;

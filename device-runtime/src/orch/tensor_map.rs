@@ -1138,6 +1138,31 @@ mod tests {
         }
     }
 
+    /// A xorshift generator from `seed`: `next(below)` is in `0..below`.
+    fn xorshift(mut state: u64) -> impl FnMut(u32) -> u32 {
+        move |below| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % below as u64) as u32
+        }
+    }
+
+    /// Every element of `r`, listed.
+    fn elements(r: &Region) -> std::collections::BTreeSet<[u32; MAX_RANK]> {
+        let mut set = std::collections::BTreeSet::new();
+        for a in r.offset[0]..r.offset[0] + r.extent[0] {
+            for b in r.offset[1]..r.offset[1] + r.extent[1] {
+                for c in r.offset[2]..r.offset[2] + r.extent[2] {
+                    for d in r.offset[3]..r.offset[3] + r.extent[3] {
+                        set.insert([a, b, c, d]);
+                    }
+                }
+            }
+        }
+        set
+    }
+
     fn tile(start: u32) -> Region {
         Region {
             offset: [start, 0, 0, 0],
@@ -1370,26 +1395,7 @@ mod tests {
     /// and a random box of whole cells that is more than one cell.
     #[test]
     fn a_cell_against_whole_cells_agrees_with_element_sets() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |below: u32| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % below as u64) as u32
-        };
-        let elements = |r: &Region| {
-            let mut set = std::collections::BTreeSet::new();
-            for a in r.offset[0]..r.offset[0] + r.extent[0] {
-                for b in r.offset[1]..r.offset[1] + r.extent[1] {
-                    for c in r.offset[2]..r.offset[2] + r.extent[2] {
-                        for d in r.offset[3]..r.offset[3] + r.extent[3] {
-                            set.insert([a, b, c, d]);
-                        }
-                    }
-                }
-            }
-            set
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
         let grid = [8, 8, 2, 1];
         let (mut tested, mut inside) = (0, 0);
         while tested < 2000 {
@@ -1509,30 +1515,11 @@ mod tests {
     /// dimensions, the case `relation` shortens), every element listed.
     #[test]
     fn relation_agrees_with_element_sets() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |below: u32| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % below as u64) as u32
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
         let boxed = |next: &mut dyn FnMut(u32) -> u32| {
             let offset: [u32; MAX_RANK] = core::array::from_fn(|_| next(4));
             let extent: [u32; MAX_RANK] = core::array::from_fn(|d| 1 + next(4 - offset[d]));
             Region { offset, extent }
-        };
-        let elements = |r: &Region| {
-            let mut set = std::collections::BTreeSet::new();
-            for a in r.offset[0]..r.offset[0] + r.extent[0] {
-                for b in r.offset[1]..r.offset[1] + r.extent[1] {
-                    for c in r.offset[2]..r.offset[2] + r.extent[2] {
-                        for d in r.offset[3]..r.offset[3] + r.extent[3] {
-                            set.insert([a, b, c, d]);
-                        }
-                    }
-                }
-            }
-            set
         };
         let mut shortened = 0;
         for i in 0..4000 {

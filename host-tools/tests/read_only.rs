@@ -4,13 +4,14 @@
 //! every access ordered (write-after-read included).
 
 use device_runtime::abi::program::NO_REG;
-use device_runtime::abi::{Table, WRITES_TRACKED};
+use device_runtime::abi::{Table, TableHeader, TaskDesc, WRITES_TRACKED};
 use device_runtime::orch::StallReason;
 use host_tools::asm::{Asm, READ, WRITE};
 use host_tools::shim::Shim;
-use host_tools::table::{Arena, Arg, TableBuilder};
+use host_tools::table::{seal, Arena, Arg, TableBuilder};
 use wsp_ffi::ArgAccess::{In, Out};
 use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
+use zerocopy::FromBytes;
 
 #[test]
 fn validation_finds_the_tensors_no_task_writes() {
@@ -58,6 +59,64 @@ fn validation_finds_the_tensors_no_task_writes() {
     assert!(!table.is_read_only(first.0));
     assert!(table.is_read_only(tensors[WRITES_TRACKED - 1].0));
     assert!(!table.is_read_only(last.0));
+}
+
+/// Task `i`'s descriptor in `bytes`.
+fn task_desc(bytes: &mut [u8], i: usize) -> &mut TaskDesc {
+    let at = TableHeader::ref_from_prefix(bytes)
+        .unwrap()
+        .0
+        .tasks
+        .offset
+        .get() as usize;
+    TaskDesc::mut_from_prefix(&mut bytes[at + i * size_of::<TaskDesc>()..])
+        .unwrap()
+        .0
+}
+
+/// What the arguments section writes counts whether validation finds it
+/// on its pass over the tasks (their arguments are the whole section, in
+/// order) or on a pass of its own (they are not): a task using another's
+/// argument block leaves its own block unused, and the tensor that block
+/// writes is written all the same.
+#[test]
+fn an_argument_block_no_task_uses_still_writes() {
+    let mut b = TableBuilder::new();
+    let x = b.tensor("x", &[1, 1]).unwrap();
+    let y: Vec<_> = (0..3)
+        .map(|i| b.tensor(&format!("y{i}"), &[1, 1]).unwrap())
+        .collect();
+    let one = |t, access| Arg::tile(t, access, 0, 0, 1, 1);
+    for &y in &y {
+        b.task(ADD, &[one(x, In), one(x, In), one(y, Out)], &[])
+            .unwrap();
+    }
+    let bytes = b.finish().unwrap();
+    let written = |bytes: &[u8]| {
+        let table = Table::parse(bytes).unwrap();
+        let read_only = |t: host_tools::table::TensorId| table.is_read_only(t.0);
+        (
+            read_only(x),
+            y.iter().map(|&t| read_only(t)).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(written(&bytes), (true, vec![false; 3]));
+    // Tasks 0 and 1 swap argument blocks: the section out of task order.
+    let mut swapped = bytes.clone();
+    let (a, b) = (
+        task_desc(&mut swapped, 0).first_arg,
+        task_desc(&mut swapped, 1).first_arg,
+    );
+    task_desc(&mut swapped, 0).first_arg = b;
+    task_desc(&mut swapped, 1).first_arg = a;
+    seal(&mut swapped);
+    assert_eq!(written(&swapped), (true, vec![false; 3]));
+    // Task 2 uses task 1's block: the block writing y2 is used by none.
+    let mut shared = bytes;
+    let first = task_desc(&mut shared, 1).first_arg;
+    task_desc(&mut shared, 2).first_arg = first;
+    seal(&mut shared);
+    assert_eq!(written(&shared), (true, vec![false; 3]));
 }
 
 /// `n` tasks `out[i] = w + w`; with `overwrite`, a last task then writes

@@ -296,6 +296,59 @@ fn access_and_shape_contracts() {
     assert!(matches!(e.problem, Problem::KernelContract(_)), "{e}");
 }
 
+/// `rmsnorm` on four row blocks of one tensor: tasks of one kernel, on
+/// tiles of one shape, with one scalar (eps 1e-5).
+fn rmsnorm_rows() -> Vec<u8> {
+    let mut b = TableBuilder::new();
+    let x = b.tensor("x", &[64, 32]).unwrap();
+    let g = b.tensor("g", &[1, 32]).unwrap();
+    let y = b.tensor("y", &[64, 32]).unwrap();
+    for i in 0..4 {
+        let args = [
+            Arg::tile(x, wsp_ffi::ArgAccess::In, 16 * i, 0, 16, 32),
+            Arg::tile(g, wsp_ffi::ArgAccess::In, 0, 0, 1, 32),
+            Arg::tile(y, wsp_ffi::ArgAccess::Out, 16 * i, 0, 16, 32),
+        ];
+        let eps = 1e-5f32.to_bits() as u64;
+        b.task(wsp_ffi::WspKernelId_WSP_KERNEL_RMSNORM, &args, &[eps])
+            .unwrap();
+    }
+    b.finish().unwrap()
+}
+
+/// Validation checks a kernel's contract once for a run of tasks with the
+/// same kernel, shapes and scalars: a task that breaks the contract after
+/// tasks that kept it, by its shapes or only by a scalar, is refused all
+/// the same, and named.
+#[test]
+fn a_contract_broken_after_tasks_that_kept_it() {
+    let bytes = rmsnorm_rows();
+    Table::parse(&bytes).expect("the rmsnorm table is valid");
+    let task = |b: &mut Vec<u8>, i| *entry::<TaskDesc>(b, |h| h.tasks.offset.get(), i);
+    // Task 3's y tile made 8 rows tall, while x stays 16.
+    let mut edited = bytes.clone();
+    let first = task(&mut edited, 3).first_arg.get() as usize;
+    entry::<TensorArg>(&mut edited, |h| h.args.offset.get(), first + 2).extent[0].set(8);
+    seal(&mut edited);
+    let e = Table::parse(&edited).expect_err("a y tile of another height");
+    expect(e, Section::Tasks, 3, "first_arg");
+    assert!(matches!(e.problem, Problem::KernelContract(_)), "{e}");
+    // Task 2's eps made negative: the same kernel and shapes as task 1.
+    let mut edited = bytes.clone();
+    entry::<TaskDesc>(&mut edited, |h| h.tasks.offset.get(), 2).scalars[0]
+        .set((-1.0f32).to_bits() as u64);
+    seal(&mut edited);
+    let e = Table::parse(&edited).expect_err("a negative eps");
+    expect(e, Section::Tasks, 2, "first_arg");
+    assert!(matches!(e.problem, Problem::KernelContract(_)), "{e}");
+    // Task 1's eps made 2e-5, still a valid eps: accepted.
+    let mut edited = bytes;
+    entry::<TaskDesc>(&mut edited, |h| h.tasks.offset.get(), 1).scalars[0]
+        .set(2e-5f32.to_bits() as u64);
+    seal(&mut edited);
+    Table::parse(&edited).expect("another valid eps");
+}
+
 /// Random byte changes and truncations, half of them resealed. None
 /// panics. A change the checksum was not recomputed over is always refused
 /// (what a sealed CRC-32 implies for up to five changed bytes, short of a

@@ -164,6 +164,9 @@ fn bench(root: &Path) -> Result<()> {
         .env("WSP_BENCH_SMOKE", "1"))?;
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "channels"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
+        .args(["bench", "-p", "host-tools", "--bench", "validation"])
         .env("WSP_BENCH_SMOKE", "1"))
 }
 

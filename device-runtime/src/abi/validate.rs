@@ -230,7 +230,7 @@ impl<'a> Table<'a> {
         };
         table.validate_tensors()?;
         table.validate_kernels()?;
-        table.validate_tasks()?;
+        let args_written = table.validate_tasks()?;
         table.validate_stream_ops()?;
         table.program_info = super::program::validate(
             program,
@@ -244,23 +244,27 @@ impl<'a> Table<'a> {
             },
         )?;
         table.scratch = table.validate_scratch()?;
-        table.written = table.writes();
+        table.written = table.writes(args_written);
         Ok(table)
     }
 
     /// Which tensors below [`WRITES_TRACKED`] some task argument or program
     /// `ARG` writes (every entry of the arguments section counts, used by
     /// a task or not, and every `ARG` of the program, reached or not).
-    fn writes(&self) -> [u64; WRITES_TRACKED / 64] {
-        let mut written = [0u64; WRITES_TRACKED / 64];
+    /// `args`: those the arguments section writes, when validating the
+    /// tasks found them already.
+    fn writes(&self, args: Option<[u64; WRITES_TRACKED / 64]>) -> [u64; WRITES_TRACKED / 64] {
+        let mut written = args.unwrap_or([0; WRITES_TRACKED / 64]);
         let mut mark = |tensor: u32, access: u32| {
             let t = tensor as usize;
             if t < WRITES_TRACKED && Access::from_bits_truncate(access).contains(Access::WRITE) {
                 written[t / 64] |= 1 << (t % 64);
             }
         };
-        for a in self.args {
-            mark(a.tensor.get(), a.access.get());
+        if args.is_none() {
+            for a in self.args {
+                mark(a.tensor.get(), a.access.get());
+            }
         }
         for ins in self.program {
             if ins.op == super::program::OP_ARG {
@@ -607,17 +611,42 @@ impl<'a> Table<'a> {
         Ok(())
     }
 
-    fn validate_tasks(&self) -> Result<(), TableError> {
+    /// Validates every task and its arguments. When the tasks' arguments
+    /// are the whole arguments section, in order (as the table builder
+    /// lays them out), also returns the tensors they write (see
+    /// [`Table::writes`]), found on the way: one pass over the arguments
+    /// instead of two.
+    fn validate_tasks(&self) -> Result<Option<[u64; WRITES_TRACKED / 64]>, TableError> {
         let nargs = self.args.len() as u64;
+        let mut written = [0u64; WRITES_TRACKED / 64];
+        // The arguments the tasks so far used, if they are all those
+        // before it, in order.
+        let mut in_order = Some(0u64);
+        // Neighbouring tasks mostly call one kernel, on tiles of one shape
+        // with the same scalars: the kernel is looked up again, and its
+        // contract checked again (a function of the kernel, the shapes and
+        // the scalars alone), only when they change.
+        let mut kernel: Option<(u32, &'static wsp_ffi::KernelInfo)> = None;
+        // What the last contract check passed: its kernel, and its shapes
+        // and scalars as plain words (compared as a whole; unused ones 0).
+        let mut passed: Option<u32> = None;
+        let mut passed_words = [0u32; 3 * MAX_TENSOR_ARGS + 2 * MAX_SCALARS];
         for (i, task) in self.tasks.iter().enumerate() {
             let e = |field, problem| err(Section::Tasks, i, field, problem);
             let id = task.kernel_id.get();
-            if !self.kernels.iter().any(|k| k.kernel_id.get() == id) {
-                let declared = wsp_ffi::lookup(id).is_some();
-                return Err(e("kernel_id", Problem::UnknownKernel { id, declared }));
-            }
-            let info =
-                wsp_ffi::lookup(id).expect("declared kernels are validated against the registry");
+            let info = match kernel {
+                Some((last, info)) if last == id => info,
+                _ => {
+                    if !self.kernels.iter().any(|k| k.kernel_id.get() == id) {
+                        let declared = wsp_ffi::lookup(id).is_some();
+                        return Err(e("kernel_id", Problem::UnknownKernel { id, declared }));
+                    }
+                    let info = wsp_ffi::lookup(id)
+                        .expect("declared kernels are validated against the registry");
+                    kernel = Some((id, info));
+                    info
+                }
+            };
             let (first, count) = (task.first_arg.get() as u64, task.num_args.get() as u64);
             if count != info.num_tensors as u64 {
                 let n = info.num_tensors as u64;
@@ -675,16 +704,38 @@ impl<'a> Table<'a> {
             for (k, arg) in self.task_args(task).iter().enumerate() {
                 let spec_access = info.tensor_args[k].access as u32;
                 shapes[k] = self.validate_arg(first as usize + k, arg, spec_access)?;
+                // Valid: the registry's access.
+                let t = arg.tensor.get() as usize;
+                if t < WRITES_TRACKED && spec_access & Access::WRITE.bits() != 0 {
+                    written[t / 64] |= 1 << (t % 64);
+                }
             }
+            in_order = in_order.filter(|&n| n == first).map(|n| n + count);
             self.check_disjoint_writes(first as usize, self.task_args(task))?;
+            // Only the kernel's scalars: the rest of the record is not the
+            // contract's (and the counts are the kernel's, checked above).
+            let nscalars = (nscalars as usize).min(MAX_SCALARS);
             let mut scalars = [0u64; MAX_SCALARS];
-            for (s, v) in scalars.iter_mut().zip(task.scalars.iter()) {
+            for (s, v) in scalars[..nscalars].iter_mut().zip(task.scalars.iter()) {
                 *s = v.get();
             }
-            info.check(&shapes[..count as usize], &scalars[..nscalars as usize])
-                .map_err(|c| e("first_arg", Problem::KernelContract(c)))?;
+            let mut words = [0u32; 3 * MAX_TENSOR_ARGS + 2 * MAX_SCALARS];
+            for (w, shape) in words.chunks_exact_mut(3).zip(&shapes) {
+                w.copy_from_slice(&[shape.rows, shape.cols, shape.dtype]);
+            }
+            for (w, s) in words[3 * MAX_TENSOR_ARGS..]
+                .chunks_exact_mut(2)
+                .zip(scalars)
+            {
+                w.copy_from_slice(&[s as u32, (s >> 32) as u32]);
+            }
+            if passed != Some(id) || words != passed_words {
+                info.check(&shapes[..count as usize], &scalars[..nscalars])
+                    .map_err(|c| e("first_arg", Problem::KernelContract(c)))?;
+                (passed, passed_words) = (Some(id), words);
+            }
         }
-        Ok(())
+        Ok((in_order == Some(nargs)).then_some(written))
     }
 
     /// Stream ops name existing streams and events, are sorted by the task
@@ -767,7 +818,9 @@ impl<'a> Table<'a> {
             },
         ))?;
         let access = arg.access.get();
-        if Access::from_bits(access).is_none_or(|a| a.is_empty()) {
+        // The registry's access is a valid one: an argument that has it
+        // needs no other test.
+        if access != expected_access && Access::from_bits(access).is_none_or(|a| a.is_empty()) {
             return Err(e(
                 "access",
                 Problem::OutOfRange {
@@ -792,9 +845,65 @@ impl<'a> Table<'a> {
     }
 }
 
-/// Checks that `region` is a 2-D tile inside `tensor`, and returns the
-/// tile's shape; on failure names the offending field of a [`TensorArg`].
+/// Checks that `region` is a 2-D tile inside `tensor` (a tensor of a
+/// validated table; one whose rank is not 1 ..= [`MAX_RANK`] gets an error
+/// naming `rank`), and returns the tile's shape; on failure names the
+/// offending field of a [`TensorArg`].
+///
+/// Every task argument of a table and every argument an expanded program
+/// call names goes through here, so the common case, a valid tile, is one
+/// pass over the dimensions without a branch per test: each test is a
+/// signed difference that is negative exactly when it fails, and one OR
+/// carries every sign. Only a region that fails some test goes through
+/// `region_problem`, which tests one condition after the other and
+/// names the first that fails.
+#[inline]
 pub fn check_region(
+    tensor: &TensorDesc,
+    region: &Region,
+) -> Result<wsp_ffi::TileShape, (&'static str, Problem)> {
+    let rank = tensor.rank.get() as usize;
+    let mut signs: i64 = if (1..=MAX_RANK).contains(&rank) {
+        0
+    } else {
+        -1
+    };
+    for d in 0..MAX_RANK {
+        // Below 2^32 each: no difference overflows.
+        let (off, ext) = (region.offset[d] as i64, region.extent[d] as i64);
+        // Beyond the rank a dimension is one element long (offset 0,
+        // extent 1), and before a tile's rows and columns the extent is 1.
+        let size = if d < rank {
+            tensor.shape[d].get() as i64
+        } else {
+            1
+        };
+        let most = if d + 2 < rank { 1 } else { size };
+        // Not empty, inside the dimension, at most `most` long.
+        signs |= (ext - 1) | (size - off - ext) | (most - ext);
+    }
+    if signs < 0 {
+        return region_problem(tensor, region);
+    }
+    let cols = region.extent[rank - 1];
+    let rows = if rank >= 2 {
+        region.extent[rank - 2]
+    } else {
+        1
+    };
+    Ok(wsp_ffi::TileShape {
+        rows,
+        cols,
+        dtype: tensor.dtype.get(),
+    })
+}
+
+/// [`check_region`] one test after the other: the first that fails names
+/// the field (for a region that passes them all, its shape). Out of line:
+/// only a bad region comes here.
+#[cold]
+#[inline(never)]
+fn region_problem(
     tensor: &TensorDesc,
     region: &Region,
 ) -> Result<wsp_ffi::TileShape, (&'static str, Problem)> {
@@ -802,6 +911,15 @@ pub fn check_region(
     const OFFSET: [&str; MAX_RANK] = ["offset[0]", "offset[1]", "offset[2]", "offset[3]"];
     const EXTENT: [&str; MAX_RANK] = ["extent[0]", "extent[1]", "extent[2]", "extent[3]"];
     let rank = tensor.rank.get() as usize;
+    if !(1..=MAX_RANK).contains(&rank) {
+        // Not a validated tensor: no region of it is a tile.
+        let problem = Problem::OutOfRange {
+            value: rank as u64,
+            min: 1,
+            max: MAX_RANK as u64,
+        };
+        return Err(e("rank", problem));
+    }
     for d in 0..MAX_RANK {
         let (off, ext) = (region.offset[d], region.extent[d]);
         if d >= rank {
@@ -865,4 +983,99 @@ pub fn check_region(
         cols: view.cols,
         dtype: tensor.dtype.get(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use zerocopy::little_endian::{U32, U64};
+
+    /// An f32 tensor of `rank` (valid or not) and `shape`; its strides
+    /// are 0, which the region test does not read.
+    fn tensor(rank: u32, shape: [u32; MAX_RANK]) -> TensorDesc {
+        TensorDesc {
+            name: [0; 16],
+            dtype: U32::new(wsp_ffi::DTYPE_F32),
+            rank: U32::new(rank),
+            shape: shape.map(U32::new),
+            strides: [0; MAX_RANK].map(U32::new),
+            arena_offset: U64::new(0),
+        }
+    }
+
+    fn region(offset: [u32; MAX_RANK], extent: [u32; MAX_RANK]) -> Region {
+        Region { offset, extent }
+    }
+
+    #[test]
+    fn a_tile_and_the_first_field_that_is_wrong() {
+        // A 4 x 8 matrix: rows 1..3, columns 2..5 are a 2 x 3 tile.
+        let m = tensor(2, [4, 8, 0, 0]);
+        let shape = check_region(&m, &region([1, 2, 0, 0], [2, 3, 1, 1])).unwrap();
+        assert_eq!((shape.rows, shape.cols), (2, 3));
+        // Columns 6..9 end past the 8 columns.
+        let e = check_region(&m, &region([1, 6, 0, 0], [2, 3, 1, 1])).unwrap_err();
+        let outside = Problem::RegionOutside {
+            dim: 1,
+            end: 9,
+            size: 8,
+        };
+        assert_eq!(e, ("extent[1]", outside));
+        // An empty extent, an offset beyond the rank, an extent beyond it.
+        let e = check_region(&m, &region([1, 2, 0, 0], [0, 3, 1, 1])).unwrap_err();
+        assert_eq!(e.0, "extent[0]");
+        let e = check_region(&m, &region([1, 2, 1, 0], [2, 3, 1, 1])).unwrap_err();
+        assert_eq!(e.0, "offset[2]");
+        let e = check_region(&m, &region([1, 2, 0, 0], [2, 3, 1, 2])).unwrap_err();
+        assert_eq!(e.0, "extent[3]");
+        // Rank 3: the first dimension is one matrix of the batch.
+        let b = tensor(3, [5, 4, 8, 0]);
+        let shape = check_region(&b, &region([4, 0, 0, 0], [1, 4, 8, 1])).unwrap();
+        assert_eq!((shape.rows, shape.cols), (4, 8));
+        let e = check_region(&b, &region([3, 0, 0, 0], [2, 4, 8, 1])).unwrap_err();
+        let not_a_tile = Problem::NotATile { dim: 0, extent: 2 };
+        assert_eq!(e, ("extent[0]", not_a_tile));
+        // Rank 1: one row.
+        let v = tensor(1, [10, 0, 0, 0]);
+        let shape = check_region(&v, &region([3, 0, 0, 0], [7, 1, 1, 1])).unwrap();
+        assert_eq!((shape.rows, shape.cols), (1, 7));
+        // No rank: no tile, and no panic.
+        let e = check_region(&tensor(0, [0; 4]), &region([0; 4], [1; 4])).unwrap_err();
+        assert_eq!(e.0, "rank");
+    }
+
+    /// Small values, and the largest ones (sums of two of them pass 2^32).
+    fn value() -> impl Strategy<Value = u32> {
+        prop_oneof![8 => 0u32..6, 1 => Just(u32::MAX), 1 => Just(u32::MAX - 1)]
+    }
+
+    /// One dimension's offset and extent: mostly what a tile has (offset
+    /// 0 and extent 1, as beyond the rank and before a tile's rows; or a
+    /// short span), else anything, so that most regions are wrong in at
+    /// most a field or two and each test gets to be the first that fails.
+    fn span() -> impl Strategy<Value = (u32, u32)> {
+        prop_oneof![
+            4 => Just((0, 1)),
+            4 => (0u32..4, 1u32..4),
+            1 => (value(), value()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        /// The one-pass test agrees with the tests one after the other on
+        /// every region of every tensor: the same tile shape, or the same
+        /// first failing field and problem.
+        #[test]
+        fn one_pass_agrees_with_each_test_in_turn(
+            rank in 0u32..=5,
+            shape in prop::array::uniform4(value()),
+            spans in prop::array::uniform4(span()),
+        ) {
+            let t = tensor(rank, shape);
+            let r = region(spans.map(|s| s.0), spans.map(|s| s.1));
+            prop_assert_eq!(check_region(&t, &r), region_problem(&t, &r));
+        }
+    }
 }

@@ -363,9 +363,13 @@ fn makespan_table(name: &'static str, p: Params, cube: usize, vector: usize) -> 
 }
 
 /// The release-size figures: `cargo test -p host-tools --release --test
-/// decode -- --ignored --nocapture skew_figures`.
+/// decode -- --nocapture skew_figures` (a release build runs them; CI's
+/// release-size step too).
 #[test]
-#[ignore = "release-size run: minutes in a debug build"]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "release-size run: minutes in a debug build"
+)]
 fn skew_figures() {
     for name in ["decode-skew", "decode", "decode-uniform"] {
         let p = Params::of(name).unwrap();

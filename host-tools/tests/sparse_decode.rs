@@ -241,9 +241,9 @@ fn the_tier_is_decided_on_the_device_from_the_lengths_it_reads() {
 }
 
 /// The release-size run: k = 2,048, one 16K request among dense and
-/// sparse ones (`cargo test --release -- --ignored`).
+/// sparse ones (a release build runs it; CI's release-size step too).
 #[test]
-#[ignore]
+#[cfg_attr(debug_assertions, ignore = "release size: run with --release")]
 fn release_size_sparse_decode() {
     let w = Workload::build("sparse-decode", Params::of("sparse-decode").unwrap()).unwrap();
     let (run, _) = run_both(&w);

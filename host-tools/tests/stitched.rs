@@ -5,7 +5,8 @@
 //! chain found from the launches' bytes).
 //!
 //! The default sizes' figures: `cargo test -p host-tools --release --test
-//! stitched -- --ignored --nocapture`.
+//! stitched -- --nocapture` (a release build runs them; CI's release-size
+//! step too).
 
 use device_runtime::sched::RunOptions;
 use host_tools::bound::{lower_bound, Bound};
@@ -99,7 +100,10 @@ fn stitched_ends_before_the_two_runs_in_turn_and_near_its_bound() {
 }
 
 #[test]
-#[ignore = "default sizes (24 requests, 128-token chunk): run with --release"]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "default sizes (24 requests, 128-token chunk): run with --release"
+)]
 fn stitched_default_sizes() {
     let f = figures(Params::of("stitched").unwrap(), &kinds(24));
     report(&f, 24);

@@ -9,7 +9,7 @@ use crate::{bindgen, cargo, dist, fw, launcher, qemu_bench, run, setup, target};
 
 /// The steps in order. Host steps name `--workspace --exclude firmware`: the
 /// firmware is a workspace member that only builds for its bare-metal target.
-const STEPS: [(&str, Step); 16] = [
+const STEPS: [(&str, Step); 17] = [
     ("setup", |_| setup::setup()),
     ("fmt", |root| {
         run(cargo(root).args(["fmt", "--all", "--", "--check"]))
@@ -42,6 +42,7 @@ const STEPS: [(&str, Step); 16] = [
     ("test", test),
     ("loom", loom),
     ("stress (release)", stress),
+    ("release-size tests", release_size),
     ("miri", miri),
     ("fuzz", fuzz),
 ];
@@ -124,6 +125,18 @@ fn loom(root: &Path) -> Result<()> {
     .arg("loom")
     .env("RUSTFLAGS", "--cfg loom");
     run(&mut test)
+}
+
+/// The tests at the sizes the workloads ship with, which a debug build
+/// (the `test` step's) leaves out as too slow: about 40 seconds in release.
+fn release_size(root: &Path) -> Result<()> {
+    let tests = ["moe_layer", "stitched", "decode", "sparse_decode"];
+    let mut cargo = cargo(root);
+    cargo.args(["test", "--release", "-p", "host-tools"]);
+    for t in tests {
+        cargo.args(["--test", t]);
+    }
+    run(&mut cargo)
 }
 
 /// The orchestrator's randomized stress test at full size (2 million tasks).

@@ -123,15 +123,18 @@ fn queues() -> &'static Queues {
     unsafe { &*QUEUES.0.get() }
 }
 
-/// Puts the orchestrator and the queues back in their first state by
-/// copying the bytes of [`FIRST_ORCHESTRATOR`] and [`FIRST_QUEUES`] over
-/// them. Assigning `Queues::new()` (or `TableOrchestrator::for_tables()`)
-/// would build a temporary of several hundred KiB on the calling thread's
-/// stack, which an AICPU thread may not have; resetting their fields in
-/// place would repeat the runtime's constructors here. One `memcpy` each
-/// of a pristine copy costs as much memory again (about 1.1 MiB in the
-/// shared object, which is not budgeted like the firmware's RAM) and
-/// cannot drift from the constructors.
+/// Puts the orchestrator and the queues back in their first state. After
+/// a launch that finished (no task in flight, nothing queued) the
+/// runtime's `recycle` does it in place, rewriting only their small
+/// fields, the TensorMap's buckets and cell shapes (about 56 KiB, against
+/// about 1.5 MB for the whole pair). Otherwise (a launch that failed part
+/// way) it copies the bytes of [`FIRST_ORCHESTRATOR`] and [`FIRST_QUEUES`]
+/// over them: assigning `Queues::new()` (or
+/// `TableOrchestrator::for_tables()`) would build a temporary of several
+/// hundred KiB on the calling thread's stack, which an AICPU thread may
+/// not have. The pristine copies cost as much memory again (about 1.1 MiB
+/// in the shared object, which is not budgeted like the firmware's RAM)
+/// and cannot drift from the constructors.
 ///
 /// # Safety
 /// The caller holds the gate for Init: no server thread is inside, so
@@ -141,17 +144,24 @@ unsafe fn restore() -> Result<(), InitError> {
     let mut orch = ORCHESTRATOR.try_lock().ok_or(InitError::Internal(
         "the orchestrator is locked between launches",
     ))?;
+    // SAFETY: the caller's contract: no thread inside the gate, so no
+    // other reference to the queues exists while this one lives.
+    let queues = unsafe { &mut *QUEUES.0.get() };
+    // Both or the copy: the copy overwrites a half that recycled.
+    if queues.recycle() && orch.recycle() {
+        return Ok(());
+    }
     // SAFETY: both types own nothing (no heap, no `Drop`: plain integers,
     // atomics and `&'static str`s; device-runtime's `orch` and `sched`
     // hold no pointer into themselves), so their bytes copied from the
     // never-written first state are a valid value in its first state and
     // dropping nothing of the old one loses nothing. The destinations are
     // the live statics, which nothing else uses now (the caller's
-    // contract; `orch` is locked); the sources are other statics, so the
-    // ranges do not overlap.
+    // contract; `orch` is locked, `queues` the one reference); the
+    // sources are other statics, so the ranges do not overlap.
     unsafe {
         core::ptr::copy_nonoverlapping(&FIRST_ORCHESTRATOR, &mut *orch, 1);
-        core::ptr::copy_nonoverlapping(&FIRST_QUEUES, QUEUES.0.get(), 1);
+        core::ptr::copy_nonoverlapping(&FIRST_QUEUES, queues, 1);
     }
     Ok(())
 }

@@ -128,6 +128,20 @@ impl<const N: usize> StealDeque<N> {
         self.len() == 0
     }
 
+    /// Makes an empty deque new again (positions back to 0, the owner end
+    /// unclaimed) without rewriting its slots, which are read only at
+    /// positions pushed since. `false`, changing nothing, if it holds a
+    /// task. (`&mut`: no owner end or thief can be using it.)
+    pub fn rewind(&mut self) -> bool {
+        if !self.is_empty() {
+            return false;
+        }
+        self.top.store(0, Ordering::Relaxed);
+        self.bottom.0.store(0, Ordering::Relaxed);
+        self.owner_claimed.store(false, Ordering::Relaxed);
+        true
+    }
+
     /// Most tasks it holds (`N`).
     pub const fn capacity(&self) -> usize {
         N
@@ -292,6 +306,31 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
+
+    #[test]
+    fn a_deque_is_rewound_only_when_empty() {
+        let mut d = StealDeque::<4>::new();
+        {
+            let mut o = d.claim_owner().unwrap();
+            for t in 1..=2 {
+                o.push(t).unwrap();
+            }
+            // Left claimed, as by a scheduler forgotten after a failed run.
+            core::mem::forget(o);
+        }
+        assert!(!d.rewind(), "two tasks left");
+        assert_eq!(d.steal(), Steal::Task(1));
+        assert_eq!(d.steal(), Steal::Task(2));
+        assert!(d.rewind());
+        let mut o = d.claim_owner().expect("the owner end is free again");
+        for t in 5..=8 {
+            o.push(t).unwrap();
+        }
+        assert!(o.push(9).is_err(), "four fit");
+        assert_eq!(o.pop(), Some(8));
+        drop(o);
+        assert_eq!(d.top.load(Ordering::Relaxed), 0, "positions from 0");
+    }
 
     #[test]
     fn the_owners_bound_counts_steals_only_once_it_reads_top() {

@@ -400,6 +400,69 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
     }
 
+    /// Makes a drained orchestrator behave as [`Orchestrator::new`] with
+    /// its heap capacity, without rewriting its large arrays: the next
+    /// run submits from id 0 and sees the same ids, edges, stalls and
+    /// statistics as on a new one. `false`, changing nothing, if tasks are
+    /// in flight (a run that ended early): build a new one then.
+    ///
+    /// A new orchestrator is over 600 KiB at the default window, and
+    /// building one (on the host: on the stack, then copied into its box)
+    /// was most of a small run's time. What is not rewritten is never read
+    /// before a submission writes it:
+    /// - a task slot is read for ids below the next id only, and every id
+    ///   a run submits writes its slot first (ids start at 0 again, and a
+    ///   retired task's slot says `Completed`, as a new slot does);
+    /// - a TensorMap entry is reached only through its bucket chains,
+    ///   which are emptied ([`TensorMap::recycle`]);
+    /// - the DepList pool has every node free (each retired task freed its
+    ///   fan-out); which free node a push takes is not observable;
+    /// - slot marks are compared with the pass count, which keeps growing
+    ///   (restarting it could match a mark an old pass left).
+    pub fn recycle(&mut self) -> bool {
+        if !self.is_drained() {
+            return false;
+        }
+        // Every field, so that a new one cannot be forgotten here.
+        let Orchestrator {
+            slots: _,
+            head,
+            next,
+            tmap,
+            deps,
+            heap,
+            ready,
+            scopes: _,
+            depth,
+            stats,
+            pass: _,
+            found: _,
+            streams,
+            window,
+            edge_alloc,
+            edge_free,
+            held: _,
+        } = self;
+        debug_assert!(deps.used() == 0, "a drained orchestrator holds no edge");
+        let _ = deps;
+        (*head, *next) = (0, 0);
+        tmap.recycle();
+        // The stall statistics hold the heap size a new orchestrator was
+        // given (its ring keeps it rounded down to the alignment).
+        let heap_bytes = stats.of(StallReason::HeapRingFull).capacity;
+        *heap = HeapRing::new(heap_bytes);
+        for list in ready.iter_mut() {
+            (list.head, list.tail, list.len) = (NONE, NONE, 0);
+        }
+        // Scopes above the depth are never read.
+        *depth = 0;
+        *stats = StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0, 0, 0]);
+        streams.clear();
+        *window = TASKS as u64;
+        (*edge_alloc, *edge_free) = (0, 0);
+        true
+    }
+
     /// Limits the tasks in flight (submitted and not retired) to `tasks`,
     /// 1 ..= `TASKS` (a workload's task window): a submission beyond it
     /// stalls on `TASK_RING_FULL`, as on a ring of that size. Only between

@@ -934,3 +934,134 @@ fn a_counted_submission_with_more_producers_than_it_remembers_scans_again() {
     assert!(at(all) < at(read_tile));
     assert!(o.is_drained());
 }
+
+/// Plays a random program on `o` (seeded): submissions of tiles and odd
+/// regions on three tensors, on streams, with heap blocks, explicit
+/// dependencies and scopes, interleaved with issuing and completing ready
+/// tasks, until every task retired (then, for even seeds, opens a scope
+/// and leaves it open). Returns what every call returned and the final
+/// statistics, as text, for comparing two orchestrators.
+fn play(o: &mut Orchestrator<8, 24, 24>, seed: u64) -> Vec<String> {
+    let mut state = seed | 1;
+    let mut rand = |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut log = Vec::new();
+    let mut running: Vec<TaskId> = Vec::new();
+    let mut scoped = false;
+    for step in 0..400u64 {
+        match rand(20) {
+            0..=7 => {
+                let args: Vec<TaskArg> = (0..1 + rand(3))
+                    .map(|i| {
+                        let (start, len) = if rand(3) == 0 {
+                            (rand(8) as u32, 1 + rand(8) as u32)
+                        } else {
+                            (4 * rand(4) as u32, 4)
+                        };
+                        let access = if rand(2) == 0 {
+                            Access::READ
+                        } else {
+                            Access::WRITE
+                        };
+                        TaskArg {
+                            // Distinct tensors: a task's arguments never overlap.
+                            tensor: i as u32,
+                            region: region(start, len),
+                            access,
+                        }
+                    })
+                    .collect();
+                let kernel = if rand(2) == 0 { VEC } else { CUBE };
+                let deps: Vec<TaskId> = match o.submitted() {
+                    0 => Vec::new(),
+                    n if rand(4) == 0 => vec![rand(n)],
+                    _ => Vec::new(),
+                };
+                let heap = [0, 0, 64, 200][rand(4) as usize];
+                let got = o.submit_on(step, rand(3) as StreamId, kernel, &args, heap, &deps, step);
+                log.push(format!("submit {got:?}"));
+            }
+            8..=12 => {
+                let kind = if rand(2) == 0 {
+                    CoreKind::Vector
+                } else {
+                    CoreKind::Cube
+                };
+                if let Some(t) = o.pop_ready(kind) {
+                    log.push(format!("pop {t:?} issued {:?}", o.issued(t.id)));
+                    running.push(t.id);
+                }
+            }
+            13..=18 if !running.is_empty() => {
+                let id = running.remove(rand(running.len() as u64) as usize);
+                log.push(format!("complete {id} {:?}", o.complete(id)));
+            }
+            19 => {
+                let got = if scoped {
+                    o.scope_end()
+                } else {
+                    o.scope_begin("s")
+                };
+                scoped = !scoped;
+                log.push(format!("scope {got:?}"));
+            }
+            _ => {}
+        }
+    }
+    if scoped {
+        log.push(format!("scope {:?}", o.scope_end()));
+    }
+    while !o.is_drained() {
+        for kind in [CoreKind::Vector, CoreKind::Cube] {
+            while let Some(t) = o.pop_ready(kind) {
+                log.push(format!("pop {t:?} issued {:?}", o.issued(t.id)));
+                running.push(t.id);
+            }
+        }
+        let id = running
+            .pop()
+            .expect("a drained orchestrator or a running task");
+        log.push(format!("drain {id} {:?}", o.complete(id)));
+    }
+    log.push(format!("{:?}", o.stats()));
+    if seed.is_multiple_of(2) {
+        // Drained with a scope open: a recycled orchestrator has none.
+        log.push(format!("scope {:?}", o.scope_begin("left open")));
+    }
+    log
+}
+
+#[test]
+fn a_recycled_orchestrator_behaves_as_a_new_one() {
+    for seed in 1..40u64 {
+        let fresh = play(&mut Orchestrator::new(1024), seed);
+        let mut o = Orchestrator::new(1024);
+        play(&mut o, seed * 7919);
+        assert!(o.recycle(), "drained");
+        assert_eq!(play(&mut o, seed), fresh, "seed {seed}");
+        // Recycled again, after a program that leaves other cell shapes.
+        assert!(o.recycle());
+        play(&mut o, seed + 1000);
+        assert!(o.recycle());
+        assert_eq!(play(&mut o, seed), fresh, "seed {seed}, twice");
+    }
+}
+
+#[test]
+fn an_orchestrator_with_tasks_in_flight_is_not_recycled() {
+    let mut o = Small::new(0);
+    let w = submit(&mut o, &[write(1, 0, 4)]).unwrap();
+    let r = submit(&mut o, &[read(1, 0, 4)]).unwrap();
+    assert!(!o.recycle(), "two tasks in flight");
+    // Unchanged: the reader still waits for the writer, and ids go on.
+    assert_eq!(run_one(&mut o), w);
+    assert_eq!(run_one(&mut o), r);
+    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(2));
+    run_one(&mut o);
+    assert!(o.recycle());
+    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(0), "ids start again");
+}

@@ -1130,6 +1130,30 @@ mod tests {
         dispatcher.step(0)
     }
 
+    /// Queues that a run left something in are not recycled, and are
+    /// left as they are; emptied, they are, whatever state the run left.
+    #[test]
+    fn queues_with_an_entry_left_are_not_recycled() {
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(|| {
+                let mut queues = Box::new(Queues::new());
+                assert!(queues.done[1].push(7));
+                queues.shared[0].claim_owner().unwrap().push(9).unwrap();
+                queues.abort();
+                assert!(!queues.recycle(), "a report and a queued task left");
+                assert_eq!(queues.done[1].pop(), Some(7));
+                assert!(!queues.recycle(), "a queued task left");
+                assert_eq!(queues.state(), super::super::ABORTED, "unchanged");
+                assert_eq!(queues.shared[0].steal(), crate::steal_deque::Steal::Task(9));
+                assert!(queues.recycle());
+                assert_eq!(queues.state(), RUNNING);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
     #[test]
     fn a_report_of_a_task_not_handed_out_ends_the_run() {
         let not_running = UsageError::NotRunning { id: 3 };

@@ -275,6 +275,56 @@ impl Queues {
     pub fn reset(&mut self) {
         *self = Queues::new();
     }
+
+    /// Makes the queues of a run that left every queue and ring empty (a
+    /// finished run) behave as [`Queues::new`] for the next run, without
+    /// rewriting their slots, the release graph or the task records (over
+    /// 800 KiB): each is written for a task before anything reads it (a
+    /// queue's slot when pushed, the graph's words of a task by
+    /// [`ReleaseGraph::open`](crate::orch::ReleaseGraph::open) and the
+    /// dispatcher's key, a record when its task is submitted). `false`,
+    /// changing nothing, if something is left (an aborted run): then
+    /// [`Queues::reset`].
+    pub fn recycle(&mut self) -> bool {
+        // Every field, so that a new one cannot be forgotten here.
+        let Queues {
+            ready,
+            local,
+            graph: _,
+            shared,
+            done,
+            state,
+            stealing,
+            steals,
+            keeps,
+            starved,
+            records: _,
+        } = self;
+        let empty = ready
+            .iter()
+            .chain(local.iter())
+            .flatten()
+            .all(|d| d.is_empty())
+            && shared.iter().all(|d| d.is_empty())
+            && done.iter().all(|r| r.is_empty());
+        if !empty {
+            return false;
+        }
+        let deques = ready.iter_mut().chain(local.iter_mut()).flatten();
+        for d in deques.chain(shared.iter_mut()) {
+            d.rewind();
+        }
+        for r in done.iter_mut() {
+            r.rewind();
+        }
+        state.store(RUNNING, Ordering::Relaxed);
+        stealing.store(false, Ordering::Relaxed);
+        for flag in steals.iter().chain(keeps.iter()) {
+            flag.store(false, Ordering::Relaxed);
+        }
+        starved.store(0, Ordering::Relaxed);
+        true
+    }
 }
 
 impl Default for Queues {

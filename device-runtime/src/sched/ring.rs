@@ -147,6 +147,21 @@ impl<const N: usize> Ring<N> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Makes an empty ring new again (both ends' positions and readings
+    /// back to 0) without rewriting its slots, which are read only at
+    /// positions pushed since. `false`, changing nothing, if it holds a
+    /// value. (`&mut`: neither end can be using it.)
+    pub fn rewind(&mut self) -> bool {
+        if !self.is_empty() {
+            return false;
+        }
+        for end in [&self.head.0, &self.tail.0] {
+            end.at.store(0, Ordering::Relaxed);
+            end.seen.store(0, Ordering::Relaxed);
+        }
+        true
+    }
 }
 
 impl<const N: usize> Default for Ring<N> {
@@ -158,6 +173,25 @@ impl<const N: usize> Default for Ring<N> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_is_rewound_only_when_empty() {
+        let mut r = Ring::<4>::new();
+        for v in 0..3 {
+            assert!(r.push(v));
+        }
+        assert_eq!(r.pop(), Some(0));
+        assert!(!r.rewind(), "two values left");
+        assert_eq!((r.pop(), r.pop()), (Some(1), Some(2)), "unchanged");
+        assert!(r.rewind());
+        // New again: four values fit, and come out in order.
+        for v in 10..14 {
+            assert!(r.push(v));
+        }
+        assert!(!r.push(99));
+        assert_eq!([r.pop(), r.pop()], [Some(10), Some(11)]);
+        assert_eq!(r.head.0.at.load(Ordering::Relaxed), 2, "positions from 0");
+    }
 
     #[test]
     fn fifo_full_and_wrap() {

@@ -7,10 +7,23 @@
 //! on the calling thread's stack first, which overflows the 2 MiB stacks
 //! that test threads get. So debug builds build it on a short-lived thread
 //! with a stack sized for the value.
+//!
+//! A run takes both from [`run_state`]: the pairs earlier runs left are
+//! kept, recycled ([`Queues::recycle`], [`TableOrchestrator::recycle`])
+//! instead of built again, since building them was most of a small run's
+//! time (about 1.5 MB written, twice in release builds and on a new
+//! thread in debug builds).
+
+use std::sync::{Mutex, PoisonError};
 
 use device_runtime::sched::{Queues, TableOrchestrator};
 
 /// `make()` in a box, without a stack the size of the value in debug builds.
+/// Out of line: in release builds the value may still pass through this
+/// function's stack frame, and a frame that large is probed page by page
+/// on entry (on a new thread, a fault per page), so callers that only
+/// sometimes build must not have it inlined into theirs.
+#[inline(never)]
 pub fn boxed<T: Send + 'static>(make: fn() -> T) -> Box<T> {
     if cfg!(debug_assertions) {
         let stack = 4 * core::mem::size_of::<T>() + (1 << 20);
@@ -33,4 +46,72 @@ pub fn queues() -> Box<Queues> {
 /// A drained table orchestrator on the heap.
 pub fn orchestrator() -> Box<TableOrchestrator> {
     boxed(TableOrchestrator::for_tables)
+}
+
+/// Spare pairs kept for later runs: as many as runs are likely to be
+/// at once (each test thread of `cargo test`, each thread of a caller's
+/// pool), about 1.5 MB each. A pair given back when this many are kept
+/// is freed.
+const SPARES: usize = 4;
+
+/// Pairs that runs gave back, recycled: ready for the next runs on any
+/// thread. (Not per thread: `cargo test` runs each test on a new thread,
+/// which would build its own pair, and fault in fresh pages for it, where
+/// taking a kept pair costs a lock.)
+static SPARE: Mutex<Vec<(Box<Queues>, Box<TableOrchestrator>)>> = Mutex::new(Vec::new());
+
+/// The dispatch queues and the orchestrator of one run: a spare pair if
+/// one is kept, else new ones. Dropped, it gives them back for a later
+/// run if they recycle (the run left no task in flight and nothing
+/// queued) and fewer than four are kept; otherwise (a run that
+/// failed part way, or panicked) they are freed, and a later run builds
+/// new ones.
+pub struct RunState {
+    parts: Option<(Box<Queues>, Box<TableOrchestrator>)>,
+}
+
+/// A spare run state, or a new one.
+pub fn run_state() -> RunState {
+    let spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner).pop();
+    let parts = spare.unwrap_or_else(|| (queues(), orchestrator()));
+    RunState { parts: Some(parts) }
+}
+
+/// Pairs kept now for later runs.
+pub fn spares() -> usize {
+    SPARE.lock().unwrap_or_else(PoisonError::into_inner).len()
+}
+
+/// Frees the kept pairs (about 1.5 MB each): the next runs build new ones.
+pub fn free_spares() {
+    SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+}
+
+impl RunState {
+    /// The queues (shared by the run's threads) and the orchestrator
+    /// (the dispatcher's).
+    pub fn split(&mut self) -> (&Queues, &mut TableOrchestrator) {
+        let (queues, orch) = self.parts.as_mut().expect("taken only on drop");
+        (queues, orch)
+    }
+}
+
+impl Drop for RunState {
+    fn drop(&mut self) {
+        let Some((mut queues, mut orch)) = self.parts.take() else {
+            return;
+        };
+        // A run that panicked may have stopped inside a submission: free
+        // the pair rather than reason about what it left.
+        if std::thread::panicking() {
+            return;
+        }
+        // Both or neither: a pair that is kept is ready as a new one.
+        if queues.recycle() && orch.recycle() {
+            let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
+            if spare.len() < SPARES {
+                spare.push((queues, orch));
+            }
+        }
+    }
 }

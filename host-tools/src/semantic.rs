@@ -297,8 +297,8 @@ fn run_semantic_inner(
         .iter()
         .map(|g| g.iter().map(|&c| c as u16).collect())
         .collect();
-    let queues = crate::heap::queues();
-    let mut orch = crate::heap::orchestrator();
+    let mut state = crate::heap::run_state();
+    let (queues, orch) = state.split();
     let arena = Arena::new(arena);
     let platforms = groups.iter().map(|g| {
         let cores = SemanticCores {
@@ -310,7 +310,7 @@ fn run_semantic_inner(
     });
     let mut stats = match sink {
         None => drive(
-            platforms, &ids, &table, arena, &queues, &mut orch, policy, sched, options, None,
+            platforms, &ids, &table, arena, queues, orch, policy, sched, options, None,
         )?,
         Some(sink) => {
             let observed = platforms
@@ -320,8 +320,7 @@ fn run_semantic_inner(
             let mut on_submit = |task: u32, l: &[u32]| loops.push((task, l.to_vec()));
             let on_submit = sink.keeps().then_some(&mut on_submit as _);
             let stats = drive(
-                observed, &ids, &table, arena, &queues, &mut orch, policy, sched, options,
-                on_submit,
+                observed, &ids, &table, arena, queues, orch, policy, sched, options, on_submit,
             );
             sink.add_loops(loops);
             stats?

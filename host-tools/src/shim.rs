@@ -436,8 +436,8 @@ fn run_threads_observing<'o, P: Platform + Send>(
         .iter()
         .map(|g| g.iter().map(|&c| c as u16).collect())
         .collect();
-    let queues = crate::heap::queues();
-    let mut orch = crate::heap::orchestrator();
+    let mut state = crate::heap::run_state();
+    let (queues, orch) = state.split();
     let arena = Arena::new(arena);
     let mut policy = sched.policy.build().map_err(ConfigError::Policy)?;
     let mut schedulers: Vec<_> = platforms
@@ -445,7 +445,7 @@ fn run_threads_observing<'o, P: Platform + Send>(
         .zip(&ids)
         .enumerate()
         .map(|(t, (platform, ids))| {
-            Scheduler::new(t, threads, platform, ids, table, arena, &queues, options)
+            Scheduler::new(t, threads, platform, ids, table, arena, queues, options)
         })
         .collect::<Result<_, ConfigError>>()?;
     // Every thread's cores have every kernel, before anything runs.
@@ -458,8 +458,8 @@ fn run_threads_observing<'o, P: Platform + Send>(
         table,
         arena,
         options,
-        &mut orch,
-        &queues,
+        orch,
+        queues,
         &mut policy,
         sched,
         &kinds,

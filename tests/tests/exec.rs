@@ -386,7 +386,8 @@ fn an_arena_smaller_than_the_table_needs() {
     );
 }
 
-/// `exec::run` with a fresh orchestrator and queues.
+/// `exec::run` with an orchestrator and queues from the kept pairs
+/// ([`host_tools::heap::run_state`]; new ones when none is kept).
 #[allow(clippy::result_large_err)] // the device's error type, unboxed by design
 fn run<P: Platform>(
     table: &Table<'_>,
@@ -394,7 +395,7 @@ fn run<P: Platform>(
     platform: &mut P,
     options: &RunOptions,
 ) -> Result<RunStats, RunError> {
-    let mut orch = host_tools::heap::orchestrator();
-    let queues = host_tools::heap::queues();
-    exec::run(table, arena, platform, &mut orch, &queues, options)
+    let mut state = host_tools::heap::run_state();
+    let (queues, orch) = state.split();
+    exec::run(table, arena, platform, orch, queues, options)
 }

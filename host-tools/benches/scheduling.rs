@@ -34,23 +34,21 @@ use std::time::Instant;
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use device_runtime::abi::Table;
-use device_runtime::platform::{Clock, Completion, Platform};
 use device_runtime::sched::RunOptions;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use host_tools::pinning::{pin_to_nth, Pins, Placement};
 use host_tools::semantic::run_semantic_with;
 use host_tools::shim::{run_threads_placed, HostClock};
 use host_tools::table::{Arg, TableBuilder};
-use wsp_ffi::ArgAccess::{In, Out};
-use wsp_ffi::{
-    CoreKind, WspKernelArgs, WspKernelId_WSP_KERNEL_ADD as ADD,
-    WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM,
-};
+use wsp_ffi::ArgAccess::In;
+use wsp_ffi::{CoreKind, WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM};
+
+mod common;
+use common::{EmptyCores, WIDTH};
 
 const THREADS: usize = 2;
 
 const CORES_PER_THREAD: usize = 4;
-const WIDTH: u32 = 256;
 
 /// Where every contestant's threads run: where the OS puts them, or with
 /// `WSP_BENCH_PIN=1` pinned one to a processor (if the host has `THREADS`
@@ -84,55 +82,6 @@ fn window() -> Option<usize> {
     Some(w.parse().expect("WSP_BENCH_WINDOW is a number of tasks"))
 }
 
-/// Cores whose kernels are empty: a launch completes at once. Their clock
-/// is the shim's (the time-stamp counter where it is invariant).
-struct EmptyCores {
-    cores: usize,
-    busy: u64,
-    clock: HostClock,
-}
-
-impl Clock for EmptyCores {
-    fn now(&self) -> u64 {
-        self.clock.now()
-    }
-    fn ticks_per_second(&self) -> u64 {
-        self.clock.ticks_per_second()
-    }
-    // Idles as the shim does: spins, then yields (without the yield, two
-    // threads the OS put on one processor shared it in 4 ms slices).
-    fn relax(&self) {
-        self.clock.relax()
-    }
-    fn pause(&self) {
-        self.clock.pause()
-    }
-}
-
-impl Platform for EmptyCores {
-    fn num_cores(&self) -> usize {
-        self.cores
-    }
-    fn core_kind(&self, _: usize) -> CoreKind {
-        CoreKind::Vector
-    }
-    unsafe fn launch(&mut self, core: usize, _: u32, args: &WspKernelArgs) -> bool {
-        black_box(args);
-        if self.busy & (1 << core) != 0 {
-            return false;
-        }
-        self.busy |= 1 << core;
-        true
-    }
-    fn poll(&mut self, core: usize) -> Option<Completion> {
-        if self.busy & (1 << core) == 0 {
-            return None;
-        }
-        self.busy &= !(1 << core);
-        Some(Completion::Done { cycles: 0 })
-    }
-}
-
 /// A graph as the peers get it: successors and fan-in counts.
 struct Graph {
     succ: Vec<Vec<u32>>,
@@ -146,57 +95,25 @@ struct Dag {
     graph: Graph,
 }
 
-fn add(b: &mut TableBuilder, x: Arg, y: Arg, z: Arg) {
-    b.task(ADD, &[x, y, z], &[]).unwrap();
-}
-
 fn independent(n: u32) -> Dag {
-    let mut b = TableBuilder::new();
-    let x = b.tensor("x", &[1, 1]).unwrap();
-    let out = b.tensor("out", &[n.div_ceil(1024), 1024]).unwrap();
-    for i in 0..n {
-        let z = Arg::tile(out, Out, i / 1024, i % 1024, 1, 1);
-        add(
-            &mut b,
-            Arg::tile(x, In, 0, 0, 1, 1),
-            Arg::tile(x, In, 0, 0, 1, 1),
-            z,
-        );
-    }
     let graph = Graph {
         succ: vec![Vec::new(); n as usize],
         fanin: vec![0; n as usize],
     };
-    finish("(a) independent", b, graph)
+    dag("(a) independent", common::independent(n), graph)
 }
 
 fn chain(n: u32) -> Dag {
-    let mut b = TableBuilder::new();
-    let t = [
-        b.tensor("a", &[1, 1]).unwrap(),
-        b.tensor("b", &[1, 1]).unwrap(),
-    ];
-    let k = b.tensor("k", &[1, 1]).unwrap();
-    for i in 0..n as usize {
-        let (src, dst) = (t[i % 2], t[(i + 1) % 2]);
-        let one = |t, access| Arg::tile(t, access, 0, 0, 1, 1);
-        add(&mut b, one(src, In), one(k, In), one(dst, Out));
-    }
     let mut succ: Vec<Vec<u32>> = (1..n).map(|i| vec![i]).collect();
     succ.push(Vec::new());
     let mut fanin = vec![1; n as usize];
     fanin[0] = 0;
-    finish("(b) chain", b, Graph { succ, fanin })
+    dag("(b) chain", common::chain(n), Graph { succ, fanin })
 }
 
-/// Rounds of `WIDTH` tasks reading X[j] and writing Y[j], then one task
-/// reading all of Y and writing all of X.
+/// Each round's tile tasks wait for the round before's fan-in task, which
+/// waits for its round's tile tasks.
 fn fan(rounds: u32) -> Dag {
-    let mut b = TableBuilder::new();
-    // WIDTH = 16 x 16: the largest tile a kernel takes is 64 x 64.
-    let x = b.tensor("x", &[16, 16]).unwrap();
-    let y = b.tensor("y", &[16, 16]).unwrap();
-    let k = b.tensor("k", &[16, 16]).unwrap();
     let per = WIDTH + 1;
     let n = (rounds * per) as usize;
     let mut succ = vec![Vec::new(); n];
@@ -204,8 +121,6 @@ fn fan(rounds: u32) -> Dag {
     for r in 0..rounds {
         let base = r * per;
         for j in 0..WIDTH {
-            let one = |t, access| Arg::tile(t, access, j / 16, j % 16, 1, 1);
-            add(&mut b, one(x, In), one(k, In), one(y, Out));
             let task = base + j;
             if r > 0 {
                 succ[(base - 1) as usize].push(task);
@@ -214,17 +129,19 @@ fn fan(rounds: u32) -> Dag {
             succ[task as usize].push(base + WIDTH);
             fanin[(base + WIDTH) as usize] += 1;
         }
-        let all = |t, access| Arg::tile(t, access, 0, 0, 16, 16);
-        add(&mut b, all(y, In), all(k, In), all(x, Out));
     }
-    finish("(c) fan-out/fan-in", b, Graph { succ, fanin })
+    dag(
+        "(c) fan-out/fan-in",
+        common::fan(rounds),
+        Graph { succ, fanin },
+    )
 }
 
-fn finish(name: &'static str, b: TableBuilder, graph: Graph) -> Dag {
+fn dag(name: &'static str, (table, arena): common::Built, graph: Graph) -> Dag {
     Dag {
         name,
-        table: b.finish().unwrap(),
-        arena: b.arena_size() as usize,
+        table,
+        arena,
         graph,
     }
 }
@@ -238,16 +155,7 @@ fn ours_on(dag: &Dag, policy: PolicyKind, threads: usize) -> f64 {
     let mut arena = vec![0u8; dag.arena];
     let clock = HostClock::new();
     let start = Instant::now();
-    let platforms = (0..threads)
-        .map(|_| EmptyCores {
-            cores: CORES_PER_THREAD,
-            busy: 0,
-            clock: clock.clone(),
-        })
-        .collect();
-    let cores: Vec<Vec<usize>> = (0..threads)
-        .map(|t| (t * CORES_PER_THREAD..(t + 1) * CORES_PER_THREAD).collect())
-        .collect();
+    let (platforms, cores) = EmptyCores::for_threads(threads, CORES_PER_THREAD, &clock);
     let sched = SchedConfig {
         threads,
         policy,

@@ -26,63 +26,9 @@ use std::time::Instant;
 
 use device_runtime::abi::Table;
 use device_runtime::expand::TaskSpec;
-use host_tools::table::{Arg, TableBuilder, TensorId};
 use host_tools::workloads::{Params, Workload};
-use wsp_ffi::ArgAccess::{In, Out};
-use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
 
-/// A one-element tile of tensor `t`.
-fn one(t: TensorId, access: wsp_ffi::ArgAccess, row: u32, col: u32) -> Arg {
-    Arg::tile(t, access, row, col, 1, 1)
-}
-
-fn independent(n: u32) -> Vec<u8> {
-    let mut b = TableBuilder::new();
-    let x = b.tensor("x", &[1, 1]).unwrap();
-    let out = b.tensor("out", &[n.div_ceil(1024), 1024]).unwrap();
-    for i in 0..n {
-        let args = [
-            one(x, In, 0, 0),
-            one(x, In, 0, 0),
-            one(out, Out, i / 1024, i % 1024),
-        ];
-        b.task(ADD, &args, &[]).unwrap();
-    }
-    b.finish().unwrap()
-}
-
-fn chain(n: u32) -> Vec<u8> {
-    let mut b = TableBuilder::new();
-    let t = [
-        b.tensor("a", &[1, 1]).unwrap(),
-        b.tensor("b", &[1, 1]).unwrap(),
-    ];
-    let k = b.tensor("k", &[1, 1]).unwrap();
-    for i in 0..n as usize {
-        let (src, dst) = (t[i % 2], t[(i + 1) % 2]);
-        let args = [one(src, In, 0, 0), one(k, In, 0, 0), one(dst, Out, 0, 0)];
-        b.task(ADD, &args, &[]).unwrap();
-    }
-    b.finish().unwrap()
-}
-
-fn fan(rounds: u32) -> Vec<u8> {
-    let mut b = TableBuilder::new();
-    let x = b.tensor("x", &[16, 16]).unwrap();
-    let y = b.tensor("y", &[16, 16]).unwrap();
-    let k = b.tensor("k", &[16, 16]).unwrap();
-    for _ in 0..rounds {
-        for j in 0..256 {
-            let (r, c) = (j / 16, j % 16);
-            let args = [one(x, In, r, c), one(k, In, r, c), one(y, Out, r, c)];
-            b.task(ADD, &args, &[]).unwrap();
-        }
-        let all = |t, access| Arg::tile(t, access, 0, 0, 16, 16);
-        b.task(ADD, &[all(y, In), all(k, In), all(x, Out)], &[])
-            .unwrap();
-    }
-    b.finish().unwrap()
-}
+mod common;
 
 fn workload(name: &str, p: Params) -> Vec<u8> {
     Workload::build(name, p).unwrap().table
@@ -115,9 +61,9 @@ fn main() {
         (100_000, 389, 1024)
     };
     let tables: [(&str, &dyn Fn() -> Vec<u8>); 5] = [
-        ("(a) independent", &|| independent(n)),
-        ("(b) chain", &|| chain(n)),
-        ("(c) fan-out/fan-in", &|| fan(rounds)),
+        ("(a) independent", &|| common::independent(n).0),
+        ("(b) chain", &|| common::chain(n).0),
+        ("(c) fan-out/fan-in", &|| common::fan(rounds).0),
         ("gemm 32-tiles", &|| {
             let p = Params {
                 m: gemm,

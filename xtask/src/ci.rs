@@ -180,6 +180,9 @@ fn bench(root: &Path) -> Result<()> {
         .env("WSP_BENCH_SMOKE", "1"))?;
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "validation"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
+        .args(["bench", "-p", "host-tools", "--bench", "small_runs"])
         .env("WSP_BENCH_SMOKE", "1"))
 }
 

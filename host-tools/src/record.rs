@@ -154,8 +154,12 @@ impl Sink {
             rec.dispatcher.extend(log.dispatcher);
         }
         // A task starts when the one before it on its core ended, if that
-        // was after its issue (it was queued behind it).
-        rec.tasks.sort_by_key(|t| (t.core, t.issued, t.task));
+        // was after its issue (it was queued behind it). "Before" is issue
+        // order: a core's tasks are all in its thread's log, in the order
+        // they were issued, and the sort is stable. (Not the task number:
+        // one round can issue a task to an idle core and then an older one
+        // behind it, both at the round's time.)
+        rec.tasks.sort_by_key(|t| (t.core, t.issued));
         for i in 1..rec.tasks.len() {
             let (core, end) = (rec.tasks[i - 1].core, rec.tasks[i - 1].end);
             let this = &mut rec.tasks[i];
@@ -339,5 +343,89 @@ impl<P: Platform> Platform for Observed<'_, P> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One core that takes two tasks at once and finishes each when told.
+    struct TwoDeep {
+        now: u64,
+        done: VecDeque<u64>,
+    }
+
+    impl Clock for TwoDeep {
+        fn now(&self) -> u64 {
+            self.now
+        }
+        fn ticks_per_second(&self) -> u64 {
+            1_000_000_000
+        }
+    }
+
+    impl Platform for TwoDeep {
+        fn num_cores(&self) -> usize {
+            1
+        }
+        fn core_kind(&self, _: usize) -> CoreKind {
+            CoreKind::Vector
+        }
+        unsafe fn launch(&mut self, _: usize, _: u32, _: &WspKernelArgs) -> bool {
+            true
+        }
+        fn poll(&mut self, _: usize) -> Option<Completion> {
+            self.done
+                .pop_front()
+                .map(|cycles| Completion::Done { cycles })
+        }
+    }
+
+    /// A round issues task 5 to the idle core and then the older task 3
+    /// behind it, both at time 10; 5 finishes at 20, 3 at 30. By hand: 5
+    /// runs 10..20, 3 waits for it and runs 20..30. (Ordered by task
+    /// number instead of issue, 5 would start when 3 ended, at 30, after
+    /// its own end.)
+    #[test]
+    fn a_task_issued_behind_a_newer_one_starts_when_that_one_ends() {
+        let sink = Sink::new(true);
+        {
+            let platform = TwoDeep {
+                now: 10,
+                done: VecDeque::from([1, 2]),
+            };
+            let mut p = Observed::new(platform, &sink, 0, &[0]);
+            let view = wsp_ffi::WspTensorView {
+                addr: 0,
+                rows: 0,
+                cols: 0,
+                row_stride: 0,
+                dtype: 0,
+            };
+            let args = WspKernelArgs {
+                num_tensors: 0,
+                num_scalars: 0,
+                tensors: [view; 4],
+                scalars: [0; 4],
+            };
+            for task in [5, 3] {
+                // SAFETY: the test platform touches no memory.
+                assert!(unsafe { p.launch(0, 1, &args) });
+                p.observe(Event::Issued {
+                    core: 0,
+                    task,
+                    now: 10,
+                });
+            }
+            for (task, now) in [(5, 20), (3, 30)] {
+                assert!(p.poll(0).is_some());
+                p.observe(Event::Finished { core: 0, task, now });
+            }
+        }
+        let rec = sink.recording(&[CoreKind::Vector], &[0], 1_000_000_000, false);
+        let spans: Vec<(u32, u64, u64)> =
+            rec.tasks.iter().map(|t| (t.task, t.start, t.end)).collect();
+        assert_eq!(spans, [(3, 20, 30), (5, 10, 20)]);
     }
 }

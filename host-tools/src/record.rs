@@ -396,17 +396,10 @@ mod tests {
                 done: VecDeque::from([1, 2]),
             };
             let mut p = Observed::new(platform, &sink, 0, &[0]);
-            let view = wsp_ffi::WspTensorView {
-                addr: 0,
-                rows: 0,
-                cols: 0,
-                row_stride: 0,
-                dtype: 0,
-            };
             let args = WspKernelArgs {
                 num_tensors: 0,
                 num_scalars: 0,
-                tensors: [view; 4],
+                tensors: [device_runtime::expand::NO_VIEW; 4],
                 scalars: [0; 4],
             };
             for task in [5, 3] {

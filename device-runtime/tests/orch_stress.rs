@@ -407,11 +407,17 @@ fn run_linked(
     let end: Vec<AtomicU64> = (0..count).map(|_| AtomicU64::new(u64::MAX)).collect();
     let streams: Vec<AtomicU32> = (0..count).map(|_| AtomicU32::new(0)).collect();
     let stop = AtomicBool::new(false);
+    // Whether the workers hold back (see `Episode`).
+    let hold = AtomicBool::new(false);
     let mut tasks: Vec<Task> = Vec::with_capacity(count);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 while !stop.load(SeqCst) {
+                    if hold.load(SeqCst) {
+                        std::thread::yield_now();
+                        continue;
+                    }
                     let Some(t) = ready.lock().unwrap().pop_front() else {
                         std::thread::yield_now();
                         continue;
@@ -431,11 +437,22 @@ fn run_linked(
                 }
             });
         }
+        // Stops the workers however this thread leaves the scope, a failed
+        // assertion included: the scope joins them, so a failure would
+        // otherwise hang instead of being reported.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, SeqCst);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
         let mut pending: Option<Task> = None;
         let mut scope_left = 0;
         let mut events: [Option<(u32, u64)>; 4] = [None; 4];
         let mut waits: [Vec<(u32, u64)>; 4] = Default::default();
         let mut idle = 0u64;
+        let mut episode: Option<Episode> = None;
         while tasks.len() < count || !o.is_drained() {
             let mut progress = false;
             let finished: Vec<u64> = core::mem::take(&mut *done.lock().unwrap());
@@ -443,13 +460,33 @@ fn run_linked(
                 o.finished(id).unwrap();
                 progress = true;
             }
-            if tasks.len() < count {
-                if scope_left == 0 && pending.is_none() && rng.below(50) == 0 {
+            let mut drain_first = false;
+            if episode.is_none()
+                && pending.is_none()
+                && tasks.len() % Episode::EVERY == Episode::EVERY - 1
+                && count - tasks.len() > 2 * WINDOW
+            {
+                if scope_left > 0 {
+                    o.scope_end().unwrap();
+                    scope_left = 0;
+                }
+                if o.is_drained() {
+                    episode = Some(Episode::of(tasks.len()));
+                    hold.store(true, SeqCst);
+                } else {
+                    drain_first = true;
+                }
+            }
+            if tasks.len() < count && !drain_first {
+                if episode.is_none() && scope_left == 0 && pending.is_none() && rng.below(50) == 0 {
                     o.scope_begin("stress").unwrap();
                     scope_left = 1 + rng.below(8);
                 }
                 let mut task = match pending.take() {
                     Some(task) => task,
+                    None if episode.is_some_and(|e| e != Episode::Random) => {
+                        episode.unwrap().task(&mut rng)
+                    }
                     None => {
                         let (stream, event) = (1 + rng.below(3) as u32, rng.below(4) as u32);
                         match rng.below(10) {
@@ -498,7 +535,15 @@ fn run_linked(
                             }
                         }
                     }
-                    Err(SubmitError::Stall(_)) => pending = Some(task),
+                    Err(SubmitError::Stall(reason)) => {
+                        if let Some(e) = episode.take() {
+                            hold.store(false, SeqCst);
+                            if let Some(expected) = e.runs_out() {
+                                assert_eq!(reason, expected, "seed {seed}: {e:?}");
+                            }
+                        }
+                        pending = Some(task);
+                    }
                     Err(SubmitError::Deadlock(
                         cause @ (DeadlockCause::ScopeExceedsPool { scope, .. }
                         | DeadlockCause::ScopeExceedsWindow { scope, .. }),
@@ -514,6 +559,10 @@ fn run_linked(
                 o.scope_end().unwrap();
                 scope_left = 0;
             }
+            assert!(
+                !hold.load(SeqCst) || progress,
+                "seed {seed}: {episode:?} ran out of nothing"
+            );
             if progress {
                 idle = 0;
                 continue;
@@ -530,7 +579,6 @@ fn run_linked(
             assert!(idle < 50_000_000, "seed {seed}: no progress");
             std::thread::yield_now();
         }
-        stop.store(true, SeqCst);
     });
     let (start, end): (Vec<u64>, Vec<u64>) = start
         .iter()
@@ -540,6 +588,69 @@ fn run_linked(
     // A worker issues a task as it starts it.
     check(seed, &tasks, &start, &end, &start, &mut oracle.0);
     stalls(o.stats())
+}
+
+/// Every `EVERY` tasks, `run_linked` waits until its orchestrator drains,
+/// then holds its workers back and submits until a pool runs out; the
+/// workers resume at that stall. However fast the workers are compared
+/// with the submitter (a debug build, a busy machine), each pool thus runs
+/// full in every run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Episode {
+    /// The random tasks: two arguments each on average, so the TensorMap
+    /// (24 entries) mostly runs out before the window (16 tasks).
+    Random,
+    /// Tasks without arguments: only the window fills.
+    Empty,
+    /// Tasks reading and writing one element: each has one edge to the one
+    /// before it, so the release graph's 8 edges run out at the tenth task,
+    /// before the window or the TensorMap (9 tasks, 9 entries).
+    Chain,
+}
+
+impl Episode {
+    const EVERY: usize = 50;
+
+    fn of(submitted: usize) -> Episode {
+        [Episode::Random, Episode::Empty, Episode::Chain][submitted / Episode::EVERY % 3]
+    }
+
+    /// The pool this episode must run out of first, where that is certain.
+    fn runs_out(self) -> Option<StallReason> {
+        match self {
+            Episode::Random => None,
+            Episode::Empty => Some(StallReason::TaskRingFull),
+            Episode::Chain => Some(StallReason::DepListPoolFull),
+        }
+    }
+
+    /// One of this episode's tasks (not for `Random`).
+    fn task(self, rng: &mut Rng) -> Task {
+        let args = match self {
+            Episode::Random => unreachable!("random tasks come from random_task"),
+            Episode::Empty => vec![],
+            Episode::Chain => vec![TaskArg {
+                tensor: 0,
+                region: Region {
+                    offset: [0; 4],
+                    extent: [1, 1, 1, 1],
+                },
+                access: Access::READ | Access::WRITE,
+            }],
+        };
+        Task {
+            touches: args.iter().map(touch).collect(),
+            args,
+            deps: vec![],
+            kind: if rng.below(2) == 0 {
+                CoreKind::Cube
+            } else {
+                CoreKind::Vector
+            },
+            stream: 0,
+            waits: vec![],
+        }
+    }
 }
 
 /// The same random DAGs released by worker threads through the release

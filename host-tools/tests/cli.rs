@@ -125,6 +125,36 @@ fn a_bad_table_is_refused_with_the_field_named() {
     );
 }
 
+/// The ranges `wsp run --help` states are the runtime's (the help text is
+/// written by hand and once said the window was 1 to 256 after it had
+/// grown to 4,096), and a value just past one is refused.
+#[test]
+fn the_help_states_the_runtimes_limits() {
+    let help = stdout(&wsp(&["run", "--help"]));
+    // clap wraps lines: compare with the whitespace folded.
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    let window = device_runtime::abi::TASK_WINDOW;
+    let queue = device_runtime::sched::DISPATCH_QUEUE;
+    let threads = device_runtime::sched::MAX_THREADS;
+    for stated in [
+        format!("(1 to {window}). Default: the workload program's, else {window}"),
+        format!("Tasks one dispatch queue may hold (1 to {queue})"),
+        format!("Scheduler threads (1 to {threads})"),
+    ] {
+        assert!(help.contains(&stated), "`{stated}` not in: {help}");
+    }
+    for (flag, past) in [
+        ("--window", window + 1),
+        ("--queue-depth", queue + 1),
+        ("--threads", threads + 1),
+    ] {
+        let o = wsp(&["run", "gemm", "--semantic", flag, &past.to_string()]);
+        assert!(!o.status.success(), "{flag} {past} succeeded");
+        let limit = format!("1 to {}", past - 1);
+        assert!(stderr(&o).contains(&limit), "{flag} {past}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn flags_that_do_not_apply_are_errors() {
     let dir = scratch("flags_that_do_not_apply_are_errors");
@@ -161,7 +191,7 @@ fn flags_that_do_not_apply_are_errors() {
         ),
         (
             vec!["run", &table, "--symbols", "3"],
-            "the table's program reads 0",
+            "the table's program reads 0 (leave out --symbols)",
         ),
         (
             vec!["run", toml, "--seed", "2"],
@@ -332,4 +362,171 @@ fn a_fault_ends_the_run_with_its_error() {
     assert!(stderr(&o).contains("no-ack:CORE:TASK"), "{}", stderr(&o));
     let o = wsp(&["run", "gemm", "--semantic", "--fault", "no-ack:0:1"]);
     assert!(stderr(&o).contains("semantic time"), "{}", stderr(&o));
+}
+
+/// Every command tells a workload file from a table the same way: a file
+/// not named `.toml` is a workload file unless it is a table (named `.bin`
+/// or starting with the table magic). `inspect` used to read any file not
+/// named `.toml` as a table ("bad magic").
+#[test]
+fn a_workload_file_of_any_name_is_one_for_every_command() {
+    let dir = scratch("a_workload_file_of_any_name_is_one_for_every_command");
+    let d = dir.to_str().unwrap();
+    let toml = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/workloads/gemm_dyn.toml"
+    );
+    let file = format!("{d}/gemm_dyn.txt");
+    std::fs::copy(toml, &file).unwrap();
+    // mt = 4 row tiles (its default) or 3, of 4 column tiles x 4 along k.
+    let o = wsp(&["inspect", &file]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("the f64 reference expands the program with mt = 4 to 64 tasks"),
+        "{}",
+        stdout(&o)
+    );
+    let o = wsp(&["inspect", &file, "--symbol", "mt=3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("expands to 48 tasks;"),
+        "{}",
+        stdout(&o)
+    );
+    // run, build and verify take it too.
+    let after = format!("{d}/after.bin");
+    let o = wsp(&["run", &file, "--out", &after]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+    let o = wsp(&["verify", &file, "--arena", &after]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+    let o = wsp(&["build", &file, "--out", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A table not named .bin is a table by its magic, for inspect as for run.
+    let table = format!("{d}/table.dat");
+    std::fs::rename(format!("{d}/table.bin"), &table).unwrap();
+    let o = wsp(&["inspect", &table, "--symbols", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("expands to 64 tasks;"),
+        "{}",
+        stdout(&o)
+    );
+    let o = wsp(&["run", &table, "--symbols", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A registry kernel the workload-file check has no reference for is an
+/// error naming its place and the kernels a file can call, for run, build
+/// and inspect alike: not a panic (exit 101) as it used to be.
+#[test]
+fn a_kernel_without_a_reference_is_an_error_not_a_panic() {
+    let dir = scratch("a_kernel_without_a_reference_is_an_error_not_a_panic");
+    let file = dir.join("sq.toml");
+    std::fs::write(
+        &file,
+        r#"name = "sq"
+summary = "square a tile"
+
+[tensors]
+x = { shape = [32, 32], init = "random", seed = 1 }
+y = { shape = [32, 32] }
+
+[[body]]
+call = "square"
+args = ["x", "y"]
+"#,
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let out = dir.join("out");
+    for args in [
+        vec!["run", file],
+        vec!["build", file, "--out", out.to_str().unwrap()],
+        vec!["inspect", file],
+    ] {
+        let o = wsp(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(
+                "line 9, column 8: kernel `square` has no f64 reference to check a run \
+                 against, so a workload file cannot call it (kernels a workload file can \
+                 call: add, gemm_tile, rmsnorm, softmax, route_topk, expert_rows)"
+            ),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+/// A task whose written argument overlaps another is refused, the two
+/// named by their positions in the task as written: the orchestrator
+/// numbers only the arguments it tracks (not those on read-only tensors),
+/// and the report used to pass its numbers on ("argument 1 ... argument 0"
+/// for add(A, B, A)). A workload file is refused before it runs.
+#[test]
+fn an_overlapping_argument_is_named_by_its_place_in_the_task() {
+    use host_tools::program::Workload;
+    use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
+    let dir = scratch("an_overlapping_argument_is_named_by_its_place_in_the_task");
+    // (tensor of each argument: 0 = A, written by the task; 1 = B, read
+    // only), and the pair the refusal names.
+    for (tensors, says) in [
+        (
+            [0, 1, 0],
+            "argument 2 writes a region overlapping argument 0",
+        ),
+        (
+            [1, 0, 0],
+            "argument 2 writes a region overlapping argument 1",
+        ),
+    ] {
+        let mut w = Workload::new();
+        let ids = [
+            w.tensor("A", &[4, 4]).unwrap(),
+            w.tensor("B", &[4, 4]).unwrap(),
+        ];
+        let args: Vec<_> = tensors.iter().map(|&t| ids[t].tile(0, 0, 4, 4)).collect();
+        w.call(ADD, &args, &[]);
+        let table = dir.join(format!("t{}{}{}.bin", tensors[0], tensors[1], tensors[2]));
+        std::fs::write(&table, w.finish().unwrap()).unwrap();
+        let o = wsp(&["run", table.to_str().unwrap()]);
+        assert!(!o.status.success(), "{tensors:?}: {}", stdout(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "task 0 passed validation but the orchestrator refused it: {says}"
+            )),
+            "{tensors:?}: {}",
+            stderr(&o)
+        );
+    }
+    // The file form of add(A, B, A): refused at the written argument.
+    let file = dir.join("self.toml");
+    std::fs::write(
+        &file,
+        r#"name = "self"
+
+[tensors]
+A = { shape = [4, 4], init = "random", seed = 1 }
+B = { shape = [4, 4], init = "random", seed = 2 }
+
+[[body]]
+call = "add"
+args = ["A", "B", "A"]
+"#,
+    )
+    .unwrap();
+    for command in ["run", "inspect"] {
+        let o = wsp(&[command, file.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{command}: {}", stdout(&o));
+        assert!(
+            stderr(&o).contains(
+                "line 9, column 19: call add: argument 2 (c) writes a region of `A` \
+                 overlapping argument 0 (a)"
+            ),
+            "{command}: {}",
+            stderr(&o)
+        );
+    }
 }

@@ -296,6 +296,17 @@ fn settings_the_runtime_cannot_honour_are_errors() {
     }
     let e = config_error(run(2, SchedConfig { threads: 3, ..base }));
     assert_eq!(e, ConfigError::ThreadWithoutCores { thread: 2 });
+    // Core c belongs to thread c % threads: 129 cores on 2 threads give
+    // thread 0 65, one more than a thread drives (MAX_CORES, 64), which
+    // semantic time used to leave idle without a word.
+    let e = config_error(run(129, SchedConfig { threads: 2, ..base }));
+    let want = ConfigError::ThreadCores {
+        thread: 0,
+        cores: 65,
+        max: 64,
+    };
+    assert_eq!(e, want);
+    run(128, SchedConfig { threads: 2, ..base }).unwrap();
     for depth in [0, 3] {
         let mut arena = w.arena.clone();
         let options = RunOptions {

@@ -531,6 +531,18 @@ fn a_run_key_that_a_task_lacks_is_refused_at_the_start() {
         ),
         "{err:?}"
     );
+    // Task records have no loops around them: a loop key is refused (it
+    // used to read as 0 for every task, one thread, without a word).
+    let err = expect(&gemm.table, size, DispatchKey::Loop(0));
+    let want = RunError::KeyNotInTask {
+        key: DispatchKey::Loop(0),
+        taskset: 0,
+        task: Some(0),
+        pc: None,
+        has: 0,
+        what: "loops around its call",
+    };
+    assert_eq!(err, want);
 
     // Some tasks have it, some do not: mlp's GEMM tasks have a third tensor
     // argument, its RMSNorm tasks only two. The run is refused (it used to

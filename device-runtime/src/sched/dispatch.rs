@@ -24,7 +24,7 @@ use crate::abi::{
 use crate::expand::{tensor_view, Context, Expander, Next, TaskSpec, Wait, NO_ARG};
 use crate::orch::scratch::{Bind, ScratchError, ScratchHeap};
 use crate::orch::{
-    ReadyTask, ResourceStats, StallReason, SubmitError, TaskArg, TaskId, UsageError,
+    Invalid, ReadyTask, ResourceStats, StallReason, SubmitError, TaskArg, TaskId, UsageError,
 };
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
@@ -671,8 +671,24 @@ impl<'a> Dispatcher<'a> {
                 // Validation refuses every table task the orchestrator
                 // would, and expansion checks each program task's regions;
                 // what is left (e.g. a program task whose output overlaps
-                // its input) is refused here, before anything runs.
+                // its input) is refused here, before anything runs. The
+                // orchestrator numbers only the arguments it was given (the
+                // tracked ones); the report names them by their positions
+                // in the task.
                 Err(SubmitError::Invalid(why)) => {
+                    let why = match why {
+                        Invalid::ArgsOverlap { index: a, other: b } => {
+                            let tracked = (spec.args().iter().enumerate())
+                                .filter(|(_, arg)| !self.table.is_read_only(arg.tensor))
+                                .map(|(i, _)| i);
+                            let at = |n: usize| tracked.clone().nth(n).unwrap_or(n);
+                            Invalid::ArgsOverlap {
+                                index: at(a),
+                                other: at(b),
+                            }
+                        }
+                        why => why,
+                    };
                     return Err(RunError::Refused {
                         task: index as u32,
                         why,
@@ -969,10 +985,14 @@ fn check_keys(
 ) -> Result<(), RunError> {
     let rank =
         |tensor: u32| (table.tensors().get(tensor as usize)).map_or(0, |t| t.rank.get() as usize);
-    // A key of every task's (its number, its stream, or a loop index,
-    // which a task of the tasks section lacks and reads as 0) needs no
-    // walk over the tasks: on a million-task table that walk took about
-    // 5 % of the run's time on the dispatcher's thread (BENCHMARKS.md).
+    // A key of every task's (its number, its stream) needs no walk over
+    // the tasks: on a million-task table that walk took about 5 % of the
+    // run's time on the dispatcher's thread (BENCHMARKS.md). Nor does a
+    // loop key, which no task of the tasks section has.
+    if let (Some(key @ DispatchKey::Loop(_)), false) = (keys[0], table.tasks().is_empty()) {
+        check_key(key, 0, 0, |_| 0, None)
+            .map_err(|lacks| key_error(key, 0, Some(0), None, lacks))?;
+    }
     let of_fields = |key| matches!(key, DispatchKey::Scalar(_) | DispatchKey::Tile { .. });
     if let Some(key) = keys[0].filter(|&key| of_fields(key)) {
         for (index, desc) in table.tasks().iter().enumerate() {

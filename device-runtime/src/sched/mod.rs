@@ -402,6 +402,14 @@ pub enum ConfigError {
     Threads { threads: usize, max: usize },
     /// Every scheduler thread needs a core to issue to.
     ThreadWithoutCores { thread: usize },
+    /// A scheduler thread's platform has more cores than the thread can
+    /// drive: `max` is [`MAX_CORES`](crate::platform::MAX_CORES), or fewer if the run numbered fewer of
+    /// its cores.
+    ThreadCores {
+        thread: usize,
+        cores: usize,
+        max: usize,
+    },
     /// A dispatch queue depth out of 1 ..= `max`.
     QueueDepth { depth: usize, max: usize },
     /// The queues hold tasks or are claimed by another run.
@@ -432,6 +440,10 @@ impl core::fmt::Display for ConfigError {
             ConfigError::ThreadWithoutCores { thread } => {
                 write!(f, "scheduler thread {thread} owns no core; use fewer threads or more cores")
             }
+            ConfigError::ThreadCores { thread, cores, max } => write!(
+                f,
+                "scheduler thread {thread} has {cores} cores; a thread drives at most {max}: use more threads or fewer cores"
+            ),
             ConfigError::QueueDepth { depth, max } => {
                 write!(f, "dispatch queue depth {depth}; 1 to {max} are supported")
             }

@@ -109,8 +109,10 @@ pub struct Lacks {
 
 /// Whether `key` names only what a task has: `scalars` scalars, `args`
 /// tensor arguments, argument `a` of rank `rank_of(a)`, and `loops` loops
-/// around its call (`None` for a task of the tasks section, whose loop
-/// keys are 0 by definition).
+/// around its call (`None` for a task of the tasks section, which has
+/// none: a loop key is refused for it, as for a call outside its loops).
+/// A task's stream is a key every task has: a task on no stream has
+/// stream 0.
 pub fn check_key(
     key: DispatchKey,
     scalars: usize,
@@ -131,10 +133,9 @@ pub fn check_key(
         DispatchKey::Tile { arg, dim } if dim as usize >= rank_of(arg as usize) => {
             lacks(rank_of(arg as usize), "dimensions in that tensor argument")
         }
-        DispatchKey::Loop(n) => match loops {
-            Some(depth) if n as usize >= depth => lacks(depth, "loops around its call"),
-            _ => Ok(()),
-        },
+        DispatchKey::Loop(n) if n as usize >= loops.unwrap_or(0) => {
+            lacks(loops.unwrap_or(0), "loops around its call")
+        }
         _ => Ok(()),
     }
 }

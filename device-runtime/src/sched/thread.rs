@@ -329,7 +329,8 @@ pub struct Scheduler<'a, P: Platform> {
 impl<'a, P: Platform> Scheduler<'a, P> {
     /// Scheduler thread `id` of `threads`, driving `platform`'s cores, which
     /// the run numbers `global[i]` (for stats and errors). Fails if
-    /// `options.issue_depth` is not one the platform supports.
+    /// `options.issue_depth` is not one the platform supports, or if the
+    /// platform has more cores than [`MAX_CORES`] or than `global` numbers.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: usize,
@@ -346,7 +347,15 @@ impl<'a, P: Platform> Scheduler<'a, P> {
         if depth == 0 || depth > max {
             return Err(ConfigError::IssueDepth { depth, max });
         }
-        let num_cores = platform.num_cores().min(MAX_CORES).min(global.len());
+        let num_cores = platform.num_cores();
+        let most = MAX_CORES.min(global.len());
+        if num_cores > most {
+            return Err(ConfigError::ThreadCores {
+                thread: id,
+                cores: num_cores,
+                max: most,
+            });
+        }
         let mut kind_mask = [0u64; 2];
         let mut ids = [0u16; MAX_CORES];
         let mut cores = [CoreStats::default(); MAX_CORES];

@@ -104,8 +104,9 @@ enum Command {
         /// work-stealing, adaptive): `task` (task index), `scalar:N` (scalar
         /// N), `tile:ARG:DIM` (tile index of argument ARG along dimension
         /// DIM, e.g. tile:2:0 = output row block of a GEMM), `stream` (the
-        /// task's stream) or `loop:N` (the index of the program loop at
-        /// nesting level N around the task). Every task must have what the
+        /// task's stream, 0 for a task on none) or `loop:N` (the index of
+        /// the program loop at nesting level N around the task; task
+        /// records have none). Every task must have what the
         /// key names, else the run is refused. Default: `task`, the one key
         /// every task has.
         #[arg(long)]
@@ -119,7 +120,7 @@ enum Command {
         #[arg(long)]
         issue_depth: Option<usize>,
         /// Task window: at most this many tasks submitted and not retired
-        /// (1 to 256). Default: the workload program's, else 256.
+        /// (1 to 4096). Default: the workload program's, else 4096.
         #[arg(long)]
         window: Option<usize>,
         /// Inject one fault to see how the run ends (not in semantic time):
@@ -165,7 +166,9 @@ enum Command {
     },
     /// Print a table (table.bin, or a workload file's) in readable form, with its validation result.
     Inspect {
-        /// A table.bin, or a workload file (FILE.toml).
+        /// A table (a path ending in .bin, or a file that starts with the
+        /// table magic), or a workload file (a path ending in .toml, or
+        /// another existing file).
         table: PathBuf,
         /// Show every task, not only the first ones.
         #[arg(long)]
@@ -207,14 +210,16 @@ struct WorkloadArgs {
     /// A built-in workload's size k (default: the workload's own).
     #[arg(long)]
     k: Option<u32>,
-    /// A tiled built-in workload's tile size (default: 32).
+    /// A tiled built-in workload's tile size (default: the workload's own;
+    /// 32 for gemm, mlp and streams).
     #[arg(long)]
     tile: Option<u32>,
     /// A built-in workload's data seed: changes the data, never the sizes (default: 1).
     #[arg(long)]
     seed: Option<u64>,
-    /// The pipeline workload's channel depth: tokens each channel holds,
-    /// 0 (a rendezvous) to 16 (default: 2).
+    /// The pipeline workloads' channel depth (pipeline,
+    /// attention-pipeline): tokens each channel holds, 0 (a rendezvous) to
+    /// 16 (default: 2).
     #[arg(long)]
     depth: Option<u32>,
 }
@@ -306,21 +311,31 @@ fn starts_with_magic(path: &Path) -> bool {
         .is_ok_and(|()| head == device_runtime::abi::MAGIC)
 }
 
-/// A built-in name is a workload; a path ending in `.toml` a workload
-/// file; one ending in `.bin`, or an existing file that starts with the
-/// table magic, a table; any other existing file a workload file.
+/// What a path names, for every command that takes a file: one ending in
+/// `.toml` is a workload file; one ending in `.bin`, or an existing file
+/// that starts with the table magic, a table; any other existing file a
+/// workload file. `None`: no such file.
+fn classify_path(path: &Path) -> Option<Input> {
+    let name = path.to_string_lossy();
+    if name.ends_with(".toml") {
+        Some(Input::File)
+    } else if name.ends_with(".bin") || starts_with_magic(path) {
+        Some(Input::Table)
+    } else if path.is_file() {
+        Some(Input::File)
+    } else {
+        None
+    }
+}
+
+/// A built-in name is a workload; otherwise a path as [`classify_path`]
+/// says, and a name that is no file a workload too (building it says
+/// whether there is one).
 fn classify(arg: &str) -> Input {
-    let path = Path::new(arg);
     if NAMES.contains(&arg) {
         Input::Named
-    } else if arg.ends_with(".toml") {
-        Input::File
-    } else if arg.ends_with(".bin") || starts_with_magic(path) {
-        Input::Table
-    } else if path.is_file() {
-        Input::File
     } else {
-        Input::Named
+        classify_path(Path::new(arg)).unwrap_or(Input::Named)
     }
 }
 
@@ -652,10 +667,17 @@ fn run_table(
     };
     let reads = table.program_info().symbols;
     if symbols.len() != reads {
+        let how = match reads {
+            0 => "leave out --symbols".to_string(),
+            1 => "bind symbol 0: --symbols V0".to_string(),
+            _ => format!(
+                "bind symbols 0 to {} by position: --symbols V0,V1,...",
+                reads - 1
+            ),
+        };
         bail!(
-            "--symbols: {} given; the table's program reads {reads} (bind symbols 0 to {} by position: --symbols V0,V1,...)",
+            "--symbols: {} given; the table's program reads {reads} ({how})",
             symbols.len(),
-            reads as i64 - 1
         );
     }
     setup.shim.options.symbols = Symbols::new(symbols).context("--symbols: too many symbols")?;
@@ -852,13 +874,14 @@ fn run(cli: Cli) -> Result<bool> {
             table_symbols,
         } => {
             let path = table.to_string_lossy().into_owned();
-            // Any file but a .toml is shown as a table, whatever its bytes.
-            let input = if path.ends_with(".toml") {
-                Input::File
-            } else if NAMES.contains(&path.as_str()) && !table.exists() {
-                Input::Named
-            } else {
-                Input::Table
+            // Files as `wsp run` tells them apart (a table by its `.bin` or
+            // its magic); a built-in name that is no file is pointed at
+            // `wsp build`, any other path that is no file read as a table
+            // (and reported missing).
+            let input = match classify_path(&table) {
+                Some(input) => input,
+                None if NAMES.contains(&path.as_str()) && !table.exists() => Input::Named,
+                None => Input::Table,
             };
             let (bytes, file, bound) = match input {
                 Input::Named => bail!(

@@ -1,27 +1,43 @@
 //! Kernel calls: the kernel, its arguments' regions and its scalars,
 //! resolved and checked as far as they are known before expansion.
 
+use device_runtime::abi::MAX_RANK;
 use toml::Spanned;
 use wsp_ffi::{KernelInfo, TileShape};
 
 use super::expr::{expr_err, ExprError, Parser, RExpr};
+use super::kernels::CHECKED;
 use super::raw::{ArgSrc, ExprSrc, RawNode};
 use super::resolve::{dtype_text, RRegion, Resolver, Step};
+use super::shadow::{overlap, overlap_message};
 use super::{ErrorKind, FileError};
 use crate::table::TensorId;
 
 impl Resolver<'_> {
     pub(super) fn call(&mut self, n: &RawNode, at: usize, stream: u8) -> Result<Step, FileError> {
         let name = n.call.as_ref().expect("the kind's key");
-        let Some(kernel) = wsp_ffi::all().iter().find(|k| k.name == name.get_ref()) else {
-            let known: Vec<&str> = wsp_ffi::all().iter().map(|k| k.name).collect();
+        // Only kernels with an f64 reference: the check could not judge
+        // another's result.
+        let kernel = wsp_ffi::all()
+            .iter()
+            .find(|k| k.name == name.get_ref())
+            .filter(|k| CHECKED.contains(&k.name));
+        let Some(kernel) = kernel else {
+            let name_ = name.get_ref();
+            let what = if wsp_ffi::all().iter().any(|k| k.name == name_) {
+                format!(
+                    "kernel `{name_}` has no f64 reference to check a run against, so a \
+                     workload file cannot call it"
+                )
+            } else {
+                format!("unknown kernel `{name_}`")
+            };
             return Err(self.err(
                 ErrorKind::UnknownKernel,
                 name.span().start,
                 format!(
-                    "unknown kernel `{}` (kernels: {})",
-                    name.get_ref(),
-                    known.join(", ")
+                    "{what} (kernels a workload file can call: {})",
+                    CHECKED.join(", ")
                 ),
             ));
         };
@@ -79,6 +95,17 @@ impl Resolver<'_> {
             }
             regions.push(region);
         }
+        // Overlapping arguments whose regions are constants are refused
+        // here, at the writer; the rest when the reference expands them.
+        let consts: Option<Vec<_>> = regions.iter().map(|r| self.constant(r)).collect();
+        if let Some(pair) = consts.and_then(|c| overlap(kernel, &c)) {
+            let tensor = &self.tensors[regions[pair.0].tensor.0 as usize].name;
+            return Err(self.err(
+                ErrorKind::Call,
+                args[pair.0].span().start,
+                overlap_message(kernel, pair, tensor),
+            ));
+        }
         let mut scalar_exprs = Vec::new();
         for s in scalars {
             scalar_exprs.push(match s.get_ref() {
@@ -126,6 +153,29 @@ impl Resolver<'_> {
             scalars: scalar_exprs,
             at,
         })
+    }
+
+    /// A region's tensor, offset and extent per dimension, if they are
+    /// all constants.
+    fn constant(&self, r: &RRegion) -> Option<(u32, [u32; MAX_RANK], [u32; MAX_RANK])> {
+        let konst = |e: &RExpr| match e {
+            RExpr::Const(v) => u32::try_from(*v).ok(),
+            _ => None,
+        };
+        let rank = self.tensors[r.tensor.0 as usize].shape.len();
+        if rank == 0 || rank > MAX_RANK || r.offset.len() != rank {
+            return None;
+        }
+        let mut offset = [0u32; MAX_RANK];
+        let mut extent = [1u32; MAX_RANK];
+        for (o, e) in offset.iter_mut().zip(&r.offset) {
+            *o = konst(e)?;
+        }
+        extent[rank - 1] = konst(&r.cols)?;
+        if rank >= 2 {
+            extent[rank - 2] = konst(&r.rows)?;
+        }
+        Some((r.tensor.0, offset, extent))
     }
 
     pub(super) fn region(

@@ -30,19 +30,33 @@ impl Tile {
     }
 }
 
+/// The kernels [`run_kernel`] has an f64 reference for, in the order the
+/// docs list them: the only kernels a workload file may call (the
+/// resolver refuses the registry's others, whose results the file's check
+/// could not judge).
+pub(super) const CHECKED: [&str; 6] = [
+    "add",
+    "gemm_tile",
+    "rmsnorm",
+    "softmax",
+    "route_topk",
+    "expert_rows",
+];
+
 /// Runs kernel `name` in f64 on its (contract-checked) arguments and
 /// returns the new value of each argument it writes, in argument order
 /// (`None` for the ones it only reads). Each value comes with a bound on
 /// the distance of the kernel's f32 result from it, given the inputs'
-/// bounds; the operation order is that of `kernels/src/*.cpp`.
+/// bounds; the operation order is that of `kernels/src/*.cpp`. A kernel
+/// not in [`CHECKED`] (which the resolver refuses) is an error.
 pub(super) fn run_kernel(
     name: &str,
     a: &[Tile],
     scalars: &[u64],
     note: &mut dyn FnMut(String),
-) -> Vec<Option<Tile>> {
+) -> Result<Vec<Option<Tile>>, String> {
     let f32_scalar = |s: u64| f32::from_bits(s as u32) as f64;
-    match name {
+    Ok(match name {
         "add" => vec![None, None, Some(add(&a[0], &a[1]))],
         "gemm_tile" => vec![None, None, Some(gemm(&a[0], &a[1], &a[2]))],
         "rmsnorm" => vec![
@@ -68,9 +82,10 @@ pub(super) fn run_kernel(
             );
             vec![None, Some(indptr), Some(tokens), Some(weights)]
         }
-        // The registry and this match list the same kernels.
-        other => unreachable!("kernel {other} has no f64 reference"),
-    }
+        // Every name of `CHECKED` has its arm above (the unit test below
+        // runs each); the resolver refuses any other kernel.
+        other => return Err(format!("kernel {other} has no f64 reference")),
+    })
 }
 
 /// c = a + b: one rounding.
@@ -281,4 +296,57 @@ fn route_topk(
         indptr.v[e + 1] = pos as f64;
     }
     (indptr, toks, weights)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel a file may call is in the registry and has a reference
+    /// that returns a value for exactly the arguments the registry says it
+    /// writes; any other name is an error, not a panic.
+    #[test]
+    fn every_checked_kernel_has_a_reference() {
+        let tiles = |shapes: &[(usize, usize)]| -> Vec<Tile> {
+            shapes.iter().map(|&(r, c)| Tile::new(r, c)).collect()
+        };
+        // Small arguments that fit each kernel's contract, and its scalars.
+        let f32_bits = |v: f32| v.to_bits() as u64;
+        let cases: [(&str, Vec<Tile>, Vec<u64>); 6] = [
+            ("add", tiles(&[(1, 2), (1, 2), (1, 2)]), vec![]),
+            ("gemm_tile", tiles(&[(1, 1), (1, 1), (1, 1)]), vec![]),
+            (
+                "rmsnorm",
+                tiles(&[(1, 2), (1, 2), (1, 2)]),
+                vec![f32_bits(1e-5)],
+            ),
+            ("softmax", tiles(&[(1, 2), (1, 2)]), vec![]),
+            (
+                "route_topk",
+                tiles(&[(1, 2), (1, 3), (1, 1), (1, 1)]),
+                vec![1, f32_bits(0.0)],
+            ),
+            (
+                "expert_rows",
+                tiles(&[(1, 1), (1, 1), (1, 1), (1, 1)]),
+                vec![],
+            ),
+        ];
+        let names: Vec<&str> = cases.iter().map(|c| c.0).collect();
+        assert_eq!(names, CHECKED);
+        for (name, args, scalars) in &cases {
+            let info = wsp_ffi::all()
+                .iter()
+                .find(|k| k.name == *name)
+                .unwrap_or_else(|| panic!("{name} is not in the registry"));
+            let out = run_kernel(name, args, scalars, &mut |_| {}).unwrap();
+            let written: Vec<bool> = out.iter().map(Option::is_some).collect();
+            let writes: Vec<bool> = info.tensor_args.iter().map(|a| a.access.writes()).collect();
+            assert_eq!(written, writes, "{name}");
+        }
+        let e = run_kernel("square", &tiles(&[(1, 1), (1, 1)]), &[], &mut |_| {})
+            .err()
+            .unwrap();
+        assert_eq!(e, "kernel square has no f64 reference");
+    }
 }

@@ -92,18 +92,23 @@ pub enum ErrorKind {
     UnknownName,
     /// A tensor name not declared under `[tensors]`.
     UnknownTensor,
-    /// A kernel name not in the kernel registry.
+    /// A kernel name that is not one a workload file can call: not in the
+    /// kernel registry, or a registry kernel with no f64 reference for the
+    /// check (the message lists the kernels a file can call).
     UnknownKernel,
     /// An expression that does not parse or evaluate.
     Expression,
-    /// A call with the wrong number of arguments or scalars.
+    /// A call with the wrong number of arguments or scalars, or with an
+    /// argument it writes overlapping another of its arguments (where the
+    /// regions are constants; otherwise [`ErrorKind::Expand`]).
     Call,
     /// A region of the wrong dtype, rank or size for its tensor or kernel.
     Shape,
     /// The program could not be lowered (registers, nesting, length).
     Lower,
     /// The reference expansion failed: a loop count out of range, a
-    /// region past its tensor, a division by zero, for some loop indices.
+    /// region past its tensor, a call's written argument overlapping
+    /// another, a division by zero, for some loop indices.
     Expand,
     /// A channel declaration out of range, an unknown channel, or a
     /// process, send or consume where it cannot be (a process inside a

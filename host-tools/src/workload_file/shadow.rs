@@ -443,6 +443,10 @@ impl<'a> Shadow<'a> {
                 describe_shapes(kernel, &shapes)
             ));
         }
+        if let Some(pair) = overlap(kernel, args) {
+            let tensor = &self.layouts[args[pair.0].0 as usize].name;
+            return Err(overlap_message(kernel, pair, tensor));
+        }
         let task = self.tasks.len();
         self.tasks.push(Expanded {
             kernel: kernel.id,
@@ -455,7 +459,7 @@ impl<'a> Shadow<'a> {
         let outputs = run_kernel(kernel.name, &inputs, &scalars, &mut |note| {
             self.notes
                 .push(format!("task {task} ({}): {note}", kernel.name))
-        });
+        })?;
         for ((view, spec), tile) in views.iter().zip(kernel.tensor_args).zip(outputs) {
             if let (true, Some(tile)) = (spec.access.writes(), tile) {
                 self.scatter(view, &tile);
@@ -484,6 +488,49 @@ impl<'a> Shadow<'a> {
             self.err[v.tensor][to..to + v.cols].copy_from_slice(&t.e[r * v.cols..(r + 1) * v.cols]);
         }
     }
+}
+
+/// The first pair of a call's arguments on one tensor, one of which it
+/// writes, whose regions overlap, as (the writer, the other) by their
+/// positions in the call (the later one first when both write): the
+/// orchestrator refuses such a task, whose result would depend on the
+/// order of the kernel's reads and writes. `args` are the call's regions
+/// (tensor, offset and extent per dimension), in the kernel's order.
+pub(super) fn overlap(
+    kernel: &KernelInfo,
+    args: &[(u32, [u32; MAX_RANK], [u32; MAX_RANK])],
+) -> Option<(usize, usize)> {
+    let writes = |k: usize| kernel.tensor_args.get(k).is_some_and(|a| a.access.writes());
+    for (k, &(tensor, offset, extent)) in args.iter().enumerate() {
+        for (j, &(other, o2, e2)) in args[..k].iter().enumerate() {
+            let a = Region { offset, extent };
+            let b = Region {
+                offset: o2,
+                extent: e2,
+            };
+            if tensor == other && (writes(k) || writes(j)) && a.overlaps(&b) {
+                return Some(if writes(k) { (k, j) } else { (j, k) });
+            }
+        }
+    }
+    None
+}
+
+/// What is wrong with a call whose argument `writer` overlaps argument
+/// `other` on tensor `tensor` (see [`overlap`]).
+pub(super) fn overlap_message(
+    kernel: &KernelInfo,
+    (writer, other): (usize, usize),
+    tensor: &str,
+) -> String {
+    let name = |i: usize| kernel.tensor_args.get(i).map_or("?", |a| a.name);
+    format!(
+        "call {}: argument {writer} ({}) writes a region of `{tensor}` overlapping argument \
+         {other} ({}); a kernel's output may not overlap its other arguments",
+        kernel.name,
+        name(writer),
+        name(other)
+    )
 }
 
 /// What the device's expander sees when the shadow walks a table: every

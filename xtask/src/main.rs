@@ -85,11 +85,13 @@ enum Task {
         /// loaded as a launch block; none if absent.
         #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
         symbols: Option<Vec<i64>>,
-        /// Scheduler threads, 1 to 4 (CPUs 0-3; CPUs 4-7 are the AICores). Default 1.
+        /// Scheduler threads, 1 to 4 (CPUs 0-3; CPUs 4-7 are the AICores).
+        /// Default: the runtime's, as for `wsp run` (2).
         #[arg(long)]
         threads: Option<u32>,
-        /// Dispatch policy: round-robin (the default), affinity, hash,
-        /// work-stealing, shared, adaptive.
+        /// Dispatch policy: round-robin, affinity, hash, work-stealing,
+        /// shared, adaptive. Default: the runtime's, as for `wsp run`
+        /// (work-stealing).
         #[arg(long)]
         policy: Option<String>,
         /// Time limit for QEMU, in seconds.
@@ -162,6 +164,15 @@ enum Task {
         /// Dispatch policy, in the launch block (as `cargo xtask qemu --policy`).
         #[arg(long)]
         policy: Option<String>,
+        /// Launches (Init, then the server entry) in one load of the `.so`,
+        /// each on a fresh copy of the arena; all but the faulty ones must
+        /// give equal arenas.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: Option<u32>,
+        /// How many of the first launches carry the faults (default: all);
+        /// each of them must fail, the last launch must not be one.
+        #[arg(long, requires = "repeat")]
+        faulty_launches: Option<u32>,
         /// Only build the launcher and the shared object; print their directory.
         #[arg(long)]
         build_only: bool,
@@ -234,6 +245,8 @@ fn main() -> Result<()> {
             symbols,
             sched_threads,
             policy,
+            repeat,
+            faulty_launches,
             build_only,
         } => {
             let mut options = vec![
@@ -249,6 +262,12 @@ fn main() -> Result<()> {
             }
             for k in omit_kernel {
                 options.extend(["--omit-kernel".to_string(), k.to_string()]);
+            }
+            if let Some(n) = repeat {
+                options.extend(["--repeat".to_string(), n.to_string()]);
+            }
+            if let Some(k) = faulty_launches {
+                options.extend(["--faulty-launches".to_string(), k.to_string()]);
             }
             // A launch block only when something is bound or chosen.
             let launch = (symbols.is_some() || sched_threads.is_some() || policy.is_some())

@@ -80,6 +80,15 @@ pub struct Lane {
     pub spans: Vec<Span>,
 }
 
+/// Lanes a plot draws at most: a run has at most
+/// [`MAX_THREADS`](device_runtime::sched::MAX_THREADS) scheduler lanes and
+/// [`MAX_RUN_CORES`](device_runtime::sched::MAX_RUN_CORES) core lanes. The
+/// picture grows with the lanes, and past about 55,000 its pixels overflow
+/// the drawing library's index; a trace with more is refused.
+pub const MAX_LANES: usize = 1024;
+/// Kernel names (colours in the legend) a plot draws at most.
+pub const MAX_KERNELS: usize = 256;
+
 /// The lanes of a trace, in the trace's lane order.
 #[derive(Clone, Debug)]
 pub struct Swimlanes {
@@ -123,6 +132,12 @@ impl Swimlanes {
                 _ => {}
             }
         }
+        if lanes.len() > MAX_LANES {
+            return Err(PlotError::Trace(format!(
+                "{} named lanes; a plot draws at most {MAX_LANES}",
+                lanes.len()
+            )));
+        }
         let mut kernels: Vec<String> = Vec::new();
         for e in events.iter().filter(|e| e["ph"] == "X") {
             let (Some(tid), Some(ts), Some(dur)) =
@@ -144,6 +159,11 @@ impl Swimlanes {
             }
             .to_string();
             if !stall && !kernels.contains(&label) {
+                if kernels.len() == MAX_KERNELS {
+                    return Err(PlotError::Trace(format!(
+                        "more than {MAX_KERNELS} kernel names; a plot tells at most {MAX_KERNELS} apart"
+                    )));
+                }
                 kernels.push(label.clone());
             }
             lane.spans.push(Span {

@@ -167,7 +167,31 @@ impl Clock for HostClock {
 }
 
 impl Shim {
-    /// The kinds of the emulated cores: cube cores first, then vector cores.
+    /// Whether the scheduler threads can drive this many cores: core `c`
+    /// belongs to thread `c % threads`, so thread 0 has the most, and a
+    /// thread drives at most [`MAX_CORES`](device_runtime::platform::MAX_CORES).
+    /// Checked before anything is built for the cores (a thread each, in
+    /// the shim), so that a mistyped count is an error, not an exhausted
+    /// host.
+    pub fn check_cores(&self) -> Result<(), ShimError> {
+        check_threads(self.sched.threads)?;
+        let max = device_runtime::platform::MAX_CORES;
+        let most = (self.cube_cores.checked_add(self.vector_cores))
+            .map_or(usize::MAX, |cores| cores.div_ceil(self.sched.threads));
+        if most > max {
+            let cores = most;
+            return Err(ConfigError::ThreadCores {
+                thread: 0,
+                cores,
+                max,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The kinds of the emulated cores: cube cores first, then vector cores
+    /// (check their number first: [`Shim::check_cores`]).
     pub fn core_kinds(&self) -> Vec<CoreKind> {
         let cube = std::iter::repeat_n(CoreKind::Cube, self.cube_cores);
         cube.chain(std::iter::repeat_n(CoreKind::Vector, self.vector_cores))
@@ -230,7 +254,7 @@ impl Shim {
         fault: Option<Fault>,
     ) -> Result<RunStats, ShimError> {
         let table = Table::parse(table).map_err(ShimError::Table)?;
-        check_threads(self.sched.threads)?;
+        self.check_cores()?;
         let kinds = self.core_kinds();
         let groups = self.thread_cores();
         let mailboxes: Vec<Vec<CoreMailbox>> = groups

@@ -530,3 +530,69 @@ args = ["A", "B", "A"]
         );
     }
 }
+
+/// Counts and sizes a host cannot honour end with an error naming them, not
+/// a panic (exit 101) or an abort (134): a core count past what the
+/// scheduler threads drive (checked before a thread is started for each
+/// core), and a table whose header claims an arena no host can allocate.
+#[test]
+fn sizes_past_the_hosts_are_errors_not_aborts() {
+    for (args, why) in [
+        (
+            vec!["run", "gemm", "--cube", "18446744073709551615"],
+            "a thread drives at most 64",
+        ),
+        (
+            vec![
+                "run",
+                "gemm",
+                "--cube",
+                "130",
+                "--vector",
+                "0",
+                "--threads",
+                "2",
+            ],
+            "scheduler thread 0 has 65 cores; a thread drives at most 64",
+        ),
+        (
+            vec!["run", "gemm", "--cube", "300", "--semantic"],
+            "scheduler thread 0 has 151 cores", // 300 cube + 2 vector cores
+        ),
+    ] {
+        let o = wsp(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+    }
+    // 126 cube + 2 vector cores: 64 a thread.
+    let o = wsp(&[
+        "run",
+        "gemm",
+        "--cube",
+        "126",
+        "--threads",
+        "2",
+        "--semantic",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let dir = scratch("sizes_past_the_hosts_are_errors_not_aborts");
+    let d = dir.to_str().unwrap();
+    let o = wsp(&[
+        "build", "gemm", "--m", "64", "--n", "64", "--k", "64", "--out", d,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = dir.join("table.bin");
+    let mut table = std::fs::read(&path).unwrap();
+    let at = std::mem::offset_of!(device_runtime::abi::TableHeader, arena_size);
+    table[at..at + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    host_tools::table::seal(&mut table);
+    std::fs::write(&path, &table).unwrap();
+    let o = wsp(&["run", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let want = format!(
+        "the table's arena is {} bytes, more than this host can allocate",
+        1u64 << 62
+    );
+    assert!(stderr(&o).contains(&want), "{}", stderr(&o));
+}

@@ -402,6 +402,30 @@ fn a_trace_that_is_not_one_is_refused_with_a_reason() {
     ]});
     let e = Swimlanes::from_trace(&unnamed).unwrap_err();
     assert!(e.to_string().contains("lane 3, which has no name"), "{e}");
+
+    // Past 1,024 lanes or 256 kernel names a picture is refused (with
+    // about 56,000 lanes its pixels overflowed the drawing library: a
+    // panic); at the limits it is drawn.
+    let trace = |lanes: usize, kernels: usize| {
+        let named = (0..lanes).map(|t| {
+            serde_json::json!({ "ph": "M", "name": "thread_name", "tid": t, "args": { "name": format!("AICore {t}") } })
+        });
+        let tasks = (0..kernels).map(|k| {
+            serde_json::json!({ "ph": "X", "tid": 0, "ts": k as f64, "dur": 1.0, "name": format!("k{k}") })
+        });
+        serde_json::json!({ "traceEvents": named.chain(tasks).collect::<Vec<_>>() })
+    };
+    let e = Swimlanes::from_trace(&trace(1025, 1)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("1025 named lanes; a plot draws at most 1024"),
+        "{e}"
+    );
+    let e = Swimlanes::from_trace(&trace(1, 257)).unwrap_err();
+    assert!(e.to_string().contains("more than 256 kernel names"), "{e}");
+    let out = tmp("plot_limits").join("limits.png");
+    let at_limits = Swimlanes::from_trace(&trace(1024, 256)).unwrap();
+    at_limits.draw(&out).unwrap();
 }
 
 fn tmp(name: &str) -> PathBuf {

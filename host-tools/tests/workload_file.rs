@@ -474,12 +474,49 @@ fn malformed_files_say_what_and_where() {
             "nested deeper than 64",
             Some(1),
         ),
+        // Expressions are parsed, resolved and dropped recursively: past
+        // these limits a file overflowed the stack (an abort, not an error).
+        // 65 parentheses around `i` (64 are fine, below).
+        (
+            body(&format!(
+                r#"{{ call = "add", args = ["A[{}i{} * 16, 0; 16 x 64]", "A[i * 16, 0; 16 x 64]", "B[i * 16, 0; 16 x 64]"] }},"#,
+                "(".repeat(65),
+                ")".repeat(65)
+            )),
+            ErrorKind::Expression,
+            "column 67 of the expression: expression nested more than 64 deep",
+            Some(13),
+        ),
+        // `i + i + ...` with 256 additions: one too many with the `* 16`
+        // after them.
+        (
+            body(&format!(
+                r#"{{ call = "add", args = ["A[{}i * 16, 0; 16 x 64]", "A[i * 16, 0; 16 x 64]", "B[i * 16, 0; 16 x 64]"] }},"#,
+                "i + ".repeat(256)
+            )),
+            ErrorKind::Expression,
+            "expression too long: more than 256 operations",
+            Some(13),
+        ),
     ];
     for (text, kind, message, line) in cases {
         let e = refused(&text);
         assert_eq!(e.kind, kind, "{e}\nin:\n{text}");
         assert!(e.message.contains(message), "{e}\nwanted: {message}");
         assert_eq!(e.line, line, "{e}");
+    }
+    // At the limits: 64 parentheses, and 256 operations (253
+    // additions, two products and a subtraction: 16 i).
+    for region in [
+        format!("{}i{} * 16", "(".repeat(64), ")".repeat(64)),
+        format!("{}i * 16 - {} * i", "i + ".repeat(253), 253),
+    ] {
+        let text = body(&format!(
+            r#"{{ call = "add", args = ["A[{region}, 0; 16 x 64]", "A[i * 16, 0; 16 x 64]", "B[i * 16, 0; 16 x 64]"] }},"#
+        ));
+        WorkloadFile::parse(&text)
+            .and_then(|f| f.build(&[]))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
 

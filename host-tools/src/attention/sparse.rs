@@ -760,7 +760,7 @@ pub fn lengths_of(m: u32, n: u32, tiers: &Tiers) -> Vec<u32> {
     let mut i = 1u32;
     while (v.len() as u32) < m {
         // Geometric steps from 1 towards n.
-        let f = i as f64 / (m + 1) as f64;
+        let f = i as f64 / (m as f64 + 1.0);
         v.push(((n as f64).powf(f).round() as u32).clamp(1, n));
         i += 1;
     }

@@ -494,6 +494,7 @@ impl RunSetup {
             }
             sink => run(sink.as_ref()),
         };
+        shim.check_cores()?;
         let kinds = shim.core_kinds();
         let stats = if self.semantic {
             say!(
@@ -663,7 +664,17 @@ fn run_table(
             }
             data
         }
-        None => vec![0; size],
+        None => {
+            // A header may claim any size: too large is an error, not an abort.
+            let mut data = Vec::new();
+            data.try_reserve_exact(size).map_err(|_| {
+                anyhow::anyhow!(
+                    "{path}: the table's arena is {size} bytes, more than this host can allocate"
+                )
+            })?;
+            data.resize(size, 0);
+            data
+        }
     };
     let reads = table.program_info().symbols;
     if symbols.len() != reads {

@@ -6,7 +6,9 @@
 //! and the cores one batch leaves idle (the decode step's attention is
 //! short of work, the chunk's GEMMs are long) run the other's.
 
-use super::layer::{shape_of, stitched_workload, summary_of, LayerData, LayerShape, Mlp};
+use super::layer::{
+    shape_of, stitched_workload, summary_of, LayerData, LayerShape, Mlp, MAX_BATCH,
+};
 use crate::workloads::{Params, Workload, WorkloadError};
 
 /// Tokens of the chunk's request already in its cache.
@@ -17,6 +19,15 @@ pub const PREFILL_START: u32 = 384;
 /// `k` (heads of 64), pages of `tile`; the chunk's data seeded apart.
 pub fn batches(p: &Params) -> Result<[LayerData; 2], WorkloadError> {
     let decode = shape_of(&Params { n: 2048, ..*p }, Mlp::Dense)?;
+    // The chunk's tokens are its rows: as many as a batch may have
+    // (checked here, before a length is listed for each).
+    if p.n == 0 || p.n > MAX_BATCH {
+        let why = format!(
+            "a prefill chunk of {} tokens: the layer takes 1 ..= {}",
+            p.n, MAX_BATCH
+        );
+        return Err(WorkloadError::Params(why));
+    }
     let chunk = LayerShape {
         lengths: (PREFILL_START + 1..=PREFILL_START + p.n).collect(),
         ..decode.clone()

@@ -48,9 +48,22 @@ pub(super) fn expr_err(column: usize, message: impl Into<String>) -> ExprError {
     }
 }
 
+/// Operations (`+`, `min`, `load`, comparisons, ...) one expression may
+/// hold: expressions are resolved and dropped recursively, so a longer one
+/// (`i + i + ...`, thousands of terms) would overflow the stack instead of
+/// being refused.
+pub(super) const MAX_EXPR_OPS: usize = 256;
+/// How deep parentheses, function arguments and unary minus may nest, for
+/// the same reason.
+pub(super) const MAX_EXPR_NESTING: usize = 64;
+
 pub(super) struct Parser<'a> {
     s: &'a [u8],
     pub(super) pos: usize,
+    /// Operations parsed so far ([`MAX_EXPR_OPS`]).
+    ops: usize,
+    /// Nesting at the current position ([`MAX_EXPR_NESTING`]).
+    nesting: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -58,7 +71,35 @@ impl<'a> Parser<'a> {
         Parser {
             s: text.as_bytes(),
             pos: 0,
+            ops: 0,
+            nesting: 0,
         }
+    }
+
+    /// Counts one more operation, at column `at`.
+    fn op(&mut self, at: usize) -> Result<(), ExprError> {
+        self.ops += 1;
+        if self.ops > MAX_EXPR_OPS {
+            let message = format!("expression too long: more than {MAX_EXPR_OPS} operations");
+            return Err(expr_err(at, message));
+        }
+        Ok(())
+    }
+
+    /// `parse` one level deeper, at column `at`.
+    fn nested<T>(
+        &mut self,
+        at: usize,
+        parse: impl FnOnce(&mut Self) -> Result<T, ExprError>,
+    ) -> Result<T, ExprError> {
+        if self.nesting >= MAX_EXPR_NESTING {
+            let message = format!("expression nested more than {MAX_EXPR_NESTING} deep");
+            return Err(expr_err(at, message));
+        }
+        self.nesting += 1;
+        let result = parse(self);
+        self.nesting -= 1;
+        result
     }
 
     fn ws(&mut self) {
@@ -135,6 +176,7 @@ impl<'a> Parser<'a> {
         ];
         for (token, op, swap) in ops {
             if self.eat(token) {
+                self.op(at)?;
                 let b = self.sum()?;
                 return Ok(match (token, swap) {
                     ("!=", _) => Ast::Ne(Box::new(a), Box::new(b), at),
@@ -144,10 +186,12 @@ impl<'a> Parser<'a> {
             }
         }
         if self.eat("<") {
+            self.op(at)?;
             let b = self.sum()?;
             return Ok(Ast::Bin(OP_LT, Box::new(a), Box::new(b), at));
         }
         if self.eat(">") {
+            self.op(at)?;
             let b = self.sum()?;
             return Ok(Ast::Bin(OP_LT, Box::new(b), Box::new(a), at));
         }
@@ -166,6 +210,7 @@ impl<'a> Parser<'a> {
             } else {
                 return Ok(a);
             };
+            self.op(at)?;
             let b = self.term()?;
             a = Ast::Bin(op, Box::new(a), Box::new(b), at);
         }
@@ -185,6 +230,7 @@ impl<'a> Parser<'a> {
             } else {
                 return Ok(a);
             };
+            self.op(at)?;
             let b = self.unary()?;
             a = Ast::Bin(op, Box::new(a), Box::new(b), at);
         }
@@ -194,7 +240,8 @@ impl<'a> Parser<'a> {
         self.ws();
         let at = self.pos;
         if self.eat("-") {
-            let a = self.unary()?;
+            self.op(at)?;
+            let a = self.nested(at, Self::unary)?;
             return Ok(Ast::Bin(OP_SUB, Box::new(Ast::Int(0)), Box::new(a), at));
         }
         self.atom()
@@ -218,7 +265,7 @@ impl<'a> Parser<'a> {
             }
             Some(b'(') => {
                 self.pos += 1;
-                let e = self.expr()?;
+                let e = self.nested(start, Self::expr)?;
                 self.expect(")", "to close `(`")?;
                 Ok(e)
             }
@@ -229,9 +276,10 @@ impl<'a> Parser<'a> {
                 }
                 match name.as_str() {
                     "min" | "max" => {
-                        let a = self.expr()?;
+                        self.op(at)?;
+                        let a = self.nested(at, Self::expr)?;
                         self.expect(",", &format!("between the two arguments of {name}"))?;
-                        let b = self.expr()?;
+                        let b = self.nested(at, Self::expr)?;
                         self.expect(")", &format!("after the two arguments of {name}"))?;
                         let op = if name == "min" { OP_MIN } else { OP_MAX };
                         Ok(Ast::Bin(op, Box::new(a), Box::new(b), at))
@@ -243,9 +291,10 @@ impl<'a> Parser<'a> {
                                 "load needs a tensor name first: load(t, i, j)",
                             ));
                         };
+                        self.op(at)?;
                         let mut index = Vec::new();
                         while self.eat(",") {
-                            index.push(self.expr()?);
+                            index.push(self.nested(at, Self::expr)?);
                         }
                         self.expect(")", "after the indices of load")?;
                         Ok(Ast::Load(tensor, tat, index))
@@ -311,11 +360,18 @@ impl Resolver<'_> {
 
     /// An [`ExprError`] of `text` (a string at byte `at`: its quote).
     pub(super) fn expr_error(&self, text: &str, at: usize, what: &str, e: ExprError) -> FileError {
+        // A long expression is quoted by its first characters (the line and
+        // column still point at the error).
+        const QUOTED: usize = 80;
+        let quoted = match text.char_indices().nth(QUOTED) {
+            Some((cut, _)) => format!("{}...", &text[..cut]),
+            None => text.to_string(),
+        };
         self.err(
             e.kind,
             at + 1 + e.column,
             format!(
-                "{what} \"{text}\", column {} of the expression: {}",
+                "{what} \"{quoted}\", column {} of the expression: {}",
                 e.column + 1,
                 e.message
             ),

@@ -7,7 +7,9 @@
 //!    tasks, (b) a chain, (c) rounds of a wide fan-out and a fan-in. In the
 //!    same run, `rayon` (scope spawns) and a `crossbeam-deque` work-stealing
 //!    executor (given the edges, atomic fan-in counters) run the same graphs
-//!    with empty tasks on the same number of threads. Ratios = ours / peer.
+//!    with empty tasks on the same number of threads. The contestants run
+//!    in rounds, one run each per round (see `rounds`); a ratio is the
+//!    median of the rounds' ours / peer, printed with its range.
 //! 2. Load balance in semantic time on a skewed load: MoE experts with
 //!    Zipf-distributed token counts, every policy keyed by expert; makespan
 //!    divided by the lower bound max(total work / cores, longest task).
@@ -282,10 +284,38 @@ fn crossbeam_peer(dag: &Dag) -> f64 {
     start.elapsed().as_nanos() as f64 / n as f64
 }
 
-fn median(samples: usize, mut f: impl FnMut() -> f64) -> f64 {
-    let mut v: Vec<f64> = (0..samples).map(|_| f()).collect();
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Times every contestant `rounds` times, in rounds of one run each (the
+/// order rotating from round to round), and returns each one's samples:
+/// a slow phase of a shared machine (they last seconds to minutes) then
+/// falls on all contestants alike, not on whichever ran during it, and a
+/// round's ratios compare runs made a second or so apart.
+fn rounds<const N: usize>(
+    rounds: usize,
+    contestants: [&mut dyn FnMut() -> f64; N],
+) -> [Vec<f64>; N] {
+    let mut samples: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(rounds));
+    for round in 0..rounds {
+        for k in 0..N {
+            let c = (round + k) % N;
+            samples[c].push(contestants[c]());
+        }
+    }
+    samples
+}
+
+/// The median of the rounds' ratios `ours[r] / peer[r]`, and their range.
+fn ratio(ours: &[f64], peer: &[f64]) -> (f64, f64, f64) {
+    let r: Vec<f64> = ours.iter().zip(peer).map(|(o, p)| o / p).collect();
+    let (lo, hi) = (
+        r.iter().copied().fold(f64::INFINITY, f64::min),
+        r.iter().copied().fold(0.0, f64::max),
+    );
+    (median(r), lo, hi)
 }
 
 /// MoE experts with Zipf(1.1)-distributed token counts: expert e runs
@@ -331,7 +361,7 @@ fn main() {
         Placement::Pinned => "each pinned to a processor",
     };
     println!(
-        "overhead per task, empty kernels, {THREADS} threads ({placed}; {CORES_PER_THREAD} empty cores each for ours); median of {samples}"
+        "overhead per task, empty kernels, {THREADS} threads ({placed}; {CORES_PER_THREAD} empty cores each for ours); median of {samples} rounds"
     );
     let dags = [independent(n), chain(n / 10), fan((n / 10) / (WIDTH + 1))];
     // `WSP_BENCH_ONLY=a|b|c` runs one graph (for profiling).
@@ -363,15 +393,29 @@ fn main() {
             );
             continue;
         }
-        let ws = median(samples, || ours(dag, PolicyKind::WorkStealing));
-        let rr = median(samples, || ours_on(dag, PolicyKind::RoundRobin, 1));
-        let ry = median(samples, || rayon_peer(dag, &pool));
-        let cb = median(samples, || crossbeam_peer(dag));
+        let [ws, rr, ry, cb] = rounds(
+            samples,
+            [
+                &mut || ours(dag, PolicyKind::WorkStealing),
+                &mut || ours_on(dag, PolicyKind::RoundRobin, 1),
+                &mut || rayon_peer(dag, &pool),
+                &mut || crossbeam_peer(dag),
+            ],
+        );
+        let (to_ry, to_cb) = (ratio(&ws, &ry), ratio(&ws, &cb));
         println!(
-            "{:<20} {tasks:>8} tasks  ours {ws:>6.1} ns (1 thread {rr:>6.1})  rayon {ry:>6.1} ns (ratio {:.2})  crossbeam-deque {cb:>6.1} ns (ratio {:.2})",
+            "{:<20} {tasks:>8} tasks  ours {:>6.1} ns (1 thread {:>6.1})  rayon {:>6.1} ns (ratio {:.2}, rounds {:.2}-{:.2})  crossbeam-deque {:>6.1} ns (ratio {:.2}, rounds {:.2}-{:.2})",
             dag.name,
-            ws / ry,
-            ws / cb
+            median(ws.clone()),
+            median(rr),
+            median(ry),
+            to_ry.0,
+            to_ry.1,
+            to_ry.2,
+            median(cb),
+            to_cb.0,
+            to_cb.1,
+            to_cb.2,
         );
     }
 

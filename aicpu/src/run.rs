@@ -95,10 +95,6 @@ pub static ARGS: AtomicPtr<WspAicpuArgs> = AtomicPtr::new(core::ptr::null_mut())
 static QUEUES: QueuesCell = QueuesCell(UnsafeCell::new(Queues::new()));
 static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
     spin::Mutex::new(TableOrchestrator::for_tables());
-/// The queues' and the orchestrator's first state, made by the same const
-/// fns as the live ones and never written: what [`restore`] copies back.
-static FIRST_QUEUES: Queues = Queues::new();
-static FIRST_ORCHESTRATOR: TableOrchestrator = TableOrchestrator::for_tables();
 
 /// [`PREPARED`]: written by Init only while it holds the gate (no server
 /// thread inside), read by the server threads only while they are inside.
@@ -123,18 +119,17 @@ fn queues() -> &'static Queues {
     unsafe { &*QUEUES.0.get() }
 }
 
-/// Puts the orchestrator and the queues back in their first state. After
-/// a launch that finished (no task in flight, nothing queued) the
-/// runtime's `recycle` does it in place, rewriting only their small
-/// fields, the TensorMap's buckets and cell shapes (about 56 KiB, against
-/// about 1.5 MB for the whole pair). Otherwise (a launch that failed part
-/// way) it copies the bytes of [`FIRST_ORCHESTRATOR`] and [`FIRST_QUEUES`]
-/// over them: assigning `Queues::new()` (or
+/// Puts the orchestrator and the queues back in their first state, in
+/// place, whatever the last launch left in them (`Orchestrator::reset`,
+/// `Queues::reset`): after a launch that finished, only their small
+/// fields and the TensorMap's bucket heads and cell shapes (about 56 KiB)
+/// are rewritten, since every task slot, TensorMap entry, release-graph
+/// slot, queue slot and task record is written for a task before anything
+/// reads it; after one that failed part way, also the slots of the tasks
+/// it left in flight. Assigning `Queues::new()` (or
 /// `TableOrchestrator::for_tables()`) would build a temporary of several
 /// hundred KiB on the calling thread's stack, which an AICPU thread may
-/// not have. The pristine copies cost as much memory again (about 1.1 MiB
-/// in the shared object, which is not budgeted like the firmware's RAM)
-/// and cannot drift from the constructors.
+/// not have.
 ///
 /// # Safety
 /// The caller holds the gate for Init: no server thread is inside, so
@@ -147,22 +142,8 @@ unsafe fn restore() -> Result<(), InitError> {
     // SAFETY: the caller's contract: no thread inside the gate, so no
     // other reference to the queues exists while this one lives.
     let queues = unsafe { &mut *QUEUES.0.get() };
-    // Both or the copy: the copy overwrites a half that recycled.
-    if queues.recycle() && orch.recycle() {
-        return Ok(());
-    }
-    // SAFETY: both types own nothing (no heap, no `Drop`: plain integers,
-    // atomics and `&'static str`s; device-runtime's `orch` and `sched`
-    // hold no pointer into themselves), so their bytes copied from the
-    // never-written first state are a valid value in its first state and
-    // dropping nothing of the old one loses nothing. The destinations are
-    // the live statics, which nothing else uses now (the caller's
-    // contract; `orch` is locked, `queues` the one reference); the
-    // sources are other statics, so the ranges do not overlap.
-    unsafe {
-        core::ptr::copy_nonoverlapping(&FIRST_ORCHESTRATOR, &mut *orch, 1);
-        core::ptr::copy_nonoverlapping(&FIRST_QUEUES, queues, 1);
-    }
+    queues.reset();
+    orch.reset();
     Ok(())
 }
 

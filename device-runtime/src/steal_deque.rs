@@ -128,18 +128,14 @@ impl<const N: usize> StealDeque<N> {
         self.len() == 0
     }
 
-    /// Makes an empty deque new again (positions back to 0, the owner end
+    /// Makes the deque new again (positions back to 0, the owner end
     /// unclaimed) without rewriting its slots, which are read only at
-    /// positions pushed since. `false`, changing nothing, if it holds a
-    /// task. (`&mut`: no owner end or thief can be using it.)
-    pub fn rewind(&mut self) -> bool {
-        if !self.is_empty() {
-            return false;
-        }
+    /// positions pushed since; the tasks it held are dropped (plain words,
+    /// nothing to free). (`&mut`: no owner end or thief can be using it.)
+    pub fn clear(&mut self) {
         self.top.store(0, Ordering::Relaxed);
         self.bottom.0.store(0, Ordering::Relaxed);
         self.owner_claimed.store(false, Ordering::Relaxed);
-        true
     }
 
     /// Most tasks it holds (`N`).
@@ -308,7 +304,7 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
-    fn a_deque_is_rewound_only_when_empty() {
+    fn a_cleared_deque_is_new_again() {
         let mut d = StealDeque::<4>::new();
         {
             let mut o = d.claim_owner().unwrap();
@@ -318,10 +314,9 @@ mod tests {
             // Left claimed, as by a scheduler forgotten after a failed run.
             core::mem::forget(o);
         }
-        assert!(!d.rewind(), "two tasks left");
-        assert_eq!(d.steal(), Steal::Task(1));
-        assert_eq!(d.steal(), Steal::Task(2));
-        assert!(d.rewind());
+        d.clear();
+        assert!(d.is_empty(), "the two tasks left are dropped");
+        assert_eq!(d.steal(), Steal::Empty);
         let mut o = d.claim_owner().expect("the owner end is free again");
         for t in 5..=8 {
             o.push(t).unwrap();

@@ -9,7 +9,7 @@
 //! with a stack sized for the value.
 //!
 //! A run takes both from [`run_state`]: the pairs earlier runs left are
-//! kept, recycled ([`Queues::recycle`], [`TableOrchestrator::recycle`])
+//! kept, reset in place ([`Queues::reset`], [`TableOrchestrator::reset`])
 //! instead of built again, since building them was most of a small run's
 //! time (about 1.5 MB written, twice in release builds and on a new
 //! thread in debug builds).
@@ -54,18 +54,18 @@ pub fn orchestrator() -> Box<TableOrchestrator> {
 /// is freed.
 const SPARES: usize = 4;
 
-/// Pairs that runs gave back, recycled: ready for the next runs on any
+/// Pairs that runs gave back, reset: ready for the next runs on any
 /// thread. (Not per thread: `cargo test` runs each test on a new thread,
 /// which would build its own pair, and fault in fresh pages for it, where
 /// taking a kept pair costs a lock.)
 static SPARE: Mutex<Vec<(Box<Queues>, Box<TableOrchestrator>)>> = Mutex::new(Vec::new());
 
 /// The dispatch queues and the orchestrator of one run: a spare pair if
-/// one is kept, else new ones. Dropped, it gives them back for a later
-/// run if they recycle (the run left no task in flight and nothing
-/// queued) and fewer than four are kept; otherwise (a run that
-/// failed part way, or panicked) they are freed, and a later run builds
-/// new ones.
+/// one is kept, else new ones. Dropped, it resets them and gives them
+/// back for a later run if fewer than four are kept, whether the run
+/// finished or failed part way; after a panic they are freed (the panic
+/// may have stopped the orchestrator inside a submission), and a later
+/// run builds new ones.
 pub struct RunState {
     parts: Option<(Box<Queues>, Box<TableOrchestrator>)>,
 }
@@ -106,12 +106,13 @@ impl Drop for RunState {
         if std::thread::panicking() {
             return;
         }
-        // Both or neither: a pair that is kept is ready as a new one.
-        if queues.recycle() && orch.recycle() {
-            let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
-            if spare.len() < SPARES {
-                spare.push((queues, orch));
-            }
+        // A pair that is kept is ready as a new one, whatever the run
+        // (finished or failed part way) left in it.
+        queues.reset();
+        orch.reset();
+        let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.len() < SPARES {
+            spare.push((queues, orch));
         }
     }
 }

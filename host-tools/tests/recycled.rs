@@ -1,13 +1,13 @@
 //! Runs on recycled run state: runs take the dispatch queues and the
-//! orchestrator that earlier runs left ([`host_tools::heap::run_state`]),
+//! orchestrator that earlier runs left, reset ([`host_tools::heap::run_state`]),
 //! and a run on them must be the run on new ones, event for event.
 //!
 //! The oracle is the same run on new state (the kept pairs freed before
 //! it): semantic time is deterministic, so the two agree on every launch
 //! (core, kernel, issue, start and end cycle), the makespan, the
 //! statistics and the outputs, or recycling changed something. Runs that
-//! failed part way (an injected fault) are in the sequence too: their
-//! state must not be kept. One test in this file: the kept pairs are the
+//! failed part way (an injected fault, which leaves tasks in flight and
+//! queued) are in the sequence too: the run after one takes its state. One test in this file: the kept pairs are the
 //! process's.
 
 use device_runtime::fault::{Fault, FaultKind, Trigger};
@@ -114,17 +114,22 @@ fn a_run_on_recycled_state_is_the_run_on_new_state() {
         })
         .collect();
     assert_eq!(spares(), 1, "a finished run gives its pair back");
-    // Each run recycles the pair of the one before, in two orders, with
-    // failed runs between (whose pairs are freed, not kept).
+    // Each run takes the pair of the one before, in two orders, with
+    // failed runs between (whose pairs are reset and kept too).
     for round in 0..2 {
         for i in 0..ws.len() {
             let i = if round == 0 { i } else { ws.len() - 1 - i };
             if i % 3 == round {
                 free_spares();
                 failed_run(&ws[(i + 1) % ws.len()]);
-                assert_eq!(spares(), 0, "a failed run's pair is not kept");
-                // So that the next run recycles.
-                run(&ws[i]);
+                assert_eq!(spares(), 1, "a failed run's pair is reset and kept");
+                // The next run takes what the failed run left, reset.
+                let got = run(&ws[i]);
+                assert!(
+                    got == expected[i],
+                    "{} after a failed run (round {round})",
+                    ws[i].name
+                );
             }
             assert_eq!(spares(), 1);
             let got = run(&ws[i]);

@@ -150,7 +150,7 @@ static SLOTS: [Slots; AICPUS] = [Slots::new(1), Slots::new(2), Slots::new(3), Sl
 /// One mailbox per worker ([`Slots`] says which run core it plays).
 static MAILBOXES: [CoreMailbox; WORKERS] = [const { CoreMailbox::new() }; WORKERS];
 /// The queues between the dispatcher and the scheduler threads (see
-/// [`queues`]; put back in their first state by [`snapshot`]).
+/// [`queues`]; put back in their first state by `Queues::reset`).
 static QUEUES: QueuesCell = QueuesCell(UnsafeCell::new(Queues::new()));
 /// The orchestrator of CPU 0 (too large for its stack), locked by a run.
 static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
@@ -160,37 +160,14 @@ static ORCHESTRATOR: spin::Mutex<TableOrchestrator> =
 struct QueuesCell(UnsafeCell<Queues>);
 
 // SAFETY: the queues are shared through `queues` (they synchronize their
-// own fields); `snapshot` writes them only while nothing uses them.
+// own fields); `faulty_run` resets them only while nothing uses them.
 unsafe impl Sync for QueuesCell {}
 
 /// The run's queues.
 fn queues() -> &'static Queues {
     // SAFETY: a shared reference; the queues are only written otherwise by
-    // `snapshot`, while no reference from here is in use.
+    // `faulty_run`'s reset, while no reference from here is in use.
     unsafe { &*QUEUES.0.get() }
-}
-
-/// Keeps a bitwise copy of `*value` at address `at`, or (`back`) copies
-/// the copy at `at` back into `*value`. This is how the firmware puts its
-/// large statics back in their first state for a second run: building a
-/// fresh one would take a temporary larger than a CPU's stack.
-///
-/// # Safety
-/// 1. `value` is valid for reads and writes of a `T`, and nothing else uses
-///    `*value` during the call.
-/// 2. `[at, at + size_of::<T>())` is RAM of the arena window that nothing
-///    else uses between the two calls, and a copy back comes from a copy of
-///    the same `value` made earlier.
-/// 3. `T` owns nothing and holds no pointer into itself (the runtime's
-///    queues and orchestrator hold indices and `'static` data only), so a
-///    copy of its bytes made while no one changed it is a valid `T`.
-unsafe fn snapshot<T>(value: *mut T, at: usize, back: bool) {
-    let (value, copy) = (value as *mut u8, at as *mut u8);
-    let (from, to) = if back { (copy, value) } else { (value, copy) };
-    // SAFETY: the caller guarantees 1 and 2, so both ranges are valid and
-    // apart (the statics lie in the image, below the arena window); 3 makes
-    // the bytes copied back a valid `T`.
-    unsafe { core::ptr::copy_nonoverlapping(from, to, core::mem::size_of::<T>()) }
 }
 
 /// Most runs in one booted image: a faulty run and the clean one after it.
@@ -451,23 +428,6 @@ fn faulty_run(
     // nothing else in the image refers to that part of the window.
     let copy = unsafe { core::slice::from_raw_parts_mut((ARENA_ADDR + HALF) as *mut u8, len) };
     copy.copy_from_slice(arena);
-    // The orchestrator and the queues in their first state, after the copy.
-    let orch_at = (ARENA_ADDR + HALF + len).next_multiple_of(64);
-    let queues_at = (orch_at + core::mem::size_of::<TableOrchestrator>()).next_multiple_of(64);
-    if queues_at + core::mem::size_of::<Queues>() > ARENA_ADDR + ARENA_MAX {
-        fail(
-            EXIT_RUN,
-            "fault=: no room to keep the runtime's first state",
-        );
-    }
-    // SAFETY: 1. no run is going on: nothing else uses the orchestrator
-    // (this holds its lock) or the queues. 2. both copies lie in the arena
-    // window past the arena's copy (checked just above), which nothing
-    // else uses. 3. see `snapshot`.
-    unsafe {
-        snapshot(&mut *ORCHESTRATOR.lock(), orch_at, false);
-        snapshot(QUEUES.0.get(), queues_at, false);
-    }
     let result = run_threads(table, Arena::new(arena), clock, options, sched, Some(fault));
     match result {
         // The errors a fault ends a run with, all after every scheduler
@@ -486,13 +446,13 @@ fn faulty_run(
             format_args!("fault={fault}: the run finished; the fault never hit"),
         ),
     }
-    // SAFETY: as for the copies above; the run is over: its dispatcher and
-    // schedulers are dropped and every scheduler thread has handed its own
-    // back, so nothing uses the orchestrator or the queues.
-    unsafe {
-        snapshot(&mut *ORCHESTRATOR.lock(), orch_at, true);
-        snapshot(QUEUES.0.get(), queues_at, true);
-    }
+    // The orchestrator and the queues back in their first state, in place
+    // (the run left tasks in flight and queued).
+    ORCHESTRATOR.lock().reset();
+    // SAFETY: the run is over: its dispatcher and schedulers are dropped
+    // and every scheduler thread has handed its own back, so no other
+    // reference to the queues exists while this one lives.
+    unsafe { &mut *QUEUES.0.get() }.reset();
     // SAFETY: the run is over (its schedulers handed back and dropped, its
     // cores drained): nothing but this function uses the arena now.
     let arena = unsafe { core::slice::from_raw_parts_mut(ARENA_ADDR as *mut u8, len) };

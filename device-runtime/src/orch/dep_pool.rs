@@ -37,6 +37,17 @@ impl<const N: usize> DepPool<N> {
         }
     }
 
+    /// Frees every node, in place (as [`DepPool::new`], without building
+    /// a pool of `N` nodes on the stack): the lists that held them are
+    /// dropped with it.
+    pub fn reset(&mut self) {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            node.next = if i + 1 < N { (i + 1) as u32 } else { NIL };
+        }
+        self.free = if N == 0 { NIL } else { 0 };
+        self.used = 0;
+    }
+
     /// Nodes in use.
     pub fn used(&self) -> usize {
         self.used
@@ -108,5 +119,20 @@ mod tests {
         assert_eq!(pool.iter(b).collect::<Vec<_>>(), vec![5, 3]);
         assert_eq!((pool.pop(&mut a), pool.pop(&mut a)), (Some(1), None));
         assert_eq!(pool.used(), 2);
+    }
+
+    #[test]
+    fn a_reset_pool_hands_out_every_node_again() {
+        let mut pool = DepPool::<3>::new();
+        let (mut a, mut b) = (NIL, NIL);
+        assert!(pool.push(&mut a, 1) && pool.push(&mut b, 2));
+        assert_eq!(pool.pop(&mut a), Some(1));
+        pool.reset();
+        assert_eq!((pool.used(), pool.available()), (0, 3));
+        let mut c = NIL;
+        assert!(pool.push(&mut c, 7) && pool.push(&mut c, 8) && pool.push(&mut c, 9));
+        assert!(!pool.push(&mut c, 10), "three nodes, no more");
+        assert_eq!(pool.iter(c).collect::<Vec<_>>(), vec![9, 8, 7]);
+        DepPool::<0>::new().reset();
     }
 }

@@ -404,7 +404,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// its heap capacity, without rewriting its large arrays: the next
     /// run submits from id 0 and sees the same ids, edges, stalls and
     /// statistics as on a new one. `false`, changing nothing, if tasks are
-    /// in flight (a run that ended early): build a new one then.
+    /// in flight (a run that ended early): [`Orchestrator::reset`] then.
     ///
     /// A new orchestrator is over 600 KiB at the default window, and
     /// building one (on the host: on the stack, then copied into its box)
@@ -422,6 +422,33 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     pub fn recycle(&mut self) -> bool {
         if !self.is_drained() {
             return false;
+        }
+        debug_assert!(
+            self.deps.used() == 0,
+            "a drained orchestrator holds no edge"
+        );
+        self.reset();
+        true
+    }
+
+    /// Makes the orchestrator behave as [`Orchestrator::new`] with its
+    /// heap capacity, whatever a run left in it (tasks in flight, ready
+    /// or held by a scope, edges in the DepList pool: a run that ended
+    /// early), in place: nothing of its size is built, so this is how a
+    /// thread with a small stack (an AICPU thread) starts over after a
+    /// failed run. As [`Orchestrator::recycle`], plus what only a run that
+    /// ended early leaves behind: the slots of the tasks it left in flight
+    /// are made retired (`Completed`, with no fan-out and no stream
+    /// successor, so that nothing of theirs is released or reported
+    /// running), and the DepList pool's free list is rebuilt if any node
+    /// was in use. Costs a write per task left in flight and, then, per
+    /// DepList node; a drained orchestrator pays what `recycle` does.
+    pub fn reset(&mut self) {
+        for id in self.head..self.next {
+            let slot = self.slot_mut(id);
+            slot.state = TaskState::Completed;
+            slot.fanout = NIL;
+            slot.stream_next = NO_SLOT;
         }
         // Every field, so that a new one cannot be forgotten here.
         let Orchestrator {
@@ -443,8 +470,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             edge_free,
             held: _,
         } = self;
-        debug_assert!(deps.used() == 0, "a drained orchestrator holds no edge");
-        let _ = deps;
+        if deps.used() != 0 {
+            deps.reset();
+        }
         (*head, *next) = (0, 0);
         tmap.recycle();
         // The stall statistics hold the heap size a new orchestrator was
@@ -460,7 +488,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         streams.clear();
         *window = TASKS as u64;
         (*edge_alloc, *edge_free) = (0, 0);
-        true
     }
 
     /// Limits the tasks in flight (submitted and not retired) to `tasks`,

@@ -942,6 +942,14 @@ fn a_counted_submission_with_more_producers_than_it_remembers_scans_again() {
 /// and leaves it open). Returns what every call returned and the final
 /// statistics, as text, for comparing two orchestrators.
 fn play(o: &mut Orchestrator<8, 24, 24>, seed: u64) -> Vec<String> {
+    play_until(o, seed, true)
+}
+
+/// [`play`], or with `drain` false its random steps only: what they
+/// leave (tasks in flight, ready, running or held by an open scope,
+/// edges in the DepList pool, heap blocks) stays, as after a run that
+/// ended early.
+fn play_until(o: &mut Orchestrator<8, 24, 24>, seed: u64, drain: bool) -> Vec<String> {
     let mut state = seed | 1;
     let mut rand = |n: u64| {
         state ^= state << 13;
@@ -1012,6 +1020,9 @@ fn play(o: &mut Orchestrator<8, 24, 24>, seed: u64) -> Vec<String> {
             _ => {}
         }
     }
+    if !drain {
+        return log;
+    }
     if scoped {
         log.push(format!("scope {:?}", o.scope_end()));
     }
@@ -1049,6 +1060,48 @@ fn a_recycled_orchestrator_behaves_as_a_new_one() {
         assert!(o.recycle());
         assert_eq!(play(&mut o, seed), fresh, "seed {seed}, twice");
     }
+}
+
+#[test]
+fn a_reset_orchestrator_behaves_as_a_new_one_whatever_a_run_left() {
+    let mut left_in_flight = 0;
+    for seed in 1..60u64 {
+        let fresh = play(&mut Orchestrator::new(1024), seed);
+        let mut o = Orchestrator::new(1024);
+        play_until(&mut o, seed * 7919, false);
+        left_in_flight += o.in_flight();
+        o.reset();
+        assert!(o.is_drained() && o.submitted() == 0);
+        assert_eq!(play(&mut o, seed), fresh, "seed {seed}");
+        // Reset again, after a run that ended early with other cell
+        // shapes, streams and scopes.
+        play_until(&mut o, seed + 1000, false);
+        o.reset();
+        assert_eq!(play(&mut o, seed), fresh, "seed {seed}, twice");
+    }
+    // The runs ended with work left (else this is `recycle`'s test).
+    assert!(left_in_flight > 60, "{left_in_flight} tasks left in flight");
+}
+
+#[test]
+fn a_reset_forgets_the_tasks_left_in_flight() {
+    let mut o = Small::new(0);
+    let w = submit(&mut o, &[write(1, 0, 4)]).unwrap();
+    submit(&mut o, &[read(1, 0, 4)]).unwrap();
+    assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(w));
+    o.reset();
+    // Neither the running writer nor the waiting reader is known: their
+    // ids are refused, and new ids start at 0 with nothing to wait for.
+    assert_eq!(o.complete(w), Err(UsageError::NotRunning { id: w }));
+    assert_eq!(submit(&mut o, &[read(1, 0, 4)]), Ok(0));
+    assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(0));
+    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(1));
+    assert!(
+        o.pop_ready(CoreKind::Vector).is_none(),
+        "waits for task 0's read"
+    );
+    assert_eq!(o.complete(0), Ok(()));
+    assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(1));
 }
 
 #[test]

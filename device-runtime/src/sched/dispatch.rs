@@ -1174,6 +1174,39 @@ mod tests {
             .unwrap();
     }
 
+    /// Reset queues are empty and running whatever a run left, and the
+    /// ends a failed run left claimed can be claimed again.
+    #[test]
+    fn queues_are_reset_whatever_a_run_left() {
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(|| {
+                let mut queues = Box::new(Queues::new());
+                assert!(queues.done[1].push(7));
+                let mut shared = queues.shared[0].claim_owner().unwrap();
+                shared.push(9).unwrap();
+                // Left claimed, as by a scheduler lost with its thread.
+                core::mem::forget(shared);
+                queues.ready[0][1].claim_owner().unwrap().push(4).unwrap();
+                queues.stealing.store(true, Ordering::Relaxed);
+                queues.starved.store(3, Ordering::Relaxed);
+                queues.abort();
+                queues.reset();
+                assert_eq!(queues.state(), RUNNING);
+                assert_eq!(queues.done[1].pop(), None);
+                assert_eq!(queues.ready[0][1].steal(), crate::steal_deque::Steal::Empty);
+                assert!(!queues.stealing.load(Ordering::Relaxed));
+                assert_eq!(queues.starved.load(Ordering::Relaxed), 0);
+                let mut shared = queues.shared[0].claim_owner().expect("free again");
+                assert_eq!(shared.pop(), None);
+                drop(shared);
+                assert!(queues.recycle(), "empty now");
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
     #[test]
     fn a_report_of_a_task_not_handed_out_ends_the_run() {
         let not_running = UsageError::NotRunning { id: 3 };

@@ -270,22 +270,37 @@ impl Queues {
         self.state.store(FINISHED, Ordering::Release);
     }
 
-    /// Ready for another run (every queue is empty after a finished run;
-    /// after an aborted one, leftovers are dropped here).
-    pub fn reset(&mut self) {
-        *self = Queues::new();
-    }
-
-    /// Makes the queues of a run that left every queue and ring empty (a
-    /// finished run) behave as [`Queues::new`] for the next run, without
-    /// rewriting their slots, the release graph or the task records (over
-    /// 800 KiB): each is written for a task before anything reads it (a
-    /// queue's slot when pushed, the graph's words of a task by
+    /// Makes queues that a finished run left empty behave as
+    /// [`Queues::new`] for the next run, without rewriting their slots,
+    /// the release graph or the task records (over 800 KiB): each is
+    /// written for a task before anything reads it (a queue's slot when
+    /// pushed, the graph's words of a task by
     /// [`ReleaseGraph::open`](crate::orch::ReleaseGraph::open) and the
     /// dispatcher's key, a record when its task is submitted). `false`,
     /// changing nothing, if something is left (an aborted run): then
     /// [`Queues::reset`].
     pub fn recycle(&mut self) -> bool {
+        let empty = self
+            .ready
+            .iter()
+            .chain(self.local.iter())
+            .flatten()
+            .all(|d| d.is_empty())
+            && self.shared.iter().all(|d| d.is_empty())
+            && self.done.iter().all(|r| r.is_empty());
+        if !empty {
+            return false;
+        }
+        self.reset();
+        true
+    }
+
+    /// Makes the queues behave as [`Queues::new`] for the next run,
+    /// whatever a run left in them (an aborted run's queued tasks and
+    /// unread reports are dropped), in place: as [`Queues::recycle`], so
+    /// that nothing of their size is built on the caller's stack (an
+    /// AICPU thread's is small). No thread may be using them (`&mut`).
+    pub fn reset(&mut self) {
         // Every field, so that a new one cannot be forgotten here.
         let Queues {
             ready,
@@ -300,22 +315,12 @@ impl Queues {
             starved,
             records: _,
         } = self;
-        let empty = ready
-            .iter()
-            .chain(local.iter())
-            .flatten()
-            .all(|d| d.is_empty())
-            && shared.iter().all(|d| d.is_empty())
-            && done.iter().all(|r| r.is_empty());
-        if !empty {
-            return false;
-        }
         let deques = ready.iter_mut().chain(local.iter_mut()).flatten();
         for d in deques.chain(shared.iter_mut()) {
-            d.rewind();
+            d.clear();
         }
         for r in done.iter_mut() {
-            r.rewind();
+            r.clear();
         }
         state.store(RUNNING, Ordering::Relaxed);
         stealing.store(false, Ordering::Relaxed);
@@ -323,7 +328,6 @@ impl Queues {
             flag.store(false, Ordering::Relaxed);
         }
         starved.store(0, Ordering::Relaxed);
-        true
     }
 }
 

@@ -148,19 +148,15 @@ impl<const N: usize> Ring<N> {
         self.len() == 0
     }
 
-    /// Makes an empty ring new again (both ends' positions and readings
-    /// back to 0) without rewriting its slots, which are read only at
-    /// positions pushed since. `false`, changing nothing, if it holds a
-    /// value. (`&mut`: neither end can be using it.)
-    pub fn rewind(&mut self) -> bool {
-        if !self.is_empty() {
-            return false;
-        }
+    /// Makes the ring new again (both ends' positions and readings back
+    /// to 0) without rewriting its slots, which are read only at positions
+    /// pushed since; the values it held are dropped (plain words, nothing
+    /// to free). (`&mut`: neither end can be using it.)
+    pub fn clear(&mut self) {
         for end in [&self.head.0, &self.tail.0] {
             end.at.store(0, Ordering::Relaxed);
             end.seen.store(0, Ordering::Relaxed);
         }
-        true
     }
 }
 
@@ -175,15 +171,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_ring_is_rewound_only_when_empty() {
+    fn a_cleared_ring_is_new_again() {
         let mut r = Ring::<4>::new();
         for v in 0..3 {
             assert!(r.push(v));
         }
         assert_eq!(r.pop(), Some(0));
-        assert!(!r.rewind(), "two values left");
-        assert_eq!((r.pop(), r.pop()), (Some(1), Some(2)), "unchanged");
-        assert!(r.rewind());
+        r.clear();
+        assert!(r.is_empty(), "the two values left are dropped");
         // New again: four values fit, and come out in order.
         for v in 10..14 {
             assert!(r.push(v));

@@ -209,12 +209,20 @@ pub fn program(rows: u32, tiles: u32, depth: u32) -> Result<Program, LowerError>
 }
 
 /// The workload: `rows` queries (`p.m`, 1 to 16: the softmax kernel's
-/// rows) against `p.n / 64` KV tiles, channels of `depth` tokens.
+/// rows) against `p.n / 64` KV tiles, channels of `depth` tokens. The
+/// head dimension and the KV tile are [`D`]: `p.k` and `p.tile` must be
+/// 64.
 pub fn attention_pipeline(
     p: crate::workloads::Params,
     depth: u32,
 ) -> Result<(Workload, CspNames), WorkloadError> {
     let rows = p.m;
+    if p.k != D || p.tile != D {
+        return Err(WorkloadError::Params(format!(
+            "k = {} and tile = {} must be {D}: the head dimension and the KV tile are fixed",
+            p.k, p.tile
+        )));
+    }
     if !(1..=16).contains(&rows) {
         return Err(WorkloadError::Params(format!(
             "m = {rows} query rows; 1 to 16 (the softmax kernel's tile)"

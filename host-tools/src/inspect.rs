@@ -12,7 +12,7 @@ use device_runtime::abi::{
 use device_runtime::expand::{Context, Expander, Next, TaskSpec};
 
 use crate::program::CspNames;
-use crate::task_count::{count_tasks, TaskCount};
+use crate::task_count::{count_and_check, count_tasks, TaskCount};
 use zerocopy::{FromBytes, Immutable, KnownLayout};
 
 /// How many tasks are shown unless all are asked for.
@@ -32,17 +32,53 @@ pub fn inspect_with(bytes: &[u8], all_tasks: bool, symbols: &[i64]) -> String {
 /// As [`inspect_with`], naming channels and processes as the workload did
 /// (the table knows them only by number and by the pc of their `PROCESS`).
 pub fn inspect_named(bytes: &[u8], all_tasks: bool, symbols: &[i64], names: &CspNames) -> String {
+    inspect_checked(bytes, all_tasks, symbols, names).0
+}
+
+/// As [`inspect_named`], with what a run of the table would meet: `Err`
+/// when the table is invalid (why, as `Table::parse` says), or valid but
+/// its program's expansion with `symbols` fails (where and why: e.g. a
+/// task whose written argument overlaps another of its arguments, which
+/// the orchestrator refuses). Where the host does not expand every task
+/// (unbound symbols, data, processes, too much work), the text says that
+/// the run's expansion checks the tasks' arguments.
+pub fn inspect_checked(
+    bytes: &[u8],
+    all_tasks: bool,
+    symbols: &[i64],
+    names: &CspNames,
+) -> (String, Result<(), String>) {
     let mut out = String::new();
     dump(&mut out, bytes, all_tasks, names);
-    match Table::parse(bytes) {
-        Ok(t) => {
-            let _ = writeln!(out, "valid: {}", summary(&t, None, symbols));
-        }
+    let t = match Table::parse(bytes) {
+        Ok(t) => t,
         Err(e) => {
             let _ = writeln!(out, "INVALID: {e}");
+            return (out, Err(e.to_string()));
         }
-    }
-    out
+    };
+    let counted = count_and_check(&t, None, symbols);
+    let _ = writeln!(
+        out,
+        "valid: {}",
+        summary_of(&t, counted.as_ref().map(|(c, _)| *c).map_err(String::clone))
+    );
+    let verdict = match counted {
+        Err(why) => {
+            let _ = writeln!(out, "a run fails: the program's expansion fails ({why})");
+            Err(format!("the program's expansion fails ({why})"))
+        }
+        Ok((_, Some(why))) if !t.program().is_empty() => {
+            let _ = writeln!(
+                out,
+                "not expanded here ({why}): a run's expansion refuses a program task whose \
+                 written argument overlaps another of its arguments"
+            );
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+    };
+    (out, verdict)
 }
 
 /// Whether the table in `bytes` is valid (what `inspect` ends with).
@@ -447,12 +483,17 @@ pub fn expanded_tasks(
 /// One line on a valid table: its tasks, what its program expands to, and
 /// its size, with data from `arena` and symbols from `symbols` where given.
 pub fn summary(table: &Table<'_>, arena: Option<&[u8]>, symbols: &[i64]) -> String {
+    summary_of(table, count_tasks(table, arena, symbols))
+}
+
+/// [`summary`] with the program's tasks counted already.
+fn summary_of(table: &Table<'_>, counted: Result<TaskCount, String>) -> String {
     let bytes = std::mem::size_of_val(table.program());
     let tasks = table.tasks().len();
     if table.program().is_empty() {
         return format!("{tasks} tasks, {} bytes of arena", table.arena_size());
     }
-    let (count, limit) = match count_tasks(table, arena, symbols) {
+    let (count, limit) = match counted {
         Ok(count) => (count.to_string(), count.run_limit()),
         Err(why) => (format!("tasks until the expansion fails ({why})"), None),
     };

@@ -6,7 +6,8 @@
 //! - [`program_examples`]: small programs, one per axis and loop kind, with
 //!   checks against the host's reference expansion (shim and QEMU tests).
 //! - [`workloads`]: named workloads (GEMM, a block using every kernel) with
-//!   their f64 checks; [`reference`](mod@reference) holds the f64 math;
+//!   their f64 checks, [`budget`] the bounds on their sizes;
+//!   [`reference`](mod@reference) holds the f64 math;
 //!   [`pipeline`] is the CSP pipeline (processes over token channels);
 //!   [`model`] the transformer decode layer.
 //! - [`dag`]: random DAG tables and their in-order meaning (scheduling tests).
@@ -20,6 +21,7 @@ pub mod asm;
 pub mod attention;
 pub mod attention_pipeline;
 pub mod bound;
+pub mod budget;
 pub mod dag;
 pub mod heap;
 pub mod inspect;

@@ -159,11 +159,22 @@ impl MoeConfig {
     /// Tasks the layer runs when expert `e` gets `pairs[e]` (token, slot)
     /// pairs: an independent count for the tests.
     pub fn tasks(&self, pairs: &[usize]) -> usize {
+        let m = self.tile as usize;
+        self.tasks_of_tiles(pairs.iter().map(|n| n.div_ceil(m)).sum())
+    }
+
+    /// The most tasks any routing makes: [`MoeConfig::tasks`] with every
+    /// expert's last tile partly empty, `padded_rows / tile` expert tiles
+    /// (`sum ceil(n_e / tile) <= sum (n_e + tile - 1) / tile`).
+    pub fn most_tasks(&self) -> usize {
+        self.tasks_of_tiles((self.padded_rows() / self.tile.max(1)) as usize)
+    }
+
+    /// Tasks the layer runs with `expert_tiles` tiles over all experts.
+    fn tasks_of_tiles(&self, expert_tiles: usize) -> usize {
         let nb = |v: u32| v.div_ceil(BLOCK) as usize;
         let (nh, nf, ns) = (nb(self.hidden), nb(self.ffn), nb(self.shared_ffn));
-        let m = self.tile as usize;
         let route_tiles = self.tokens.div_ceil(ROUTE_ROWS) as usize;
-        let expert_tiles: usize = pairs.iter().map(|n| n.div_ceil(m)).sum();
         let shared = if self.shared_ffn == 0 {
             0
         } else {
@@ -741,7 +752,13 @@ pub fn reference(cfg: &MoeConfig, data: &MoeData, routes: &[TokenRoute]) -> (Vec
 /// and 0), a shared expert of the routed experts' size. Params: m = tokens,
 /// k = hidden, n = ffn (and shared ffn), tile = expert tile height.
 pub fn named(name: &'static str, p: Params) -> Result<Workload, WorkloadError> {
-    let cfg = MoeConfig {
+    workload(name, &config(name, &p), p.seed, false)
+}
+
+/// The config of the `moe-layer` workload called `name` from `p` (see
+/// [`named`]).
+pub fn config(name: &str, p: &Params) -> MoeConfig {
+    MoeConfig {
         tokens: p.m,
         hidden: p.k,
         ffn: p.n,
@@ -750,8 +767,7 @@ pub fn named(name: &'static str, p: Params) -> Result<Workload, WorkloadError> {
         threshold: if name == "moe-layer-var" { 0.02 } else { 0.0 },
         tile: p.tile,
         shared_ffn: p.n,
-    };
-    workload(name, &cfg, p.seed, false)
+    }
 }
 
 /// A workload of one MoE layer with `cfg`'s sizes on [`MoeData::new`]'s data.

@@ -7,7 +7,12 @@
 //! scheduler has nothing to do the clock jumps to the earliest completion,
 //! so completions arrive in time order. Scheduling overhead costs zero
 //! cycles. The same table and core counts give the same makespan on any
-//! machine, however loaded.
+//! machine, however loaded. A kernel whose cycles run past the kernel
+//! timeout (`RunOptions::kernel_timeout_ms`, at [`CYCLES_PER_SECOND`])
+//! ends the run with `RunError::KernelTimeout`, as on the device: the
+//! clock stops at the cycle the timeout expires. (A semantic core takes a
+//! task the moment it is issued: the acknowledgement timeout never
+//! expires, except for a task a fault withholds.)
 
 use std::cell::{Cell, RefCell};
 
@@ -27,11 +32,15 @@ use crate::shim::{check_threads, thread_cores, ShimError};
 /// Cycles per semantic second (the clock the timeouts are measured in).
 pub const CYCLES_PER_SECOND: u64 = 1_000_000_000;
 
-/// A task on a core in semantic time: the completion it will report and when.
+/// A task on a core in semantic time: the completion it will report and
+/// when, and when its kernel timeout started counting (as the scheduler
+/// counts it: its issue to an idle core, or the poll of the task before
+/// it on the core).
 #[derive(Clone, Copy)]
 struct Busy {
     until: u64,
     completion: Completion,
+    since: u64,
 }
 
 /// Tasks one semantic core holds: the one it runs and one queued behind it
@@ -71,6 +80,33 @@ struct Machine {
     /// run with an injected fault, whose withheld task would otherwise
     /// never let the clock reach its timeout.
     idle_step: u64,
+    /// The kernel timeout ([`RunOptions::kernel_timeout_ms`]) in cycles.
+    timeout: u64,
+}
+
+impl Machine {
+    /// When the next thing can happen, after now: the earliest completion
+    /// on any core, or, if sooner, the first cycle at which a running task
+    /// has overrun the kernel timeout (the scheduler's check then ends the
+    /// run, as a kernel that runs too long on the device does). A
+    /// completion already due is none: its scheduler polls it at now (one
+    /// that drains after an error must not wait for another thread's).
+    fn next_event(&self) -> Option<u64> {
+        let now = self.now.get();
+        let busy = self.busy.borrow();
+        busy.iter()
+            .filter_map(|q| q.first())
+            .filter(|b| b.until > now)
+            .map(|b| {
+                let overrun = b.since.saturating_add(self.timeout).saturating_add(1);
+                if overrun > now {
+                    overrun.min(b.until)
+                } else {
+                    b.until
+                }
+            })
+            .min()
+    }
 }
 
 /// The cores of one scheduler thread, by run-wide number.
@@ -87,22 +123,22 @@ impl Clock for SemanticCores<'_> {
     fn ticks_per_second(&self) -> u64 {
         CYCLES_PER_SECOND
     }
-    /// Nothing else can happen before the earliest completion on any core
-    /// of the machine: jump there.
+    /// Nothing else can happen before the machine's next event (a
+    /// completion, or a kernel timeout's expiry): jump there.
     fn relax(&self) {
-        let busy = self.machine.busy.borrow();
         let now = &self.machine.now;
-        match busy.iter().filter_map(|q| q.first()).map(|b| b.until).min() {
+        match self.machine.next_event() {
             Some(next) => now.set(now.get().max(next)),
             None => now.set(now.get() + self.machine.idle_step),
         }
     }
-    /// Nothing happens before the earlier of `deadline` and the earliest
-    /// completion: jump there.
+    /// Nothing happens before the earlier of `deadline` and the machine's
+    /// next event: jump there.
     fn relax_until(&self, deadline: u64) {
-        let busy = self.machine.busy.borrow();
-        let next = busy.iter().filter_map(|q| q.first()).map(|b| b.until).min();
-        let to = next.map_or(deadline, |n| n.min(deadline));
+        let to = self
+            .machine
+            .next_event()
+            .map_or(deadline, |n| n.min(deadline));
         let now = &self.machine.now;
         now.set(now.get().max(to));
     }
@@ -152,7 +188,13 @@ impl Platform for SemanticCores<'_> {
         });
         let makespan = &self.machine.makespan;
         makespan.set(makespan.get().max(until));
-        self.machine.busy.borrow_mut()[core].push(Busy { until, completion });
+        // A queued task's timeout starts at the poll of the one before it.
+        let since = start.max(self.machine.now.get());
+        self.machine.busy.borrow_mut()[core].push(Busy {
+            until,
+            completion,
+            since,
+        });
         true
     }
     fn poll(&mut self, core: usize) -> Option<Completion> {
@@ -163,6 +205,9 @@ impl Platform for SemanticCores<'_> {
             return None;
         }
         busy[core].remove(0);
+        if let Some(next) = busy[core].first_mut() {
+            next.since = self.machine.now.get();
+        }
         Some(b.completion)
     }
 }
@@ -292,6 +337,10 @@ fn run_semantic_inner(
         } else {
             0
         },
+        timeout: u64::try_from(
+            options.kernel_timeout_ms as u128 * CYCLES_PER_SECOND as u128 / 1000,
+        )
+        .unwrap_or(u64::MAX),
     };
     let ids: Vec<Vec<u16>> = groups
         .iter()
@@ -399,6 +448,55 @@ mod tests {
         let run = run_semantic_with(&w.table, &mut arena.bytes, kinds, &sched, &options).unwrap();
         assert!(w.verify(&arena).passed());
         run.makespan
+    }
+
+    /// A kernel whose cycles pass the kernel timeout ends the run with
+    /// `KernelTimeout` when the timeout expires; a timeout at or above
+    /// every kernel's cycles lets the run finish as it does with the
+    /// default. Decode partials of 1,024 tokens take between 1 and 2 ms
+    /// of semantic time: the kernels' own cycles (the launches of the run
+    /// with the default timeout) set the timeouts either side.
+    #[test]
+    fn a_kernel_past_the_kernel_timeout_ends_the_run() {
+        use device_runtime::sched::RunError;
+        let p = Params {
+            m: 1,
+            n: 8192,
+            k: 128,
+            tile: 16,
+            seed: 1,
+        };
+        let w = Workload::build("decode-uniform", p).unwrap();
+        let kinds = [
+            CoreKind::Cube,
+            CoreKind::Cube,
+            CoreKind::Vector,
+            CoreKind::Vector,
+        ];
+        let run = |kernel_timeout_ms| {
+            let mut arena = w.arena.clone();
+            let options = RunOptions {
+                kernel_timeout_ms,
+                ..RunOptions::default()
+            };
+            let sched = SchedConfig::default();
+            run_semantic_with(&w.table, &mut arena.bytes, &kinds, &sched, &options)
+        };
+        let free = run(RunOptions::default().kernel_timeout_ms).unwrap();
+        let longest = free.launches.iter().map(|l| l.end - l.start).max().unwrap();
+        let ms = CYCLES_PER_SECOND / 1000;
+        assert!(longest > ms && longest < 10 * ms, "{longest} cycles");
+        let under = (longest - 1) / ms;
+        match run(under) {
+            Err(ShimError::Run(e)) => match *e {
+                RunError::KernelTimeout { waited_ms, .. } => assert_eq!(waited_ms, under),
+                other => panic!("{under} ms: {other}"),
+            },
+            other => panic!("{under} ms: {:?}", other.map(|r| r.makespan)),
+        }
+        let ok = run(longest.div_ceil(ms)).unwrap();
+        assert_eq!(ok.makespan, free.makespan);
+        assert_eq!(ok.stats.tasks, free.stats.tasks);
     }
 
     #[test]

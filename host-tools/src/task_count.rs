@@ -3,8 +3,11 @@
 //! A program's loops may run up to `u32::MAX` iterations each, nested up to
 //! [`MAX_LOOP_DEPTH`] deep, so expanding every task on the host is not
 //! always possible. [`count_tasks`] expands the program with the device's
-//! own expander only when the loops' stated maxima bound the work by
-//! [`MAX_WALK_INSTRUCTIONS`]; otherwise it counts from the loop counts
+//! own expander when that takes at most [`MAX_WALK_INSTRUCTIONS`] of work
+//! (all of it when the loops' stated maxima bound it so; else as far as
+//! that work goes, enough for loops whose bound symbols are small), and
+//! checks each task's arguments as the orchestrator does
+//! ([`count_and_check`]); otherwise it counts from the loop counts
 //! without expanding: nested loops multiply, a loop whose count is not known
 //! on the host (a symbol not bound here, data read at run time) counts from
 //! 0 to its maximum, and a `when` whose condition is not known counts either
@@ -31,7 +34,8 @@ use std::fmt;
 
 use device_runtime::abi::program::*;
 use device_runtime::abi::{Instr, Table};
-use device_runtime::expand::{ExpandError, Expander, Step};
+use device_runtime::expand::{ExpandError, Expander, Step, STEP_BUDGET};
+use device_runtime::orch::{overlapping_args, TaskArg};
 
 use crate::inspect::HostExpansion;
 
@@ -49,6 +53,11 @@ pub const MAX_HOST_ITERATIONS: u64 = 1 << 26;
 
 /// Tasks one run may have: the runtime numbers tasks with `u32`.
 pub const MAX_RUN_TASKS: u128 = 1 << 32;
+
+/// Tasks `wsp run TABLE.bin` runs a table with at most (seconds to a
+/// minute on the host shim): a symbol bound at launch may ask for up to
+/// 2^32 - 1 iterations of a loop.
+pub const MAX_SHIM_TASKS: u128 = 1 << 22;
 
 /// How many tasks a table expands to (the tasks section's included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +138,25 @@ impl fmt::Display for TaskCount {
 }
 
 impl TaskCount {
+    /// Refuses a count of more than [`MAX_SHIM_TASKS`] tasks, or of at
+    /// least that many where the count is a range (what the host does not
+    /// know may still make a run of a range longer); the message names the
+    /// count and the bound.
+    pub fn check_shim_limit(&self) -> Result<(), String> {
+        let (least, how) = match *self {
+            TaskCount::Exact(n) => (n, ""),
+            TaskCount::Between { lo, .. } => (lo, "at least "),
+        };
+        if least > MAX_SHIM_TASKS {
+            return Err(format!(
+                "it expands to {how}{} tasks; a run on the host shim takes at most \
+                 {MAX_SHIM_TASKS} (2^22)",
+                number(least)
+            ));
+        }
+        Ok(())
+    }
+
     /// What a run of more tasks than [`MAX_RUN_TASKS`] does, if this count
     /// may exceed it.
     pub fn run_limit(&self) -> Option<String> {
@@ -146,16 +174,41 @@ pub fn count_tasks(
     arena: Option<&[u8]>,
     symbols: &[i64],
 ) -> Result<TaskCount, String> {
+    count_and_check(table, arena, symbols).map(|(count, _)| count)
+}
+
+/// As [`count_tasks`], and whether the host expanded every task of the
+/// program: `None` when it did, and checked each task's arguments as the
+/// orchestrator does (a written region overlapping another argument's of
+/// the same task makes the expansion fail, naming both); else why not
+/// (the count then comes from the loop counts, and a run's expansion
+/// checks the arguments).
+pub fn count_and_check(
+    table: &Table<'_>,
+    arena: Option<&[u8]>,
+    symbols: &[i64],
+) -> Result<(TaskCount, Option<&'static str>), String> {
     let section = table.tasks().len() as u128;
     let csp = table.program().iter().any(|i| is_csp(i.op));
-    if !csp && walk_work(table.program()) <= MAX_WALK_INSTRUCTIONS {
-        match walk(table, arena, symbols) {
-            Ok(n) => return Ok(TaskCount::Exact(n as u128)),
+    let not_walked = if csp {
+        "a program with processes and channels is counted, not expanded"
+    } else {
+        // Loops whose stated maxima allow more work may still be short
+        // with the symbols given: walked as far as the work allows.
+        let steps = if walk_work(table.program()) <= MAX_WALK_INSTRUCTIONS {
+            u64::MAX
+        } else {
+            (MAX_WALK_INSTRUCTIONS / STEP_BUDGET as u128) as u64
+        };
+        match walk(table, arena, symbols, steps) {
+            Ok(n) => return Ok((TaskCount::Exact(n as u128), None)),
             // Count what can be counted without them.
-            Err(Unknown::Symbol | Unknown::Data) => {}
+            Err(Unknown::Symbol) => "symbols not bound here decide its loops",
+            Err(Unknown::Data) => "data a run writes decides its loops",
+            Err(Unknown::TooLong) => "it has more tasks than the host expands",
             Err(Unknown::Fails(why)) => return Err(why),
         }
-    }
+    };
     let program = table.program();
     let once = consumed_once(program);
     let mut count = Count {
@@ -198,7 +251,7 @@ pub fn count_tasks(
         span.lo.saturating_add(section),
         span.hi.saturating_add(section),
     );
-    Ok(if lo == hi {
+    let count = if lo == hi {
         TaskCount::Exact(lo)
     } else {
         TaskCount::Between {
@@ -208,7 +261,8 @@ pub fn count_tasks(
             data: count.data,
             tokens: count.tokens,
         }
-    })
+    };
+    Ok((count, Some(not_walked)))
 }
 
 /// Whether `op` is one of the CSP ops (channels and processes).
@@ -302,12 +356,20 @@ pub fn walk_work(program: &[Instr]) -> u128 {
 enum Unknown {
     Symbol,
     Data,
+    /// More steps than it was given.
+    TooLong,
     Fails(String),
 }
 
-/// Expands the program with the device's expander; the caller has checked
-/// that [`walk_work`] bounds the work.
-fn walk(table: &Table<'_>, arena: Option<&[u8]>, symbols: &[i64]) -> Result<u64, Unknown> {
+/// Expands the program with the device's expander, in at most `steps`
+/// steps (each a task, or at most [`STEP_BUDGET`] instructions), checking
+/// each task's arguments ([`overlap`]).
+fn walk(
+    table: &Table<'_>,
+    arena: Option<&[u8]>,
+    symbols: &[i64],
+    steps: u64,
+) -> Result<u64, Unknown> {
     let mut cx = HostExpansion {
         arena,
         symbols,
@@ -315,11 +377,20 @@ fn walk(table: &Table<'_>, arena: Option<&[u8]>, symbols: &[i64]) -> Result<u64,
         needs_data: false,
     };
     let mut expander = Expander::new(table);
-    loop {
+    for _ in 0..steps {
         let pc = expander.pc();
         match expander.step(table, &mut cx) {
-            Ok(Step::Task(_)) => cx.next += 1,
-            Ok(Step::Done) => break,
+            Ok(Step::Task(spec)) => {
+                if let Some(why) = overlap(table, &spec.args) {
+                    let call = spec.pc.map_or(String::new(), |pc| {
+                        format!(" (the call at instruction {pc})")
+                    });
+                    return Err(Unknown::Fails(format!("task {}{call}: {why}", cx.next)));
+                }
+                cx.next += 1;
+            }
+            Ok(Step::Done) if cx.needs_data => return Err(Unknown::Data),
+            Ok(Step::Done) => return Ok(cx.next),
             Ok(_) => {}
             Err(ExpandError::UnboundSymbol { .. }) => return Err(Unknown::Symbol),
             // It failed on data the host does not have (read as 0).
@@ -327,10 +398,24 @@ fn walk(table: &Table<'_>, arena: Option<&[u8]>, symbols: &[i64]) -> Result<u64,
             Err(e) => return Err(Unknown::Fails(format!("instruction {pc}: {e}"))),
         }
     }
-    if cx.needs_data {
-        return Err(Unknown::Data);
-    }
-    Ok(cx.next)
+    Err(Unknown::TooLong)
+}
+
+/// What the orchestrator refuses a task for: an argument that writes a
+/// region overlapping another argument's of the task (by their places in
+/// the task, the writer first), if any.
+fn overlap(table: &Table<'_>, args: &[TaskArg]) -> Option<String> {
+    let (writer, other) = overlapping_args(args)?;
+    let name = table
+        .tensors()
+        .get(args[writer].tensor as usize)
+        .map_or(String::new(), |t| {
+            let end = t.name.iter().position(|&c| c == 0).unwrap_or(t.name.len());
+            format!(" of `{}`", String::from_utf8_lossy(&t.name[..end]))
+        });
+    Some(format!(
+        "argument {writer} writes a region{name} overlapping argument {other}"
+    ))
 }
 
 /// A register's value, where the host knows it.

@@ -17,7 +17,8 @@ use crate::table::{Arena, Arg, BuildError, TableBuilder, TensorLayout};
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// Sizes and seed of a workload. [`Workload::build`] builds exactly the
-/// sizes given; [`Params::of`] gives a workload's own defaults.
+/// sizes given, within [`crate::budget`]'s bounds (1 GiB of tensors, 2^20
+/// tasks); [`Params::of`] gives a workload's own defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
     /// Rows of the GEMM's output (tokens, for the MoE workloads).
@@ -26,8 +27,8 @@ pub struct Params {
     pub n: u32,
     /// The GEMM's inner dimension (the MoE workloads' hidden size).
     pub k: u32,
-    /// Edge of the square tiles of a tiled workload (see [`is_tiled`]); `m`,
-    /// `n` and `k` must be multiples of it.
+    /// Edge of the square tiles of a tiled workload (see [`sizes_read`]);
+    /// `m`, `n` and `k` must be multiples of it.
     pub tile: u32,
     /// Seeds the data only: it never changes sizes or the table.
     pub seed: u64,
@@ -127,11 +128,28 @@ impl Default for Params {
     }
 }
 
-/// Whether the workload called `name` is built in tiles of `tile` (`moe`
-/// and `moe-var` are not: their kernels take whole rows; the `moe-layer`
-/// workloads' tile is the height of an expert tile).
-pub fn is_tiled(name: &str) -> bool {
-    !name.starts_with("moe") || name.starts_with("moe-layer")
+/// The sizes (of `m`, `n`, `k` and `tile`) the workload called `name`
+/// reads, and, when it reads fewer than all four, why not: `moe` and
+/// `moe-var` are not built in tiles (their kernels take whole rows; the
+/// `moe-layer` workloads' tile is the height of an expert tile),
+/// `attention-pipeline` has a head dimension and KV tile fixed at 64, and
+/// v9's examples (`wsp9-*`) have fixed sizes. (`pipeline` reads `n` and
+/// `k` only to check that they equal the tile.)
+pub fn sizes_read(name: &str) -> (&'static [&'static str], &'static str) {
+    match name {
+        "moe" | "moe-var" => (
+            &["m", "n", "k"],
+            "it is not built in tiles: its kernels take whole rows",
+        ),
+        "attention-pipeline" => (
+            &["m", "n"],
+            "its head dimension and KV tile are fixed at 64",
+        ),
+        _ if name.starts_with("wsp9-") => {
+            (&[], "v9's examples have fixed sizes; only the seed changes")
+        }
+        _ => (&["m", "n", "k", "tile"], ""),
+    }
 }
 
 /// The names `Workload::build` accepts (v9's examples last, see
@@ -273,8 +291,10 @@ impl fmt::Display for Verification {
 }
 
 impl Workload {
-    /// Builds the workload called `name` (see [`NAMES`]).
+    /// Builds the workload called `name` (see [`NAMES`]), after checking
+    /// that its sizes are within [`crate::budget`]'s bounds.
     pub fn build(name: &str, p: Params) -> Result<Workload, WorkloadError> {
+        crate::budget::check(name, &p)?;
         match name {
             "gemm" => gemm(p),
             "mlp" => mlp(p, false),
@@ -328,6 +348,16 @@ pub enum WorkloadError {
     Params(String),
     /// The table builder refused a tensor or task.
     Build(BuildError),
+    /// Sizes past a bound of [`crate::budget`]: refused before anything
+    /// was built.
+    TooLarge {
+        /// The sizes the workload reads, e.g. `m = 65536, n = 8192`.
+        sizes: String,
+        /// The bound they pass.
+        bound: crate::budget::Bound,
+        /// What they need of it: bytes, or tasks.
+        needs: u128,
+    },
 }
 
 impl fmt::Display for WorkloadError {
@@ -338,6 +368,11 @@ impl fmt::Display for WorkloadError {
             }
             WorkloadError::Params(why) => write!(f, "bad sizes: {why}"),
             WorkloadError::Build(e) => write!(f, "{e}"),
+            WorkloadError::TooLarge {
+                sizes,
+                bound,
+                needs,
+            } => write!(f, "{sizes} need {}; {bound}", bound.amount(*needs)),
         }
     }
 }

@@ -199,7 +199,7 @@ fn flags_that_do_not_apply_are_errors() {
         ),
         (
             vec!["run", "moe", "--tile", "16"],
-            "moe is not built in tiles",
+            "--tile: moe does not take it (it is not built in tiles",
         ),
         (
             vec!["run", "gemm", "--policy", "round-robin", "--key", "task"],
@@ -595,4 +595,351 @@ fn sizes_past_the_hosts_are_errors_not_aborts() {
         1u64 << 62
     );
     assert!(stderr(&o).contains(&want), "{}", stderr(&o));
+}
+
+/// Built-in workloads' sizes past the bounds (1 GiB of tensors, 2^20
+/// tasks) are refused before anything is built, naming the sizes, what
+/// they need and the bound: an error (exit 1), not an abort on a failed
+/// allocation (134) or a run of hours, for every workload that reads an
+/// unbounded size. (`budget`'s unit tests check the bounds to the byte
+/// and the task; a size 64 times the default is still built.)
+#[test]
+fn built_in_sizes_past_the_bounds_are_errors_not_aborts() {
+    let bytes = "a built-in workload may take at most 1073741824 (1 GiB)";
+    let tasks = "a built-in workload may run at most 1048576 (2^20)";
+    for (args, says) in [
+        (
+            vec!["run", "decode", "--m", "65536"],
+            "m = 65536, n = 8192, k = 128, tile = 16 need up to 4597120 tasks",
+        ),
+        (vec!["run", "decode", "--m", "4294967295"], tasks),
+        (vec!["run", "decode-uniform", "--n", "100000"], bytes),
+        (vec!["run", "decode-device", "--tile", "100000000"], bytes),
+        (
+            vec!["build", "sparse-decode", "--m", "100000000", "--out", "x"],
+            tasks,
+        ),
+        (vec!["run", "gemm", "--m", "65536", "--n", "65536"], tasks),
+        (
+            vec![
+                "run", "gemm", "--m", "262144", "--n", "1024", "--k", "64", "--tile", "64",
+            ],
+            bytes,
+        ),
+        (
+            vec![
+                "run", "mlp", "--m", "1048576", "--k", "1024", "--tile", "64",
+            ],
+            bytes,
+        ),
+        (vec!["run", "streams", "--k", "4194304"], tasks),
+        (vec!["run", "pipeline", "--m", "4294967232"], tasks),
+        (
+            vec!["run", "pipeline", "--m", "4294967232", "--depth", "4"],
+            tasks,
+        ),
+        (
+            vec!["run", "attention-pipeline", "--n", "4294967232"],
+            tasks,
+        ),
+        (
+            vec!["verify", "moe-layer", "--n", "1048576", "--arena", "x"],
+            tasks,
+        ),
+        (vec!["run", "decode-layer", "--n", "100000000"], tasks),
+        (
+            vec!["run", "decode-layer-dense", "--tile", "16777216"],
+            bytes,
+        ),
+        (vec!["run", "stitched", "--tile", "16777216"], bytes),
+    ] {
+        let o = wsp(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+    // A request count past the decode layer's is refused as before, by
+    // the layer (before a length is listed for each request).
+    let o = wsp(&["run", "decode-layer", "--m", "4000000000"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("m = 4000000000 requests: the layer takes 1 ..= 256"),
+        "{}",
+        stderr(&o)
+    );
+    // 64 times pipeline's default tiles (512 of 64 x 64) is built.
+    let dir = scratch("built_in_sizes_past_the_bounds_are_errors_not_aborts");
+    let o = wsp(&[
+        "build",
+        "pipeline",
+        "--m",
+        "32768",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("(1536 tasks)"), "{}", stdout(&o));
+}
+
+/// A table with `n` tasks: `add` on one tile in each iteration of a loop
+/// bound by symbol 0 (at most 2^32 - 1); with `overlap`, each task's
+/// output is its first input.
+fn table_of_symbol_tasks(path: &std::path::Path, overlap: bool) {
+    use host_tools::program::{Axis, Workload};
+    use wsp_ffi::WspKernelId_WSP_KERNEL_ADD as ADD;
+    let mut w = Workload::new();
+    let a = w.tensor("A", &[4, 4]).unwrap();
+    let b = w.tensor("B", &[4, 4]).unwrap();
+    let c = w.tensor("C", &[4, 4]).unwrap();
+    let out = if overlap { a } else { c };
+    let axis = Axis::DenseDyn {
+        symbol: 0,
+        max: u32::MAX,
+    };
+    w.parallel(axis, |w, _| {
+        let args = [a, b, out].map(|t| t.tile(0, 0, 4, 4));
+        w.call(ADD, &args, &[]);
+    });
+    std::fs::write(path, w.finish().unwrap()).unwrap();
+}
+
+/// `wsp run TABLE.bin --symbols`: symbols that make the program expand to
+/// more tasks than a run on the shim takes (2^22) are refused before the
+/// run, naming the count and the bound; fewer run. At the bound exactly
+/// the count passes the check (counted, not run: 2^22 tasks take a
+/// minute in a debug build).
+#[test]
+fn symbols_that_ask_for_too_many_tasks_are_refused() {
+    use host_tools::task_count::{count_tasks, MAX_SHIM_TASKS};
+    let dir = scratch("symbols_that_ask_for_too_many_tasks_are_refused");
+    let table = dir.join("t.bin");
+    table_of_symbol_tasks(&table, false);
+    let path = table.to_str().unwrap();
+    for symbol in ["4194305", "4294967295"] {
+        let o = wsp(&["run", path, "--symbols", symbol, "--semantic"]);
+        assert_eq!(o.status.code(), Some(1), "{symbol}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "with --symbols {symbol}: it expands to {symbol} tasks; a run on the host \
+                 shim takes at most 4194304 (2^22)"
+            )),
+            "{symbol}: {}",
+            stderr(&o)
+        );
+    }
+    let o = wsp(&["run", path, "--symbols", "3", "--semantic"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ran       3 tasks"), "{}", stdout(&o));
+    let bytes = std::fs::read(&table).unwrap();
+    let parsed = device_runtime::abi::Table::parse(&bytes).unwrap();
+    let at = MAX_SHIM_TASKS as i64;
+    let count = |n: i64| count_tasks(&parsed, None, &[n]).unwrap();
+    assert_eq!(count(at).check_shim_limit(), Ok(()));
+    assert!(count(at + 1).check_shim_limit().is_err());
+}
+
+/// A workload file without a kernel call (empty, only tensors, or only
+/// loops) is refused by every command that takes one: it used to build an
+/// empty table, run it and print PASS.
+#[test]
+fn a_workload_file_without_kernel_calls_is_refused() {
+    let dir = scratch("a_workload_file_without_kernel_calls_is_refused");
+    let arena = dir.join("arena.bin");
+    std::fs::write(&arena, [0u8; 64]).unwrap();
+    let out = dir.join("out");
+    for (file, text) in [
+        ("empty.toml", ""),
+        ("tensors.toml", "name = \"t\"\n[tensors]\nA = { shape = [4, 4] }\n"),
+        (
+            "loop.toml",
+            "[tensors]\nA = { shape = [4, 4] }\n\n[[body]]\nparallel = \"i\"\ndense = 4\nbody = []\n",
+        ),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap();
+        for args in [
+            vec!["run", path],
+            vec!["build", path, "--out", out.to_str().unwrap()],
+            vec!["inspect", path],
+            vec!["verify", path, "--arena", arena.to_str().unwrap()],
+        ] {
+            let o = wsp(&args);
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+            assert!(
+                stderr(&o).contains(&format!(
+                    "{path}: the file has no kernel calls: a workload's body must call at \
+                     least one kernel"
+                )),
+                "{args:?}: {}",
+                stderr(&o)
+            );
+            assert!(!stdout(&o).contains("PASS"), "{args:?}: {}", stdout(&o));
+        }
+    }
+}
+
+/// A size flag a built-in workload does not read is refused, naming the
+/// flags and why: `attention-pipeline` used to run the same with any
+/// `--k` and `--tile`; v9's examples have fixed sizes. The sizes it reads
+/// change it.
+#[test]
+fn size_flags_a_workload_does_not_read_are_refused() {
+    for (args, says) in [
+        (
+            vec!["run", "attention-pipeline", "--k", "32"],
+            "--k: attention-pipeline does not take it (its head dimension and KV tile are \
+             fixed at 64)",
+        ),
+        (
+            vec![
+                "build",
+                "attention-pipeline",
+                "--k",
+                "64",
+                "--tile",
+                "16",
+                "--out",
+                "x",
+            ],
+            "--k, --tile: attention-pipeline does not take them",
+        ),
+        (
+            vec!["run", "wsp9-bgemm", "--m", "64"],
+            "--m: wsp9-bgemm does not take it (v9's examples have fixed sizes",
+        ),
+        (
+            vec!["run", "moe-var", "--n", "32", "--tile", "8"],
+            "--tile: moe-var does not take it",
+        ),
+    ] {
+        let o = wsp(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+    let o = wsp(&[
+        "run",
+        "attention-pipeline",
+        "--m",
+        "4",
+        "--n",
+        "192",
+        "--semantic",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        workload_line(&o).contains("4 queries over 3 KV tiles of 64"),
+        "{}",
+        workload_line(&o)
+    );
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+    // The library refuses another head dimension or tile too.
+    let p = host_tools::workloads::Params {
+        k: 32,
+        ..host_tools::workloads::Params::of("attention-pipeline").unwrap()
+    };
+    let e = host_tools::attention_pipeline::attention_pipeline(p, 2)
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("k = 32 and tile = 64 must be 64"),
+        "{e}"
+    );
+}
+
+/// Semantic time honours `--kernel-timeout-ms`: 0 ms ends the run at its
+/// first task, as on the shim's threads (it used to be ignored); the
+/// acknowledgement timeout, which no semantic core can reach, is refused
+/// with `--semantic` and still applies without. (`semantic`'s unit tests
+/// put the timeout either side of a kernel's cycles.)
+#[test]
+fn semantic_time_honours_the_kernel_timeout() {
+    let o = wsp(&["run", "gemm", "--semantic", "--kernel-timeout-ms", "0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains(
+            "task 0 (kernel 2 (gemm_tile)) on core 0 was acknowledged but did not finish \
+             within 0 ms"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    // gemm's 32-tiles take 36,864 cycles each: well within a millisecond.
+    let o = wsp(&["run", "gemm", "--semantic", "--kernel-timeout-ms", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = wsp(&["run", "gemm", "--semantic", "--ack-timeout-ms", "0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("--ack-timeout-ms: in semantic time a core takes its task the moment"),
+        "{}",
+        stderr(&o)
+    );
+    let o = wsp(&["run", "gemm", "--ack-timeout-ms", "0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("did not acknowledge task"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `wsp inspect TABLE.bin` expands a program with the symbols given and
+/// refuses a task whose written argument overlaps another of its
+/// arguments, as a run does (it used to call the table valid); where it
+/// cannot expand the program (a symbol not given) it says that a run's
+/// expansion checks the arguments.
+#[test]
+fn inspect_refuses_a_program_task_whose_arguments_overlap() {
+    let dir = scratch("inspect_refuses_a_program_task_whose_arguments_overlap");
+    let (bad, good) = (dir.join("bad.bin"), dir.join("good.bin"));
+    table_of_symbol_tasks(&bad, true);
+    table_of_symbol_tasks(&good, false);
+    let (bad, good) = (bad.to_str().unwrap(), good.to_str().unwrap());
+    let o = wsp(&["inspect", bad, "--symbols", "2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    // The dump lists the call at pc 3, its output (pc 6) on A as its
+    // first input (pc 4).
+    assert!(
+        stdout(&o).contains("     3      call add"),
+        "{}",
+        stdout(&o)
+    );
+    let why = "task 0 (the call at instruction 3): argument 2 writes a region of `A` \
+               overlapping argument 0";
+    assert!(
+        stdout(&o).contains(&format!(
+            "a run fails: the program's expansion fails ({why})"
+        )),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains(&format!(
+            "{bad}: the table is valid, but a run of it fails: the program's expansion fails \
+             ({why})"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    // A run refuses it where inspect said.
+    let o = wsp(&["run", bad, "--symbols", "2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("argument 2 writes a region overlapping argument 0"),
+        "{}",
+        stderr(&o)
+    );
+    // Without the symbol neither table is expanded: both pass, saying so.
+    let note = "not expanded here (symbols not bound here decide its loops): a run's \
+                expansion refuses a program task whose written argument overlaps another of \
+                its arguments";
+    for table in [bad, good] {
+        let o = wsp(&["inspect", table]);
+        assert!(o.status.success(), "{table}: {}", stderr(&o));
+        assert!(stdout(&o).contains(note), "{table}: {}", stdout(&o));
+    }
+    // The table without the overlap is expanded and passes, with no note.
+    let o = wsp(&["inspect", good, "--symbols", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("expands to 2 tasks;"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("not expanded here"), "{}", stdout(&o));
 }

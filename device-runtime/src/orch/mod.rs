@@ -1682,17 +1682,24 @@ fn insert_args<const N: usize>(
     }
 }
 
-/// The first argument (`index`, with the `other` it overlaps) that writes
-/// a region overlapping an earlier argument's or is overlapped by an earlier
-/// write, if any.
+/// Two arguments of one task that the orchestrator refuses together
+/// ([`Invalid::ArgsOverlap`]): regions of one tensor that overlap, at
+/// least one of them written. Returns the first such pair (by the later
+/// argument's position) as (the one that writes, the other); `None` if
+/// there is none. Public so that tools that check tasks before a run
+/// (the host's expansion) refuse exactly what a submission refuses.
 #[inline(always)]
-fn overlapping_args(args: &[TaskArg]) -> Option<(usize, usize)> {
+pub fn overlapping_args(args: &[TaskArg]) -> Option<(usize, usize)> {
     let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
     for index in 1..args.len() {
         let a = &args[index];
         for (other, b) in args[..index].iter().enumerate() {
             if a.tensor == b.tensor && (writes(a) || writes(b)) && a.region.overlaps(&b.region) {
-                return Some((index, other));
+                return Some(if writes(a) {
+                    (index, other)
+                } else {
+                    (other, index)
+                });
             }
         }
     }

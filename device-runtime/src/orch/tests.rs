@@ -378,6 +378,12 @@ fn bad_submissions_are_refused() {
         err,
         SubmitError::Invalid(Invalid::ArgsOverlap { index: 1, other: 0 })
     );
+    // The writer is named first, wherever it is.
+    let err = submit(&mut o, &[write(1, 0, 4), read(1, 2, 4)]).unwrap_err();
+    assert_eq!(
+        err,
+        SubmitError::Invalid(Invalid::ArgsOverlap { index: 0, other: 1 })
+    );
     assert_eq!(o.complete(0), Err(UsageError::NotRunning { id: 0 }));
     assert_eq!(o.in_flight(), 0);
 }

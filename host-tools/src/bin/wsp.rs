@@ -9,7 +9,7 @@ use device_runtime::abi::launch::Symbols;
 use device_runtime::fault::Fault;
 use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunError, RunOptions, RunStats};
-use host_tools::inspect::inspect_named;
+use host_tools::inspect::inspect_checked;
 use host_tools::pinning::Placement;
 use host_tools::plot::Swimlanes;
 use host_tools::program::CspNames;
@@ -19,7 +19,7 @@ use host_tools::shim::{Shim, ShimError};
 use host_tools::table::Arena;
 use host_tools::trace::TraceOptions;
 use host_tools::workload_file::{FileWorkload, WorkloadFile};
-use host_tools::workloads::{is_tiled, Params, Verification, Workload, NAMES};
+use host_tools::workloads::{sizes_read, Params, Verification, Workload, NAMES};
 
 /// Set by `--json`: the human-readable lines are not printed, the run's
 /// figures are printed as one JSON object instead.
@@ -56,7 +56,9 @@ enum Command {
         /// Where to write the data arena after the run.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// A table's program symbols, bound at launch by position (e.g. `--symbols 3,7`).
+        /// A table's program symbols, bound at launch by position (e.g.
+        /// `--symbols 3,7`). Symbols that make the program expand to more
+        /// than 2^22 tasks are refused.
         #[arg(long = "symbols", value_delimiter = ',', allow_negative_numbers = true)]
         table_symbols: Option<Vec<i64>>,
         /// Emulated cube cores (matrix kernels).
@@ -132,13 +134,16 @@ enum Command {
         /// task of kernel id K).
         #[arg(long, value_parser = parse_fault)]
         fault: Option<Fault>,
-        /// How long a task may run before the run ends with an error.
+        /// How long a task may run before the run ends with an error. In
+        /// semantic time it is measured in semantic cycles (10^6 a
+        /// millisecond): a kernel whose cycles exceed it ends the run.
         #[arg(long, default_value_t = RunOptions::default().kernel_timeout_ms)]
         kernel_timeout_ms: u64,
         /// How long a core may leave a task unacknowledged before the run
-        /// ends with an error.
-        #[arg(long, default_value_t = RunOptions::default().ack_timeout_ms)]
-        ack_timeout_ms: u64,
+        /// ends with an error (default: 1000). Not in semantic time, where
+        /// a core takes its task the moment it is issued.
+        #[arg(long)]
+        ack_timeout_ms: Option<u64>,
     },
     /// Draw a trace written by `wsp run --trace` as a PNG: swimlanes (one
     /// row per scheduler thread and core, tasks coloured by kernel, stalls
@@ -164,7 +169,9 @@ enum Command {
         #[arg(long)]
         arena: PathBuf,
     },
-    /// Print a table (table.bin, or a workload file's) in readable form, with its validation result.
+    /// Print a table (table.bin, or a workload file's) in readable form,
+    /// with its validation result; a program the host can expand (its
+    /// symbols given) is checked task by task as a run checks it.
     Inspect {
         /// A table (a path ending in .bin, or a file that starts with the
         /// table magic), or a workload file (a path ending in .toml, or
@@ -201,7 +208,11 @@ struct WorkloadArgs {
     /// symbols take the file's defaults.
     #[arg(long = "symbol", value_name = "NAME=VALUE")]
     symbols: Vec<String>,
-    /// A built-in workload's size m (default: the workload's own).
+    /// A built-in workload's size m (default: the workload's own). Sizes
+    /// whose tensors would take more than 1 GiB, or which would run more
+    /// than 2^20 tasks, are refused before anything is built; so is a size
+    /// the workload does not read (attention-pipeline's k and tile, moe's
+    /// tile, any of v9's examples').
     #[arg(long)]
     m: Option<u32>,
     /// A built-in workload's size n (default: the workload's own).
@@ -404,8 +415,24 @@ impl WorkloadArgs {
         let d = Params::of(&self.workload).map_err(|e| {
             anyhow::anyhow!("{e}; nor is it a workload file (FILE.toml) or a table (TABLE.bin)")
         })?;
-        if self.tile.is_some() && !is_tiled(&self.workload) {
-            bail!("--tile: {} is not built in tiles", self.workload);
+        let (read, why) = sizes_read(&self.workload);
+        let unread: Vec<String> = [
+            ("m", self.m),
+            ("n", self.n),
+            ("k", self.k),
+            ("tile", self.tile),
+        ]
+        .iter()
+        .filter(|(size, given)| given.is_some() && !read.contains(size))
+        .map(|(size, _)| format!("--{size}"))
+        .collect();
+        if !unread.is_empty() {
+            let them = if unread.len() == 1 { "it" } else { "them" };
+            bail!(
+                "{}: {} does not take {them} ({why})",
+                unread.join(", "),
+                self.workload
+            );
         }
         let p = Params {
             m: self.m.unwrap_or(d.m),
@@ -415,11 +442,12 @@ impl WorkloadArgs {
             seed: self.seed.unwrap_or(d.seed),
         };
         let built = match self.depth {
-            Some(depth) if self.workload == "pipeline" => {
-                host_tools::pipeline::pipeline(p, depth).map(|(w, _)| w)
-            }
+            Some(depth) if self.workload == "pipeline" => host_tools::budget::check("pipeline", &p)
+                .and_then(|()| host_tools::pipeline::pipeline(p, depth).map(|(w, _)| w)),
             Some(depth) if self.workload == "attention-pipeline" => {
-                host_tools::attention_pipeline::attention_pipeline(p, depth).map(|(w, _)| w)
+                host_tools::budget::check("attention-pipeline", &p).and_then(|()| {
+                    host_tools::attention_pipeline::attention_pipeline(p, depth).map(|(w, _)| w)
+                })
             }
             Some(_) => bail!("--depth applies to the pipeline and attention-pipeline workloads"),
             None => Workload::build(&self.workload, p),
@@ -692,6 +720,17 @@ fn run_table(
         );
     }
     setup.shim.options.symbols = Symbols::new(symbols).context("--symbols: too many symbols")?;
+    // Symbols may ask for billions of tasks: too many is refused before the
+    // run (an expansion that fails is left to the run, which names where).
+    if let Ok(count) = host_tools::task_count::count_tasks(&table, Some(&data), symbols) {
+        count.check_shim_limit().map_err(|why| {
+            let list: Vec<String> = symbols.iter().map(i64::to_string).collect();
+            match symbols {
+                [] => anyhow::anyhow!("{path}: {why}"),
+                _ => anyhow::anyhow!("{path} with --symbols {}: {why}", list.join(",")),
+            }
+        })?;
+    }
     say!(
         "table     {path}: {}",
         host_tools::inspect::summary(&table, None, symbols)
@@ -741,6 +780,9 @@ fn run(cli: Cli) -> Result<bool> {
             if pin && semantic {
                 bail!("--pin places the shim's threads; a semantic-time run has no host threads to place");
             }
+            if ack_timeout_ms.is_some() && semantic {
+                bail!("--ack-timeout-ms: in semantic time a core takes its task the moment it is issued, so there is no acknowledgement to time out (--kernel-timeout-ms applies)");
+            }
             JSON.store(json, std::sync::atomic::Ordering::Relaxed);
             let policy = PolicyKind::parse(&policy)
                 .map_err(|e| anyhow::anyhow!("--policy {policy}: {e}"))?;
@@ -768,7 +810,8 @@ fn run(cli: Cli) -> Result<bool> {
                         issue_depth,
                         window,
                         kernel_timeout_ms,
-                        ack_timeout_ms,
+                        ack_timeout_ms: ack_timeout_ms
+                            .unwrap_or(RunOptions::default().ack_timeout_ms),
                         ..RunOptions::default()
                     },
                     placement: if pin {
@@ -919,7 +962,7 @@ fn run(cli: Cli) -> Result<bool> {
                 .as_ref()
                 .map(|f| f.program().csp_names())
                 .unwrap_or_default();
-            let text = inspect_named(&bytes, all, &bound, &names);
+            let (text, verdict) = inspect_checked(&bytes, all, &bound, &names);
             print!("{text}");
             if let Some(f) = file {
                 let w = Loaded::File(Box::new(f));
@@ -933,6 +976,12 @@ fn run(cli: Cli) -> Result<bool> {
             }
             if !host_tools::inspect::is_valid(&bytes) {
                 bail!("{} is not a valid table", table.display());
+            }
+            if let Err(why) = verdict {
+                bail!(
+                    "{}: the table is valid, but a run of it fails: {why}",
+                    table.display()
+                );
             }
             Ok(true)
         }

@@ -21,7 +21,7 @@ use crate::workloads::{Verification, Workload, WorkloadError};
 /// Edge of the GEMM tiles.
 pub const TILE: u32 = 64;
 /// Rows of one `rmsnorm` task.
-const NORM_ROWS: u32 = 16;
+pub(crate) const NORM_ROWS: u32 = 16;
 /// Largest batch (rows: requests, or a prefill chunk's tokens), in GEMM
 /// row blocks of [`TILE`].
 pub const MAX_BATCH: u32 = 256;
@@ -1127,6 +1127,13 @@ pub fn shape_of(p: &crate::workloads::Params, mlp: Mlp) -> Result<LayerShape, Wo
         return Err(WorkloadError::Params(format!(
             "k (hidden) = {} must be a multiple of 64 (heads of 64)",
             p.k
+        )));
+    }
+    // Checked here too, before a length is listed for each request.
+    if p.m > MAX_BATCH {
+        return Err(WorkloadError::Params(format!(
+            "m = {} requests: the layer takes 1 ..= {MAX_BATCH}",
+            p.m
         )));
     }
     let q_heads = p.k / 64;

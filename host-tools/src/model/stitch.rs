@@ -18,6 +18,15 @@ pub const PREFILL_START: u32 = 384;
 /// `decode` lengths up to 2,048, and a prefill chunk of `n` tokens; hidden
 /// `k` (heads of 64), pages of `tile`; the chunk's data seeded apart.
 pub fn batches(p: &Params) -> Result<[LayerData; 2], WorkloadError> {
+    let [decode, chunk] = shapes(p)?;
+    Ok([
+        LayerData::build(decode, p.seed)?,
+        LayerData::prefill_chunk(chunk, p.seed ^ 0x5eed)?,
+    ])
+}
+
+/// The shapes of [`batches`]: the decode step's and the prefill chunk's.
+pub fn shapes(p: &Params) -> Result<[LayerShape; 2], WorkloadError> {
     let decode = shape_of(&Params { n: 2048, ..*p }, Mlp::Dense)?;
     // The chunk's tokens are its rows: as many as a batch may have
     // (checked here, before a length is listed for each).
@@ -32,10 +41,7 @@ pub fn batches(p: &Params) -> Result<[LayerData; 2], WorkloadError> {
         lengths: (PREFILL_START + 1..=PREFILL_START + p.n).collect(),
         ..decode.clone()
     };
-    Ok([
-        LayerData::build(decode, p.seed)?,
-        LayerData::prefill_chunk(chunk, p.seed ^ 0x5eed)?,
-    ])
+    Ok([decode, chunk])
 }
 
 /// `stitched`: [`batches`] as one program.

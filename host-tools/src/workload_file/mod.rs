@@ -82,7 +82,7 @@ pub enum ErrorKind {
     /// Not TOML, or a key or value of the wrong type or in the wrong place.
     Syntax,
     /// A body entry that is not one of the known forms, or has keys that
-    /// do not belong to it.
+    /// do not belong to it; or a body with no kernel call.
     Structure,
     /// A tensor declaration or its data.
     Tensor,
@@ -315,6 +315,16 @@ impl WorkloadFile {
             shadow.table(&parsed, &w.csp_names())?;
         } else {
             shadow.steps(&self.steps)?;
+        }
+        // A workload of no tasks would run nothing and pass. (Checked last:
+        // a file with another mistake is told that one.)
+        if !parse::has_call(&self.steps) {
+            return Err(plain(
+                ErrorKind::Structure,
+                "the file has no kernel calls: a workload's body must call at least one kernel \
+                 (a `call = \"KERNEL\"` entry under [[body]])"
+                    .into(),
+            ));
         }
         let Shadow {
             val,

@@ -308,6 +308,28 @@ fn mark_sent(steps: &[Step], sent: &mut [bool]) {
     }
 }
 
+/// Whether `steps` call a kernel anywhere (in a loop, branch or process
+/// too).
+pub(super) fn has_call(steps: &[Step]) -> bool {
+    steps.iter().any(|step| match step {
+        Step::Call { .. } => true,
+        Step::Loop { body, .. }
+        | Step::Select { body, .. }
+        | Step::Stream { body, .. }
+        | Step::Dispatch { body, .. }
+        | Step::Process { body, .. }
+        | Step::Consume { body, .. } => has_call(body),
+        Step::When {
+            then, otherwise, ..
+        } => has_call(then) || has_call(otherwise),
+        Step::Let { .. }
+        | Step::Send { .. }
+        | Step::Event { .. }
+        | Step::Close { .. }
+        | Step::Free { .. } => false,
+    })
+}
+
 /// Refuses text whose arrays and tables nest deeper than [`MAX_NESTING`]
 /// (outside strings and comments), before a parser recurses into it.
 fn nesting(text: &str) -> Result<(), FileError> {

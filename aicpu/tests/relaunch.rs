@@ -98,7 +98,9 @@ fn launches_run_back_to_back_in_one_load_each_clean_after_a_failed_one() {
     // the next launch is refused and leaves the running launch alone.
     let mut host = first.host(launch_block(2));
     let mut args = host.args();
-    args.timeout_us = 300_000;
+    // Long enough that the live cores come up and the early Init is made
+    // while thread 0 still waits, on a loaded host too.
+    args.timeout_us = 3_000_000;
     let mut k = kernel_args(&mut args, host.bases.as_ptr());
     assert_eq!(init(&mut k), WSP_AICPU_OK, "{}", error_text(&args));
     let absent = &host.handshakes[3] as *const _ as usize;

@@ -26,11 +26,21 @@ pub fn wanted() -> bool {
 /// Runs `run`, and after [`DELAY`] shows a bar of the tasks `sink` has
 /// seen finish, of `total` if known, until `run` returns (then clears it).
 pub fn with_progress<T>(sink: &Sink, total: Option<u64>, run: impl FnOnce() -> T) -> T {
+    with_progress_after(DELAY, sink, total, run)
+}
+
+/// [`with_progress`] with the bar shown after `delay`.
+fn with_progress_after<T>(
+    delay: Duration,
+    sink: &Sink,
+    total: Option<u64>,
+    run: impl FnOnce() -> T,
+) -> T {
     let (ended, wait) = channel::<()>();
     std::thread::scope(|s| {
         s.spawn(move || {
             // A run shorter than the delay ends the wait at once.
-            if wait.recv_timeout(DELAY) != Err(RecvTimeoutError::Timeout) {
+            if wait.recv_timeout(delay) != Err(RecvTimeoutError::Timeout) {
                 return;
             }
             let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
@@ -67,9 +77,12 @@ mod tests {
     fn a_short_run_neither_waits_for_the_bar_nor_loses_its_result() {
         let sink = Sink::new(false);
         let start = Instant::now();
-        let out = with_progress(&sink, Some(3), || 42);
+        // A delay far longer than a thread's start and join takes, even on
+        // a loaded host.
+        let delay = Duration::from_secs(60);
+        let out = with_progress_after(delay, &sink, Some(3), || 42);
         assert_eq!(out, 42);
-        // The watcher ends as soon as the run does, not after `DELAY`.
-        assert!(start.elapsed() < DELAY / 2, "{:?}", start.elapsed());
+        // The watcher ends as soon as the run does, not after the delay.
+        assert!(start.elapsed() < delay / 2, "{:?}", start.elapsed());
     }
 }

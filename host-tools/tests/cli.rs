@@ -328,7 +328,10 @@ fn the_table_line_tells_task_records_from_a_program() {
 
 #[test]
 fn a_fault_ends_the_run_with_its_error() {
-    let timeouts = ["--kernel-timeout-ms", "300", "--ack-timeout-ms", "100"];
+    // Long enough that a healthy core the host stops for a moment is not
+    // taken for a hung one; each faulty run waits about one of them, and
+    // the drain after the error up to the kernel timeout.
+    let timeouts = ["--kernel-timeout-ms", "1500", "--ack-timeout-ms", "600"];
     for (fault, says) in [
         (
             "no-ack:0:1",

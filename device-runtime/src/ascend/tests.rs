@@ -385,7 +385,9 @@ fn a_core_that_never_answers_bring_up_is_named_within_the_bound() {
     let mut links = m.links();
     let clock = HostClock(Instant::now());
     let seen = [Seen::default(), Seen::default()];
-    let limit = 50_000_000; // 50 ms
+    // 500 ms: cores 0 and 2, threads started just now, must answer both
+    // stages within it even when the host stops them for a moment.
+    let limit = 500_000_000;
     std::thread::scope(|s| {
         // Cores 0 and 2 answer; core 1 never does.
         for (i, seen) in [0, 2].into_iter().zip(&seen) {
@@ -405,7 +407,7 @@ fn a_core_that_never_answers_bring_up_is_named_within_the_bound() {
             }
         );
         assert!(
-            start.elapsed() < Duration::from_secs(2),
+            start.elapsed() < Duration::from_secs(5),
             "bounded: {:?}",
             start.elapsed()
         );

@@ -55,7 +55,7 @@ impl CoreLink {
         self.regs
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(super) fn set_regs_for_test(&mut self, regs: Regs) {
         self.regs = Some(regs);
     }

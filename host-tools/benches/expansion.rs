@@ -49,6 +49,7 @@ fn expand_all(table: &Table<'_>, arena: &[u8]) -> (u64, u64) {
     let mut expander = Expander::new(table);
     let mut cx = HostExpansion {
         arena: Some(arena),
+        run_writes: &[],
         symbols: &[],
         next: 0,
         needs_data: false,

@@ -402,10 +402,16 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc], nam
 
 /// What the device's expander sees when it runs on the host over a finished
 /// arena: no task is running, every iteration has completed, data comes
-/// from `arena` (without one, loads read 0 and set `needs_data`).
+/// from `arena` (without one, loads read 0 and set `needs_data`). Over an
+/// arena at launch, list the tensors a run writes in `run_writes`: the
+/// arena does not hold their data yet.
 pub struct HostExpansion<'x> {
     /// The arena the program's loads read, if the host has one.
     pub arena: Option<&'x [u8]>,
+    /// Arena offsets of the tensors whose data `arena` does not hold (a
+    /// run writes it, and `arena` is the arena at launch): loads of them
+    /// read 0 and set `needs_data`. Empty over a finished arena.
+    pub run_writes: &'x [u64],
     /// The symbol values, by symbol number; a symbol past the end is unbound.
     pub symbols: &'x [i64],
     /// The number the next task gets: the caller counts tasks here.
@@ -430,7 +436,10 @@ impl Context for HostExpansion<'_> {
     }
     fn read_i32(&mut self, tensor: &TensorDesc, element: u64) -> i32 {
         let at = (tensor.arena_offset.get() + element * 4) as usize;
-        match self.arena.and_then(|a| a.get(at..at + 4)) {
+        let arena = self
+            .arena
+            .filter(|_| !self.run_writes.contains(&tensor.arena_offset.get()));
+        match arena.and_then(|a| a.get(at..at + 4)) {
             Some(b) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
             None => {
                 self.needs_data = true;
@@ -448,6 +457,7 @@ pub fn expand_program(table: &Table<'_>, arena: &[u8]) -> Result<u64, String> {
     let mut expander = Expander::new(table);
     let mut cx = HostExpansion {
         arena: Some(arena),
+        run_writes: &[],
         symbols: &[],
         next: 0,
         needs_data: false,
@@ -466,7 +476,8 @@ pub fn expand_program(table: &Table<'_>, arena: &[u8]) -> Result<u64, String> {
 }
 
 /// Counts the tasks `table` expands to (the tasks section's included),
-/// reading data from `arena` and symbols from `symbols`, in bounded work
+/// reading data from `arena` (the arena at launch) and symbols from
+/// `symbols`, in bounded work
 /// ([`count_tasks`]). An error says why the count is not one number: the
 /// expansion fails, or symbols or data the host lacks decide it.
 pub fn expanded_tasks(
@@ -481,20 +492,32 @@ pub fn expanded_tasks(
 }
 
 /// One line on a valid table: its tasks, what its program expands to, and
-/// its size, with data from `arena` and symbols from `symbols` where given.
+/// its size, with data from `arena` (the arena at launch) and symbols from
+/// `symbols` where given.
 pub fn summary(table: &Table<'_>, arena: Option<&[u8]>, symbols: &[i64]) -> String {
     summary_of(table, count_tasks(table, arena, symbols))
 }
 
 /// [`summary`] with the program's tasks counted already.
 fn summary_of(table: &Table<'_>, counted: Result<TaskCount, String>) -> String {
+    summary_with(table, counted, TaskCount::run_limit)
+}
+
+/// [`summary`] with the program's tasks counted already (e.g. with a
+/// run's data, [`count_tasks`]), and `limit` saying where a run of that
+/// count stops, if it does ([`TaskCount::run_limit`] for a device run).
+pub fn summary_with(
+    table: &Table<'_>,
+    counted: Result<TaskCount, String>,
+    limit: impl Fn(&TaskCount) -> Option<String>,
+) -> String {
     let bytes = std::mem::size_of_val(table.program());
     let tasks = table.tasks().len();
     if table.program().is_empty() {
         return format!("{tasks} tasks, {} bytes of arena", table.arena_size());
     }
     let (count, limit) = match counted {
-        Ok(count) => (count.to_string(), count.run_limit()),
+        Ok(count) => (count.to_string(), limit(&count)),
         Err(why) => (format!("tasks until the expansion fails ({why})"), None),
     };
     let limit = limit.map_or(String::new(), |l| format!("; {l}"));

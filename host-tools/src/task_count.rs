@@ -51,12 +51,16 @@ pub const MAX_HOST_TASKS: usize = 1 << 20;
 /// Loop iterations a host walk that lists every task runs at most.
 pub const MAX_HOST_ITERATIONS: u64 = 1 << 26;
 
-/// Tasks one run may have: the runtime numbers tasks with `u32`.
-pub const MAX_RUN_TASKS: u128 = 1 << 32;
+/// Tasks one run may have: the runtime numbers tasks with `u32`
+/// ([`device_runtime::sched::MAX_RUN_TASKS`]).
+pub const MAX_RUN_TASKS: u128 = device_runtime::sched::MAX_RUN_TASKS as u128;
 
 /// Tasks `wsp run TABLE.bin` runs a table with at most (seconds to a
 /// minute on the host shim): a symbol bound at launch may ask for up to
-/// 2^32 - 1 iterations of a loop.
+/// 2^32 - 1 iterations of a loop. A count known to be larger is refused
+/// before the run ([`TaskCount::check_shim_limit`]); a run whose count
+/// the host cannot tell ends with an error at this many
+/// ([`device_runtime::sched::RunOptions::max_tasks`]).
 pub const MAX_SHIM_TASKS: u128 = 1 << 22;
 
 /// How many tasks a table expands to (the tasks section's included).
@@ -157,6 +161,17 @@ impl TaskCount {
         Ok(())
     }
 
+    /// What a run on the host shim of more tasks than [`MAX_SHIM_TASKS`]
+    /// does, if this count may exceed it (a range whose upper end does:
+    /// [`TaskCount::check_shim_limit`] refuses the rest).
+    pub fn shim_limit(&self) -> Option<String> {
+        (self.most() > MAX_SHIM_TASKS).then(|| {
+            format!(
+                "a run on the host shim stops with an error after {MAX_SHIM_TASKS} tasks (2^22)"
+            )
+        })
+    }
+
     /// What a run of more tasks than [`MAX_RUN_TASKS`] does, if this count
     /// may exceed it.
     pub fn run_limit(&self) -> Option<String> {
@@ -165,8 +180,10 @@ impl TaskCount {
     }
 }
 
-/// Counts the tasks `table` expands to, with data from `arena` (if given)
-/// and `symbols` bound by position, in bounded work (see the module
+/// Counts the tasks `table` expands to, with data from `arena` (if given:
+/// the arena at launch, whose tensors the program declares `INPUT` it
+/// reads; data a run writes is not known before the run) and `symbols`
+/// bound by position, in bounded work (see the module
 /// documentation). An error names the instruction at which the expansion
 /// fails, as it would on the device.
 pub fn count_tasks(
@@ -370,8 +387,17 @@ fn walk(
     symbols: &[i64],
     steps: u64,
 ) -> Result<u64, Unknown> {
+    // `arena` is the arena at launch: it holds the data of the tensors the
+    // program declares INPUT, not yet of those a run writes.
+    let info = table.program_info();
+    let run_writes: Vec<u64> = (info.data().iter().enumerate())
+        .filter(|&(i, _)| info.inputs & (1 << i) == 0)
+        .filter_map(|(_, &t)| table.tensors().get(t as usize))
+        .map(|t| t.arena_offset.get())
+        .collect();
     let mut cx = HostExpansion {
         arena,
+        run_writes: &run_writes,
         symbols,
         next: table.tasks().len() as u64,
         needs_data: false,

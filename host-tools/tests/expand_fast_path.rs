@@ -17,6 +17,7 @@ fn expand(table: &Table<'_>) -> (Vec<TaskSpec>, Option<ExpandError>) {
     let mut expander = Expander::new(table);
     let mut cx = HostExpansion {
         arena: None,
+        run_writes: &[],
         symbols: &[],
         next: 0,
         needs_data: false,

@@ -351,6 +351,114 @@ fn inspect_shows_the_program_as_loops_and_counts_its_tasks() {
     assert!(text.contains("(waits for its writers)"), "{text}");
 }
 
+/// The host counts a table's tasks with the arena at launch: data the
+/// program declares `INPUT` is read from it, data a run writes is not
+/// (the MoE router's counts, above, are a range). The ragged example's
+/// lengths 1, 2, 3, 0, 4, 6, 8, 2: rows of at most 4 run that many adds
+/// (1 + 2 + 3 + 0 + 4 + 2 = 12), the rows of 6 and 8 one softmax each:
+/// 14 tasks, which a run on the shim runs.
+#[test]
+fn the_host_counts_with_the_inputs_of_the_arena_at_launch() {
+    let mut ex = examples::ragged();
+    let table = ex.w.finish().unwrap();
+    let parsed = device_runtime::abi::Table::parse(&table).unwrap();
+    let mut arena = ex.arena(Some(&[1, 2, 3, 0, 4, 6, 8, 2]));
+    let count = |arena| host_tools::task_count::count_tasks(&parsed, arena, &[]).unwrap();
+    assert_eq!(
+        count(Some(&arena.bytes)),
+        host_tools::task_count::TaskCount::Exact(14)
+    );
+    assert!(
+        count(None).to_string().contains("data read at run time"),
+        "{}",
+        count(None)
+    );
+    assert_eq!(run_shim(&table, &mut arena, &[]).unwrap(), 14);
+}
+
+/// A run's task limit (`RunOptions::max_tasks`) bounds a run whose length
+/// data computed on the device decides, which the host can only count as
+/// a range: the MoE layer (the router, then two expert tasks per token for
+/// 32 tokens, 66 tasks; the host counts 2 to 258) runs and checks within
+/// a limit of exactly 66, and a limit of 65 ends the run with an error
+/// naming it, on the shim's threads and in semantic time; a limit of 0 or
+/// past 2^32 is refused before the run.
+#[test]
+fn a_task_limit_bounds_a_run_whose_length_the_data_decides() {
+    use device_runtime::sched::{ConfigError, SchedConfig, MAX_RUN_TASKS};
+    use host_tools::semantic::run_semantic_with;
+    use host_tools::workloads::{Params, Workload as Named};
+    let params = Params {
+        m: 32,
+        n: 32,
+        k: 64,
+        tile: 32,
+        seed: 1,
+    };
+    let w = Named::build("moe", params).unwrap();
+    let parsed = device_runtime::abi::Table::parse(&w.table).unwrap();
+    let counted = host_tools::task_count::count_tasks(&parsed, Some(&w.arena.bytes), &[]);
+    assert_eq!(
+        counted.unwrap().to_string(),
+        "between 2 and 258 tasks (depending on data read at run time)"
+    );
+    let limit = |max| RunOptions {
+        max_tasks: max,
+        ..RunOptions::default()
+    };
+    let shim = |max| {
+        let mut arena = w.arena.clone();
+        let shim = Shim {
+            options: limit(max),
+            ..Shim::default()
+        };
+        let run = shim.run(&w.table, &mut arena.bytes).map(|s| s.tasks);
+        (run, arena)
+    };
+    let semantic = |max| {
+        let mut arena = w.arena.clone();
+        let kinds = Shim::default().core_kinds();
+        run_semantic_with(
+            &w.table,
+            &mut arena.bytes,
+            &kinds,
+            &SchedConfig::default(),
+            &limit(max),
+        )
+        .map(|r| r.stats.tasks)
+    };
+    let (ran, arena) = shim(Some(66));
+    assert_eq!(ran.unwrap(), 66);
+    assert!(w.verify(&arena).passed());
+    assert_eq!(semantic(Some(66)).unwrap(), 66);
+    for e in [
+        shim(Some(65)).0.unwrap_err(),
+        semantic(Some(65)).unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::TooManyTasks { max: 65 })),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("more than 65 tasks, the most this run was allowed"),
+            "{e}"
+        );
+    }
+    for bad in [0, MAX_RUN_TASKS + 1] {
+        let e = shim(Some(bad)).0.unwrap_err();
+        assert!(
+            matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::Config(ConfigError::MaxTasks { tasks, max: MAX_RUN_TASKS }) if tasks == bad)),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("1 to 4294967296 are supported"),
+            "{e}"
+        );
+    }
+    assert_eq!(shim(Some(MAX_RUN_TASKS)).0.unwrap(), 66);
+}
+
 /// `DispatchKey::Loop(0)` with affinity, as the expert loop's own taskset,
 /// keeps each expert of the MoE layer on one scheduler thread; the
 /// task-index key spreads them. (As the run's key, `loop:0` is refused:

@@ -11,7 +11,7 @@ use super::policy::{
     check_key, DispatchPolicy, Lacks, Load, Placement, Policy, TaskInfo, MAX_THREADS,
 };
 use super::record::Launch;
-use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats};
+use super::run::{RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats, MAX_RUN_TASKS};
 use super::{
     Arena, ConfigError, Entry, Queues, SchedConfig, DISPATCH_QUEUE, RELEASED, RUNNING, SUBMIT_BATCH,
 };
@@ -76,6 +76,8 @@ pub struct Dispatcher<'a> {
     /// The run's number of the next task to submit; below the number of
     /// tasks in the tasks section, also its index there.
     next: u64,
+    /// Tasks the run may submit ([`RunOptions::max_tasks`]).
+    max_tasks: u64,
     /// Next stream op to apply (before table task `next`).
     next_op: usize,
     /// The program's machine, once the tasks section is submitted.
@@ -185,6 +187,13 @@ impl<'a> Dispatcher<'a> {
                 max: DISPATCH_QUEUE,
             }));
         }
+        let max_tasks = options.max_tasks.unwrap_or(MAX_RUN_TASKS);
+        if max_tasks == 0 || max_tasks > MAX_RUN_TASKS {
+            return Err(RunError::Config(ConfigError::MaxTasks {
+                tasks: max_tasks,
+                max: MAX_RUN_TASKS,
+            }));
+        }
         let info = table.program_info();
         let window = options.window.unwrap_or(match info.window {
             0 => TASK_WINDOW,
@@ -273,6 +282,7 @@ impl<'a> Dispatcher<'a> {
             eligible,
             eligible_count,
             next: 0,
+            max_tasks,
             next_op: 0,
             expander: Expander::new(table),
             waiting: None,
@@ -564,10 +574,11 @@ impl<'a> Dispatcher<'a> {
             let index = self.next;
             // Task numbers are u32 on the cores' side (queue entries, launch
             // records, reports): a run ends with an error past 2^32 tasks
-            // rather than wrapping, before any figure names a task number.
-            if index > u32::MAX as u64 {
+            // (or the run's lower limit) rather than wrapping, before any
+            // figure names a task number.
+            if index >= self.max_tasks {
                 return Err(RunError::TooManyTasks {
-                    max: u32::MAX as u64 + 1,
+                    max: self.max_tasks,
                 });
             }
             let kind = spec.kernel.kind;

@@ -94,7 +94,7 @@ pub use policy::{
 use ring::Ring;
 pub use run::{
     CoreStats, RunError, RunOptions, RunStats, TableOrchestrator, TasksetStats, ThreadStats,
-    DEPLIST_NODES, MAX_ISSUE_DEPTH, MAX_RUN_CORES, TENSORMAP_ENTRIES,
+    DEPLIST_NODES, MAX_ISSUE_DEPTH, MAX_RUN_CORES, MAX_RUN_TASKS, TENSORMAP_ENTRIES,
 };
 pub use thread::{kernel_args, Arena, Scheduler, ViewCache, VIEW_CACHE};
 
@@ -425,6 +425,9 @@ pub enum ConfigError {
     Policy(PolicyError),
     /// A task window out of 1 ..= `max` (the runtime's task window).
     Window { tasks: usize, max: usize },
+    /// A run's task limit ([`RunOptions::max_tasks`](crate::sched::RunOptions::max_tasks))
+    /// out of 1 ..= `max`.
+    MaxTasks { tasks: u64, max: u64 },
     /// The build does not have the policy a program's taskset asks for.
     TasksetPolicy { taskset: u8, error: PolicyError },
     /// A policy chose a thread that does not exist.
@@ -460,6 +463,9 @@ impl core::fmt::Display for ConfigError {
             ConfigError::Policy(e) => write!(f, "{e}"),
             ConfigError::Window { tasks, max } => {
                 write!(f, "task window {tasks}; 1 to {max} tasks are supported")
+            }
+            ConfigError::MaxTasks { tasks, max } => {
+                write!(f, "a limit of {tasks} tasks a run; 1 to {max} are supported")
             }
             ConfigError::TasksetPolicy { taskset, error } => {
                 write!(f, "the program's taskset {taskset}: {error}")

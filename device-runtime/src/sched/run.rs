@@ -78,7 +78,18 @@ pub struct RunOptions {
     /// 1 ..= [`TASK_WINDOW`]. `None` (the default): the program's `WINDOW`
     /// if it has one, else [`TASK_WINDOW`].
     pub window: Option<usize>,
+    /// Tasks the run may submit at most, 1 ..= [`MAX_RUN_TASKS`]; one more
+    /// ends the run with [`RunError::TooManyTasks`] (after draining what
+    /// runs). `None` (the default): [`MAX_RUN_TASKS`]. A runner whose host
+    /// cannot tell a program's length before the run (symbols bound at
+    /// launch or data a run writes decide its loops) bounds how long the
+    /// run can take with it, rather than running billions of tasks.
+    pub max_tasks: Option<u64>,
 }
+
+/// Tasks one run submits at most: the cores' side numbers tasks in 32 bits
+/// (queue entries, launch records, reports).
+pub const MAX_RUN_TASKS: u64 = 1 << 32;
 
 /// Most tasks one core holds at once (the issue protocol's payload buffers).
 pub const MAX_ISSUE_DEPTH: usize = crate::mailbox::DEPTH;
@@ -91,6 +102,7 @@ impl Default for RunOptions {
             issue_depth: None,
             symbols: Symbols::default(),
             window: None,
+            max_tasks: None,
         }
     }
 }
@@ -426,7 +438,9 @@ pub enum RunError {
     /// The orchestrator refused the program's event op at `pc` (e.g. a
     /// wait on an event not recorded before it ran).
     ProgramEventRefused { pc: u32, why: UsageError },
-    /// A run numbers its tasks in 32 bits.
+    /// The run would submit more tasks than its
+    /// [`RunOptions::max_tasks`] (at most [`MAX_RUN_TASKS`]: a run numbers
+    /// its tasks in 32 bits).
     TooManyTasks { max: u64 },
     /// A scratch tensor could not get heap ring storage: the report names
     /// the tensor and the sizes.
@@ -519,7 +533,14 @@ impl fmt::Display for RunError {
             RunError::ProgramEventRefused { pc, why } => {
                 write!(f, "program instruction {pc}: {why}")
             }
-            RunError::TooManyTasks { max } => write!(f, "more than {max} tasks in one run"),
+            RunError::TooManyTasks { max } if max == MAX_RUN_TASKS => write!(
+                f,
+                "the program expands to more than {max} tasks (2^32), the most one run numbers"
+            ),
+            RunError::TooManyTasks { max } => write!(
+                f,
+                "the program expands to more than {max} tasks, the most this run was allowed (RunOptions::max_tasks)"
+            ),
             RunError::Scratch(e) => write!(f, "{e}"),
         }
     }

@@ -17,6 +17,7 @@ use host_tools::record::Sink;
 use host_tools::semantic::{run_semantic_observed, run_semantic_with};
 use host_tools::shim::{Shim, ShimError};
 use host_tools::table::Arena;
+use host_tools::task_count::{TaskCount, MAX_SHIM_TASKS};
 use host_tools::trace::TraceOptions;
 use host_tools::workload_file::{FileWorkload, WorkloadFile};
 use host_tools::workloads::{sizes_read, Params, Verification, Workload, NAMES};
@@ -58,7 +59,8 @@ enum Command {
         out: Option<PathBuf>,
         /// A table's program symbols, bound at launch by position (e.g.
         /// `--symbols 3,7`). Symbols that make the program expand to more
-        /// than 2^22 tasks are refused.
+        /// than 2^22 tasks are refused; a run whose data decides more ends
+        /// with an error at 2^22.
         #[arg(long = "symbols", value_delimiter = ',', allow_negative_numbers = true)]
         table_symbols: Option<Vec<i64>>,
         /// Emulated cube cores (matrix kernels).
@@ -722,7 +724,10 @@ fn run_table(
     setup.shim.options.symbols = Symbols::new(symbols).context("--symbols: too many symbols")?;
     // Symbols may ask for billions of tasks: too many is refused before the
     // run (an expansion that fails is left to the run, which names where).
-    if let Ok(count) = host_tools::task_count::count_tasks(&table, Some(&data), symbols) {
+    // Counted with the run's data, once: for the limit, the summary and the
+    // progress bar.
+    let counted = host_tools::task_count::count_tasks(&table, Some(&data), symbols);
+    if let Ok(count) = &counted {
         count.check_shim_limit().map_err(|why| {
             let list: Vec<String> = symbols.iter().map(i64::to_string).collect();
             match symbols {
@@ -730,10 +735,17 @@ fn run_table(
                 _ => anyhow::anyhow!("{path} with --symbols {}: {why}", list.join(",")),
             }
         })?;
+        if let TaskCount::Exact(n) = *count {
+            setup.total = u64::try_from(n).ok();
+        }
     }
+    // A count the host cannot tell before the run (data the run writes
+    // decides it, or a range's upper end is past the limit) is bounded
+    // during the run: it ends with an error after that many tasks.
+    setup.shim.options.max_tasks = Some(MAX_SHIM_TASKS as u64);
     say!(
         "table     {path}: {}",
-        host_tools::inspect::summary(&table, None, symbols)
+        host_tools::inspect::summary_with(&table, counted, TaskCount::shim_limit)
     );
     match arena {
         Some(a) => say!("arena     {} ({size} bytes)", a.display()),

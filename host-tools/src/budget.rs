@@ -220,18 +220,24 @@ fn kv(lengths: &[u32], page: u32) -> Kv {
 /// `decode-device`: q, the paged pool, the page tables, out and the
 /// partial states; a partial per chunk and a merge per split (request,
 /// KV head), and the device's planning task.
+/// An attention workload has at least a partial per (request, KV head):
+/// past the task cap with `partials` of them, the footprint that says so,
+/// worked out before any length is listed.
+fn partials_past_the_cap(partials: u128) -> Option<Footprint> {
+    (partials > MAX_TASKS as u128).then_some(Footprint {
+        arena: 0,
+        tasks: partials,
+    })
+}
+
 fn decode(name: &str, p: &Params) -> Option<Footprint> {
     use crate::attention::workload::{lengths_of, KV_HEADS, Q_HEADS};
     if p.m == 0 || p.n == 0 || p.tile == 0 || !(1..=crate::attention::kv::MAX_DIM).contains(&p.k) {
         return None;
     }
     let (b, kvh, qh) = (p.m as u128, KV_HEADS as u128, Q_HEADS as u128);
-    // At least a partial per (request, KV head): too many before any length is listed.
-    if b * kvh > MAX_TASKS as u128 {
-        return Some(Footprint {
-            arena: 0,
-            tasks: b * kvh,
-        });
+    if let Some(refused) = partials_past_the_cap(b * kvh) {
+        return Some(refused);
     }
     let device = name == "decode-device";
     let lengths = lengths_of(if device { "decode" } else { name }, p.m, p.n);
@@ -274,11 +280,8 @@ fn sparse(p: &Params) -> Option<Footprint> {
         return None;
     }
     let (b, kvh, qh) = (p.m as u128, KV_HEADS as u128, Q_HEADS as u128);
-    if b * kvh > MAX_TASKS as u128 {
-        return Some(Footprint {
-            arena: 0,
-            tasks: b * kvh,
-        });
+    if let Some(refused) = partials_past_the_cap(b * kvh) {
+        return Some(refused);
     }
     let lengths = lengths_of(p.m, p.n, &tiers);
     let (d, page) = (p.k as u128, p.tile as u128);

@@ -11,7 +11,11 @@
 //! ([`host_tools::heap::run_state`]). "new thread" runs each run on a
 //! thread of its own, as `cargo test` runs each test (a new thread's
 //! stack and allocations fault in fresh pages); "thread" is starting and
-//! joining an empty thread, measured alone.
+//! joining an empty thread, measured alone. "shim" runs the same table
+//! on the host shim as `wsp run` and the tests do: two cube and two
+//! vector AICores, each a host thread of its own, running the real `add`
+//! kernel (a run's threads are workers kept between runs,
+//! [`host_tools::workers`]).
 //!
 //! Peer in the same run: a `rayon` pool of as many threads running the
 //! same number of empty tasks in a `scope` (what a run of independent
@@ -27,7 +31,7 @@ use std::time::Instant;
 use device_runtime::abi::Table;
 use device_runtime::sched::{RunOptions, SchedConfig};
 use host_tools::pinning::Placement;
-use host_tools::shim::{run_threads_placed, HostClock};
+use host_tools::shim::{run_threads_placed, HostClock, Shim};
 
 mod common;
 use common::EmptyCores;
@@ -80,8 +84,8 @@ fn main() {
     let clock = HostClock::new();
     let per = if smoke() { 3 } else { 200 };
     println!(
-        "{:>6} {:>7}  {:>9} {:>9} {:>7}  {:>10} {:>8}",
-        "tasks", "threads", "ours µs", "rayon µs", "ratio", "new thread", "thread"
+        "{:>6} {:>7}  {:>9} {:>9} {:>7}  {:>10} {:>8} {:>8}",
+        "tasks", "threads", "ours µs", "rayon µs", "ratio", "new thread", "thread", "shim µs"
     );
     for threads in [1, 2] {
         for n in [1, 8, 64] {
@@ -95,6 +99,17 @@ fn main() {
                 std::thread::scope(|s| {
                     s.spawn(|| run(&table, &mut arena, threads, &clock));
                 })
+            });
+            let shim = Shim {
+                sched: SchedConfig {
+                    threads,
+                    ..SchedConfig::default()
+                },
+                ..Shim::default()
+            };
+            let on_shim = median(per / 4 + 1, || {
+                let stats = shim.run(&bytes, &mut arena).unwrap();
+                assert_eq!(stats.tasks as usize, table.tasks().len());
             });
             let spawn = median(per / 4 + 1, || {
                 std::thread::scope(|s| {
@@ -119,7 +134,7 @@ fn main() {
             });
             drop(pool);
             println!(
-                "{n:>6} {threads:>7}  {ours:>9.1} {peer:>9.1} {:>7.1}  {fresh:>10.1} {spawn:>8.1}",
+                "{n:>6} {threads:>7}  {ours:>9.1} {peer:>9.1} {:>7.1}  {fresh:>10.1} {spawn:>8.1} {on_shim:>8.1}",
                 ours / peer
             );
         }

@@ -43,6 +43,7 @@ pub mod summary;
 pub mod table;
 pub mod task_count;
 pub mod trace;
+pub mod workers;
 pub mod workload_file;
 pub mod workloads;
 pub mod wsp9;

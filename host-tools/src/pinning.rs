@@ -1,14 +1,16 @@
 //! Pinning a threaded shim run's scheduler threads, one to a processor.
 //!
-//! Why: a run spawns its scheduler threads anew (thread 0 is the caller's),
-//! and the OS places a new or woken thread by its load figures and by who
+//! Why: a run wakes or starts a host thread for each scheduler thread but
+//! thread 0 (the caller's; see [`crate::workers`]), and the OS places a
+//! new or woken thread by its load figures and by who
 //! woke it, which can be the processor of another of the run's threads
 //! while a processor idles. Two threads on one processor take turns (a
 //! spinning one for a whole tick of the OS, 4 ms on a kernel with
 //! `HZ = 250`), and the run measures one processor instead of two
 //! (`BENCHMARKS.md`, "Seventh pass"). The device pins its AICPU threads
 //! by construction; on the host, pinning is asked for with
-//! [`Placement::Pinned`].
+//! [`Placement::Pinned`]. A worker thread pinned for a run is given the
+//! caller's processors back when its part of the run ends.
 //!
 //! Linux only: elsewhere a pinned run is refused with
 //! [`PinError::Unsupported`].

@@ -266,14 +266,14 @@ impl Shim {
             .map(|g| g.iter().map(|&c| kinds[c]).collect())
             .collect();
         let clock = HostClock::new();
-        std::thread::scope(|s| {
-            for (core, mailbox) in mailboxes.iter().flatten().enumerate() {
-                // Named, so that profilers and debuggers tell them apart.
-                std::thread::Builder::new()
-                    .name(format!("wsp-core-{core}"))
-                    .spawn_scoped(s, move || serve(mailbox, std::thread::yield_now))
-                    .expect("the host could not start an emulated core's thread");
-            }
+        crate::workers::scope(|s| {
+            let cores: Vec<_> = (mailboxes.iter().flatten().enumerate())
+                .map(|(core, mailbox)| {
+                    // Named, so that profilers and debuggers tell them apart.
+                    let name = format!("wsp-core-{core}");
+                    s.spawn(&name, move || serve(mailbox, std::thread::yield_now))
+                })
+                .collect();
             let result = (0..groups.len())
                 .map(|t| {
                     let fault = fault.and_then(|f| f.on_cores(groups[t].iter().copied()));
@@ -319,6 +319,11 @@ impl Shim {
                 .iter()
                 .flatten()
                 .for_each(CoreMailbox::request_exit);
+            for core in cores {
+                if let Err(panic) = core.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
             result
         })
     }
@@ -493,7 +498,7 @@ fn run_threads_observing<'o, P: Platform + Send>(
     }
     let others = schedulers.split_off(1);
     let mut leader = schedulers.pop().expect("one scheduler per thread");
-    std::thread::scope(|s| {
+    crate::workers::scope(|s| {
         let start = leader.platform().now();
         let handles: Vec<_> = others
             .into_iter()
@@ -502,22 +507,27 @@ fn run_threads_observing<'o, P: Platform + Send>(
                 // Named (thread 0 is the caller's, which also dispatches),
                 // so that profilers tell the threads apart: `perf report
                 // --sort comm,sym` gives each thread's own profile.
-                let named = std::thread::Builder::new().name(format!("wsp-sched-{}", i + 1));
-                named
-                    .spawn_scoped(s, move || {
-                        // Pinned before the thread takes any work. A thread that
-                        // cannot pin aborts the run, which stops the others.
-                        let pinned = pins.map_or(Ok(()), |p| p.pin(i + 1));
-                        let result = match pinned {
-                            Ok(()) => scheduler.serve().map_err(ShimError::from),
-                            Err(e) => {
-                                scheduler.abort();
-                                Err(ShimError::Pin(e))
-                            }
-                        };
-                        (scheduler, result)
-                    })
-                    .expect("the host could not start a scheduler thread")
+                let name = format!("wsp-sched-{}", i + 1);
+                s.spawn(&name, move || {
+                    // Pinned before the thread takes any work. A thread that
+                    // cannot pin aborts the run, which stops the others.
+                    let pinned = pins.map_or(Ok(()), |p| p.pin(i + 1));
+                    let result = match pinned {
+                        Ok(()) => scheduler.serve().map_err(ShimError::from),
+                        Err(e) => {
+                            scheduler.abort();
+                            Err(ShimError::Pin(e))
+                        }
+                    };
+                    // The worker serves later runs: it leaves with the
+                    // processors the caller had before the run was pinned.
+                    let restored = pins.map_or(Ok(()), Pins::restore);
+                    let result = match (result, restored) {
+                        (Ok(()), Err(e)) => Err(ShimError::Pin(e)),
+                        (result, _) => result,
+                    };
+                    (scheduler, result)
+                })
             })
             .collect();
         let led = drive_leader(&mut dispatcher, &mut leader);

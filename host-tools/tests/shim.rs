@@ -230,6 +230,17 @@ fn a_pinned_run_computes_the_same_and_gives_the_caller_its_processors_back() {
     let check = w.verify(&pinned);
     assert!(check.passed(), "pinned: {check}");
     assert_eq!(processors().unwrap(), available, "the caller's set is back");
+    // So is every worker thread's, which later runs borrow: eight jobs
+    // take the eight workers that became idle last (the pinned run's
+    // among them, unless another test's run took it meanwhile; without
+    // the restore it may use one processor).
+    let sets = host_tools::workers::scope(|s| {
+        let jobs: Vec<_> = (0..8).map(|_| s.spawn("wsp-test", processors)).collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(sets.iter().all(|s| *s == available), "{sets:?}");
     let mut free = w.arena.clone();
     shim(Placement::Os).run(&w.table, &mut free.bytes).unwrap();
     assert!(
@@ -297,8 +308,13 @@ impl device_runtime::platform::Platform for NamingCores {
             return false;
         }
         self.busy |= 1 << core;
-        let name = std::thread::current().name().unwrap_or("").to_string();
-        self.names.lock().unwrap().insert(name);
+        // The name the OS keeps, which profilers show (a worker thread
+        // lent to the run carries the job's name only there).
+        let name = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
+        self.names
+            .lock()
+            .unwrap()
+            .insert(name.trim_end().to_string());
         true
     }
     fn poll(&mut self, core: usize) -> Option<device_runtime::platform::Completion> {
@@ -311,7 +327,9 @@ impl device_runtime::platform::Platform for NamingCores {
 }
 
 /// Scheduler threads carry names (thread 0 is the caller's), so that a
-/// profiler or a debugger tells them apart (`perf report --sort comm`).
+/// profiler or a debugger tells them apart (`perf report --sort comm`),
+/// also when the thread is a worker kept from an earlier run: two runs.
+#[cfg(target_os = "linux")]
 #[test]
 fn scheduler_threads_are_named() {
     use device_runtime::sched::{PolicyKind, RunOptions, SchedConfig};
@@ -335,30 +353,34 @@ fn scheduler_threads_are_named() {
     let table = device_runtime::abi::Table::parse(&table).unwrap();
     let names = std::sync::Arc::default();
     let clock = host_tools::shim::HostClock::new();
-    let platforms = (0..2)
-        .map(|_| NamingCores {
-            busy: 0,
-            names: std::sync::Arc::clone(&names),
-            clock: clock.clone(),
-        })
-        .collect();
     // Round-robin places every other task on thread 1, which issues it.
     let sched = SchedConfig {
         threads: 2,
         policy: PolicyKind::RoundRobin,
         ..SchedConfig::default()
     };
-    let stats = host_tools::shim::run_threads_placed(
-        &table,
-        &mut arena,
-        platforms,
-        &[vec![0, 1], vec![2, 3]],
-        &sched,
-        &RunOptions::default(),
-        Placement::Os,
-    )
-    .unwrap();
-    assert_eq!(stats.tasks, 64);
-    let names = names.lock().unwrap();
-    assert!(names.contains("wsp-sched-1"), "launched from {names:?}");
+    for _run in 0..2 {
+        let platforms = (0..2)
+            .map(|_| NamingCores {
+                busy: 0,
+                names: std::sync::Arc::clone(&names),
+                clock: clock.clone(),
+            })
+            .collect();
+        let stats = host_tools::shim::run_threads_placed(
+            &table,
+            &mut arena,
+            platforms,
+            &[vec![0, 1], vec![2, 3]],
+            &sched,
+            &RunOptions::default(),
+            Placement::Os,
+        )
+        .unwrap();
+        assert_eq!(stats.tasks, 64);
+        let mut names = names.lock().unwrap();
+        assert!(names.contains("wsp-sched-1"), "launched from {names:?}");
+        assert!(!names.contains("wsp-worker"), "launched from {names:?}");
+        names.clear();
+    }
 }

@@ -221,6 +221,16 @@ fn the_task_window_bounds_the_tasks_in_flight() {
     spans.sort();
     assert_eq!(spans.len(), 64);
     assert!(spans.windows(2).all(|p| p[1].0 >= p[0].1), "{spans:?}");
+    // Every task but the first waits for room once; none after the last.
+    assert_eq!(ring(&one).stalls, 63);
+    // A window as large as the run never stalls it.
+    let full = RunOptions {
+        window: Some(64),
+        ..RunOptions::default()
+    };
+    let sixty_four = run(&table1, size, &rr, &full);
+    assert_eq!(ring(&sixty_four).high_water, 64);
+    assert_eq!(ring(&sixty_four).stalls, 0);
     assert!(
         one.makespan > 4 * open.makespan / 2,
         "{} vs {}",

@@ -548,15 +548,26 @@ impl<'a> Dispatcher<'a> {
         }
         let mut submitted = false;
         for _ in 0..SUBMIT_BATCH {
-            // Stalling before the task is built costs less than after.
-            match self.orch.window_full(now) {
-                Ok(false) => {}
-                Ok(true) => break,
-                Err(SubmitError::Deadlock(cause)) => {
-                    let report = self.orch.report_linked(cause, &self.queues.graph);
-                    return Err(RunError::Deadlock(report));
+            if self.orch.in_flight() >= self.orch.window() {
+                // A full window is a stall only if a task waits for room:
+                // the next one is built (once; it is pending until it goes
+                // in), and none left ends the round without a stall.
+                if !self.pending {
+                    if !self.next_task(now)? {
+                        submitted |= core::mem::take(&mut self.yielded);
+                        break;
+                    }
+                    self.pending = true;
                 }
-                Err(_) => unreachable!("a full window stalls or deadlocks"),
+                match self.orch.window_full(now) {
+                    Ok(false) => {}
+                    Ok(true) => break,
+                    Err(SubmitError::Deadlock(cause)) => {
+                        let report = self.orch.report_linked(cause, &self.queues.graph);
+                        return Err(RunError::Deadlock(report));
+                    }
+                    Err(_) => unreachable!("a full window stalls or deadlocks"),
+                }
             }
             if !core::mem::take(&mut self.pending) && !self.next_task(now)? {
                 // A program that ran out of its step budget has more to do

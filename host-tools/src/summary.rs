@@ -10,8 +10,9 @@ use serde_json::{json, Value};
 
 use crate::workloads::Verification;
 
-/// The run's figures: tasks, time (semantic cycles or platform ticks and
-/// microseconds), policy, window, per thread, per core and per stall
+/// The run's figures: tasks, time (semantic cycles, or platform ticks
+/// and microseconds; `ticks_per_second` and `wall_micros` are null in
+/// semantic time), policy, window, per thread, per core and per stall
 /// reason.
 pub fn run_json(stats: &RunStats, semantic: bool) -> Value {
     let threads: Vec<Value> = stats
@@ -64,8 +65,10 @@ pub fn run_json(stats: &RunStats, semantic: bool) -> Value {
         "tasks": stats.tasks,
         "clock": if semantic { "cycles" } else { "ticks" },
         "ticks": stats.wall_ticks,
-        "ticks_per_second": stats.ticks_per_second,
-        "wall_micros": stats.wall_micros(),
+        // A semantic run's clock counts the kernels' cycles: it has no
+        // rate and no wall time.
+        "ticks_per_second": (!semantic).then_some(stats.ticks_per_second),
+        "wall_micros": (!semantic).then(|| stats.wall_micros()),
         "total_cycles": stats.total_cycles(),
         "policy": stats.policy,
         "window": stats.window,

@@ -210,10 +210,10 @@ pub struct Verification {
     pub output: String,
     /// Elements compared.
     pub elements: usize,
-    /// The largest |output - reference|.
+    /// The largest |output - reference| (NaN if an output is NaN).
     pub max_abs_err: f64,
     /// The largest |output - reference| / |reference| over nonzero
-    /// references.
+    /// references (NaN if an output is NaN).
     pub max_rel_err: f64,
     /// The largest error divided by its allowed bound: at most 1 to pass.
     pub worst_error_over_bound: f64,
@@ -257,9 +257,16 @@ impl Verification {
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let err = (g as f64 - w).abs();
             let ratio = if err == 0.0 { 0.0 } else { err / bound(i) };
-            v.max_abs_err = v.max_abs_err.max(err);
-            if w != 0.0 {
-                v.max_rel_err = v.max_rel_err.max(err / w.abs());
+            if err.is_nan() || v.max_abs_err.is_nan() {
+                // `max` drops a NaN: an output NaN must show in the
+                // figures too, not only in the verdict.
+                v.max_abs_err = f64::NAN;
+                v.max_rel_err = f64::NAN;
+            } else {
+                v.max_abs_err = v.max_abs_err.max(err);
+                if w != 0.0 {
+                    v.max_rel_err = v.max_rel_err.max(err / w.abs());
+                }
             }
             // NaN compares false everywhere: make it fail loudly.
             v.worst_error_over_bound = if ratio.is_nan() {

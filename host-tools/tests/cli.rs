@@ -85,6 +85,21 @@ fn a_built_table_runs_on_the_shim_and_its_arena_verifies() {
     // The unchanged input arena does not pass: the run computed the result.
     let o = wsp(&["verify", "gemm", "--arena", &arena]);
     assert!(!o.status.success(), "{}", stdout(&o));
+    // NaN outputs (every byte 0xff is a NaN f32) fail, and the figures
+    // say NaN rather than an error of 0.
+    let nan = format!("{d}/nan.bin");
+    std::fs::write(
+        &nan,
+        vec![0xffu8; std::fs::metadata(&out).unwrap().len() as usize],
+    )
+    .unwrap();
+    let o = wsp(&["verify", "gemm", "--arena", &nan]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("max abs err NaN, max rel err NaN, worst err/bound inf"),
+        "{}",
+        stdout(&o)
+    );
     // Without --arena the table runs on zeroes (C = 0 x 0 = 0).
     let o = wsp(&["run", &table, "--out", &out, "--semantic"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -246,6 +261,24 @@ fn inspect_counts_a_tables_tasks_with_the_symbols_given() {
         "{}",
         stdout(&o)
     );
+    // More values than the program reads would be dropped unread; a
+    // name bound twice would keep one of them: both refused.
+    let o = wsp(&["inspect", &table, "--symbols", "2,3"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("--symbols: 2 given; the table's program reads 1"),
+        "{}",
+        stderr(&o)
+    );
+    for command in ["inspect", "run"] {
+        let o = wsp(&[command, toml, "--symbol", "mt=2", "--symbol", "mt=3"]);
+        assert_eq!(o.status.code(), Some(1), "{command}: {}", stdout(&o));
+        assert!(
+            stderr(&o).contains("--symbol mt is given twice (mt=2 and mt=3)"),
+            "{command}: {}",
+            stderr(&o)
+        );
+    }
     // Each kind of input takes its own form of symbols.
     let o = wsp(&["inspect", toml, "--symbols", "3"]);
     assert!(

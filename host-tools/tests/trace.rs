@@ -580,4 +580,13 @@ fn wsp_run_json_prints_the_figures_as_one_json_object() {
         );
     }
     assert_eq!(v["checks"][0]["passed"], true);
+    assert_eq!(v["run"]["clock"], "ticks");
+    assert!(v["run"]["wall_micros"].as_u64().unwrap() > 0);
+    // In semantic time the clock counts cycles: no rate, no wall time.
+    let out = wsp(&["run", "mlp", "--json", "--semantic"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["run"]["clock"], "cycles");
+    assert!(v["run"]["ticks"].as_u64().unwrap() > 0);
+    assert!(v["run"]["wall_micros"].is_null(), "{}", v["run"]);
+    assert!(v["run"]["ticks_per_second"].is_null(), "{}", v["run"]);
 }

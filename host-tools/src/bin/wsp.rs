@@ -352,20 +352,46 @@ fn classify(arg: &str) -> Input {
     }
 }
 
-/// `NAME=VALUE` arguments.
+/// `NAME=VALUE` arguments; a name given twice is refused (which value
+/// would count is not for `wsp` to guess).
 fn parse_symbols(args: &[String]) -> Result<Vec<(String, i64)>> {
-    args.iter()
-        .map(|a| {
-            let (name, value) = a
-                .split_once('=')
-                .with_context(|| format!("--symbol {a}: expected NAME=VALUE"))?;
-            let value = value
-                .trim()
-                .parse()
-                .with_context(|| format!("--symbol {a}: {value} is not an integer"))?;
-            Ok((name.trim().to_string(), value))
-        })
-        .collect()
+    let mut bound: Vec<(String, i64)> = Vec::with_capacity(args.len());
+    for a in args {
+        let (name, value) = a
+            .split_once('=')
+            .with_context(|| format!("--symbol {a}: expected NAME=VALUE"))?;
+        let value = value
+            .trim()
+            .parse()
+            .with_context(|| format!("--symbol {a}: {value} is not an integer"))?;
+        let name = name.trim().to_string();
+        if let Some((_, first)) = bound.iter().find(|(n, _)| *n == name) {
+            bail!("--symbol {name} is given twice ({name}={first} and {a}); give it once");
+        }
+        bound.push((name, value));
+    }
+    Ok(bound)
+}
+
+/// `--symbols` binds exactly the symbols the table's program reads, by
+/// position: fewer or more is refused, saying how many.
+fn check_symbol_count(table: &device_runtime::abi::Table<'_>, symbols: &[i64]) -> Result<()> {
+    let reads = table.program_info().symbols;
+    if symbols.len() != reads {
+        let how = match reads {
+            0 => "leave out --symbols".to_string(),
+            1 => "bind symbol 0: --symbols V0".to_string(),
+            _ => format!(
+                "bind symbols 0 to {} by position: --symbols V0,V1,...",
+                reads - 1
+            ),
+        };
+        bail!(
+            "--symbols: {} given; the table's program reads {reads} ({how})",
+            symbols.len(),
+        );
+    }
+    Ok(())
 }
 
 fn load_file(path: &str, symbols: &[String]) -> Result<FileWorkload> {
@@ -706,21 +732,7 @@ fn run_table(
             data
         }
     };
-    let reads = table.program_info().symbols;
-    if symbols.len() != reads {
-        let how = match reads {
-            0 => "leave out --symbols".to_string(),
-            1 => "bind symbol 0: --symbols V0".to_string(),
-            _ => format!(
-                "bind symbols 0 to {} by position: --symbols V0,V1,...",
-                reads - 1
-            ),
-        };
-        bail!(
-            "--symbols: {} given; the table's program reads {reads} ({how})",
-            symbols.len(),
-        );
-    }
+    check_symbol_count(&table, symbols)?;
     setup.shim.options.symbols = Symbols::new(symbols).context("--symbols: too many symbols")?;
     // Symbols may ask for billions of tasks: too many is refused before the
     // run (an expansion that fails is left to the run, which names where).
@@ -967,7 +979,16 @@ fn run(cli: Cli) -> Result<bool> {
                     }
                     let bytes = std::fs::read(&table)
                         .with_context(|| format!("reading {}", table.display()))?;
-                    (bytes, None, table_symbols.unwrap_or_default())
+                    let bound = table_symbols.unwrap_or_default();
+                    // Fewer than the program reads leaves the rest to the
+                    // count's range; more would be dropped unread. (An
+                    // invalid table is inspected for its problems, below.)
+                    if let Ok(parsed) = device_runtime::abi::Table::parse(&bytes) {
+                        if bound.len() > parsed.program_info().symbols {
+                            check_symbol_count(&parsed, &bound)?;
+                        }
+                    }
+                    (bytes, None, bound)
                 }
             };
             let names = file

@@ -100,6 +100,14 @@ fn a_built_table_runs_on_the_shim_and_its_arena_verifies() {
         "{}",
         stdout(&o)
     );
+    // The directory itself is not a workload, and wsp says what is.
+    let o = wsp(&["run", d]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("a directory, not a workload"),
+        "{}",
+        stderr(&o)
+    );
     // Without --arena the table runs on zeroes (C = 0 x 0 = 0).
     let o = wsp(&["run", &table, "--out", &out, "--semantic"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -421,6 +421,12 @@ impl WorkloadArgs {
                 self.workload
             ),
             Input::Named => {
+                if !NAMES.contains(&self.workload.as_str()) && Path::new(&self.workload).is_dir() {
+                    bail!(
+                        "{}: a directory, not a workload (`wsp build W --out DIR` writes DIR/table.bin and DIR/arena.bin; `wsp run DIR/table.bin --arena DIR/arena.bin` runs them)",
+                        self.workload
+                    );
+                }
                 if !self.symbols.is_empty() {
                     bail!("--symbol applies to workload files, not to built-in workloads");
                 }

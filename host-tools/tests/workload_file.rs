@@ -822,3 +822,184 @@ body = [
         assert!(e.line.is_some(), "{e}");
     }
 }
+
+/// A scratch tensor written in part, then read whole: T's row 0 only.
+const PART: &str = r#"[schedule]
+heap = 256
+
+[tensors]
+A = { shape = [8, 8], init = "random", seed = 1 }
+T = { shape = [8, 8], scratch = true }
+D = { shape = [8, 8] }
+
+[[body]]
+call = "add"
+args = ["A[0, 0; 1 x 8]", "A[0, 0; 1 x 8]", "T[0, 0; 1 x 8]"]
+
+[[body]]
+call = "add"
+args = ["T", "A", "D"]
+"#;
+
+/// The f32 data of tensor `name` after a run.
+fn tensor(w: &FileWorkload, arena: &Arena, name: &str) -> Vec<f32> {
+    let l = w.tensors.iter().find(|l| l.name == name).unwrap();
+    arena.read_f32(l)
+}
+
+/// A read of a scratch element no task wrote since the tensor's scope
+/// began is refused, naming the tensor, the element and the call's line:
+/// the heap holds whatever it held, not zeros.
+#[test]
+fn a_read_of_unwritten_scratch_elements_is_refused() {
+    // Row 0 written, the whole tensor read by the call at line 13: the
+    // first element missing is row 1's first.
+    let e = refused(PART);
+    assert_eq!(e.kind, ErrorKind::Expand, "{e}");
+    assert_eq!((e.line, e.column), (Some(13), Some(1)), "{e}");
+    assert!(
+        e.message.contains(
+            "call add argument 0 (a) reads element [1, 0] of scratch tensor `T`, \
+             which no task has written since its scope began"
+        ),
+        "{e}"
+    );
+    // The left half written: the first missing element is [0, 4].
+    let e = refused(
+        &PART
+            .replace("\"T[0, 0; 1 x 8]\"", "\"T[0, 0; 8 x 4]\"")
+            .replace(
+                "\"A[0, 0; 1 x 8]\", \"A[0, 0; 1 x 8]\"",
+                "\"A[0, 0; 8 x 4]\", \"A[0, 0; 8 x 4]\"",
+            ),
+    );
+    assert!(
+        e.message
+            .contains("reads element [0, 4] of scratch tensor `T`"),
+        "{e}"
+    );
+    // gemm_tile accumulates into its output, so it reads it: a scratch
+    // output no task wrote is refused too.
+    let gemm = PART
+        .replace("\"T[0, 0; 1 x 8]\"", "\"D[0, 0; 1 x 8]\"")
+        .replace(
+            "call = \"add\"\nargs = [\"T\", \"A\", \"D\"]",
+            "call = \"gemm_tile\"\nargs = [\"A\", \"A\", \"T\"]",
+        );
+    let e = refused(&gemm);
+    assert_eq!(e.line, Some(13), "{e}");
+    assert!(
+        e.message
+            .contains("call gemm_tile argument 2 (c) reads element [0, 0] of scratch tensor `T`"),
+        "{e}"
+    );
+    // Each row written by a loop, then the whole read: valid, and the run
+    // passes with D = (A + A) + A.
+    let whole = PART.replace(
+        "call = \"add\"\nargs = [\"A[0, 0; 1 x 8]\", \"A[0, 0; 1 x 8]\", \"T[0, 0; 1 x 8]\"]",
+        "parallel = \"i\"\ndense = 8\nbody = [\n  { call = \"add\", args = [\"A[i, 0; 1 x 8]\", \"A[i, 0; 1 x 8]\", \"T[i, 0; 1 x 8]\"] },\n]",
+    );
+    let w = WorkloadFile::parse(&whole).unwrap().build(&[]).unwrap();
+    let (arena, ran) = run(&w);
+    assert_eq!(ran, 9);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+    let a = tensor(&w, &w.arena, "A");
+    let d = tensor(&w, &arena, "D");
+    for (x, y) in a.iter().zip(&d) {
+        assert_eq!(*y, (x + x) + x);
+    }
+}
+
+/// `free` ends a scratch tensor's scope: what was written before it is
+/// gone, in a plain program and in a process (the table walk).
+#[test]
+fn a_free_forgets_what_a_scratch_tensor_held() {
+    let plain = r#"[schedule]
+heap = 256
+
+[tensors]
+A = { shape = [8, 8], init = "random", seed = 1 }
+T = { shape = [8, 8], scratch = true }
+D = { shape = [8, 8] }
+E = { shape = [8, 8] }
+
+[[body]]
+call = "add"
+args = ["A", "A", "T"]
+
+[[body]]
+call = "add"
+args = ["T", "A", "D"]
+
+[[body]]
+free = "T"
+
+[[body]]
+call = "add"
+args = ["A", "A", "T"]
+
+[[body]]
+call = "add"
+args = ["T", "D", "E"]
+"#;
+    // Valid: E = (A + A) + ((A + A) + A).
+    let w = WorkloadFile::parse(plain).unwrap().build(&[]).unwrap();
+    let (arena, _) = run(&w);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+    let a = tensor(&w, &w.arena, "A");
+    let e = tensor(&w, &arena, "E");
+    for (x, y) in a.iter().zip(&e) {
+        assert_eq!(*y, (x + x) + ((x + x) + x));
+    }
+    // After the free only row 0 is written again: the read at line 25
+    // is refused.
+    let e = refused(&plain.replacen(
+        "args = [\"A\", \"A\", \"T\"]\n\n[[body]]\ncall = \"add\"\nargs = [\"T\", \"D\", \"E\"]",
+        "args = [\"A[0, 0; 1 x 8]\", \"A[0, 0; 1 x 8]\", \"T[0, 0; 1 x 8]\"]\n\n[[body]]\ncall = \"add\"\nargs = [\"T\", \"D\", \"E\"]",
+        1,
+    ));
+    assert_eq!(e.line, Some(25), "{e}");
+    assert!(
+        e.message
+            .contains("reads element [1, 0] of scratch tensor `T`"),
+        "{e}"
+    );
+
+    // The same in a process: the reference follows the table.
+    let process = r#"[schedule]
+heap = 256
+
+[tensors]
+A = { shape = [8, 8], init = "random", seed = 1 }
+T = { shape = [8, 8], scratch = true }
+D = { shape = [8, 8] }
+E = { shape = [8, 8] }
+
+[[body]]
+process = "p"
+body = [
+  { call = "add", args = ["A", "A", "T"] },
+  { call = "add", args = ["T", "A", "D"] },
+  { free = "T" },
+  { call = "add", args = ["A", "A", "T"] },
+  { call = "add", args = ["T", "D", "E"] },
+]
+"#;
+    let w = WorkloadFile::parse(process).unwrap().build(&[]).unwrap();
+    let (arena, ran) = run(&w);
+    assert_eq!(ran, 4);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+    let e = tensor(&w, &arena, "E");
+    for (x, y) in a.iter().zip(&e) {
+        assert_eq!(*y, (x + x) + ((x + x) + x));
+    }
+    let e = refused(&process.replace(
+        "{ free = \"T\" },\n  { call = \"add\", args = [\"A\", \"A\", \"T\"] },",
+        "{ free = \"T\" },\n  { call = \"add\", args = [\"A[0, 0; 1 x 8]\", \"A[0, 0; 1 x 8]\", \"T[0, 0; 1 x 8]\"] },",
+    ));
+    assert!(
+        e.message
+            .contains("reads element [1, 0] of scratch tensor `T`"),
+        "{e}"
+    );
+}

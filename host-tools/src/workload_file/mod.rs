@@ -108,7 +108,8 @@ pub enum ErrorKind {
     Lower,
     /// The reference expansion failed: a loop count out of range, a
     /// region past its tensor, a call's written argument overlapping
-    /// another, a division by zero, for some loop indices.
+    /// another, a division by zero, for some loop indices; or a read of a
+    /// scratch tensor's element no task wrote since its scope began.
     Expand,
     /// A channel declaration out of range, an unknown channel, or a
     /// process, send or consume where it cannot be (a process inside a

@@ -39,6 +39,10 @@ pub(super) struct Shadow<'a> {
     env: Vec<(i64, Option<TensorId>, String)>,
     pub(super) tasks: Vec<Expanded>,
     pub(super) written: Vec<bool>,
+    /// Per scratch tensor (`None` for the others): which elements a task
+    /// has written since its scope began. A read of any other element
+    /// would read whatever the heap holds, so the reference refuses it.
+    scope: Vec<Option<Vec<bool>>>,
     pub(super) notes: Vec<String>,
     iterations: u64,
     /// The taskset of the calls being expanded.
@@ -56,7 +60,7 @@ impl<'a> Shadow<'a> {
             .iter()
             .map(|l| {
                 if l.is_scratch() {
-                    // No data before its first writer.
+                    // No data before its first writer (see `scope`).
                     vec![0.0; l.elements()]
                 } else if l.dtype == DTYPE_I32 {
                     arena.read_i32(l).iter().map(|&v| v as f64).collect()
@@ -66,6 +70,10 @@ impl<'a> Shadow<'a> {
             })
             .collect();
         let err = layouts.iter().map(|l| vec![0.0; l.elements()]).collect();
+        let scope = layouts
+            .iter()
+            .map(|l| l.is_scratch().then(|| vec![false; l.elements()]))
+            .collect();
         Shadow {
             src,
             layouts,
@@ -75,6 +83,7 @@ impl<'a> Shadow<'a> {
             env: Vec::new(),
             tasks: Vec::new(),
             written: vec![false; layouts.len()],
+            scope,
             notes: Vec::new(),
             iterations: 0,
             taskset: 0,
@@ -248,9 +257,10 @@ impl<'a> Shadow<'a> {
                     self.taskset = outer;
                     self.env.truncate(depth);
                 }
-                // A freed scratch tensor's values are dead; a read before
-                // the next write is refused on the device.
-                Step::Event { .. } | Step::Free { .. } => {}
+                // A freed scratch tensor's values are dead: its next
+                // scope starts with nothing written.
+                Step::Free { tensor } => self.free(tensor.0),
+                Step::Event { .. } => {}
                 // Files with processes take `Shadow::table` (see there).
                 Step::Process { .. }
                 | Step::Send { .. }
@@ -294,6 +304,10 @@ impl<'a> Shadow<'a> {
             };
             let step = expander.step(table, &mut cx);
             clock.set(clock.get() + MAX_CHANNEL_LATENCY as u64 + 1);
+            // The frees of this step come before the task it returns.
+            while let Some(t) = expander.take_free() {
+                self.free(t);
+            }
             match step {
                 Ok(ExpandStep::Task(spec)) => {
                     idle = 0;
@@ -447,6 +461,11 @@ impl<'a> Shadow<'a> {
             let tensor = &self.layouts[args[pair.0].0 as usize].name;
             return Err(overlap_message(kernel, pair, tensor));
         }
+        for (k, (view, spec)) in views.iter().zip(kernel.tensor_args).enumerate() {
+            if spec.access.reads() {
+                self.check_written(kernel, k, view)?;
+            }
+        }
         let task = self.tasks.len();
         self.tasks.push(Expanded {
             kernel: kernel.id,
@@ -464,6 +483,52 @@ impl<'a> Shadow<'a> {
             if let (true, Some(tile)) = (spec.access.writes(), tile) {
                 self.scatter(view, &tile);
                 self.written[view.tensor] = true;
+                if let Some(set) = &mut self.scope[view.tensor] {
+                    for r in 0..view.rows {
+                        let from = view.first + r * view.stride;
+                        set[from..from + view.cols].fill(true);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends scratch tensor `tensor`'s scope: nothing of it is written.
+    fn free(&mut self, tensor: u32) {
+        if let Some(Some(set)) = self.scope.get_mut(tensor as usize) {
+            set.fill(false);
+        }
+    }
+
+    /// Refuses argument `k` of a call of `kernel`, which reads `view`, if
+    /// it is on a scratch tensor and no task has written one of its
+    /// elements since the tensor's scope began.
+    fn check_written(&self, kernel: &KernelInfo, k: usize, view: &View) -> Result<(), String> {
+        let Some(set) = &self.scope[view.tensor] else {
+            return Ok(());
+        };
+        for r in 0..view.rows {
+            let from = view.first + r * view.stride;
+            if let Some(c) = set[from..from + view.cols].iter().position(|w| !w) {
+                let l = &self.layouts[view.tensor];
+                // The element's index per dimension, from its flat index.
+                let mut flat = from + c;
+                let mut index = vec![0usize; l.shape.len()];
+                for (i, &d) in index.iter_mut().zip(&l.shape).rev() {
+                    *i = flat % d as usize;
+                    flat /= d as usize;
+                }
+                let index: Vec<String> = index.iter().map(|i| i.to_string()).collect();
+                return Err(format!(
+                    "call {} argument {k} ({}) reads element [{}] of scratch tensor `{}`, \
+                     which no task has written since its scope began: a run would read \
+                     whatever the heap holds there (write the whole region first)",
+                    kernel.name,
+                    kernel.tensor_args.get(k).map_or("?", |a| a.name),
+                    index.join(", "),
+                    l.name
+                ));
             }
         }
         Ok(())

@@ -1003,3 +1003,49 @@ body = [
         "{e}"
     );
 }
+
+/// Offsets near i64::MAX are out of range, not an overflow: the resolver
+/// checks constant offsets, the reference those it computes.
+#[test]
+fn offsets_past_i64_are_out_of_range() {
+    let file = |args: &str| {
+        format!(
+            r#"[tensors]
+A = {{ shape = [4, 4], init = "random", seed = 1 }}
+B = {{ shape = [4, 4], init = "random", seed = 2 }}
+C = {{ shape = [4, 4] }}
+
+[[body]]
+parallel = "i"
+dense = 2
+body = [{{ call = "add", args = [{args}, "B[0, 0; 1 x 4]", "C[0, 0; 1 x 4]"] }}]
+"#
+        )
+    };
+    let max = i64::MAX;
+    for (arg, kind, says) in [
+        (
+            format!("\"A[{max}, 0; 1 x 4]\""),
+            ErrorKind::Shape,
+            format!("offset {max} + size 1 in dimension 0 is outside `A` (shape [4, 4])"),
+        ),
+        (
+            format!("{{ tensor = \"A\", at = [0, {max}], rows = 1, cols = 4 }}"),
+            ErrorKind::Shape,
+            format!("offset {max} + size 4 in dimension 1 is outside `A` (shape [4, 4])"),
+        ),
+        (
+            format!("\"A[i * {max}, 0; 1 x 4]\""),
+            ErrorKind::Expand,
+            format!(
+                "call add argument 0 (A): [{max}, {max} + 1) in dimension 0 is outside shape \
+                 [4, 4] (with i = 1)"
+            ),
+        ),
+    ] {
+        let e = refused(&file(&arg));
+        assert_eq!(e.kind, kind, "{e}");
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(e.message.contains(&says), "{e} (wanted {says})");
+    }
+}

@@ -337,8 +337,9 @@ impl Resolver<'_> {
                 }
             }
             if let Some(o) = o {
-                let end = o + e.unwrap_or(1);
-                if o < 0 || end > dim {
+                // An end past i64 is past the shape too.
+                let end = o.checked_add(e.unwrap_or(1));
+                if o < 0 || end.is_none_or(|end| end > dim) {
                     return Err(shape_err(format!(
                         "offset {o}{} in dimension {d} is outside `{}` (shape {:?})",
                         e.map_or(String::new(), |e| format!(" + size {e}")),

@@ -371,12 +371,14 @@ impl<'a> Shadow<'a> {
             for d in 0..rank {
                 let o = self.eval(&r.offset[d]).map_err(|m| self.fail(at, m))?;
                 let dim = l.shape[d] as i64;
-                if o < 0 || ext[d] < 1 || o.saturating_add(ext[d]) > dim {
+                let end = o.checked_add(ext[d]);
+                if o < 0 || ext[d] < 1 || end.is_none_or(|end| end > dim) {
+                    // An end past i64 is shown as the sum.
+                    let end = end.map_or(format!("{o} + {}", ext[d]), |e| e.to_string());
                     return Err(self.fail(
                         at,
                         format!(
-                            "{what}: [{o}, {}) in dimension {d} is outside shape {:?}",
-                            o.saturating_add(ext[d]),
+                            "{what}: [{o}, {end}) in dimension {d} is outside shape {:?}",
                             l.shape
                         ),
                     ));

@@ -1049,3 +1049,39 @@ body = [{{ call = "add", args = [{args}, "B[0, 0; 1 x 4]", "C[0, 0; 1 x 4]"] }}]
         assert!(e.message.contains(&says), "{e} (wanted {says})");
     }
 }
+
+/// `skip = N` starts a random tensor's data N draws into its seed's
+/// stream: the values equal those N on in a tensor drawn from the start
+/// (one draw per element), and the documented limit, 2^32, takes no time.
+#[test]
+fn a_skip_starts_the_data_further_on() {
+    let text = r#"[tensors]
+A = { shape = [1, 16], init = "random", seed = 7, scale = 2.0 }
+B = { shape = [1, 4], init = "random", seed = 7, scale = 2.0, skip = 5 }
+C = { shape = [1, 4] }
+I = { dtype = "i32", shape = [1, 16], init = "random", seed = 7, range = [-3, 9] }
+J = { dtype = "i32", shape = [1, 4], init = "random", seed = 7, range = [-3, 9], skip = 11 }
+K = { shape = [1, 4], init = "random", seed = 7, skip = 4294967296 }
+
+[[body]]
+call = "add"
+args = ["A[0, 0; 1 x 4]", "B", "C"]
+"#;
+    let started = std::time::Instant::now();
+    let w = WorkloadFile::parse(text).unwrap().build(&[]).unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let layout = |name: &str| w.tensors.iter().find(|l| l.name == name).unwrap();
+    let (a, b) = (w.arena.read_f32(layout("A")), w.arena.read_f32(layout("B")));
+    assert_eq!(b, a[5..9]);
+    let (i, j) = (w.arena.read_i32(layout("I")), w.arena.read_i32(layout("J")));
+    assert_eq!(j, i[11..15]);
+    let e = refused(&text.replace("4294967296", "4294967297"));
+    assert!(
+        e.message.contains("skip 4294967297 is more than 2^32"),
+        "{e}"
+    );
+}

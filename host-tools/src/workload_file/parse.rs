@@ -475,9 +475,7 @@ fn tensor_def(src: &Src, at: usize, name: &str, t: &RawTensor) -> Result<TensorD
                 return Err(bad(format!("skip {skip} is more than 2^32")));
             }
             let mut rng = SplitMix64::new(seed);
-            for _ in 0..skip {
-                rng.next_u64();
-            }
+            rng.skip(skip);
             if dtype == DTYPE_F32 {
                 let scale = t.scale.unwrap_or(1.0);
                 if !(scale as f32).is_finite() {

@@ -987,3 +987,40 @@ fn inspect_refuses_a_program_task_whose_arguments_overlap() {
     assert!(stdout(&o).contains("expands to 2 tasks;"), "{}", stdout(&o));
     assert!(!stdout(&o).contains("not expanded here"), "{}", stdout(&o));
 }
+
+/// A workload file whose calls are all skipped for its symbols builds (a
+/// table may be run with other symbols), but `wsp run` and `wsp verify`
+/// fail saying nothing ran: they used to print PASS for 0 tasks.
+#[test]
+fn a_run_of_no_task_fails() {
+    let dir = scratch("a_run_of_no_task_fails");
+    let path = dir.join("skipped.toml");
+    std::fs::write(
+        &path,
+        "[tensors]\nA = { shape = [4, 4], init = \"random\", seed = 1 }\nC = { shape = [4, 4] }\n\n\
+         [[body]]\nwhen = \"0\"\nthen = [\n  { call = \"add\", args = [\"A\", \"A\", \"C\"] },\n]\n",
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    let out = dir.join("out");
+    let o = wsp(&["build", path, "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let arena = out.join("arena.bin");
+    for args in [
+        vec!["run", path],
+        vec!["verify", path, "--arena", arena.to_str().unwrap()],
+    ] {
+        let o = wsp(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+        let text = stdout(&o);
+        assert!(
+            text.contains(
+                "check     nothing ran: the program skips every call (a `when` of 0, a loop of 0 \
+                 iterations), so its reference has no task"
+            ),
+            "{args:?}: {text}"
+        );
+        assert!(text.lines().any(|l| l == "FAIL"), "{args:?}: {text}");
+        assert!(!text.contains("PASS"), "{args:?}: {text}");
+    }
+}

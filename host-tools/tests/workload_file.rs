@@ -96,7 +96,14 @@ fn every_example_runs_and_passes_the_f64_check() {
 fn a_symbol_sets_the_dense_dyn_axis() {
     let file = example("gemm_dyn");
     assert_eq!(file.symbol_names(), ["mt"]);
-    for mt in [0, 1, 5, 8] {
+    // mt = 0 runs nothing, which does not pass (see
+    // `a_run_of_no_task_does_not_pass`).
+    let w = file.build(&[("mt".into(), 0)]).unwrap();
+    let (arena, ran) = run(&w);
+    assert_eq!((w.tasks.len(), ran), (0, 0));
+    assert!(!passes(&w, &arena));
+    assert_eq!(arena.bytes, w.arena.bytes);
+    for mt in [1, 5, 8] {
         let w = file.build(&[("mt".into(), mt)]).unwrap();
         assert_eq!(w.symbols, [mt]);
         assert_eq!(w.tasks.len(), mt as usize * 16, "mt = {mt}");
@@ -1084,4 +1091,59 @@ args = ["A[0, 0; 1 x 4]", "B", "C"]
         e.message.contains("skip 4294967297 is more than 2^32"),
         "{e}"
     );
+}
+
+/// A file whose calls are all skipped at run time builds (other symbols
+/// may run it), but its check fails: a run of no task would pass
+/// whatever the runtime did.
+#[test]
+fn a_run_of_no_task_does_not_pass() {
+    let text = r#"[symbols]
+n = { max = 4, default = 0 }
+
+[tensors]
+A = { shape = [4, 4], init = "random", seed = 1 }
+C = { shape = [4, 4] }
+
+[[body]]
+parallel = "i"
+dense_dyn = "n"
+body = [
+  { call = "add", args = ["A[i, 0; 1 x 4]", "A[i, 0; 1 x 4]", "C[i, 0; 1 x 4]"] },
+]
+"#;
+    let when = text
+        .replace(
+            "parallel = \"i\"\ndense_dyn = \"n\"\nbody",
+            "when = \"0\"\nthen",
+        )
+        .replace(
+            "\"A[i, 0; 1 x 4]\", \"A[i, 0; 1 x 4]\", \"C[i, 0; 1 x 4]\"",
+            "\"A\", \"A\", \"C\"",
+        );
+    let dense = text.replace("dense_dyn = \"n\"", "dense = 0");
+    // n = 0 by default: no iteration; a `when` of 0; a dense loop of 0.
+    for file in [text.to_string(), when, dense] {
+        let w = WorkloadFile::parse(&file).unwrap().build(&[]).unwrap();
+        assert!(w.tasks.is_empty());
+        let (arena, ran) = run(&w);
+        assert_eq!(ran, 0);
+        let checks = w.check(&arena);
+        assert!(!passes(&w, &arena), "{file}: {}", report(&w, &arena));
+        assert_eq!(
+            checks[0].output,
+            "nothing ran: the program with n = 0 skips every call (a `when` of 0, a loop of 0 \
+             iterations), so its reference has no task, and a run of no task would pass \
+             whatever the runtime did"
+        );
+        assert!(!checks[0].passed());
+    }
+    // With n = 2 two tasks run, and the run passes.
+    let w = WorkloadFile::parse(text)
+        .unwrap()
+        .build(&[("n".to_string(), 2)])
+        .unwrap();
+    let (arena, ran) = run(&w);
+    assert_eq!(ran, 2);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
 }

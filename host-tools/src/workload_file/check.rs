@@ -21,7 +21,7 @@ impl FileWorkload {
                 self.arena.bytes.len(),
             )];
         }
-        let mut out = Vec::new();
+        let mut out: Vec<Verification> = self.nothing_ran().into_iter().collect();
         let mut unchanged = Vec::new();
         let mut changed = Vec::new();
         for (t, layout) in self.tensors.iter().enumerate() {
@@ -128,6 +128,39 @@ impl FileWorkload {
             });
         }
         out
+    }
+
+    /// A failed check when the reference expansion has no task: every
+    /// call skipped at run time (a `when` of 0, a loop of 0 iterations,
+    /// for these symbols). A run of no task would pass whatever the
+    /// runtime did, so it does not pass.
+    fn nothing_ran(&self) -> Option<Verification> {
+        if !self.tasks.is_empty() {
+            return None;
+        }
+        let symbols: Vec<String> = self
+            .symbol_names
+            .iter()
+            .zip(&self.symbols)
+            .map(|(n, v)| format!("{n} = {v}"))
+            .collect();
+        let with = if symbols.is_empty() {
+            String::new()
+        } else {
+            format!(" with {}", symbols.join(", "))
+        };
+        Some(Verification {
+            output: format!(
+                "nothing ran: the program{with} skips every call (a `when` of 0, a loop of 0 \
+                 iterations), so its reference has no task, and a run of no task would pass \
+                 whatever the runtime did"
+            ),
+            elements: 0,
+            max_abs_err: 0.0,
+            max_rel_err: 0.0,
+            worst_error_over_bound: f64::INFINITY,
+            tolerance: "a run must run at least one task",
+        })
     }
 
     /// Whether a run of `ran` tasks ran the reference expansion's number.

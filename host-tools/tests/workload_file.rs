@@ -828,6 +828,31 @@ body = [
         assert!(e.to_string().contains(message), "{e} (wanted {message})");
         assert!(e.line.is_some(), "{e}");
     }
+    // A key with a policy that places without one is refused at the key
+    // (line 11), as `wsp run --key` is: it used to be dropped silently.
+    for policy in ["round-robin", "shared"] {
+        let e = refused(&text.replace("\"affinity\"", &format!("\"{policy}\"")));
+        assert_eq!(
+            (e.kind, e.line, e.column),
+            (ErrorKind::Structure, Some(11), Some(7)),
+            "{e}"
+        );
+        let says = format!(
+            "dispatch key `loop:0`: a key applies to the key-based policies (affinity, hash, \
+             work-stealing, adaptive); {policy} places tasks without one"
+        );
+        assert!(e.message.contains(&says), "{e} (wanted {says})");
+    }
+    // Without the key, they are accepted.
+    let w = WorkloadFile::parse(
+        &text
+            .replace("\"affinity\"", "\"round-robin\"")
+            .replace("key = \"loop:0\"\n", ""),
+    )
+    .unwrap()
+    .build(&[])
+    .unwrap();
+    assert_eq!(w.tasks.len(), 8);
 }
 
 /// A scratch tensor written in part, then read whole: T's row 0 only.

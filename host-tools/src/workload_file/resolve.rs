@@ -618,6 +618,24 @@ impl Resolver<'_> {
                             ),
                         )
                     })?;
+                if let (Some(k), false) = (&n.key, kind.uses_key()) {
+                    let keyed: Vec<&str> = PolicyKind::ALL
+                        .iter()
+                        .filter(|k| k.uses_key())
+                        .map(|k| k.name())
+                        .collect();
+                    return Err(self.err(
+                        ErrorKind::Structure,
+                        k.span().start,
+                        format!(
+                            "dispatch key `{}`: a key applies to the key-based policies ({}); \
+                             {} places tasks without one (leave out the key)",
+                            k.get_ref(),
+                            keyed.join(", "),
+                            kind.name()
+                        ),
+                    ));
+                }
                 let key = match &n.key {
                     Some(k) => k.get_ref().parse::<DispatchKey>().map_err(|e| {
                         self.err(

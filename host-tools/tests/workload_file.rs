@@ -1172,3 +1172,23 @@ body = [
     assert_eq!(ran, 2);
     assert!(passes(&w, &arena), "{}", report(&w, &arena));
 }
+
+/// `[schedule] heap` is the scratch tensors' ring: in a file without one
+/// it would only take arena bytes, so it is refused at its line.
+#[test]
+fn a_heap_without_scratch_tensors_is_refused() {
+    let e = refused(&PART.replace(
+        "T = { shape = [8, 8], scratch = true }",
+        "T = { shape = [8, 8] }",
+    ));
+    assert_eq!(
+        (e.kind, e.line, e.column),
+        (ErrorKind::Structure, Some(2), Some(8)),
+        "{e}"
+    );
+    assert!(
+        e.message
+            .contains("heap of 256 bytes, but no scratch tensor uses the heap"),
+        "{e}"
+    );
+}

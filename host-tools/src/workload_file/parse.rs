@@ -206,6 +206,17 @@ impl WorkloadFile {
                         format!("heap of {bytes} bytes; a positive multiple of 64 below 4 GiB"),
                     ));
                 }
+                // The ring would only take arena bytes.
+                if !r.tensors.iter().any(|t| t.scratch) {
+                    return Err(r.err(
+                        ErrorKind::Structure,
+                        h.span().start,
+                        format!(
+                            "heap of {bytes} bytes, but no scratch tensor uses the heap: declare \
+                             one (scratch = true) or leave out heap"
+                        ),
+                    ));
+                }
                 Some(bytes)
             }
             None => None,

@@ -1192,3 +1192,42 @@ fn a_heap_without_scratch_tensors_is_refused() {
         "{e}"
     );
 }
+
+/// A `dense_dyn` loop's `max` is at most its symbol's: a larger one let
+/// the table take values the file refuses (`--symbols 9`) and fail
+/// midway. It is refused at the `max`, in a loop and in a process.
+#[test]
+fn a_loop_max_above_its_symbols_is_refused() {
+    let text = r#"[symbols]
+n = { max = 4, default = 4 }
+[tensors]
+A = { shape = [4, 4], init = "random", seed = 1 }
+C = { shape = [4, 4] }
+
+[[body]]
+parallel = "t"
+dense_dyn = "n"
+max = 9
+body = [ { call = "add", args = ["A[t, 0; 1 x 4]", "A[t, 0; 1 x 4]", "C[t, 0; 1 x 4]"] } ]
+"#;
+    let says = "`max = 9` of a loop over symbol `n`, whose max is 4: a loop's max is at most \
+                its symbol's";
+    let e = refused(text);
+    assert_eq!(
+        (e.kind, e.line, e.column),
+        (ErrorKind::Symbol, Some(10), Some(7)),
+        "{e}"
+    );
+    assert!(e.message.contains(says), "{e}");
+    let e = refused(&text.replace("parallel = \"t\"", "process = \"p\"\nreplica = \"t\""));
+    assert_eq!((e.kind, e.line), (ErrorKind::Symbol, Some(11)), "{e}");
+    assert!(e.message.contains(says), "{e}");
+    // A max of the symbol's or below is accepted.
+    for max in [4, 2] {
+        let w = WorkloadFile::parse(&text.replace("max = 9", &format!("max = {max}")))
+            .unwrap()
+            .build(&[("n".to_string(), 2)])
+            .unwrap();
+        assert_eq!(w.tasks.len(), 2);
+    }
+}

@@ -775,10 +775,23 @@ impl Resolver<'_> {
                     ),
                 ));
             };
-            let max = n
-                .max
-                .as_ref()
-                .map_or(self.symbols[symbol].max, |m| *m.get_ref());
+            let def = &self.symbols[symbol];
+            // A larger max would let a table take symbol values the file
+            // refuses, and the run fail midway.
+            if let Some(m) = n.max.as_ref().filter(|m| *m.get_ref() > def.max) {
+                return Err(self.err(
+                    ErrorKind::Symbol,
+                    m.span().start,
+                    format!(
+                        "`max = {}` of a loop over symbol `{}`, whose max is {}: a loop's max \
+                         is at most its symbol's (leave it out to take the symbol's)",
+                        m.get_ref(),
+                        def.name,
+                        def.max
+                    ),
+                ));
+            }
+            let max = n.max.as_ref().map_or(def.max, |m| *m.get_ref());
             return Ok(RAxis::DenseDyn {
                 symbol: symbol as u32,
                 max,

@@ -1231,3 +1231,60 @@ body = [ { call = "add", args = ["A[t, 0; 1 x 4]", "A[t, 0; 1 x 4]", "C[t, 0; 1 
         assert_eq!(w.tasks.len(), 2);
     }
 }
+
+/// A process starts when the program reaches its entry: placed after a
+/// program loop that sends more tokens than its channel holds, its
+/// consumer never starts. The file is refused as a deadlock, with a hint
+/// to put the process first; with the process first it runs and passes.
+#[test]
+fn a_process_after_the_loop_that_feeds_it_is_refused_with_a_hint() {
+    let process = r#"
+[[body]]
+process = "c"
+body = [
+  { consume = "ch", as = "i", body = [
+    { call = "add", args = ["y[i * 4, 0; 4 x 4]", "y[i * 4, 0; 4 x 4]", "z[i * 4, 0; 4 x 4]"] },
+  ] },
+]
+"#;
+    let feeder = r#"
+[[body]]
+parallel = "i"
+dense = 4
+body = [
+  { call = "add", args = ["x[i * 4, 0; 4 x 4]", "zero", "y[i * 4, 0; 4 x 4]"] },
+  { send = "ch", value = "i" },
+]
+"#;
+    let head = r#"[channels]
+ch = { depth = 2 }
+
+[tensors]
+x = { shape = [16, 4], init = "random", seed = 1 }
+zero = { shape = [4, 4] }
+y = { shape = [16, 4] }
+z = { shape = [16, 4] }
+"#;
+    let e = refused(&format!("{head}{feeder}{process}"));
+    assert!(e.message.contains("the reference cannot finish"), "{e}");
+    assert!(
+        e.message.contains(
+            "hint: a process starts when the program reaches its entry, and process `c` comes \
+             after an entry of the program that sends on or consumes from a channel"
+        ),
+        "{e}"
+    );
+    let w = WorkloadFile::parse(&format!("{head}{process}{feeder}"))
+        .unwrap()
+        .build(&[])
+        .unwrap();
+    let (arena, ran) = run(&w);
+    assert_eq!(ran, 8);
+    assert!(passes(&w, &arena), "{}", report(&w, &arena));
+    // z = y + y = (x + 0) + (x + 0).
+    let x = tensor(&w, &w.arena, "x");
+    let z = tensor(&w, &arena, "z");
+    for (a, b) in x.iter().zip(&z) {
+        assert_eq!(*b, a + a);
+    }
+}

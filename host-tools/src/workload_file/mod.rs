@@ -313,7 +313,9 @@ impl WorkloadFile {
         if csp {
             let parsed = device_runtime::abi::Table::parse(&table)
                 .map_err(|e| plain(ErrorKind::Lower, format!("lowering the program: {e}")))?;
-            shadow.table(&parsed, &w.csp_names())?;
+            shadow
+                .table(&parsed, &w.csp_names())
+                .map_err(|e| late_process_hint(e, &self.steps))?;
         } else {
             shadow.steps(&self.steps)?;
         }
@@ -351,6 +353,27 @@ impl WorkloadFile {
             program: w,
         })
     }
+}
+
+/// `e`, the reference's report that the processes wait on each other,
+/// with a hint when a process entry comes after a program entry that uses
+/// a channel: that process starts only when the program reaches it.
+fn late_process_hint(mut e: FileError, steps: &[Step]) -> FileError {
+    let late = parse::late_processes(steps);
+    if !late.is_empty() && e.message.contains("cannot finish") {
+        let names: Vec<String> = late.iter().map(|n| format!("`{n}`")).collect();
+        let (which, come, it) = match names.len() {
+            1 => ("process", "comes", "it starts"),
+            _ => ("processes", "come", "they start"),
+        };
+        e.message.push_str(&format!(
+            "\nhint: a process starts when the program reaches its entry, and {which} {} {come} \
+             after an entry of the program that sends on or consumes from a channel, so {it} \
+             only once that entry is done: put the process entries first",
+            names.join(", ")
+        ));
+    }
+    e
 }
 
 /// A workload file built for given symbols: its table and initial arena,

@@ -341,6 +341,45 @@ pub(super) fn has_call(steps: &[Step]) -> bool {
     })
 }
 
+/// Whether `steps` send on or consume from a channel anywhere.
+pub(super) fn uses_channel(steps: &[Step]) -> bool {
+    steps.iter().any(|step| match step {
+        Step::Send { .. } | Step::Consume { .. } => true,
+        Step::Loop { body, .. }
+        | Step::Select { body, .. }
+        | Step::Stream { body, .. }
+        | Step::Dispatch { body, .. }
+        | Step::Process { body, .. } => uses_channel(body),
+        Step::When {
+            then, otherwise, ..
+        } => uses_channel(then) || uses_channel(otherwise),
+        Step::Let { .. }
+        | Step::Call { .. }
+        | Step::Event { .. }
+        | Step::Close { .. }
+        | Step::Free { .. } => false,
+    })
+}
+
+/// The processes whose entries come after a top-level entry of the
+/// program that sends on or consumes from a channel: they start only once
+/// the program has done that entry.
+pub(super) fn late_processes(steps: &[Step]) -> Vec<&str> {
+    let Some(first) = steps
+        .iter()
+        .position(|s| !matches!(s, Step::Process { .. }) && uses_channel(std::slice::from_ref(s)))
+    else {
+        return Vec::new();
+    };
+    steps[first..]
+        .iter()
+        .filter_map(|s| match s {
+            Step::Process { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Refuses text whose arrays and tables nest deeper than [`MAX_NESTING`]
 /// (outside strings and comments), before a parser recurses into it.
 fn nesting(text: &str) -> Result<(), FileError> {

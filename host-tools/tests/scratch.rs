@@ -5,7 +5,7 @@
 //! and tables with bad scratch declarations refused with the field named.
 
 use device_runtime::abi::program::{OP_FREE, OP_HEAP};
-use device_runtime::abi::{Problem, Section, Table, MAX_SCRATCH};
+use device_runtime::abi::{Problem, Section, Table, TensorDesc, MAX_SCRATCH};
 use device_runtime::orch::scratch::ScratchError;
 use device_runtime::orch::StallReason;
 use device_runtime::sched::{RunError, RunOptions, RunStats};
@@ -309,6 +309,20 @@ fn bad_scratch_declarations_are_refused_naming_the_field() {
             }
         )
     );
+    // A scratch tensor whose size in bytes does not fit in 64 bits (rows
+    // of 2^31 elements, 2^31 + 1 of them): the shape's fault, named as an
+    // overflow (it was `value 18446744073709551615 outside [0, ARENA]`).
+    let mut t = good.clone();
+    let at = Table::parse(&good).unwrap().header().tensors.offset.get() as usize
+        + size_of::<TensorDesc>();
+    for (field, value) in [(24, (1u32 << 31) + 1), (40, 1 << 31)] {
+        t[at + field..at + field + 4].copy_from_slice(&value.to_le_bytes());
+    }
+    seal(&mut t);
+    assert_eq!(
+        refused(&t),
+        (Section::Tensors, 1, "shape", Problem::SizeOverflow)
+    );
     // HEAP of 100 bytes (patched past the builder) and of 0.
     let at = heap_instr(&good);
     for (bytes, min) in [(100u32, 64u64), (0, 64)] {
@@ -343,15 +357,60 @@ fn bad_scratch_declarations_are_refused_naming_the_field() {
         (Section::Tensors, 1, "arena_offset", Problem::NoHeap)
     );
     // An arena tensor reaching into the ring: a header whose arena is 64
-    // bytes short moves the ring over Y's last bytes.
+    // bytes short moves the ring over Y's last bytes. The error names Y's
+    // offset, its size and where the ring starts (it named Y's end as the
+    // offset's value: `value 8192 outside [0, 8128]`).
     let mut t = good.clone();
     let size = u64::from_le_bytes(t[24..32].try_into().unwrap());
+    let y = Table::parse(&good).unwrap().tensors()[2].arena_offset.get();
     t[24..32].copy_from_slice(&(size - 64).to_le_bytes());
     seal(&mut t);
-    let (section, index, field, _) = refused(&t);
+    let e = Table::parse(&t).expect_err("refused");
     assert_eq!(
-        (section, index, field),
-        (Section::Tensors, 2, "arena_offset")
+        (e.section, e.index, e.field, e.problem),
+        (
+            Section::Tensors,
+            2,
+            "arena_offset",
+            Problem::IntoHeapRing {
+                offset: y,
+                bytes: TILE_BYTES,
+                heap_start: size - 64 - TILE_BYTES
+            }
+        )
+    );
+    assert!(
+        e.to_string().contains(&format!(
+            "the tensor's {TILE_BYTES} bytes at offset {y} end at {}, inside the heap ring, which starts at {}",
+            y + TILE_BYTES,
+            size - 64 - TILE_BYTES
+        )),
+        "{e}"
+    );
+    // A header arena size that is not a multiple of 4 puts the ring's
+    // start, and its blocks, off their alignment: the arena size is named
+    // with its own value (the ring's start was named as its value).
+    let mut t = good.clone();
+    t[24..32].copy_from_slice(&(size + 2).to_le_bytes());
+    seal(&mut t);
+    let e = Table::parse(&t).expect_err("refused");
+    assert_eq!(
+        (e.section, e.field, e.problem),
+        (
+            Section::Header,
+            "arena_size",
+            Problem::Misaligned {
+                value: size + 2,
+                align: 4
+            }
+        )
+    );
+    assert!(
+        e.to_string().contains(&format!(
+            "value {} is misaligned: it must be a multiple of 4",
+            size + 2
+        )),
+        "{e}"
     );
     // More scratch tensors than the runtime tracks.
     let mut b = TableBuilder::new();

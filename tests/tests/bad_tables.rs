@@ -277,8 +277,107 @@ fn tensors_that_alias_or_leave_the_arena() {
     });
     expect(e, Section::Tensors, 1, "arena_offset");
     assert_eq!(e.problem, Problem::Aliases { other: 0 });
+}
+
+/// A tensor larger than the whole arena is its shape's fault, whatever its
+/// offset; the error names its offset, its size in bytes and the arena's.
+/// (It was named on `arena_offset`, with the tensor's end as the offset's
+/// value: `value 8192 outside [0, 1024]` for a tensor at offset 0.)
+#[test]
+fn a_tensor_larger_than_the_arena_is_named_on_its_shape() {
+    // Tensor 0 is A, 32 x 64 f32 at offset 0: 8,192 bytes.
     let e = refused(|b| header(b).arena_size.set(1024));
+    expect(e, Section::Tensors, 0, "shape");
+    assert_eq!(
+        e.problem,
+        Problem::PastArena {
+            offset: 0,
+            bytes: 8192,
+            arena: 1024
+        }
+    );
+    assert!(
+        e.to_string().contains(
+            "the tensor is 8192 bytes (at offset 0), larger than the whole arena of 1024 bytes"
+        ),
+        "{e}"
+    );
+    // A shape of 2^32 - 1 rows: 2^32 - 1 rows of 256 bytes, far past the
+    // arena (it was named on `arena_offset`, with that size as its value).
+    let arena = Table::parse(&valid()).unwrap().arena_size();
+    let e = refused(|b| {
+        entry::<TensorDesc>(b, |h| h.tensors.offset.get(), 0).shape[0].set(u32::MAX);
+    });
+    expect(e, Section::Tensors, 0, "shape");
+    let bytes = u32::MAX as u64 * 64 * 4;
+    assert_eq!(
+        e.problem,
+        Problem::PastArena {
+            offset: 0,
+            bytes,
+            arena
+        }
+    );
+    assert!(
+        e.to_string().contains(&format!(
+            "the tensor is {bytes} bytes (at offset 0), larger than the whole arena of {arena} bytes"
+        )),
+        "{e}"
+    );
+}
+
+/// A tensor that fits the arena but starts too late to end inside it is
+/// its offset's fault; the error names the offset, the size in bytes and
+/// the arena's (it gave the tensor's end as the offset's value).
+#[test]
+fn a_tensor_ending_past_the_arena_is_named_on_its_offset() {
+    let bytes = valid();
+    let t = Table::parse(&bytes).unwrap();
+    let (last, range) = t
+        .tensors()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| Table::tensor_bytes(d).map(|r| (i, r)))
+        .max_by_key(|(_, r)| r.end)
+        .unwrap();
+    let arena = range.end - 4;
+    let e = refused(|b| header(b).arena_size.set(arena));
+    expect(e, Section::Tensors, last as u32, "arena_offset");
+    let len = range.end - range.start;
+    assert_eq!(
+        e.problem,
+        Problem::PastArena {
+            offset: range.start,
+            bytes: len,
+            arena
+        }
+    );
+    assert!(
+        e.to_string().contains(&format!(
+            "the tensor's {len} bytes at offset {} end at {}, past the arena's {arena} bytes",
+            range.start, range.end
+        )),
+        "{e}"
+    );
+}
+
+/// An arena offset that is not a multiple of the element size is named as
+/// misaligned (it was `value 2 outside [0, ARENA]`: 2 is inside that range).
+#[test]
+fn a_misaligned_tensor_offset_is_named_as_misaligned() {
+    let e = refused(|b| {
+        entry::<TensorDesc>(b, |h| h.tensors.offset.get(), 0)
+            .arena_offset
+            .set(2)
+    });
     expect(e, Section::Tensors, 0, "arena_offset");
+    assert_eq!(e.problem, Problem::Misaligned { value: 2, align: 4 });
+    let text = e.to_string();
+    assert!(
+        text.contains("value 2 is misaligned: it must be a multiple of 4")
+            && !text.contains("outside"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -514,7 +613,14 @@ fn a_tensor_spanning_more_than_u64_bytes() {
         t.shape[1].set(16);
         t.strides[0].set(1 << 31);
     });
-    expect(e, Section::Tensors, 0, "arena_offset");
+    // The shape's fault, not the offset's (it was named on `arena_offset`).
+    expect(e, Section::Tensors, 0, "shape");
+    assert_eq!(e.problem, Problem::SizeOverflow);
+    assert!(
+        e.to_string()
+            .contains("size in bytes (from its shape and strides) does not fit in 64 bits"),
+        "{e}"
+    );
 }
 
 /// More tensors than a launch record can name (`MAX_TENSORS`) are refused

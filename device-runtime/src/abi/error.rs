@@ -50,6 +50,24 @@ pub enum Problem {
     ChecksumMismatch { stored: u32, computed: u32 },
     /// A value outside its allowed range `[min, max]`.
     OutOfRange { value: u64, min: u64, max: u64 },
+    /// A value (an offset or size in bytes) that is not a multiple of
+    /// `align`, the alignment it needs.
+    Misaligned { value: u64, align: u64 },
+    /// A tensor's size in bytes, from its shape and strides, does not fit
+    /// in 64 bits.
+    SizeOverflow,
+    /// A tensor of `bytes` bytes at arena offset `offset` ends past the
+    /// arena's `arena` bytes (named on `shape` when `bytes` alone exceeds
+    /// the arena, else on `arena_offset`).
+    PastArena { offset: u64, bytes: u64, arena: u64 },
+    /// An arena tensor of `bytes` bytes at arena offset `offset` ends
+    /// inside the heap ring, which starts at `heap_start` (the arena's last
+    /// bytes hold the program's `HEAP`).
+    IntoHeapRing {
+        offset: u64,
+        bytes: u64,
+        heap_start: u64,
+    },
     /// A kernel id the registry does not know, or not declared in the table.
     UnknownKernel { id: u32, declared: bool },
     /// A field disagrees with the kernel registry.
@@ -156,6 +174,38 @@ impl fmt::Display for Problem {
             Problem::OutOfRange { value, min, max } => {
                 write!(f, "value {value} outside [{min}, {max}]")
             }
+            Problem::Misaligned { value, align } => {
+                write!(f, "value {value} is misaligned: it must be a multiple of {align}")
+            }
+            Problem::SizeOverflow => f.write_str(
+                "the tensor's size in bytes (from its shape and strides) does not fit in 64 bits",
+            ),
+            Problem::PastArena {
+                offset,
+                bytes,
+                arena,
+            } if bytes > arena => write!(
+                f,
+                "the tensor is {bytes} bytes (at offset {offset}), larger than the whole arena of {arena} bytes"
+            ),
+            Problem::PastArena {
+                offset,
+                bytes,
+                arena,
+            } => write!(
+                f,
+                "the tensor's {bytes} bytes at offset {offset} end at {}, past the arena's {arena} bytes",
+                offset as u128 + bytes as u128
+            ),
+            Problem::IntoHeapRing {
+                offset,
+                bytes,
+                heap_start,
+            } => write!(
+                f,
+                "the tensor's {bytes} bytes at offset {offset} end at {}, inside the heap ring, which starts at {heap_start} (no arena tensor may lie there)",
+                offset as u128 + bytes as u128
+            ),
             Problem::UnknownKernel {
                 id,
                 declared: false,

@@ -305,11 +305,13 @@ impl<'a> Table<'a> {
             return Err(err(Section::Program, heap_pc(), "imm", problem));
         }
         if !(arena - heap).is_multiple_of(ARENA_ALIGN) {
-            // The ring's blocks are 64-byte aligned from its start.
-            let problem = Problem::OutOfRange {
-                value: arena - heap,
-                min: 0,
-                max: arena - heap - (arena - heap) % ARENA_ALIGN,
+            // The ring's blocks are 64-byte aligned from its start, which
+            // must give kernels aligned elements; `heap` is a multiple of
+            // 64 (validated with the program), so the arena's size is what
+            // is misaligned.
+            let problem = Problem::Misaligned {
+                value: arena,
+                align: ARENA_ALIGN,
             };
             return Err(err(Section::Header, 0, "arena_size", problem));
         }
@@ -317,12 +319,13 @@ impl<'a> Table<'a> {
         for (i, t) in self.tensors.iter().enumerate() {
             let e = |field, problem| err(Section::Tensors, i, field, problem);
             if !t.is_scratch() {
-                let end = Self::tensor_bytes(t).map_or(0, |r| r.end);
-                if heap > 0 && end > arena - heap {
-                    let problem = Problem::OutOfRange {
-                        value: end,
-                        min: 0,
-                        max: arena - heap,
+                // Validated to fit the arena (`None` cannot happen).
+                let bytes = Self::tensor_bytes(t).unwrap_or(0..0);
+                if heap > 0 && bytes.end > arena - heap {
+                    let problem = Problem::IntoHeapRing {
+                        offset: bytes.start,
+                        bytes: bytes.end - bytes.start,
+                        heap_start: arena - heap,
                     };
                     return Err(e("arena_offset", problem));
                 }
@@ -520,48 +523,38 @@ impl<'a> Table<'a> {
                     ));
                 }
             }
-            let offset = t.arena_offset.get();
+            // The size first: a shape whose bytes overflow, or exceed the
+            // whole arena, is the shape's fault whatever the offset.
+            let len = Self::tensor_len(t).ok_or(e("shape", Problem::SizeOverflow))?;
             if t.is_scratch() {
                 // No arena bytes: its size is checked against the heap
                 // ring once the program's HEAP is known.
-                if Self::tensor_len(t).is_none() {
-                    return Err(e(
-                        "shape",
-                        Problem::OutOfRange {
-                            value: u64::MAX,
-                            min: 0,
-                            max: arena,
-                        },
-                    ));
-                }
                 continue;
             }
-            if offset % elem != 0 {
+            let offset = t.arena_offset.get();
+            if !offset.is_multiple_of(elem) {
                 return Err(e(
                     "arena_offset",
-                    Problem::OutOfRange {
+                    Problem::Misaligned {
                         value: offset,
-                        min: 0,
-                        max: arena,
+                        align: elem,
                     },
                 ));
             }
-            let bytes = Self::tensor_bytes(t).ok_or(e(
-                "arena_offset",
-                Problem::OutOfRange {
-                    value: offset,
-                    min: 0,
-                    max: arena,
-                },
-            ))?;
-            if bytes.end > arena {
-                let problem = Problem::OutOfRange {
-                    value: bytes.end,
-                    min: 0,
-                    max: arena,
-                };
-                return Err(e("arena_offset", problem));
+            let past = Problem::PastArena {
+                offset,
+                bytes: len,
+                arena,
+            };
+            if len > arena {
+                return Err(e("shape", past));
             }
+            // `arena - len` does not underflow, and `offset + len` below
+            // does not overflow once `offset` is at most it.
+            if offset > arena - len {
+                return Err(e("arena_offset", past));
+            }
+            let bytes = offset..offset + len;
             for (j, other) in self.tensors[..i].iter().enumerate() {
                 if other.is_scratch() {
                     continue;

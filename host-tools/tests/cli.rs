@@ -148,6 +148,39 @@ fn a_bad_table_is_refused_with_the_field_named() {
     );
 }
 
+/// A table file with something appended (`cat table.bin garbage >
+/// t2.bin`) is refused by `wsp run` and `wsp inspect`, naming the table's
+/// length and the file's; it used to run, the bytes after the table
+/// silently ignored.
+#[test]
+fn a_table_file_with_bytes_after_the_table_is_refused() {
+    let dir = scratch("a_table_file_with_bytes_after_the_table_is_refused");
+    let d = dir.to_str().unwrap();
+    let o = wsp(&["build", "gemm", "--out", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut bytes = std::fs::read(dir.join("table.bin")).unwrap();
+    let total = bytes.len();
+    bytes.extend_from_slice(b"garbage\n");
+    let t2 = format!("{d}/t2.bin");
+    std::fs::write(&t2, &bytes).unwrap();
+    let says = format!(
+        "t2.bin: invalid descriptor table: section `header`, entry 0, field `total_len`: \
+         the table is {total} bytes long, but {} bytes were given: 8 bytes follow it",
+        total + 8
+    );
+    for command in ["run", "inspect"] {
+        let o = wsp(&[command, &t2]);
+        assert_eq!(o.status.code(), Some(1), "{command}: {}", stdout(&o));
+        assert!(stderr(&o).contains(&says), "{command}: {}", stderr(&o));
+    }
+    // The table itself runs and inspects.
+    let table = format!("{d}/table.bin");
+    for args in [vec!["run", &table, "--semantic"], vec!["inspect", &table]] {
+        let o = wsp(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+}
+
 /// The ranges `wsp run --help` states are the runtime's (the help text is
 /// written by hand and once said the window was 1 to 256 after it had
 /// grown to 4,096), and a value just past one is refused.

@@ -2,8 +2,8 @@
 //! names the section, entry and field; nothing panics on any bytes.
 
 use device_runtime::abi::{
-    Problem, Section, StreamOp, Table, TableError, TableHeader, TaskDesc, TensorArg, TensorDesc,
-    HEADER_SIZE, MAX_EVENTS, MAX_STREAMS, MAX_TENSORS,
+    exact_table_len, Problem, Section, StreamOp, Table, TableError, TableHeader, TaskDesc,
+    TensorArg, TensorDesc, HEADER_SIZE, MAX_EVENTS, MAX_STREAMS, MAX_TENSORS,
 };
 use host_tools::inspect::inspect;
 use host_tools::rng::SplitMix64;
@@ -646,4 +646,47 @@ fn too_many_tensors() {
             max: MAX_TENSORS as u64
         }
     );
+}
+
+/// A table file with bytes after the table (`cat table.bin garbage`): the
+/// loaders' `Table::parse` reads `total_len` bytes of a longer window and
+/// accepts it, `exact_table_len` (what a reader of a table file checks)
+/// refuses it, naming the table's length and the bytes given.
+#[test]
+fn bytes_after_the_table_are_refused_where_the_bytes_are_one_table() {
+    let mut bytes = valid();
+    let total = bytes.len();
+    assert_eq!(exact_table_len(&bytes), Ok(total));
+    bytes.extend_from_slice(b"garbage\n");
+    assert!(
+        Table::parse(&bytes).is_ok(),
+        "a loader's window may be longer"
+    );
+    let e = exact_table_len(&bytes).unwrap_err();
+    expect(e, Section::Header, 0, "total_len");
+    assert_eq!(
+        e.problem,
+        Problem::TrailingBytes {
+            total_len: total as u64,
+            given: total as u64 + 8
+        }
+    );
+    assert!(
+        e.to_string().contains(&format!(
+            "the table is {total} bytes long, but {} bytes were given: 8 bytes follow it",
+            total + 8
+        )),
+        "{e}"
+    );
+    // Cut short, as `Table::parse` says.
+    let e = exact_table_len(&bytes[..total - 1]).unwrap_err();
+    expect(e, Section::Header, 0, "total_len");
+    assert_eq!(
+        e.problem,
+        Problem::Truncated {
+            needed: total as u64,
+            available: total as u64 - 1
+        }
+    );
+    assert_eq!(Table::parse(&bytes[..total - 1]).unwrap_err(), e);
 }

@@ -46,6 +46,10 @@ pub enum Problem {
     UnsupportedVersion { found: u32 },
     /// The bytes end before the table does.
     Truncated { needed: u64, available: u64 },
+    /// Bytes follow the table: `given` bytes hold a table of `total_len`
+    /// (refused where the bytes must be exactly one table, such as a table
+    /// file: [`exact_table_len`](super::exact_table_len)).
+    TrailingBytes { total_len: u64, given: u64 },
     /// The stored checksum does not match the bytes.
     ChecksumMismatch { stored: u32, computed: u32 },
     /// A value outside its allowed range `[min, max]`.
@@ -165,6 +169,11 @@ impl fmt::Display for Problem {
             Problem::Truncated { needed, available } => {
                 write!(f, "truncated: needs {needed} bytes, {available} available")
             }
+            Problem::TrailingBytes { total_len, given } => write!(
+                f,
+                "the table is {total_len} bytes long, but {given} bytes were given: {} bytes follow it (a table file holds one table and nothing after it)",
+                given - total_len
+            ),
             Problem::ChecksumMismatch { stored, computed } => {
                 write!(
                     f,

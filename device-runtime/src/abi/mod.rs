@@ -22,4 +22,6 @@ pub use layout::*;
 pub use limits::{MAX_SCRATCH, MAX_TENSORS, TASK_WINDOW};
 pub use program::ProgramInfo;
 pub use region::{Region, TileView};
-pub use validate::{check_region, dtype_size, table_len, Table, ARENA_ALIGN, WRITES_TRACKED};
+pub use validate::{
+    check_region, dtype_size, exact_table_len, table_len, Table, ARENA_ALIGN, WRITES_TRACKED,
+};

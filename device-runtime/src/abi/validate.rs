@@ -134,6 +134,29 @@ pub fn table_len(header_bytes: &[u8]) -> Result<usize, TableError> {
     Ok(total)
 }
 
+/// The length of a table that must be all of `bytes` (a table file, whose
+/// length its reader knows): the header's `total_len`, refused when the
+/// bytes end before it ([`Problem::Truncated`]) or go on past it
+/// ([`Problem::TrailingBytes`]: a file with something appended).
+/// [`Table::parse`] reads the first `total_len` bytes and ignores the rest,
+/// as a loader may hand it a fixed window or a padded buffer.
+pub fn exact_table_len(bytes: &[u8]) -> Result<usize, TableError> {
+    let total = table_len(bytes)?;
+    let (total_len, given) = (total as u64, bytes.len() as u64);
+    if given < total_len {
+        let problem = Problem::Truncated {
+            needed: total_len,
+            available: given,
+        };
+        return Err(header_err("total_len", problem));
+    }
+    if given > total_len {
+        let problem = Problem::TrailingBytes { total_len, given };
+        return Err(header_err("total_len", problem));
+    }
+    Ok(total)
+}
+
 /// Bounds of one section, checked against the table length.
 fn section<'a, T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutable>(
     bytes: &'a [u8],
@@ -167,7 +190,9 @@ fn section<'a, T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutable>(
 
 impl<'a> Table<'a> {
     /// Parses and validates a whole table. `bytes` may be longer than the
-    /// table (a loader's fixed window); only `total_len` bytes are read.
+    /// table (a loader's fixed window, the padded buffer of a launch); only
+    /// `total_len` bytes are read. Where the bytes must be exactly one
+    /// table (a file), check [`exact_table_len`] first.
     pub fn parse(bytes: &'a [u8]) -> Result<Table<'a>, TableError> {
         let total = table_len(bytes)?;
         if bytes.len() < total {

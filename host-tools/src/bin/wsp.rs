@@ -700,6 +700,23 @@ fn write_out(out: Option<&Path>, arena: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Reads a table file. A file is one table: bytes past the header's
+/// `total_len` (something appended to it, `cat table.bin x > t.bin`) are
+/// refused rather than ignored, as `Table::parse` does for the loaders
+/// that hand it a fixed window or a padded buffer. Every other fault,
+/// a file cut short included, is left to `Table::parse` (and to
+/// `inspect`'s listing of what it can read).
+fn read_table_file(path: &Path) -> Result<Vec<u8>> {
+    use device_runtime::abi::{exact_table_len, Problem};
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if let Err(e) = exact_table_len(&bytes) {
+        if matches!(e.problem, Problem::TrailingBytes { .. }) {
+            bail!("{}: {e}", path.display());
+        }
+    }
+    Ok(bytes)
+}
+
 /// `wsp run TABLE.bin`: the table unchanged on the shim, on the arena in
 /// `arena` (default zeroes), with `symbols` bound by position.
 fn run_table(
@@ -709,7 +726,7 @@ fn run_table(
     setup: &mut RunSetup,
     out: Option<&Path>,
 ) -> Result<bool> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+    let bytes = read_table_file(Path::new(path))?;
     let table =
         device_runtime::abi::Table::parse(&bytes).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
     let size =
@@ -983,8 +1000,7 @@ fn run(cli: Cli) -> Result<bool> {
                     if !symbols.is_empty() {
                         bail!("--symbol applies to workload files (FILE.toml); bind a table's symbols by position: --symbols V0,V1,...");
                     }
-                    let bytes = std::fs::read(&table)
-                        .with_context(|| format!("reading {}", table.display()))?;
+                    let bytes = read_table_file(&table)?;
                     let bound = table_symbols.unwrap_or_default();
                     // Fewer than the program reads leaves the rest to the
                     // count's range; more would be dropped unread. (An

@@ -187,13 +187,8 @@ impl<'a> Dispatcher<'a> {
                 max: DISPATCH_QUEUE,
             }));
         }
+        options.check().map_err(RunError::Config)?;
         let max_tasks = options.max_tasks.unwrap_or(MAX_RUN_TASKS);
-        if max_tasks == 0 || max_tasks > MAX_RUN_TASKS {
-            return Err(RunError::Config(ConfigError::MaxTasks {
-                tasks: max_tasks,
-                max: MAX_RUN_TASKS,
-            }));
-        }
         let info = table.program_info();
         let window = options.window.unwrap_or(match info.window {
             0 => TASK_WINDOW,
@@ -1170,6 +1165,75 @@ mod tests {
         .unwrap();
         assert!(queues.done[0].push(report));
         dispatcher.step(0)
+    }
+
+    /// What [`Dispatcher::new`] says to `options` for an empty table on
+    /// one thread.
+    fn new_with(options: RunOptions) -> Result<(), RunError> {
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(move || {
+                let bytes = empty_table();
+                let table = Table::parse(&bytes).unwrap();
+                let mut arena = [0u8; 0];
+                let queues = Box::new(Queues::new());
+                let mut orch = Box::new(TableOrchestrator::for_tables());
+                let mut policy = RoundRobin::default();
+                Dispatcher::new(
+                    &table,
+                    Arena::new(&mut arena),
+                    &options,
+                    &mut orch,
+                    &queues,
+                    &mut policy,
+                    &SchedConfig {
+                        threads: 1,
+                        ..SchedConfig::default()
+                    },
+                    &[[true, true]],
+                )
+                .map(drop)
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// A timeout of 0 ms is refused naming the setting: it used to be
+    /// taken, and the run then blamed a healthy core (`core 0 did not
+    /// acknowledge task 0 ... within 0 ms`).
+    #[test]
+    fn a_timeout_of_0_ms_is_refused_naming_the_setting() {
+        assert_eq!(new_with(RunOptions::default()), Ok(()));
+        let cases = [
+            (
+                RunOptions {
+                    kernel_timeout_ms: 0,
+                    ..RunOptions::default()
+                },
+                ConfigError::KernelTimeout { ms: 0 },
+                "a kernel timeout (kernel_timeout_ms) of 0 ms; at least 1 ms is needed",
+            ),
+            (
+                RunOptions {
+                    ack_timeout_ms: 0,
+                    ..RunOptions::default()
+                },
+                ConfigError::AckTimeout { ms: 0 },
+                "an acknowledgement timeout (ack_timeout_ms) of 0 ms; at least 1 ms is needed",
+            ),
+        ];
+        for (options, error, says) in cases {
+            assert_eq!(new_with(options), Err(RunError::Config(error)));
+            assert_eq!(options.check(), Err(error));
+            assert!(error.to_string().contains(says), "{error}");
+        }
+        let one = RunOptions {
+            kernel_timeout_ms: 1,
+            ack_timeout_ms: 1,
+            ..RunOptions::default()
+        };
+        assert_eq!(new_with(one), Ok(()));
     }
 
     /// Queues that a run left something in are not recycled, and are

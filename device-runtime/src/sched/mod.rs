@@ -428,6 +428,12 @@ pub enum ConfigError {
     /// A run's task limit ([`RunOptions::max_tasks`](crate::sched::RunOptions::max_tasks))
     /// out of 1 ..= `max`.
     MaxTasks { tasks: u64, max: u64 },
+    /// A kernel timeout ([`RunOptions::kernel_timeout_ms`](crate::sched::RunOptions::kernel_timeout_ms))
+    /// of 0 ms: every task would overrun it at once.
+    KernelTimeout { ms: u64 },
+    /// An acknowledgement timeout ([`RunOptions::ack_timeout_ms`](crate::sched::RunOptions::ack_timeout_ms))
+    /// of 0 ms: every core would be taken for one that does not answer.
+    AckTimeout { ms: u64 },
     /// The build does not have the policy a program's taskset asks for.
     TasksetPolicy { taskset: u8, error: PolicyError },
     /// A policy chose a thread that does not exist.
@@ -467,6 +473,14 @@ impl core::fmt::Display for ConfigError {
             ConfigError::MaxTasks { tasks, max } => {
                 write!(f, "a limit of {tasks} tasks a run; 1 to {max} are supported")
             }
+            ConfigError::KernelTimeout { ms } => write!(
+                f,
+                "a kernel timeout (kernel_timeout_ms) of {ms} ms; at least 1 ms is needed (at 0 every task would time out as it starts, blaming a healthy core)"
+            ),
+            ConfigError::AckTimeout { ms } => write!(
+                f,
+                "an acknowledgement timeout (ack_timeout_ms) of {ms} ms; at least 1 ms is needed (at 0 every core would be reported as not acknowledging its first task)"
+            ),
             ConfigError::TasksetPolicy { taskset, error } => {
                 write!(f, "the program's taskset {taskset}: {error}")
             }

@@ -55,14 +55,15 @@ pub struct RunOptions {
     /// How long one task may take, from its start (its issue to an idle
     /// core, or the end of the task before it on its core) to its finish,
     /// before the run ends with [`RunError::KernelTimeout`]. Default 10 000
-    /// ms (10 s).
+    /// ms (10 s); at least 1 ([`ConfigError::KernelTimeout`]).
     pub kernel_timeout_ms: u64,
     /// How long a core may leave a task unacknowledged (not taken) from its
     /// start before the run ends with [`RunError::CoreNoAck`]: a core that
     /// does not answer, told apart from a kernel that does not finish.
     /// Default 1 000 ms (1 s); a core acknowledges within microseconds, so
     /// it is well below the kernel timeout, and only platforms that report
-    /// acknowledgements ([`Platform::acknowledged`]) apply it.
+    /// acknowledgements ([`Platform::acknowledged`]) apply it. At least 1
+    /// ([`ConfigError::AckTimeout`]), whether the platform applies it or not.
     pub ack_timeout_ms: u64,
     /// Tasks a scheduler thread hands one core at most: 1 (issue to idle
     /// cores only) or 2 (also queue the next task behind a running one, in
@@ -85,6 +86,35 @@ pub struct RunOptions {
     /// launch or data a run writes decide its loops) bounds how long the
     /// run can take with it, rather than running billions of tasks.
     pub max_tasks: Option<u64>,
+}
+
+impl RunOptions {
+    /// Checks the settings that need neither the table nor the platform:
+    /// both timeouts at least 1 ms ([`ConfigError::KernelTimeout`],
+    /// [`ConfigError::AckTimeout`]) and the task limit 1 ..=
+    /// [`MAX_RUN_TASKS`] ([`ConfigError::MaxTasks`]). Every run checks
+    /// them ([`Dispatcher::new`]); a front end may
+    /// check them first to name its own flags.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.kernel_timeout_ms == 0 {
+            return Err(ConfigError::KernelTimeout {
+                ms: self.kernel_timeout_ms,
+            });
+        }
+        if self.ack_timeout_ms == 0 {
+            return Err(ConfigError::AckTimeout {
+                ms: self.ack_timeout_ms,
+            });
+        }
+        let tasks = self.max_tasks.unwrap_or(MAX_RUN_TASKS);
+        if tasks == 0 || tasks > MAX_RUN_TASKS {
+            return Err(ConfigError::MaxTasks {
+                tasks,
+                max: MAX_RUN_TASKS,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Tasks one run submits at most: the cores' side numbers tasks in 32 bits

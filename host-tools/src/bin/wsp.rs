@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use device_runtime::abi::launch::Symbols;
 use device_runtime::fault::Fault;
-use device_runtime::sched::{DispatchKey, PolicyKind, SchedConfig};
+use device_runtime::sched::{ConfigError, DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunError, RunOptions, RunStats};
 use host_tools::inspect::inspect_checked;
 use host_tools::pinning::Placement;
@@ -136,14 +136,15 @@ enum Command {
         /// task of kernel id K).
         #[arg(long, value_parser = parse_fault)]
         fault: Option<Fault>,
-        /// How long a task may run before the run ends with an error. In
-        /// semantic time it is measured in semantic cycles (10^6 a
-        /// millisecond): a kernel whose cycles exceed it ends the run.
+        /// How long a task may run before the run ends with an error (at
+        /// least 1). In semantic time it is measured in semantic cycles
+        /// (10^6 a millisecond): a kernel whose cycles exceed it ends the
+        /// run.
         #[arg(long, default_value_t = RunOptions::default().kernel_timeout_ms)]
         kernel_timeout_ms: u64,
         /// How long a core may leave a task unacknowledged before the run
-        /// ends with an error (default: 1000). Not in semantic time, where
-        /// a core takes its task the moment it is issued.
+        /// ends with an error (at least 1; default: 1000). Not in semantic
+        /// time, where a core takes its task the moment it is issued.
         #[arg(long)]
         ack_timeout_ms: Option<u64>,
     },
@@ -875,6 +876,16 @@ fn run(cli: Cli) -> Result<bool> {
                 total: None,
                 fault,
             };
+            // Every run checks its options; checked here first, an error
+            // names the flag that set it.
+            let options = setup.shim.options;
+            options.check().map_err(|e| match e {
+                ConfigError::KernelTimeout { ms } => {
+                    anyhow::anyhow!("--kernel-timeout-ms {ms}: {e}")
+                }
+                ConfigError::AckTimeout { ms } => anyhow::anyhow!("--ack-timeout-ms {ms}: {e}"),
+                e => anyhow::anyhow!("{e}"),
+            })?;
             if classify(&workload.workload) == Input::Table {
                 workload.check_table_flags()?;
                 return run_table(

@@ -26,6 +26,10 @@
 //! `no-fin:CORE:TASK`, `error:CORE:TASK:CODE`, `no-kernel:CORE:KERNEL`,
 //! where `CORE` is the run-wide core number and `TASK` is `N` (the core's
 //! `N`th task, from 1) or `kK` (the core's first task of kernel `K`).
+//! `CODE` is any 32-bit code, 0 included: a kernel fails by returning
+//! `WSP_KERNEL_FAILED_BASE | code` ([`wsp_ffi::kernel_failed`]), and
+//! `kernel_failed(0)` is a failure like any other (a success is a cycle
+//! count, below that range), which the run reports as error code 0.
 
 use core::fmt;
 

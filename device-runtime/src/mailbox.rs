@@ -486,6 +486,12 @@ mod tests {
             Completion::from_result(wsp_ffi::kernel_failed(7)),
             Completion::Failed { code: 7 }
         );
+        // Code 0 is a failure too, not a success (what `--fault
+        // error:CORE:TASK:0` stands for).
+        assert_eq!(
+            Completion::from_result(wsp_ffi::kernel_failed(0)),
+            Completion::Failed { code: 0 }
+        );
         assert_eq!(
             Completion::from_result(wsp_ffi::kernel_failed(u32::MAX)),
             Completion::Failed { code: u32::MAX }

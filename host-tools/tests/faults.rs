@@ -253,7 +253,14 @@ fn a_program_call_of_a_kernel_not_built_in_is_named_by_its_pc() {
 
 #[test]
 fn faults_have_a_text_form() {
-    for text in ["no-ack:0:1", "no-fin:3:k2", "error:1:2:42", "no-kernel:0:2"] {
+    // Error code 0 included: a kernel returning `kernel_failed(0)` fails.
+    for text in [
+        "no-ack:0:1",
+        "no-fin:3:k2",
+        "error:1:2:42",
+        "error:0:1:0",
+        "no-kernel:0:2",
+    ] {
         let fault = Fault::parse(text).unwrap();
         assert_eq!(fault.to_string(), text);
     }

@@ -2,10 +2,14 @@
 //!
 //! A threaded shim run needs a host thread for each scheduler thread but
 //! the caller's and for each emulated AICore, for as long as the run
-//! lasts. Starting and joining a thread costs 40-90 µs on the machines
-//! this project is measured on (`cargo bench -p host-tools --bench
-//! small_runs`, its "thread" column), which made a two-thread run of one
-//! task several times as long as the run itself. [`scope`] works as
+//! lasts: five for the default machine. Starting and joining a thread
+//! costs 40-90 µs on the machines this project is measured on (`cargo
+//! bench -p host-tools --bench small_runs`, its "thread" column), one
+//! after another on the caller's thread; kept workers made a shim run of
+//! up to 8 tasks 2-3.5x faster (its "shim" column, `BENCHMARKS.md`,
+//! "Sixteenth pass"). Waking one blocked worker costs about what
+//! starting one thread does on idle processors, so a run with a single
+//! extra thread gains little. [`scope`] works as
 //! [`std::thread::scope`] does, but its threads are workers that wait
 //! (blocked on a condition variable, taking no processor) between jobs:
 //! a spawn takes an idle worker, or starts one when none is idle, so

@@ -1126,47 +1126,14 @@ mod tests {
         bytes
     }
 
-    /// Runs the dispatcher of an empty table on one thread after `report`
-    /// was put in the thread's completion ring.
-    fn step_after(report: u64) -> Result<bool, RunError> {
-        // The queues and the orchestrator are built on the stack before they
-        // are boxed in a debug build: a thread with room for them.
-        std::thread::Builder::new()
-            .stack_size(64 << 20)
-            .spawn(move || step_after_on_this_thread(report))
-            .unwrap()
-            .join()
-            .unwrap()
-    }
-
-    fn step_after_on_this_thread(report: u64) -> Result<bool, RunError> {
-        let bytes = empty_table();
-        let table = Table::parse(&bytes).unwrap();
-        let mut arena = [0u8; 0];
-        let queues = Box::new(Queues::new());
-        let mut orch = Box::new(TableOrchestrator::for_tables());
-        let mut policy = RoundRobin::default();
-        let mut dispatcher = Dispatcher::new(
-            &table,
-            Arena::new(&mut arena),
-            &RunOptions::default(),
-            &mut orch,
-            &queues,
-            &mut policy,
-            &SchedConfig {
-                threads: 1,
-                ..SchedConfig::default()
-            },
-            &[[true, true]],
-        )
-        .unwrap();
-        assert!(queues.done[0].push(report));
-        dispatcher.step(0)
-    }
-
-    /// What [`Dispatcher::new`] says to `options` for an empty table on
-    /// one thread.
-    fn new_with(options: RunOptions) -> Result<(), RunError> {
+    /// Makes the dispatcher of an empty table on one thread with
+    /// `options` and hands it, with its queues, to `f`: on a thread with
+    /// room for the queues and the orchestrator, which a debug build
+    /// builds on the stack before it boxes them.
+    fn on_empty_table<R: Send + 'static>(
+        options: RunOptions,
+        f: impl for<'a> FnOnce(Result<Dispatcher<'a>, RunError>, &'a Queues) -> R + Send + 'static,
+    ) -> R {
         std::thread::Builder::new()
             .stack_size(64 << 20)
             .spawn(move || {
@@ -1176,7 +1143,7 @@ mod tests {
                 let queues = Box::new(Queues::new());
                 let mut orch = Box::new(TableOrchestrator::for_tables());
                 let mut policy = RoundRobin::default();
-                Dispatcher::new(
+                let dispatcher = Dispatcher::new(
                     &table,
                     Arena::new(&mut arena),
                     &options,
@@ -1188,12 +1155,28 @@ mod tests {
                         ..SchedConfig::default()
                     },
                     &[[true, true]],
-                )
-                .map(drop)
+                );
+                f(dispatcher, &queues)
             })
             .unwrap()
             .join()
             .unwrap()
+    }
+
+    /// Runs the dispatcher of an empty table on one thread after `report`
+    /// was put in the thread's completion ring.
+    fn step_after(report: u64) -> Result<bool, RunError> {
+        on_empty_table(RunOptions::default(), move |dispatcher, queues| {
+            let mut dispatcher = dispatcher.unwrap();
+            assert!(queues.done[0].push(report));
+            dispatcher.step(0)
+        })
+    }
+
+    /// What [`Dispatcher::new`] says to `options` for an empty table on
+    /// one thread.
+    fn new_with(options: RunOptions) -> Result<(), RunError> {
+        on_empty_table(options, |dispatcher, _| dispatcher.map(drop))
     }
 
     /// A timeout of 0 ms is refused naming the setting: it used to be

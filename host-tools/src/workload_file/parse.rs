@@ -319,45 +319,44 @@ fn mark_sent(steps: &[Step], sent: &mut [bool]) {
     }
 }
 
-/// Whether `steps` call a kernel anywhere (in a loop, branch or process
-/// too).
-pub(super) fn has_call(steps: &[Step]) -> bool {
-    steps.iter().any(|step| match step {
-        Step::Call { .. } => true,
+/// The steps nested in `step`: a body (of a loop, select, stream,
+/// dispatch, process or consume loop) or a branch's two arms.
+fn nested(step: &Step) -> [&[Step]; 2] {
+    match step {
         Step::Loop { body, .. }
         | Step::Select { body, .. }
         | Step::Stream { body, .. }
         | Step::Dispatch { body, .. }
         | Step::Process { body, .. }
-        | Step::Consume { body, .. } => has_call(body),
+        | Step::Consume { body, .. } => [body, &[]],
         Step::When {
             then, otherwise, ..
-        } => has_call(then) || has_call(otherwise),
+        } => [then, otherwise],
         Step::Let { .. }
+        | Step::Call { .. }
         | Step::Send { .. }
         | Step::Event { .. }
         | Step::Close { .. }
-        | Step::Free { .. } => false,
-    })
+        | Step::Free { .. } => [&[], &[]],
+    }
+}
+
+/// Whether a step of `steps`, or one nested in any of them, is one `hit`
+/// picks.
+fn any_step(steps: &[Step], hit: &impl Fn(&Step) -> bool) -> bool {
+    (steps.iter()).any(|s| hit(s) || nested(s).iter().any(|inner| any_step(inner, hit)))
+}
+
+/// Whether `steps` call a kernel anywhere (in a loop, branch or process
+/// too).
+pub(super) fn has_call(steps: &[Step]) -> bool {
+    any_step(steps, &|s| matches!(s, Step::Call { .. }))
 }
 
 /// Whether `steps` send on or consume from a channel anywhere.
 pub(super) fn uses_channel(steps: &[Step]) -> bool {
-    steps.iter().any(|step| match step {
-        Step::Send { .. } | Step::Consume { .. } => true,
-        Step::Loop { body, .. }
-        | Step::Select { body, .. }
-        | Step::Stream { body, .. }
-        | Step::Dispatch { body, .. }
-        | Step::Process { body, .. } => uses_channel(body),
-        Step::When {
-            then, otherwise, ..
-        } => uses_channel(then) || uses_channel(otherwise),
-        Step::Let { .. }
-        | Step::Call { .. }
-        | Step::Event { .. }
-        | Step::Close { .. }
-        | Step::Free { .. } => false,
+    any_step(steps, &|s| {
+        matches!(s, Step::Send { .. } | Step::Consume { .. })
     })
 }
 

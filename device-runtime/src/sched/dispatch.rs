@@ -495,11 +495,16 @@ impl<'a> Dispatcher<'a> {
                 now,
                 contexts: &self.contexts,
             };
-            let pc = self.expander.pc();
+            // A step runs many instructions (and may switch contexts): the
+            // error names the one that failed, where the failing context
+            // stopped, not the pc the step began at.
             let step = self
                 .expander
                 .step_into(self.table, &mut cx, &mut self.spec)
-                .map_err(|why| RunError::Expand { pc, why })?;
+                .map_err(|why| RunError::Expand {
+                    pc: self.expander.pc(),
+                    why,
+                })?;
             self.waiting = None;
             match step {
                 Next::Task => return Ok(true),

@@ -98,6 +98,11 @@ fn bad_metadata_is_refused_naming_the_request() {
             ..
         })
     ));
+    // A page size of 0 is named as such, not as a metadata size that
+    // matches what it expects.
+    let e = check_meta(&lengths, &data.meta, data.width, pages, 0).unwrap_err();
+    assert_eq!(e, MetaError::Shape("page size 0".into()));
+    assert_eq!(e.to_string(), "bad decode shape: page size 0");
     // A length of 0 is not supported.
     assert_eq!(
         DecodeData::build(shape(&[4, 0], 8, 16), 1).unwrap_err(),

@@ -151,6 +151,7 @@ impl std::error::Error for MetaError {}
 /// Checks every request's page table against its length and the pool:
 /// the first `ceil(len / P)` entries of row `2b` of `meta` (`W` = `width`
 /// columns) must name pages `0 .. pages`. Entries past those are not read.
+/// A page size (`P` = `page`) of 0 is a [`MetaError::Shape`].
 pub fn check_meta(
     lengths: &[u32],
     meta: &[i32],
@@ -158,9 +159,12 @@ pub fn check_meta(
     pages: u32,
     page: u32,
 ) -> Result<(), MetaError> {
+    if page == 0 {
+        return Err(MetaError::Shape("page size 0".into()));
+    }
     let w = width as usize;
     let expected = 2 * lengths.len() * w;
-    if meta.len() != expected || page == 0 {
+    if meta.len() != expected {
         return Err(MetaError::MetaSize {
             got: meta.len(),
             expected,

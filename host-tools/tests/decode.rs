@@ -391,6 +391,14 @@ fn the_decode_lengths_include_the_edge_cases() {
     for edge in [1, 2, 3, 63, 64, 65, 8191, 8192] {
         assert!(l.contains(&edge), "{edge} missing from {l:?}");
     }
+    // Fewer requests than edge cases: the longest is still n (`--n` is
+    // never ignored), the others the first edge cases.
+    for m in 1..=8u32 {
+        let l = host_tools::attention::workload::lengths_of("decode", m, 5000);
+        let mut want: Vec<u32> = [1, 2, 3, 63, 64, 65, 4999][..m as usize - 1].to_vec();
+        want.push(5000);
+        assert_eq!(l, want, "m = {m}");
+    }
     let skew = host_tools::attention::workload::lengths_of("decode-skew", 32, 8192);
     assert_eq!(skew.iter().filter(|&&x| x == 8192).count(), 1);
     assert!(skew.iter().filter(|&&x| x != 8192).all(|&x| x <= 256));

@@ -22,7 +22,7 @@ fn params(m: u32, n: u32, k: u32) -> Params {
 }
 
 fn small() -> LayerData {
-    let p = params(6, 300, 128);
+    let p = params(6, 65, 128);
     LayerData::build(shape_of(&p, Mlp::Dense).unwrap(), p.seed).unwrap()
 }
 
@@ -160,7 +160,7 @@ fn a_run_on_more_cores_than_one_thread_drives() {
 }
 
 fn small_moe(threshold: f32, top_k: u32) -> LayerData {
-    let p = params(6, 300, 128);
+    let p = params(6, 65, 128);
     let cfg = host_tools::moe_layer::MoeConfig {
         tokens: 0,
         hidden: 0,
@@ -252,7 +252,7 @@ fn four_layers_through_a_small_window_and_a_wrapping_ring() {
     // Four layers wrap the heap ring; a 32-task window keeps the
     // expander close behind the cores. The ring's size (model::layer::
     // heap_bytes) must leave room for a block that cannot cross its end.
-    let p = params(6, 300, 128);
+    let p = params(6, 65, 128);
     let shape = host_tools::model::LayerShape {
         layers: 4,
         ..shape_of(&p, Mlp::Dense).unwrap()

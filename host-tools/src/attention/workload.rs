@@ -186,9 +186,11 @@ fn spread(n: u32, longest: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The lengths of the named workload: `m` requests, longest `n`.
+/// The lengths of the named workload: `m` requests, longest `n` (every
+/// workload has a request of `n` tokens, whatever `m`).
 /// - `decode`: 1, 2, 3, 63, 64, 65, n-1 and n (those <= n), then lengths
-///   spread geometrically over 1..=n, interleaved short and long;
+///   spread geometrically over 1..=n, interleaved short and long; with
+///   fewer requests than edge cases, the first `m - 1` and `n`;
 /// - `decode-uniform`: all `n`;
 /// - `decode-skew`: request `m / 2` has `n`, the others spread
 ///   geometrically over 1 ..= max(1, n / 32).
@@ -213,6 +215,12 @@ pub fn lengths_of(name: &str, m: u32, n: u32) -> Vec<u32> {
             }
             v.extend(hi);
             v.truncate(m as usize);
+            // Too few requests for every edge case: the last is the longest.
+            if !v.contains(&n) {
+                if let Some(last) = v.last_mut() {
+                    *last = n;
+                }
+            }
             v
         }
         "decode-skew" => {

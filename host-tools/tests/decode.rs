@@ -224,6 +224,54 @@ fn a_plan_lists_chunks_on_multiples_of_the_chunk_longest_first() {
     assert_eq!((unsplit.items.len(), unsplit.merges()), (4, 0));
 }
 
+#[test]
+fn a_plan_not_made_for_the_data_is_refused() {
+    let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
+    let err = |plan: &Plan| match decode_workload("decode", &data, plan) {
+        Ok(_) => panic!("a plan of {} items was taken", plan.items.len()),
+        Err(e) => e.to_string(),
+    };
+    // Its own plan, items in any order, is taken.
+    let mut plan = Plan::with_chunk(&data.shape, 16);
+    plan.items.reverse();
+    assert!(decode_workload("decode", &data, &plan).is_ok());
+    // A plan for a shorter request 1 (17 tokens in the data, 15 in the
+    // plan) would attend to 15 of its tokens; one for a longer request
+    // would read past them.
+    for other in [[40, 15, 1], [40, 33, 1]] {
+        let plan = Plan::with_chunk(&shape(&other, 8, 16), 16);
+        let e = err(&plan);
+        assert!(e.contains("request 1, KV head 0: "), "{e}");
+        assert!(e.contains("its 17 KV tokens in chunks of 16"), "{e}");
+    }
+    // The same chunk counts, other token ranges: request 0 of 40 tokens
+    // in chunks of 16 is 3 chunks; so are 33 tokens, and the plan's last
+    // item would end at token 33.
+    let plan = Plan::with_chunk(&shape(&[33, 17, 1], 8, 16), 16);
+    let e = err(&plan);
+    assert!(
+        e.contains("request 0, KV head 0: the plan's items are"),
+        "{e}"
+    );
+    // Another batch or other heads: the groups do not match.
+    let plan = Plan::with_chunk(&shape(&[40, 17], 8, 16), 16);
+    assert!(err(&plan).contains(
+        "the plan has 4 (request, KV head) groups; the shape has 6 (3 requests x 2 KV heads)"
+    ));
+    // An item left out: request 2's outputs would never be written.
+    let mut plan = Plan::with_chunk(&data.shape, 16);
+    plan.items.retain(|it| it.request != 2);
+    assert!(err(&plan).contains("the plan has 10 items; its groups have 12 chunks"));
+    // A chunk of 0 is refused, not taken as 1.
+    let plan = Plan::new(&data.shape, Strategy::Fixed(0));
+    assert_eq!(plan.chunk, 0);
+    assert!(err(&plan).contains("chunks of 0 tokens"));
+    let e = named_with("decode", small(8, 16), Strategy::Fixed(0))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("chunks of 0 tokens"), "{e}");
+}
+
 // ---- runs ----------------------------------------------------------------
 
 /// Small sizes for debug builds: 8 requests up to 300 tokens.

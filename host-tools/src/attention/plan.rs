@@ -83,7 +83,9 @@ impl CostModel {
 pub enum Strategy {
     /// One item per (request, KV head): no split, no merge.
     Unsplit,
-    /// Chunks of this many tokens (a multiple of the page size).
+    /// Chunks of this many tokens (at least 1; any size works, the
+    /// planner's are multiples of the page size). A chunk of 0 gives a
+    /// plan that [`Plan::check`] refuses.
     Fixed(u32),
     /// The planner's chunk for this many cores that run partials.
     Planned {
@@ -171,7 +173,7 @@ impl Plan {
     pub fn new(shape: &DecodeShape, strategy: Strategy) -> Plan {
         let chunk = match strategy {
             Strategy::Unsplit => u32::MAX,
-            Strategy::Fixed(c) => c.max(1),
+            Strategy::Fixed(c) => c,
             Strategy::Planned { cores } => choose_chunk(
                 &shape.lengths,
                 shape.kv_heads,
@@ -184,10 +186,19 @@ impl Plan {
     }
 
     /// The plan that splits every (request, KV head) into chunks of
-    /// `chunk` tokens (>= 1).
+    /// `chunk` tokens (>= 1; 0 gives an empty plan, which
+    /// [`Plan::check`] refuses).
     pub fn with_chunk(shape: &DecodeShape, chunk: u32) -> Plan {
         let g = shape.group();
         let (mut items, mut groups, mut parts_rows) = (Vec::new(), Vec::new(), 0u32);
+        if chunk == 0 {
+            return Plan {
+                chunk,
+                items,
+                groups,
+                parts_rows,
+            };
+        }
         for (b, &len) in shape.lengths.iter().enumerate() {
             let chunks = len.div_ceil(chunk);
             for h in 0..shape.kv_heads {
@@ -222,6 +233,64 @@ impl Plan {
             groups,
             parts_rows,
         }
+    }
+
+    /// Checks that this is a plan of `shape` (checked beforehand): its
+    /// groups and `parts` rows are those of [`Plan::with_chunk`] with its
+    /// chunk, and its items are that plan's, in any order. A plan made
+    /// for other lengths or heads (or edited) would attend to other
+    /// tokens than the data's, or leave outputs unwritten.
+    pub fn check(&self, shape: &DecodeShape) -> Result<(), String> {
+        if self.chunk == 0 {
+            return Err("the plan has chunks of 0 tokens".into());
+        }
+        let want = Plan::with_chunk(shape, self.chunk);
+        if self.groups.len() != want.groups.len() {
+            return Err(format!(
+                "the plan has {} (request, KV head) groups; the shape has {} ({} requests x {} KV heads)",
+                self.groups.len(),
+                want.groups.len(),
+                shape.batch(),
+                shape.kv_heads
+            ));
+        }
+        let mismatch = |request: u32, kv_head: u32, what: &str| {
+            let len = shape.lengths[request as usize];
+            format!(
+                "request {request}, KV head {kv_head}: the plan's {what} not those of its \
+                 {len} KV tokens in chunks of {} (was the plan made for other lengths?)",
+                self.chunk
+            )
+        };
+        if let Some(w) = self.groups.iter().zip(&want.groups).find(|(g, w)| g != w) {
+            return Err(mismatch(
+                w.1.request,
+                w.1.kv_head,
+                "chunks and parts rows are",
+            ));
+        }
+        if self.parts_rows != want.parts_rows {
+            return Err(format!(
+                "the plan has {} rows of partial states; its groups use {}",
+                self.parts_rows, want.parts_rows
+            ));
+        }
+        let key = |it: &Item| (it.request, it.kv_head, it.chunk);
+        let mut items = self.items.clone();
+        items.sort_by_key(key);
+        let mut wanted = want.items;
+        wanted.sort_by_key(key);
+        if items.len() != wanted.len() {
+            return Err(format!(
+                "the plan has {} items; its groups have {} chunks",
+                items.len(),
+                wanted.len()
+            ));
+        }
+        if let Some((_, w)) = items.iter().zip(&wanted).find(|(i, w)| i != w) {
+            return Err(mismatch(w.request, w.kv_head, "items are"));
+        }
+        Ok(())
     }
 
     /// Groups split into more than one chunk (one merge each).

@@ -38,13 +38,15 @@ pub struct DecodeTensors {
 
 /// The table of `plan` over `data`: the five tensors, then the partial
 /// items in the plan's order, then one merge per split (request, KV head).
-/// The arena is filled with `q`, `kv` and `meta`.
+/// The arena is filled with `q`, `kv` and `meta`. A plan that is not one
+/// of `data`'s shape ([`Plan::check`]) is refused.
 pub fn decode_table(
     data: &DecodeData,
     plan: &Plan,
 ) -> Result<(TableBuilder, DecodeTensors, Arena), WorkloadError> {
     data.check()
         .map_err(|e| WorkloadError::Params(e.to_string()))?;
+    plan.check(&data.shape).map_err(WorkloadError::Params)?;
     let s = &data.shape;
     let (b, d, g, page) = (s.batch(), s.d, s.group(), s.page);
     if let Some(big) = plan.groups.iter().find(|gr| gr.chunks * g > MAX_PART_ROWS) {

@@ -63,7 +63,8 @@ pub(crate) fn moe(
 }
 
 /// [`moe`](crate::workloads::Workload::build)'s layer (`moe`: top 2,
-/// threshold 0; `moe-var`: top 4, threshold 0.15) whose expert loop, when
+/// threshold 0; `moe-var`: top 4, threshold 0.15; `top` in 1 ..=
+/// [`EXPERTS`], `threshold` in [0, 1)) whose expert loop, when
 /// `experts` is given, is a taskset of its own with that schedule (e.g.
 /// affinity by `loop:0`, the expert); the router's calls keep the run's.
 pub fn moe_with(
@@ -86,6 +87,16 @@ pub fn moe_with(
         }
     }
     let e = EXPERTS;
+    if !(1..=e).contains(&top) {
+        return Err(WorkloadError::Params(format!(
+            "top = {top} experts per token must be in 1..={e} (the experts)"
+        )));
+    }
+    if !(0.0..1.0).contains(&threshold) {
+        return Err(WorkloadError::Params(format!(
+            "threshold = {threshold} must be in [0, 1)"
+        )));
+    }
     let slots = tokens * top;
     // Data whose routing is clear: reseed until it is.
     let (mut x, mut wg) = (Vec::new(), Vec::new());

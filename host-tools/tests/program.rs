@@ -459,6 +459,28 @@ fn a_task_limit_bounds_a_run_whose_length_the_data_decides() {
     assert_eq!(shim(Some(MAX_RUN_TASKS)).0.unwrap(), 66);
 }
 
+/// `moe_with`'s routing settings out of range are errors naming them, not
+/// panics in the data's search or the reference.
+#[test]
+fn moe_routing_settings_out_of_range_are_refused() {
+    use host_tools::moe::moe_with;
+    use host_tools::workloads::Params;
+    let p = Params::of("moe").unwrap();
+    for (top, threshold, why) in [
+        (0, 0.0, "top = 0 experts per token must be in 1..=8"),
+        (9, 0.0, "top = 9 experts per token must be in 1..=8"),
+        (2, 1.0, "threshold = 1 must be in [0, 1)"),
+        (2, -0.5, "threshold = -0.5 must be in [0, 1)"),
+        (2, f32::NAN, "threshold = NaN must be in [0, 1)"),
+    ] {
+        let e = moe_with("moe", p, top, threshold, None).err().unwrap();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    // The ends of the ranges are taken.
+    assert!(moe_with("moe", p, 8, 0.0, None).is_ok());
+    assert!(moe_with("moe", p, 1, 0.0, None).is_ok());
+}
+
 /// `DispatchKey::Loop(0)` with affinity, as the expert loop's own taskset,
 /// keeps each expert of the MoE layer on one scheduler thread; the
 /// task-index key spreads them. (As the run's key, `loop:0` is refused:

@@ -528,11 +528,12 @@ mod tests {
             ("moe-layer", p("moe-layer", 256, 1 << 20, 128, 16)),
             ("moe-layer-var", p("moe-layer", 4096, 4096, 1024, 16)),
             ("decode-layer", p("decode-layer", 16, 1 << 24, 512, 16)),
+            // Pages of 65536 tokens, the device planner's largest.
             (
                 "decode-layer-dense",
-                p("decode-layer", 16, 2048, 512, 1 << 24),
+                p("decode-layer", 16, 2048, 512, 1 << 16),
             ),
-            ("stitched", p("stitched", 24, 128, 512, 1 << 24)),
+            ("stitched", p("stitched", 24, 128, 512, 1 << 16)),
         ] {
             let e = Workload::build(name, sizes).err().unwrap();
             assert!(
@@ -558,6 +559,16 @@ mod tests {
                 "sparse-decode",
                 p("sparse-decode", 8, 16385, 128, 64),
                 "request 0",
+            ),
+            (
+                "decode-layer-dense",
+                p("decode-layer", 16, 2048, 512, 1 << 24),
+                "16777216 tokens per page",
+            ),
+            (
+                "stitched",
+                p("stitched", 24, 128, 512, 1 << 24),
+                "16777216 tokens per page",
             ),
         ] {
             let e = Workload::build(name, sizes).err().unwrap();

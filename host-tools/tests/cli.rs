@@ -724,11 +724,9 @@ fn built_in_sizes_past_the_bounds_are_errors_not_aborts() {
             tasks,
         ),
         (vec!["run", "decode-layer", "--n", "100000000"], tasks),
-        (
-            vec!["run", "decode-layer-dense", "--tile", "16777216"],
-            bytes,
-        ),
-        (vec!["run", "stitched", "--tile", "16777216"], bytes),
+        // Pages of 65536 tokens, the device planner's largest.
+        (vec!["run", "decode-layer-dense", "--tile", "65536"], bytes),
+        (vec!["run", "stitched", "--tile", "65536"], bytes),
     ] {
         let o = wsp(&args);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));

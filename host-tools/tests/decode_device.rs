@@ -138,3 +138,56 @@ fn bad_lengths_end_the_device_planned_run_clearly() {
     assert!(matches!(e, RunError::Expand { .. }), "{e}");
     assert!(e.to_string().contains("page table"), "{e}");
 }
+
+#[test]
+fn sizes_the_device_planner_does_not_take_are_refused_before_the_run() {
+    // decode_plan takes 1 ..= 4096 cores and pages of up to 65536 tokens:
+    // the kernel would refuse the others only once the run reached it,
+    // naming a scalar.
+    let data = DecodeData::build(shape(&[40, 17, 9]), 3).unwrap();
+    for (cores, why) in [
+        (
+            0,
+            "0 cores: the device planner (decode_plan) takes 1 ..= 4096",
+        ),
+        (
+            4097,
+            "4097 cores: the device planner (decode_plan) takes 1 ..= 4096",
+        ),
+    ] {
+        let e = device_decode_workload("decode-device", &data, cores)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    assert!(device_decode_workload("decode-device", &data, 4096).is_ok());
+    let big_page = DecodeData::build(
+        DecodeShape {
+            page: 65537,
+            d: 1,
+            ..shape(&[3])
+        },
+        1,
+    )
+    .unwrap();
+    let e = device_decode_workload("decode-device", &big_page, 8)
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .contains("65537 tokens per page: the device planner (decode_plan) takes 1 ..= 65536"),
+        "{e}"
+    );
+    // The decode layers plan on the device too.
+    let p = host_tools::workloads::Params {
+        m: 1,
+        n: 1,
+        k: 64,
+        tile: 65537,
+        seed: 1,
+    };
+    let e = host_tools::workloads::Workload::build("decode-layer-dense", p)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("65537 tokens per page"), "{e}");
+}

@@ -111,8 +111,37 @@ pub fn max_chunks(data: &DecodeData) -> u32 {
     (data.width * data.shape.page).div_ceil(min_chunk(data.shape.page))
 }
 
+/// `decode_plan`'s most KV heads.
+pub const MAX_PLAN_HEADS: u32 = 256;
+/// `decode_plan`'s most cores.
+pub const MAX_PLAN_CORES: u32 = 4096;
+/// `decode_plan`'s largest page size.
+pub const MAX_PLAN_PAGE: u32 = 65536;
+/// `decode_plan`'s most requests.
+pub const MAX_PLAN_REQUESTS: u32 = 4096;
+
+/// Refuses sizes `decode_plan` does not take, naming them: `batch`
+/// requests, `kv_heads`, pages of `page` tokens, `cores` (the kernel
+/// would refuse them only when the run reaches it).
+pub fn check_plan(batch: u32, kv_heads: u32, page: u32, cores: u32) -> Result<(), String> {
+    for (what, v, max) in [
+        ("requests", batch, MAX_PLAN_REQUESTS),
+        ("KV heads", kv_heads, MAX_PLAN_HEADS),
+        ("tokens per page", page, MAX_PLAN_PAGE),
+        ("cores", cores, MAX_PLAN_CORES),
+    ] {
+        if !(1..=max).contains(&v) {
+            return Err(format!(
+                "{v} {what}: the device planner (decode_plan) takes 1 ..= {max}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Adds one `decode_plan` call planning for `cores` cores: it reads
-/// `lens` and writes the chunk size into `plan`.
+/// `lens` and writes the chunk size into `plan` (sizes as
+/// [`check_plan`] takes them).
 pub fn plan_call(w: &mut Program, dims: &AttnDims, lens: TensorId, plan: TensorId, cores: u32) {
     let cost = CostModel::of(dims.group, dims.d);
     w.call(
@@ -235,7 +264,8 @@ pub fn decode_program(
     Ok((w, t))
 }
 
-/// The device-planned decode of `data` for `cores` cores, checked against
+/// The device-planned decode of `data` for `cores` cores (sizes past
+/// [`check_plan`]'s are refused), checked against
 /// the f64 reference like the host-planned one. The chunk the device
 /// plans is not known when the check is built: the bound assumes the
 /// most chunks any (request, KV head) may have, which only loosens it.
@@ -246,6 +276,8 @@ pub fn device_decode_workload(
 ) -> Result<Workload, WorkloadError> {
     data.check()
         .map_err(|e| WorkloadError::Params(e.to_string()))?;
+    let s = &data.shape;
+    check_plan(s.batch(), s.kv_heads, s.page, cores).map_err(WorkloadError::Params)?;
     let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let (mut w, t) = decode_program(data, cores).map_err(lower)?;
     let table = w.finish().map_err(lower)?;

@@ -168,7 +168,9 @@ impl LayerShape {
         }
         self.attention()
             .check()
-            .map_err(|e| WorkloadError::Params(e.to_string()))
+            .map_err(|e| WorkloadError::Params(e.to_string()))?;
+        crate::attention::device::check_plan(b, self.kv_heads, self.page, PLAN_CORES)
+            .map_err(WorkloadError::Params)
     }
 }
 

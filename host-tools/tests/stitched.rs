@@ -111,3 +111,18 @@ fn stitched_default_sizes() {
     assert!(s < a + b);
     assert!(s as f64 <= 1.2 * bs.bound as f64);
 }
+
+#[test]
+fn a_bad_size_is_named_alone() {
+    // `stitched` reads n as the prefill chunk and gives its decode step
+    // lengths up to 2048 of its own: an error about m or k names that
+    // size, not an n the user never gave.
+    let p = Params::of("stitched").unwrap();
+    for (bad, why) in [
+        (Params { m: 0, ..p }, "m (requests) = 0 must be at least 1"),
+        (Params { k: 7, ..p }, "k (hidden) = 7 must be at least 64"),
+    ] {
+        let e = Workload::build("stitched", bad).err().unwrap().to_string();
+        assert!(e.contains(why) && !e.contains("2048"), "{e}");
+    }
+}

@@ -1118,12 +1118,18 @@ pub fn summary_of(data: &LayerData) -> String {
 /// hidden size `k` in heads of 64 (`k / 64` query heads, a quarter as
 /// many KV heads, at least 1), ffn `2k`, pages of `tile`, 2 layers.
 pub fn shape_of(p: &crate::workloads::Params, mlp: Mlp) -> Result<LayerShape, WorkloadError> {
-    if p.m == 0 || p.n == 0 || p.k < 64 {
-        return Err(WorkloadError::Params(format!(
-            "m (requests) = {}, n (longest KV length) = {} must be positive and k (hidden) = {} \
-             at least 64",
-            p.m, p.n, p.k
-        )));
+    // Each message names only the size that is wrong (`stitched` passes
+    // an n of its own).
+    for (what, v, least) in [
+        ("m (requests)", p.m, 1),
+        ("n (longest KV length)", p.n, 1),
+        ("k (hidden)", p.k, 64),
+    ] {
+        if v < least {
+            return Err(WorkloadError::Params(format!(
+                "{what} = {v} must be at least {least}"
+            )));
+        }
     }
     if !p.k.is_multiple_of(64) {
         return Err(WorkloadError::Params(format!(

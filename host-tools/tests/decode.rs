@@ -272,6 +272,29 @@ fn a_plan_not_made_for_the_data_is_refused() {
     assert!(e.to_string().contains("chunks of 0 tokens"), "{e}");
 }
 
+#[test]
+fn an_unknown_name_and_a_plan_for_no_cores_are_refused() {
+    // Unknown names used to get `decode-uniform`'s lengths silently.
+    let e = named_with("decode-uniformm", small(8, 16), Strategy::Unsplit)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("no decode workload named `decode-uniformm`"),
+        "{e}"
+    );
+    assert!(e.contains("decode, decode-uniform, decode-skew"), "{e}");
+    // 0 cores used to be planned as 1, without a word.
+    let e = named_with("decode", small(8, 16), Strategy::Planned { cores: 0 })
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("0 cores"), "{e}");
+    for name in ["decode", "decode-uniform", "decode-skew"] {
+        assert!(named_with(name, small(8, 16), Strategy::Planned { cores: 1 }).is_ok());
+    }
+}
+
 // ---- runs ----------------------------------------------------------------
 
 /// Small sizes for debug builds: 8 requests up to 300 tokens.

@@ -256,17 +256,33 @@ pub fn named(name: &'static str, p: Params) -> Result<Workload, WorkloadError> {
     named_with(name, p, Strategy::Planned { cores: PLAN_CORES })
 }
 
-/// As [`named`], split by `strategy`.
+/// The decode workloads [`named`] builds: their lengths are
+/// [`lengths_of`]'s.
+pub const NAMES: [&str; 3] = ["decode", "decode-uniform", "decode-skew"];
+
+/// As [`named`], split by `strategy`. An unknown name, and a planned
+/// strategy for 0 cores, are refused.
 pub fn named_with(
     name: &'static str,
     p: Params,
     strategy: Strategy,
 ) -> Result<Workload, WorkloadError> {
+    if !NAMES.contains(&name) {
+        return Err(WorkloadError::Params(format!(
+            "no decode workload named `{name}` (the names are {})",
+            NAMES.join(", ")
+        )));
+    }
     if p.m == 0 || p.n == 0 {
         return Err(WorkloadError::Params(format!(
             "m (requests) = {} and n (longest KV length) = {} must be positive",
             p.m, p.n
         )));
+    }
+    if let Strategy::Planned { cores: 0 } = strategy {
+        return Err(WorkloadError::Params(
+            "the planner's strategy was given 0 cores to plan for (at least 1)".into(),
+        ));
     }
     let shape = shape_of(name, &p);
     let data = DecodeData::build(shape.clone(), p.seed)

@@ -29,6 +29,8 @@ mod header;
 mod launcher;
 mod qemu;
 mod qemu_bench;
+#[cfg(test)]
+mod qemu_tests;
 mod qemu_trace;
 mod setup;
 mod target;

@@ -114,6 +114,9 @@ pub enum QemuError {
     Signaled,
     /// The firmware's log or trace could not be read.
     Output { what: String, reason: String },
+    /// A file the run was given is refused before QEMU starts:
+    /// `what` names it, `reason` says why.
+    Input { what: String, reason: String },
 }
 
 impl fmt::Display for QemuError {
@@ -122,7 +125,9 @@ impl fmt::Display for QemuError {
             QemuError::Io { what, error } => write!(f, "{what}: {error}"),
             QemuError::TimedOut { secs } => write!(f, "QEMU did not finish within {secs} s"),
             QemuError::Signaled => write!(f, "QEMU was killed by a signal"),
-            QemuError::Output { what, reason } => write!(f, "{what}: {reason}"),
+            QemuError::Output { what, reason } | QemuError::Input { what, reason } => {
+                write!(f, "{what}: {reason}")
+            }
         }
     }
 }
@@ -164,6 +169,8 @@ impl QemuRun {
 
     /// The command line, with relative paths made absolute; it must run in
     /// `dir`, where `arena.out` is to appear (and the launch block is written).
+    /// A table file with bytes after its table (`check_table_file`) is
+    /// refused here, before QEMU boots.
     pub fn command(&self, dir: &Path) -> Result<Command, QemuError> {
         let mut cmd = Command::new("timeout");
         cmd.args([
@@ -200,13 +207,14 @@ impl QemuRun {
         }
         cmd.arg("-kernel");
         cmd.arg(existing(&self.firmware, "firmware")?);
-        for (file, addr, what) in [
-            (&self.table, TABLE_ADDR, "table"),
-            (&self.arena, ARENA_ADDR, "arena"),
-        ] {
-            if let Some(file) = file {
-                cmd.arg("-device").arg(loader(&existing(file, what)?, addr));
-            }
+        if let Some(table) = &self.table {
+            let table = existing(table, "table")?;
+            check_table_file(&table)?;
+            cmd.arg("-device").arg(loader(&table, TABLE_ADDR));
+        }
+        if let Some(arena) = &self.arena {
+            cmd.arg("-device")
+                .arg(loader(&existing(arena, "arena")?, ARENA_ADDR));
         }
         if let Some(block) = &self.launch {
             let path = dir.join(LAUNCH_FILE);
@@ -470,6 +478,24 @@ impl Trace {
     /// Ticks as microseconds.
     pub fn micros(&self, ticks: u64) -> f64 {
         ticks as f64 * 1e6 / self.ticks_per_second as f64
+    }
+}
+
+/// Refuses a table file with bytes after its header's `total_len`, as `wsp
+/// run` and `wsp inspect` do: a file is one table, and the firmware reads
+/// `total_len` bytes of its table window, so whatever follows them (`cat
+/// table.bin x > t.bin`) would be silently ignored. Every other fault, a
+/// file cut short included, is left to the firmware, which names it
+/// (`RESULT ERROR invalid descriptor table: ..`, exit status 2).
+fn check_table_file(path: &Path) -> Result<(), QemuError> {
+    use device_runtime::abi::{exact_table_len, Problem};
+    let bytes = std::fs::read(path).map_err(io_err(format!("reading {}", path.display())))?;
+    match exact_table_len(&bytes) {
+        Err(e) if matches!(e.problem, Problem::TrailingBytes { .. }) => Err(QemuError::Input {
+            what: path.display().to_string(),
+            reason: e.to_string(),
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use device_runtime::abi::launch::{encode_block, LaunchError, LAUNCH_MAX};
 use device_runtime::abi::memory_map::{ARENA_ADDR, CPUS, LAUNCH_ADDR, RAM_MIB, TABLE_ADDR};
+use device_runtime::sched::RunOptions;
 
 /// The QEMU binary (Debian package `qemu-system-arm`).
 pub const QEMU: &str = "qemu-system-aarch64";
@@ -65,8 +66,10 @@ pub struct QemuRun {
     /// them through to this process's.
     pub capture: bool,
     /// Words on the semihosting command line after the image's name: the
-    /// firmware's measuring modes (`empty-kernels`, `baseline=N`); none for
-    /// a normal run.
+    /// firmware's measuring modes (`empty-kernels`, `baseline=N`), a fault
+    /// and its timeouts (`fault=F`, `kernel-timeout-ms=N`,
+    /// `ack-timeout-ms=N`: 0 ms is refused before QEMU starts); none for a
+    /// normal run.
     pub args: Vec<String>,
     /// Run the CPUs one at a time (single-threaded TCG, switching at the
     /// firmware's `yield` spin hints) with the virtual clock counting
@@ -114,7 +117,7 @@ pub enum QemuError {
     Signaled,
     /// The firmware's log or trace could not be read.
     Output { what: String, reason: String },
-    /// A file the run was given is refused before QEMU starts:
+    /// A file or word the run was given is refused before QEMU starts:
     /// `what` names it, `reason` says why.
     Input { what: String, reason: String },
 }
@@ -169,9 +172,13 @@ impl QemuRun {
 
     /// The command line, with relative paths made absolute; it must run in
     /// `dir`, where `arena.out` is to appear (and the launch block is written).
-    /// A table file with bytes after its table (`check_table_file`) is
+    /// A table file with bytes after its table (`check_table_file`) and a
+    /// timeout word the run would refuse (`check_timeout_word`) are
     /// refused here, before QEMU boots.
     pub fn command(&self, dir: &Path) -> Result<Command, QemuError> {
+        for word in &self.args {
+            check_timeout_word(word)?;
+        }
         let mut cmd = Command::new("timeout");
         cmd.args([
             "--foreground",
@@ -497,6 +504,28 @@ fn check_table_file(path: &Path) -> Result<(), QemuError> {
         }),
         _ => Ok(()),
     }
+}
+
+/// Refuses the firmware word `kernel-timeout-ms=N` or `ack-timeout-ms=N`
+/// with a value the runtime refuses ([`RunOptions::check`]: 0 ms), which
+/// the firmware would only report once its CPUs are up and the table is
+/// loaded. Other words, and a value that is no number (the firmware names
+/// it as it reads its command line), pass.
+fn check_timeout_word(word: &str) -> Result<(), QemuError> {
+    let mut options = RunOptions::default();
+    if let Some(ms) = word.strip_prefix("kernel-timeout-ms=") {
+        let Ok(ms) = ms.parse() else { return Ok(()) };
+        options.kernel_timeout_ms = ms;
+    } else if let Some(ms) = word.strip_prefix("ack-timeout-ms=") {
+        let Ok(ms) = ms.parse() else { return Ok(()) };
+        options.ack_timeout_ms = ms;
+    } else {
+        return Ok(());
+    }
+    options.check().map_err(|e| QemuError::Input {
+        what: word.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 /// `path` made absolute, or an error naming `what` if there is no such file.

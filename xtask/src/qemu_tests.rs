@@ -1,6 +1,6 @@
 //! What `cargo xtask qemu` (and every test that runs the firmware through
 //! [`QemuRun`]) refuses before QEMU boots: a table file with bytes after
-//! its table.
+//! its table, and a timeout word of 0 ms.
 
 use std::path::PathBuf;
 
@@ -73,5 +73,49 @@ fn a_table_file_with_bytes_after_the_table_is_refused() {
         if let Err(e) = run.command(&dir.0) {
             panic!("{name}: {e}");
         }
+    }
+}
+
+/// `kernel-timeout-ms=0` and `ack-timeout-ms=0` are refused naming the
+/// word, with the runtime's reason, before QEMU boots: the firmware took
+/// them and refused them only at the run's start, after bringing up its
+/// CPUs and loading the table. 1 ms and more pass, and so does a value
+/// that is no number, which the firmware names as it reads its words.
+#[test]
+fn a_timeout_word_of_0_ms_is_refused_before_qemu_starts() {
+    let dir = Dir::new("a_timeout_word_of_0_ms_is_refused_before_qemu_starts");
+    let run = run_of(&dir, "table.bin", &gemm_table());
+    let with = |words: &[&str]| {
+        let mut run = run.clone();
+        run.args = words.iter().map(|w| w.to_string()).collect();
+        run.command(&dir.0).map(drop).map_err(|e| e.to_string())
+    };
+    let kernel = "kernel-timeout-ms=0: a kernel timeout (kernel_timeout_ms) of 0 ms; \
+                  at least 1 ms is needed";
+    let ack = "ack-timeout-ms=0: an acknowledgement timeout (ack_timeout_ms) of 0 ms; \
+               at least 1 ms is needed";
+    for (words, says) in [
+        (&["kernel-timeout-ms=0"][..], kernel),
+        (
+            &[
+                "fault=no-ack:0:1",
+                "ack-timeout-ms=1500",
+                "kernel-timeout-ms=0",
+            ],
+            kernel,
+        ),
+        (&["ack-timeout-ms=0"], ack),
+        (&["kernel-timeout-ms=4000", "ack-timeout-ms=0"], ack),
+    ] {
+        let e = with(words).unwrap_err();
+        assert!(e.contains(says), "{words:?}: {e}");
+    }
+    for words in [
+        &["kernel-timeout-ms=1", "ack-timeout-ms=1"][..],
+        &["kernel-timeout-ms=4000", "ack-timeout-ms=1500"],
+        &["kernel-timeout-ms=x"],
+        &["empty-kernels", "trace"],
+    ] {
+        assert_eq!(with(words), Ok(()), "{words:?}");
     }
 }

@@ -345,6 +345,39 @@ static uint8_t *read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* The descriptor table header's fields this launcher reads (ABI v3,
+ * device_runtime::abi::layout; xtask's tests check these against it). */
+#define TABLE_MAGIC "PTOWSP\r\n"
+#define TABLE_ABI_VERSION 3u
+#define TABLE_HEADER_SIZE 80u
+#define TABLE_VERSION_AT 8u
+#define TABLE_HEADER_SIZE_AT 12u
+#define TABLE_TOTAL_LEN_AT 16u
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* A table file is one table: refuses one with bytes after its header's
+ * total_len (something appended to it), as `wsp run` does; the runtime
+ * reads total_len bytes of the window it is handed and would silently
+ * ignore the rest. Every other fault (not a table, another version, a
+ * file cut short) is left to the runtime, which names it. */
+static int check_table_file(const char *path, const uint8_t *bytes, size_t len) {
+    if (len < TABLE_HEADER_SIZE || memcmp(bytes, TABLE_MAGIC, 8) != 0 ||
+        le32(bytes + TABLE_VERSION_AT) != TABLE_ABI_VERSION ||
+        le32(bytes + TABLE_HEADER_SIZE_AT) != TABLE_HEADER_SIZE)
+        return 1;
+    uint32_t total = le32(bytes + TABLE_TOTAL_LEN_AT);
+    if (total < TABLE_HEADER_SIZE || len <= total) return 1;
+    fprintf(stderr,
+            "wsp-launcher: %s: invalid descriptor table: section `header`, entry 0, field `total_len`: "
+            "the table is %" PRIu32 " bytes long, but %zu bytes were given: %zu bytes follow it "
+            "(a table file holds one table and nothing after it)\n",
+            path, total, len, len - (size_t)total);
+    return 0;
+}
+
 static int write_file(const char *path, const uint8_t *bytes, size_t len) {
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(bytes, 1, len, f) != len || fclose(f) != 0) {
@@ -506,6 +539,7 @@ int main(int argc, char **argv) {
     size_t launch_len = 0;
     uint8_t *launch_bytes = o.launch ? read_file(o.launch, &launch_len) : NULL;
     if (!table || !arena || !so_bytes || (o.launch && !launch_bytes)) return 2;
+    if (!check_table_file(o.table, table, table_len)) return 2;
 
     /* RTLD_DEEPBIND as CANN loads it: the .so binds to its own symbols first. */
     void *so = dlopen(o.so, RTLD_LAZY | RTLD_DEEPBIND);

@@ -154,3 +154,39 @@ fn bad_launcher_options_are_refused_with_a_message() {
         assert!(outcome.arena_out.is_none());
     }
 }
+
+/// A table file is one table: one with bytes after its header's
+/// `total_len` (`cat table.bin garbage > t2.bin`) is refused as bad input
+/// before the program is loaded, naming the table's length and the
+/// file's, as `wsp run` refuses it; the runtime would read the table and
+/// silently ignore the rest. The table itself passes the launcher's check
+/// (and the fake program, which ignores it, runs).
+#[test]
+fn a_table_file_with_bytes_after_the_table_is_refused() {
+    let p = host_tools::workloads::Params {
+        m: 32,
+        n: 32,
+        k: 32,
+        tile: 32,
+        seed: 1,
+    };
+    let table = host_tools::workloads::Workload::build("gemm", p)
+        .unwrap()
+        .table;
+    let total = table.len();
+    let mut appended = table.clone();
+    appended.extend_from_slice(b"garbage\n");
+    let outcome = run_in_launcher(FAKE_AICPU_SO, &appended, &arena(4), &[]);
+    assert_eq!(outcome.status, 2, "{}\n{}", outcome.stdout, outcome.stderr);
+    let says = format!(
+        "table.bin: invalid descriptor table: section `header`, entry 0, field `total_len`: \
+         the table is {total} bytes long, but {} bytes were given: 8 bytes follow it",
+        total + 8
+    );
+    assert!(outcome.stderr.contains(&says), "{}", outcome.stderr);
+    assert!(!outcome.stdout.contains("RESULT"), "{}", outcome.stdout);
+    assert!(outcome.arena_out.is_none());
+    let outcome = run_in_launcher(FAKE_AICPU_SO, &table, &arena(4), &[]);
+    assert_eq!(outcome.status, 0, "{}\n{}", outcome.stdout, outcome.stderr);
+    assert!(outcome.stdout.contains("RESULT OK"), "{}", outcome.stdout);
+}

@@ -203,3 +203,46 @@ pub fn launcher(
     })?;
     Ok(status.code().unwrap_or(1))
 }
+
+#[cfg(test)]
+mod tests {
+    use device_runtime::abi::{TableHeader, ABI_VERSION, HEADER_SIZE, MAGIC};
+
+    /// The value of `#define NAME VALUE` in `source`.
+    fn define<'a>(source: &'a str, name: &str) -> &'a str {
+        let prefix = format!("#define {name} ");
+        source
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("launcher.c defines no {name}"))
+            .trim()
+    }
+
+    /// The launcher reads a table file's header by hand to refuse bytes
+    /// after the table: its constants must be the ABI's.
+    #[test]
+    fn the_launchers_table_header_fields_are_the_abis() {
+        let path = crate::workspace_root().join("launcher/launcher.c");
+        let c = std::fs::read_to_string(&path).unwrap();
+        let magic: String = MAGIC.escape_ascii().to_string();
+        assert_eq!(define(&c, "TABLE_MAGIC"), format!("\"{magic}\""));
+        assert_eq!(define(&c, "TABLE_ABI_VERSION"), format!("{ABI_VERSION}u"));
+        assert_eq!(define(&c, "TABLE_HEADER_SIZE"), format!("{HEADER_SIZE}u"));
+        for (name, at) in [
+            (
+                "TABLE_VERSION_AT",
+                std::mem::offset_of!(TableHeader, abi_version),
+            ),
+            (
+                "TABLE_HEADER_SIZE_AT",
+                std::mem::offset_of!(TableHeader, header_size),
+            ),
+            (
+                "TABLE_TOTAL_LEN_AT",
+                std::mem::offset_of!(TableHeader, total_len),
+            ),
+        ] {
+            assert_eq!(define(&c, name), format!("{at}u"), "{name}");
+        }
+    }
+}

@@ -404,7 +404,7 @@ fn malformed_files_say_what_and_where() {
             body(r#"{ call = "add", args = ["A[i * 32, 0; 32 x 64]", "A[0, 0; 32 x 64]", "B[0, 0; 32 x 64]"] },"#)
                 .replace("default = 2", "default = 3"),
             ErrorKind::Expand,
-            "call add argument 0 (A): [64, 96) in dimension 0 is outside shape [64, 64] (with i = 2)",
+            "call add argument 0 (a): [64, 96) in dimension 0 is outside `A` (shape [64, 64]) (with i = 2)",
             Some(13),
         ),
         (
@@ -1070,8 +1070,8 @@ body = [{{ call = "add", args = [{args}, "B[0, 0; 1 x 4]", "C[0, 0; 1 x 4]"] }}]
             format!("\"A[i * {max}, 0; 1 x 4]\""),
             ErrorKind::Expand,
             format!(
-                "call add argument 0 (A): [{max}, {max} + 1) in dimension 0 is outside shape \
-                 [4, 4] (with i = 1)"
+                "call add argument 0 (a): [{max}, {max} + 1) in dimension 0 is outside `A` \
+                 (shape [4, 4]) (with i = 1)"
             ),
         ),
     ] {

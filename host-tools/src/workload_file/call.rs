@@ -9,7 +9,7 @@ use super::expr::{expr_err, ExprError, Parser, RExpr};
 use super::kernels::CHECKED;
 use super::raw::{ArgSrc, ExprSrc, RawNode};
 use super::resolve::{dtype_text, RRegion, Resolver, Step};
-use super::shadow::{overlap, overlap_message};
+use super::shadow::{arg_what, overlap, overlap_message};
 use super::{ErrorKind, FileError};
 use crate::table::TensorId;
 
@@ -75,7 +75,7 @@ impl Resolver<'_> {
         }
         let mut regions = Vec::new();
         for (k, (arg, spec)) in args.iter().zip(kernel.tensor_args).enumerate() {
-            let what = format!("call {} argument {k} ({})", kernel.name, spec.name);
+            let what = arg_what(kernel, k);
             let region = self.region(arg, &what)?;
             let def = &self.tensors[region.tensor.0 as usize];
             if def.dtype != spec.dtype {

@@ -360,7 +360,7 @@ impl<'a> Shadow<'a> {
         for (k, r) in args.iter().enumerate() {
             let l = &self.layouts[r.tensor.0 as usize];
             let rank = l.shape.len();
-            let what = format!("call {} argument {k} ({})", kernel.name, l.name);
+            let what = arg_what(kernel, k);
             let mut offset = [0u32; MAX_RANK];
             let mut extent = [1u32; MAX_RANK];
             let mut ext = vec![1i64; rank];
@@ -378,8 +378,8 @@ impl<'a> Shadow<'a> {
                     return Err(self.fail(
                         at,
                         format!(
-                            "{what}: [{o}, {end}) in dimension {d} is outside shape {:?}",
-                            l.shape
+                            "{what}: [{o}, {end}) in dimension {d} is outside `{}` (shape {:?})",
+                            l.name, l.shape
                         ),
                     ));
                 }
@@ -415,7 +415,10 @@ impl<'a> Shadow<'a> {
         let mut shapes = Vec::new();
         for (k, (tensor, offset, extent)) in args.iter().enumerate() {
             let Some(l) = self.layouts.get(*tensor as usize) else {
-                return Err(format!("argument {k}: tensor {tensor} does not exist"));
+                return Err(format!(
+                    "{}: tensor {tensor} does not exist",
+                    arg_what(kernel, k)
+                ));
             };
             let rank = l.shape.len();
             let mut first = 0usize;
@@ -423,10 +426,10 @@ impl<'a> Shadow<'a> {
                 let (o, e) = (offset[d] as u64, extent[d] as u64);
                 if e < 1 || o + e > l.shape[d] as u64 {
                     return Err(format!(
-                        "call {} argument {k} ({}): [{o}, {}) in dimension {d} is outside shape {:?}",
-                        kernel.name,
-                        l.name,
+                        "{}: [{o}, {}) in dimension {d} is outside `{}` (shape {:?})",
+                        arg_what(kernel, k),
                         o + e,
+                        l.name,
                         l.shape
                     ));
                 }
@@ -523,11 +526,10 @@ impl<'a> Shadow<'a> {
                 }
                 let index: Vec<String> = index.iter().map(|i| i.to_string()).collect();
                 return Err(format!(
-                    "call {} argument {k} ({}) reads element [{}] of scratch tensor `{}`, \
+                    "{} reads element [{}] of scratch tensor `{}`, \
                      which no task has written since its scope began: a run would read \
                      whatever the heap holds there (write the whole region first)",
-                    kernel.name,
-                    kernel.tensor_args.get(k).map_or("?", |a| a.name),
+                    arg_what(kernel, k),
                     index.join(", "),
                     l.name
                 ));
@@ -555,6 +557,14 @@ impl<'a> Shadow<'a> {
             self.err[v.tensor][to..to + v.cols].copy_from_slice(&t.e[r * v.cols..(r + 1) * v.cols]);
         }
     }
+}
+
+/// Argument `k` of a call of `kernel`, as every message about one names
+/// it: `call add argument 0 (a)`, the kernel's parameter in parentheses
+/// (what the file's own checks name); the message names the tensor.
+pub(super) fn arg_what(kernel: &KernelInfo, k: usize) -> String {
+    let param = kernel.tensor_args.get(k).map_or("?", |a| a.name);
+    format!("call {} argument {k} ({param})", kernel.name)
 }
 
 /// The first pair of a call's arguments on one tensor, one of which it

@@ -1193,6 +1193,35 @@ fn a_heap_without_scratch_tensors_is_refused() {
     );
 }
 
+/// A scratch tensor's storage comes from the heap ring: a file that
+/// declares one and gives no `[schedule] heap` is refused when it is
+/// read, at the tensor, naming it and its size (8 x 8 f32: 256 bytes). It
+/// used to pass the reading and fail only when lowered, with no place in
+/// the file and in the Rust API's words (`call heap(bytes)`).
+#[test]
+fn a_scratch_tensor_without_a_heap_is_refused() {
+    let text = PART.replace("[schedule]\nheap = 256\n", "");
+    assert!(text.starts_with("\n[tensors]\nA = "), "{text}");
+    let e = match WorkloadFile::parse(&text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e,
+    };
+    // Line 4 is `T = { shape = [8, 8], scratch = true }`: its table at column 5.
+    assert_eq!(
+        (e.kind, e.line, e.column),
+        (ErrorKind::Tensor, Some(4), Some(5)),
+        "{e}"
+    );
+    assert!(
+        e.message.contains(
+            "tensor `T` is a scratch tensor (256 bytes), whose storage comes from the heap \
+             ring, but the file gives no heap: add `heap = BYTES` (a multiple of 64) under \
+             [schedule]"
+        ),
+        "{e}"
+    );
+}
+
 /// A `dense_dyn` loop's `max` is at most its symbol's: a larger one let
 /// the table take values the file refuses (`--symbols 9`) and fail
 /// midway. It is refused at the `max`, in a loop and in a process.

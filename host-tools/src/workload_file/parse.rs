@@ -219,7 +219,23 @@ impl WorkloadFile {
                 }
                 Some(bytes)
             }
-            None => None,
+            None => {
+                // Without a ring a scratch tensor has no storage at all.
+                if let Some(t) = r.tensors.iter().find(|t| t.scratch) {
+                    let bytes = t.shape.iter().map(|&d| d as u64).product::<u64>() * 4;
+                    return Err(r.err(
+                        ErrorKind::Tensor,
+                        t.at,
+                        format!(
+                            "tensor `{}` is a scratch tensor ({bytes} bytes), whose storage comes \
+                             from the heap ring, but the file gives no heap: add `heap = BYTES` \
+                             (a multiple of 64) under [schedule], or drop `scratch = true`",
+                            t.name
+                        ),
+                    ));
+                }
+                None
+            }
         };
         let Resolver {
             tensors, symbols, ..

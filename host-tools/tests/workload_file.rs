@@ -1317,3 +1317,46 @@ z = { shape = [16, 4] }
         assert_eq!(*b, a + a);
     }
 }
+
+/// The late-process hint looks at where a top-level entry sends or
+/// consumes, however deep: here the feeding loop is inside a stream
+/// inside a branch. (Processes are top-level only, so the top-level order
+/// is the order in which they start.)
+#[test]
+fn the_late_process_hint_sees_a_send_nested_in_a_branch_and_a_stream() {
+    let text = r#"[channels]
+ch = { depth = 2 }
+
+[tensors]
+x = { shape = [16, 4], init = "random", seed = 1 }
+zero = { shape = [4, 4] }
+y = { shape = [16, 4] }
+z = { shape = [16, 4] }
+
+[[body]]
+when = "1"
+then = [
+  { stream = 1, body = [
+    { sequential = "i", dense = 4, body = [
+      { call = "add", args = ["x[i * 4, 0; 4 x 4]", "zero", "y[i * 4, 0; 4 x 4]"] },
+      { send = "ch", value = "i" },
+    ] },
+  ] },
+]
+
+[[body]]
+process = "c"
+body = [
+  { consume = "ch", as = "i", body = [
+    { call = "add", args = ["y[i * 4, 0; 4 x 4]", "y[i * 4, 0; 4 x 4]", "z[i * 4, 0; 4 x 4]"] },
+  ] },
+]
+"#;
+    let e = refused(text);
+    assert!(e.message.contains("the reference cannot finish"), "{e}");
+    assert!(
+        e.message
+            .contains("hint: a process starts when the program reaches its entry, and process `c`"),
+        "{e}"
+    );
+}

@@ -106,6 +106,12 @@ fn unknown_measuring_words_are_clear_errors_in_qemu() {
         ("fast", "unknown word on the semihosting command line"),
         ("baseline=0", "baseline=N: N must be a whole number above 0"),
         ("baseline=x", "baseline=N: N must be a whole number above 0"),
+        // (0 ms is refused by `QemuRun` before QEMU starts; the firmware
+        // refuses it with this message too.)
+        (
+            "ack-timeout-ms=x",
+            "kernel-timeout-ms=N, ack-timeout-ms=N: N must be a whole number above 0",
+        ),
     ] {
         let outcome = run_in_qemu_configured(&[], &[], |run| {
             (run.table, run.arena) = (None, None);

@@ -84,7 +84,12 @@ pub fn mode() -> Result<Words, ArgError> {
     let mut fault = None;
     let mut overflow_stack = false;
     let (mut kernel_timeout_ms, mut ack_timeout_ms) = (None, None);
-    let ms = |n: &str| n.parse::<u64>().map_err(|_| ArgError::Millis);
+    // 0 ms is refused here, as `RunOptions::check` would refuse it once
+    // the CPUs are up and the table is loaded.
+    let ms = |n: &str| match n.parse::<u64>() {
+        Ok(0) | Err(_) => Err(ArgError::Millis),
+        Ok(ms) => Ok(ms),
+    };
     for arg in (&args).skip(1) {
         let arg = arg.map_err(|_| ArgError::NotUtf8)?;
         if arg.is_empty() {
@@ -155,7 +160,7 @@ impl Display for ArgError {
                 "unknown word on the semihosting command line (known: empty-kernels, baseline=N, trace, \
                  overflow-stack, fault=F, kernel-timeout-ms=N, ack-timeout-ms=N)",
             ),
-            ArgError::Millis => f.write_str("kernel-timeout-ms=N, ack-timeout-ms=N: N must be a whole number"),
+            ArgError::Millis => f.write_str("kernel-timeout-ms=N, ack-timeout-ms=N: N must be a whole number above 0"),
             ArgError::Fault(e) => write!(f, "fault=: {e}"),
             ArgError::FaultAlone => f.write_str("fault= runs the table with its kernels, untraced"),
         }

@@ -606,6 +606,8 @@ impl Workload {
     /// its scratch tensors: the arena's last `bytes` bytes. The scratch
     /// tensors live at once (between their first writer and their `free`)
     /// must fit in it, else the run ends with a report naming the tensor.
+    /// A workload with a heap ring and no scratch tensor is refused by
+    /// [`Workload::finish`]: nothing would use the ring.
     pub fn heap(&mut self, bytes: u64) -> Result<(), LowerError> {
         Ok(self.builder.heap(bytes)?)
     }

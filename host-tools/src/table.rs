@@ -131,6 +131,9 @@ pub enum BuildError {
     /// Scratch tensors without heap ring bytes ([`TableBuilder::heap`]), or
     /// a heap size that is not a positive multiple of 64 below 4 GiB.
     NoHeap(u64),
+    /// A heap ring ([`TableBuilder::heap`]) of this many bytes in a table
+    /// without scratch tensors: nothing would use it.
+    HeapUnused(u64),
 }
 
 impl std::fmt::Display for BuildError {
@@ -170,6 +173,10 @@ impl std::fmt::Display for BuildError {
             BuildError::NoHeap(n) => write!(
                 f,
                 "heap ring of {n} bytes: it must be a positive multiple of 64 below 4 GiB"
+            ),
+            BuildError::HeapUnused(n) => write!(
+                f,
+                "heap ring of {n} bytes, but no scratch tensor uses it: declare one or leave out heap"
             ),
             BuildError::NoSuchEvent(e) => {
                 write!(f, "event {e}; events are 0 to {}", MAX_EVENTS - 1)
@@ -214,20 +221,20 @@ impl TableBuilder {
     }
 
     fn tensor_of(&mut self, name: &str, shape: &[u32], dtype: u32) -> Result<TensorId, BuildError> {
-        if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
-            return Err(BuildError::BadShape(format!(
-                "{name}: {shape:?} (rank 1..=4, sizes > 0)"
-            )));
-        }
+        let bytes = shape_bytes(name, shape)?;
         let arena_offset = self.arena_size.next_multiple_of(TENSOR_ALIGN);
-        let layout = TensorLayout {
+        let end = arena_offset.checked_add(bytes).ok_or_else(|| {
+            BuildError::BadShape(format!(
+                "{name}: {shape:?} ({bytes} bytes) would end the arena past 2^64 bytes"
+            ))
+        })?;
+        self.arena_size = end;
+        self.tensors.push(TensorLayout {
             name: name.to_string(),
             shape: shape.to_vec(),
             dtype,
             arena_offset,
-        };
-        self.arena_size = arena_offset + layout.elements() as u64 * 4;
-        self.tensors.push(layout);
+        });
         Ok(TensorId(self.tensors.len() as u32 - 1))
     }
 
@@ -238,9 +245,11 @@ impl TableBuilder {
     /// [`crate::program::Workload::free`]). The host cannot read or write
     /// it: make inputs and results arena tensors.
     pub fn scratch(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, BuildError> {
-        if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
+        let bytes = shape_bytes(name, shape)?;
+        if bytes > MAX_HEAP {
             return Err(BuildError::BadShape(format!(
-                "{name}: {shape:?} (rank 1..=4, sizes > 0)"
+                "{name}: {shape:?} is a scratch tensor of {bytes} bytes; \
+                 the heap ring that holds it has at most {MAX_HEAP}"
             )));
         }
         self.tensors.push(TensorLayout {
@@ -254,9 +263,10 @@ impl TableBuilder {
 
     /// Gives the table a heap ring of `bytes` (a multiple of 64): the
     /// arena's last `bytes` bytes, which hold the scratch tensors that are
-    /// live at once.
+    /// live at once. A table with a heap ring and no scratch tensor is
+    /// refused by [`TableBuilder::finish`] ([`BuildError::HeapUnused`]).
     pub fn heap(&mut self, bytes: u64) -> Result<(), BuildError> {
-        if bytes == 0 || !bytes.is_multiple_of(64) || bytes > u32::MAX as u64 {
+        if bytes == 0 || !bytes.is_multiple_of(64) || bytes > MAX_HEAP {
             return Err(BuildError::NoHeap(bytes));
         }
         self.heap = bytes;
@@ -429,8 +439,12 @@ impl TableBuilder {
     /// ops and the program.
     pub fn finish(&self) -> Result<Vec<u8>, BuildError> {
         let tensors: Vec<TensorDesc> = self.tensors.iter().map(tensor_desc).collect();
-        if self.heap == 0 && self.tensors.iter().any(|t| t.is_scratch()) {
+        let scratch = self.tensors.iter().any(|t| t.is_scratch());
+        if self.heap == 0 && scratch {
             return Err(BuildError::NoHeap(0));
+        }
+        if self.heap > 0 && !scratch {
+            return Err(BuildError::HeapUnused(self.heap));
         }
         // The heap ring's size goes last: a declaration at the top level,
         // which moves no pc the program's jumps and loops name.
@@ -479,6 +493,43 @@ impl TableBuilder {
         seal(&mut out);
         Ok(out)
     }
+}
+
+/// The most bytes a heap ring has: the largest multiple of 64 that the
+/// program's 32-bit `HEAP` operand holds.
+const MAX_HEAP: u64 = u32::MAX as u64 / 64 * 64;
+
+/// The bytes of a tensor of `shape` (4-byte elements), or why the table
+/// cannot hold it: a rank outside 1 ..= 4, a zero size, a row-major stride
+/// past the table's 32-bit strides, or a size past 2^64 bytes.
+fn shape_bytes(name: &str, shape: &[u32]) -> Result<u64, BuildError> {
+    if shape.is_empty() || shape.len() > MAX_RANK || shape.contains(&0) {
+        return Err(BuildError::BadShape(format!(
+            "{name}: {shape:?} (rank 1..=4, sizes > 0)"
+        )));
+    }
+    // Dimension d's stride is the product of the sizes inside it: the
+    // table stores it in 32 bits.
+    let mut stride = 1u64;
+    for d in (1..shape.len()).rev() {
+        stride *= shape[d] as u64;
+        if stride > u32::MAX as u64 {
+            return Err(BuildError::BadShape(format!(
+                "{name}: {shape:?}: dimension {} has a stride of {stride} elements; \
+                 the table's strides are 32-bit (at most {})",
+                d - 1,
+                u32::MAX
+            )));
+        }
+    }
+    (shape[0] as u64)
+        .checked_mul(stride)
+        .and_then(|elements| elements.checked_mul(4))
+        .ok_or_else(|| {
+            BuildError::BadShape(format!(
+                "{name}: {shape:?}: its size in bytes does not fit in 64 bits"
+            ))
+        })
 }
 
 fn check_stream_event(stream: u32, event: u32) -> Result<(), BuildError> {
@@ -629,5 +680,68 @@ mod tests {
             Err(BuildError::ArgCount { .. })
         ));
         assert!(b.tensor("Z", &[0, 4]).is_err());
+    }
+
+    fn bad_shape(result: Result<TensorId, BuildError>) -> String {
+        match result {
+            Err(BuildError::BadShape(why)) => why,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn shapes_the_table_cannot_hold_are_refused_without_overflow() {
+        let mut b = TableBuilder::new();
+        // Dimension 0's stride is 2^31 * 2 = 2^32 elements: one past the
+        // table's 32-bit strides.
+        let why = bad_shape(b.tensor("s", &[2, 1 << 31, 2]));
+        assert!(
+            why.contains("dimension 0 has a stride of 4294967296"),
+            "{why}"
+        );
+        let why = bad_shape(b.tensor("s", &[u32::MAX; 4]));
+        assert!(why.contains("stride"), "{why}");
+        // (2^32 - 1)^2 elements of 4 bytes: about 2^66 bytes.
+        let why = bad_shape(b.tensor_i32("b", &[u32::MAX, u32::MAX]));
+        assert!(why.contains("does not fit in 64 bits"), "{why}");
+        assert_eq!(b.arena_size(), 0, "nothing refused takes arena bytes");
+        // 2^30 x 2^30 f32 is 2^62 bytes: three fit below 2^64, the fourth
+        // would end at 2^64.
+        for i in 0..3 {
+            b.tensor(&format!("q{i}"), &[1 << 30, 1 << 30]).unwrap();
+        }
+        assert_eq!(b.arena_size(), 3 << 62);
+        let why = bad_shape(b.tensor("q3", &[1 << 30, 1 << 30]));
+        assert!(why.contains("past 2^64 bytes"), "{why}");
+        assert_eq!(b.layouts().len(), 3);
+        // A scratch tensor lives in the heap ring, below 4 GiB: 2^14 x
+        // 2^16 f32 is 2^32 bytes, 64 more than the largest ring.
+        let why = bad_shape(b.scratch("t", &[1 << 14, 1 << 16]));
+        assert!(why.contains("scratch tensor of 4294967296 bytes"), "{why}");
+        assert!(why.contains("at most 4294967232"), "{why}");
+        b.scratch("t", &[1 << 14, (1 << 16) - 16]).unwrap();
+        b.heap(u32::MAX as u64 / 64 * 64).unwrap();
+        assert_eq!(b.heap(1 << 32), Err(BuildError::NoHeap(1 << 32)));
+    }
+
+    #[test]
+    fn a_heap_ring_without_scratch_tensors_is_refused() {
+        let mut b = TableBuilder::new();
+        let x = b.tensor("x", &[1, 1]).unwrap();
+        let y = b.tensor("y", &[1, 1]).unwrap();
+        let add = wsp_ffi::WspKernelId_WSP_KERNEL_ADD;
+        let one = |t, access| Arg::tile(t, access, 0, 0, 1, 1);
+        let args = [
+            one(x, ArgAccess::In),
+            one(x, ArgAccess::In),
+            one(y, ArgAccess::Out),
+        ];
+        b.task(add, &args, &[]).unwrap();
+        b.heap(128).unwrap();
+        let e = b.finish().unwrap_err();
+        assert_eq!(e, BuildError::HeapUnused(128));
+        assert!(e.to_string().contains("no scratch tensor uses it"), "{e}");
+        b.scratch("s", &[1, 1]).unwrap();
+        b.finish().unwrap();
     }
 }

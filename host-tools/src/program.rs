@@ -463,6 +463,9 @@ pub enum LowerError {
     },
     /// The table the workload lowers to does not validate.
     Invalid(String),
+    /// [`Workload::finish`] called from inside a body being built (a
+    /// loop's, branch's, taskset's or process's closure).
+    FinishInBody,
 }
 
 impl std::fmt::Display for LowerError {
@@ -492,6 +495,10 @@ impl std::fmt::Display for LowerError {
             LowerError::Process { process, why } => write!(f, "process {process}: {why}"),
             LowerError::Send { channel, why } => write!(f, "send on channel {channel}: {why}"),
             LowerError::Invalid(why) => write!(f, "the lowered table is invalid: {why}"),
+            LowerError::FinishInBody => f.write_str(
+                "finish called inside a loop, branch, dispatch or process body; \
+                 call it once the body closures have returned",
+            ),
         }
     }
 }
@@ -567,7 +574,8 @@ impl Workload {
         &mut self.builder
     }
 
-    /// The layout of a tensor of this workload.
+    /// The layout of a tensor of this workload (panics on an id another
+    /// workload returned).
     pub fn layout(&self, tensor: TensorId) -> &TensorLayout {
         self.builder.layout(tensor)
     }
@@ -618,6 +626,9 @@ impl Workload {
     /// takes new storage. In a loop, free a layer's scratch tensors at the
     /// end of its body so that the next iteration reuses the ring.
     pub fn free(&mut self, tensor: TensorId) {
+        if !self.declared(tensor) {
+            return;
+        }
         if !self.builder.layout(tensor).is_scratch() {
             let name = self.builder.layout(tensor).name.clone();
             return self.fail(LowerError::Invalid(format!(
@@ -630,7 +641,19 @@ impl Workload {
     /// Declares that the host writes `tensor`'s data before launch, so the
     /// program may read it before any task writes it.
     pub fn input(&mut self, tensor: TensorId) {
-        self.inputs.push(tensor);
+        if self.declared(tensor) {
+            self.inputs.push(tensor);
+        }
+    }
+
+    /// Whether `tensor` was declared on this workload; if not, keeps the
+    /// error for `finish`.
+    fn declared(&mut self, tensor: TensorId) -> bool {
+        let known = (tensor.0 as usize) < self.builder.layouts().len();
+        if !known {
+            self.fail(BuildError::UnknownTensor(tensor.0).into());
+        }
+        known
     }
 
     fn push(&mut self, node: Node) {
@@ -1068,7 +1091,9 @@ impl Workload {
     /// Lowers the workload and writes the table (validated as the device
     /// will validate it).
     pub fn finish(&mut self) -> Result<Vec<u8>, LowerError> {
-        assert_eq!(self.bodies.len(), 1, "finish inside a loop body");
+        if self.bodies.len() != 1 {
+            return Err(LowerError::FinishInBody);
+        }
         if let Some(e) = self.error.clone() {
             return Err(e);
         }
@@ -1396,7 +1421,9 @@ impl Lower {
                 Ok(r)
             }
             Expr::Load(t, index) => {
-                let layout = self.layouts[t.0 as usize].clone();
+                let Some(layout) = self.layouts.get(t.0 as usize).cloned() else {
+                    return Err(BuildError::UnknownTensor(t.0).into());
+                };
                 if layout.dtype != DTYPE_I32 {
                     return Err(LowerError::Load {
                         tensor: layout.name,

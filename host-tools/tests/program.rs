@@ -10,7 +10,7 @@ use device_runtime::sched::{RunError, RunOptions};
 use host_tools::program::{Axis, Expr, LowerError, Workload};
 use host_tools::semantic::run_semantic;
 use host_tools::shim::{Shim, ShimError};
-use host_tools::table::{seal, Arena, TensorId};
+use host_tools::table::{seal, Arena, BuildError, TensorId};
 use wsp_ffi::{CoreKind, WspKernelId_WSP_KERNEL_ADD as ADD};
 
 use host_tools::program_examples::{self as examples, add_tile, T};
@@ -853,4 +853,58 @@ fn a_load_before_any_task_wrote_the_tensor_is_refused() {
         2,
         "plan, then add"
     );
+}
+
+/// A tensor id another workload returned (its index past this one's
+/// tensors), loaded, freed or declared an input: an error from `finish`
+/// naming the id, not a panic; and `finish` called inside a body is an
+/// error, not a failed assertion.
+#[test]
+fn misused_handles_are_errors_not_panics() {
+    // Tensor 2 of `other`: this workload has tensors 0 and 1 only.
+    let mut other = Workload::new();
+    other.tensor("a", &[8, 8]).unwrap();
+    other.tensor("b", &[8, 8]).unwrap();
+    let foreign_i32 = other.tensor_i32("c", &[1, 4]).unwrap();
+    let foreign_scratch = other.scratch("d", &[8, 8]).unwrap();
+    let unknown = |id: u32| LowerError::Build(BuildError::UnknownTensor(id));
+    let base = || {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        (w, x, y)
+    };
+
+    let (mut w, x, y) = base();
+    let count = Expr::load(foreign_i32, vec![Expr::Const(0), Expr::Const(0)]);
+    w.parallel(Axis::Count { count, max: 4 }, |w, i| {
+        add_tile(w, x, y, i, Expr::Const(0))
+    });
+    let e = w.finish().unwrap_err();
+    assert_eq!(e, unknown(2));
+    assert!(e.to_string().contains("tensor 2 was not declared"), "{e}");
+
+    let (mut w, x, y) = base();
+    add_tile(&mut w, x, y, Expr::Const(0), Expr::Const(0));
+    w.free(foreign_scratch);
+    assert_eq!(w.finish().unwrap_err(), unknown(3));
+
+    // It used to reach validation, which named the program's INPUT
+    // operand, not the tensor.
+    let (mut w, x, y) = base();
+    w.input(foreign_i32);
+    add_tile(&mut w, x, y, Expr::Const(0), Expr::Const(0));
+    assert_eq!(w.finish().unwrap_err(), unknown(2));
+
+    let (mut w, x, y) = base();
+    let mut inner = None;
+    w.parallel(Axis::Dense(1), |w, i| {
+        add_tile(w, x, y, i, Expr::Const(0));
+        inner = Some(w.finish());
+    });
+    let e = inner.unwrap().unwrap_err();
+    assert_eq!(e, LowerError::FinishInBody);
+    assert!(e.to_string().contains("inside a loop"), "{e}");
+    // The workload itself still lowers once its bodies have returned.
+    w.finish().unwrap();
 }

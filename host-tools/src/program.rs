@@ -753,8 +753,17 @@ impl Workload {
         Expr::Var(var)
     }
 
-    /// Calls made in `body` go on `stream` (1 ..= 8): issued in order.
+    /// Calls made in `body` go on `stream` (1 ..= 8): issued in order; 0
+    /// puts them on no stream (as calls outside any `on_stream` are), also
+    /// inside another `on_stream`'s body. A stream past 8 is an error from
+    /// `finish`, whether or not `body` makes a call.
     pub fn on_stream(&mut self, stream: u8, body: impl FnOnce(&mut Self)) {
+        if stream as usize > device_runtime::abi::MAX_STREAMS {
+            self.fail(LowerError::Stream(format!(
+                "on_stream({stream}): streams are 1 to {} (or 0 for none)",
+                device_runtime::abi::MAX_STREAMS
+            )));
+        }
         let outer = std::mem::replace(&mut self.stream, stream);
         let outer_of = self.stream_of.take();
         body(self);
@@ -780,9 +789,29 @@ impl Workload {
     /// for attention. Bodies with the same policy and key share a taskset;
     /// a workload has at most 7 (`MAX_TASKSETS - 1`). Whether the build
     /// has the policy is checked at launch: a policy it left out is an
-    /// error then, never a silent fallback.
+    /// error then, never a silent fallback. Round-robin and the shared
+    /// queue place tasks without a key: with them, a key other than
+    /// [`DispatchKey::TaskIndex`] is an error from `finish` (it would be
+    /// ignored), as is a key naming a scalar, argument, dimension or loop
+    /// level no task can have.
     pub fn dispatch(&mut self, policy: PolicyKind, key: DispatchKey, body: impl FnOnce(&mut Self)) {
         let schedule = Schedule { policy, key };
+        if !policy.uses_key() && key != DispatchKey::TaskIndex {
+            self.fail(LowerError::Schedule(format!(
+                "dispatch key {key}: {} places tasks without a key, so it would be ignored \
+                 (use a key-based policy, or DispatchKey::TaskIndex)",
+                policy.name()
+            )));
+        } else if Schedule::decode(schedule.encode()).is_none() {
+            self.fail(LowerError::Schedule(format!(
+                "dispatch key {key}: no task has it (a task has scalars 0 to {}, \
+                 tensor arguments 0 to {}, dimensions 0 to {} and loop levels 0 to {})",
+                device_runtime::abi::MAX_SCALARS - 1,
+                device_runtime::abi::MAX_TENSOR_ARGS - 1,
+                MAX_RANK - 1,
+                MAX_LOOP_DEPTH - 1
+            )));
+        }
         let set = match self.tasksets.iter().position(|s| *s == schedule) {
             Some(i) => i + 1,
             None => {

@@ -4,7 +4,7 @@
 //! malformed encodings are refused.
 
 use device_runtime::abi::program::*;
-use device_runtime::abi::{Section, Table};
+use device_runtime::abi::{Section, Table, MAX_RANK, MAX_SCALARS, MAX_STREAMS, MAX_TENSOR_ARGS};
 use device_runtime::orch::StallReason;
 use device_runtime::sched::{ConfigError, DispatchKey, PolicyKind, SchedConfig};
 use device_runtime::sched::{RunError, RunOptions};
@@ -290,13 +290,90 @@ fn more_tasksets_than_the_device_keeps_do_not_lower() {
     let x = w.tensor("x", &[64, 64]).unwrap();
     let y = w.tensor("y", &[64, 64]).unwrap();
     for n in 0..MAX_TASKSETS as u8 {
-        w.dispatch(PolicyKind::Hash, DispatchKey::Scalar(n), |w| {
+        w.dispatch(PolicyKind::Hash, DispatchKey::Loop(n), |w| {
             add_tile(w, x, y, Expr::Const(n as i64))
         });
     }
     let e = w.finish().unwrap_err();
     assert!(matches!(e, LowerError::Schedule(_)), "{e}");
     assert!(e.to_string().contains("at most 7"), "{e}");
+}
+
+/// A schedule setting that would change nothing, or name what no task
+/// has, is refused when the workload lowers (it used to lower: a key given
+/// to round-robin or the shared queue was dropped, a stream past 8 with no
+/// call in its body was dropped, and an impossible key reached validation
+/// as a number).
+#[test]
+fn schedule_settings_that_would_be_ignored_do_not_lower() {
+    let lower = |build: &dyn Fn(&mut Workload, TensorId, TensorId)| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        build(&mut w, x, y);
+        w.finish()
+    };
+    let in_loop = |w: &mut Workload, x, y| {
+        w.parallel(Axis::Dense(2), |w, i| add_tile(w, x, y, i));
+    };
+    for policy in [PolicyKind::RoundRobin, PolicyKind::Shared] {
+        let e = lower(&|w, x, y| w.dispatch(policy, DispatchKey::Loop(0), |w| in_loop(w, x, y)))
+            .unwrap_err();
+        assert!(matches!(e, LowerError::Schedule(_)), "{e}");
+        let text = e.to_string();
+        assert!(text.contains("dispatch key loop:0"), "{text}");
+        assert!(
+            text.contains(&format!("{} places tasks without a key", policy.name())),
+            "{text}"
+        );
+        // Without a key it lowers.
+        lower(&|w, x, y| w.dispatch(policy, DispatchKey::TaskIndex, |w| in_loop(w, x, y))).unwrap();
+    }
+    for key in [
+        DispatchKey::Scalar(MAX_SCALARS as u8),
+        DispatchKey::Tile {
+            arg: MAX_TENSOR_ARGS as u8,
+            dim: 0,
+        },
+        DispatchKey::Tile {
+            arg: 0,
+            dim: MAX_RANK as u8,
+        },
+        DispatchKey::Loop(MAX_LOOP_DEPTH as u8),
+    ] {
+        let e =
+            lower(&|w, x, y| w.dispatch(PolicyKind::Hash, key, |w| in_loop(w, x, y))).unwrap_err();
+        assert!(matches!(e, LowerError::Schedule(_)), "{key}: {e}");
+        assert!(e.to_string().contains("no task has it"), "{e}");
+    }
+    // A stream past the last: refused even with no call in its body.
+    let over = MAX_STREAMS as u8 + 1;
+    for calls in [true, false] {
+        let e = lower(&|w, x, y| {
+            w.on_stream(over, |w| {
+                if calls {
+                    in_loop(w, x, y)
+                }
+            });
+            in_loop(w, x, y)
+        })
+        .unwrap_err();
+        assert!(matches!(e, LowerError::Stream(_)), "{e}");
+        assert!(e.to_string().contains(&format!("on_stream({over})")), "{e}");
+    }
+    lower(&|w, x, y| w.on_stream(MAX_STREAMS as u8, |w| in_loop(w, x, y))).unwrap();
+    // Stream 0 is none, also inside another stream's body.
+    let mut w = Workload::new();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.on_stream(3, |w| {
+        add_tile(w, x, y, Expr::Const(0));
+        w.on_stream(0, |w| add_tile(w, x, y, Expr::Const(1)));
+    });
+    w.finish().unwrap();
+    let tasks = w.expand(&Arena::zeroed(w.arena_size()), &[]).unwrap();
+    let streams: Vec<u8> = tasks.iter().map(|t| t.stream).collect();
+    assert_eq!(streams, [3, 0]);
 }
 
 /// The bytes of instruction `pc` of a built table.

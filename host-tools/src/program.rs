@@ -1182,7 +1182,11 @@ impl Workload {
     /// loop iterations: past either it returns an error saying so (count a
     /// bigger program with [`crate::task_count::count_tasks`]). A program
     /// with processes and channels is refused with an error: which tasks
-    /// its consume loops run depends on the tokens sent at run time.
+    /// its consume loops run depends on the tokens sent at run time. So is
+    /// a call whose region the device would refuse (an offset or extent
+    /// outside 32 bits, an empty region, one past its tensor), a load the
+    /// device would refuse, and an `arena` too short for a loaded element:
+    /// the error names the call, argument or tensor.
     pub fn expand(&self, arena: &Arena, symbols: &[i64]) -> Result<Vec<Expanded>, String> {
         let mut out = Vec::new();
         let mut vars = std::collections::HashMap::new();
@@ -1221,6 +1225,58 @@ struct RefCx<'a> {
 }
 
 impl RefCx<'_> {
+    fn layout(&self, tensor: TensorId) -> Result<&TensorLayout, String> {
+        (self.layouts.get(tensor.0 as usize)).ok_or(format!("tensor {} was not declared", tensor.0))
+    }
+
+    /// Argument `k` of a call of `kernel`: its tensor, offsets and extents,
+    /// refused as the device refuses it if a value does not fit in 32 bits
+    /// or the region is empty or leaves the tensor.
+    fn region(
+        &self,
+        kernel: u32,
+        k: usize,
+        r: &Region,
+        vars: &std::collections::HashMap<u32, i64>,
+    ) -> Result<(u32, [u32; MAX_RANK], [u32; MAX_RANK]), String> {
+        let layout = self.layout(r.tensor)?;
+        let name = wsp_ffi::lookup(kernel).map_or("?", |k| k.name);
+        let bad = |why: String| format!("call of {name}: argument {k} ({}): {why}", layout.name);
+        let rank = layout.shape.len();
+        if r.offset.len() != rank {
+            return Err(bad(format!(
+                "{} offsets for a rank-{rank} tensor",
+                r.offset.len()
+            )));
+        }
+        let value = |e: &Expr| -> Result<u32, String> {
+            let v = self.eval(e, vars)?;
+            u32::try_from(v)
+                .map_err(|_| bad(format!("offset or extent {v} outside [0, {}]", u32::MAX)))
+        };
+        let mut offset = [0u32; MAX_RANK];
+        let mut extent = [1u32; MAX_RANK];
+        for (d, o) in r.offset.iter().enumerate() {
+            offset[d] = value(o)?;
+        }
+        extent[rank - 1] = value(&r.cols)?;
+        if rank >= 2 {
+            extent[rank - 2] = value(&r.rows)?;
+        }
+        for d in 0..rank {
+            let (o, n, size) = (offset[d] as u64, extent[d] as u64, layout.shape[d] as u64);
+            if n == 0 {
+                return Err(bad(format!("dimension {d}: an empty region (extent 0)")));
+            }
+            if o + n > size {
+                return Err(bad(format!(
+                    "dimension {d}: {n} elements from {o} end past the tensor's size {size}"
+                )));
+            }
+        }
+        Ok((r.tensor.0, offset, extent))
+    }
+
     fn eval(&self, e: &Expr, vars: &std::collections::HashMap<u32, i64>) -> Result<i64, String> {
         Ok(match e {
             Expr::Const(v) => *v,
@@ -1230,18 +1286,38 @@ impl RefCx<'_> {
                 .get(*s as usize)
                 .ok_or(format!("symbol {s} unbound"))?,
             Expr::Load(t, index) => {
-                let layout = &self.layouts[t.0 as usize];
-                let mut flat = 0i64;
-                for (d, i) in index.iter().enumerate() {
-                    let i = self.eval(i, vars)?;
-                    if i < 0 || i >= layout.shape[d] as i64 {
-                        return Err(format!("index {i} outside {}", layout.name));
-                    }
-                    flat = flat * layout.shape[d] as i64 + i;
+                let layout = self.layout(*t)?;
+                let name = &layout.name;
+                if layout.dtype != DTYPE_I32 || layout.is_scratch() {
+                    return Err(format!(
+                        "load from {name}: only i32 arena tensors can be loaded"
+                    ));
                 }
-                let at = layout.arena_offset as usize + flat as usize * 4;
-                let b = &self.arena.bytes[at..at + 4];
-                i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64
+                if index.len() != layout.shape.len() {
+                    return Err(format!(
+                        "load from {name}: {} indices for a rank-{} tensor",
+                        index.len(),
+                        layout.shape.len()
+                    ));
+                }
+                let mut flat = 0u64;
+                for (i, &size) in index.iter().zip(&layout.shape) {
+                    let i = self.eval(i, vars)?;
+                    if i < 0 || i >= size as i64 {
+                        return Err(format!("index {i} outside {name}"));
+                    }
+                    flat = flat * size as u64 + i as u64;
+                }
+                let word = (layout.arena_offset.checked_add(flat * 4))
+                    .and_then(|at| usize::try_from(at).ok())
+                    .and_then(|at| self.arena.bytes.get(at..at.checked_add(4)?));
+                let Some(&[b0, b1, b2, b3]) = word else {
+                    return Err(format!(
+                        "load from {name}: the arena of {} bytes ends before the element",
+                        self.arena.bytes.len()
+                    ));
+                };
+                i32::from_le_bytes([b0, b1, b2, b3]) as i64
             }
             Expr::Bin(op, a, b) => {
                 let (a, b) = (self.eval(a, vars)?, self.eval(b, vars)?);
@@ -1314,18 +1390,8 @@ impl RefCx<'_> {
                         None => *stream,
                     };
                     let mut a = Vec::new();
-                    for r in args {
-                        let rank = self.layouts[r.tensor.0 as usize].shape.len();
-                        let mut offset = [0u32; MAX_RANK];
-                        let mut extent = [1u32; MAX_RANK];
-                        for (d, o) in r.offset.iter().enumerate() {
-                            offset[d] = self.eval(o, vars)? as u32;
-                        }
-                        extent[rank - 1] = self.eval(&r.cols, vars)? as u32;
-                        if rank >= 2 {
-                            extent[rank - 2] = self.eval(&r.rows, vars)? as u32;
-                        }
-                        a.push((r.tensor.0, offset, extent));
+                    for (k, r) in args.iter().enumerate() {
+                        a.push(self.region(*kernel, k, r, vars)?);
                     }
                     let s = scalars
                         .iter()

@@ -908,3 +908,89 @@ fn misused_handles_are_errors_not_panics() {
     // The workload itself still lowers once its bodies have returned.
     w.finish().unwrap();
 }
+
+/// The host's reference expansion refuses what the device refuses, naming
+/// the call or load, rather than listing a wrapped region (an offset of -8
+/// used to become 4294967288, one of 2^32 became 0) or panicking (a load
+/// with three indices into a rank-2 tensor, an arena shorter than the
+/// loaded tensor).
+#[test]
+fn the_host_reference_refuses_what_the_device_refuses() {
+    type Row = dyn Fn(Expr) -> Expr;
+    let expand = |row: &Row, rows: i64, cols: i64| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        w.parallel(Axis::Dense(2), |w, i| {
+            let r = row(i);
+            let tile = |t: TensorId| t.tile(r.clone(), 0, rows, cols);
+            w.call(ADD, &[tile(x), tile(x), tile(y)], &[]);
+        });
+        let table = w.finish().unwrap();
+        let mut a = Arena::zeroed(w.arena_size());
+        let reference = w.expand(&a, &[]);
+        (reference, run_shim(&table, &mut a, &[]))
+    };
+    // Rows -8 and 0; 2^32 and 2^32 + 8; 60 .. 68 of 64; an empty tile.
+    let cases: [(&Row, i64, i64, &str); 4] = [
+        (
+            &|i| (i - 1) * 8,
+            8,
+            8,
+            "offset or extent -8 outside [0, 4294967295]",
+        ),
+        (
+            &|i| i * 8 + (1i64 << 32),
+            8,
+            8,
+            "offset or extent 4294967296 outside [0, 4294967295]",
+        ),
+        (
+            &|i| i * 4 + 60,
+            8,
+            8,
+            "dimension 0: 8 elements from 60 end past the tensor's size 64",
+        ),
+        (&|i| i * 8, 0, 8, "dimension 0: an empty region (extent 0)"),
+    ];
+    for (row, rows, cols, why) in cases {
+        let (reference, run) = expand(row, rows, cols);
+        let e = reference.unwrap_err();
+        assert!(e.contains("call of add: argument 0 (x): "), "{e}");
+        assert!(e.contains(why), "{e} (wanted {why})");
+        // The device refuses the same call.
+        assert!(run.is_err(), "{why}");
+    }
+
+    // A load with one index too many, and an arena too short for it.
+    let mut w = Workload::new();
+    let lengths = w.tensor_i32("lengths", &[1, 4]).unwrap();
+    let x = w.tensor("x", &[64, 64]).unwrap();
+    let y = w.tensor("y", &[64, 64]).unwrap();
+    w.input(lengths);
+    let at = |n: usize| vec![Expr::Const(0); n];
+    let ragged = |at| Axis::Ragged {
+        lengths,
+        at,
+        max: 4,
+    };
+    w.parallel(ragged(at(3)), |w, i| add_tile(w, x, y, i, Expr::Const(0)));
+    let e = w.expand(&Arena::zeroed(w.arena_size()), &[]).unwrap_err();
+    assert_eq!(e, "load from lengths: 3 indices for a rank-2 tensor");
+    let mut w = Workload::new();
+    let lengths = w.tensor_i32("lengths", &[1, 4]).unwrap();
+    w.input(lengths);
+    w.parallel(ragged(at(2)), |_, _| {});
+    // Element [0, 0] is bytes 0 .. 4: 3 bytes are too few, 4 enough.
+    let e = w.expand(&Arena::zeroed(3), &[]).unwrap_err();
+    assert!(e.contains("the arena of 3 bytes ends before"), "{e}");
+    let mut short = Arena::zeroed(4);
+    short.bytes[0] = 3;
+    assert_eq!(w.expand(&short, &[]).unwrap(), []);
+    // The element was read: 5 is past the axis' 4.
+    short.bytes[0] = 5;
+    assert_eq!(
+        w.expand(&short, &[]).unwrap_err(),
+        "loop count 5 outside [0, 4]"
+    );
+}

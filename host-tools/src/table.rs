@@ -134,6 +134,15 @@ pub enum BuildError {
     /// A heap ring ([`TableBuilder::heap`]) of this many bytes in a table
     /// without scratch tensors: nothing would use it.
     HeapUnused(u64),
+    /// A tensor name whose first 16 bytes (what the table keeps, and the
+    /// device's reports and `wsp inspect` show) an earlier tensor's name
+    /// already starts with.
+    DuplicateName {
+        /// The name given.
+        name: String,
+        /// The earlier tensor's id and name.
+        earlier: (u32, String),
+    },
 }
 
 impl std::fmt::Display for BuildError {
@@ -178,6 +187,14 @@ impl std::fmt::Display for BuildError {
                 f,
                 "heap ring of {n} bytes, but no scratch tensor uses it: declare one or leave out heap"
             ),
+            BuildError::DuplicateName {
+                name,
+                earlier: (id, other),
+            } => write!(
+                f,
+                "tensor name `{name}`: tensor {id} is called `{other}`, and the table keeps \
+                 only the first 16 bytes of a name, which would be the same"
+            ),
             BuildError::NoSuchEvent(e) => {
                 write!(f, "event {e}; events are 0 to {}", MAX_EVENTS - 1)
             }
@@ -210,7 +227,10 @@ impl TableBuilder {
         Self::default()
     }
 
-    /// Declares a row-major f32 tensor of `shape` (rank 1 to 4, no zero sizes).
+    /// Declares a row-major f32 tensor of `shape` (rank 1 to 4, no zero
+    /// sizes). The table keeps the first 16 bytes of `name`, which must
+    /// differ from every earlier tensor's ([`BuildError::DuplicateName`]):
+    /// the device's reports name tensors by them.
     pub fn tensor(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, BuildError> {
         self.tensor_of(name, shape, DTYPE_F32)
     }
@@ -221,6 +241,7 @@ impl TableBuilder {
     }
 
     fn tensor_of(&mut self, name: &str, shape: &[u32], dtype: u32) -> Result<TensorId, BuildError> {
+        self.check_name(name)?;
         let bytes = shape_bytes(name, shape)?;
         let arena_offset = self.arena_size.next_multiple_of(TENSOR_ALIGN);
         let end = arena_offset.checked_add(bytes).ok_or_else(|| {
@@ -245,6 +266,7 @@ impl TableBuilder {
     /// [`crate::program::Workload::free`]). The host cannot read or write
     /// it: make inputs and results arena tensors.
     pub fn scratch(&mut self, name: &str, shape: &[u32]) -> Result<TensorId, BuildError> {
+        self.check_name(name)?;
         let bytes = shape_bytes(name, shape)?;
         if bytes > MAX_HEAP {
             return Err(BuildError::BadShape(format!(
@@ -259,6 +281,23 @@ impl TableBuilder {
             arena_offset: SCRATCH_OFFSET,
         });
         Ok(TensorId(self.tensors.len() as u32 - 1))
+    }
+
+    /// Refuses `name` if the table would not tell it from an earlier
+    /// tensor's: the same first 16 bytes.
+    fn check_name(&self, name: &str) -> Result<(), BuildError> {
+        let kept = |n: &str| table_name(n);
+        match self
+            .tensors
+            .iter()
+            .position(|t| kept(&t.name) == kept(name))
+        {
+            Some(i) => Err(BuildError::DuplicateName {
+                name: name.to_string(),
+                earlier: (i as u32, self.tensors[i].name.clone()),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Gives the table a heap ring of `bytes` (a multiple of 64): the
@@ -548,10 +587,16 @@ pub fn seal(table: &mut [u8]) {
     table[device_runtime::abi::CHECKSUM_FIELD].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The name as the table keeps it: its first 16 bytes, 0-padded.
+fn table_name(name: &str) -> [u8; 16] {
+    let mut kept = [0u8; 16];
+    let n = name.len().min(16);
+    kept[..n].copy_from_slice(&name.as_bytes()[..n]);
+    kept
+}
+
 fn tensor_desc(t: &TensorLayout) -> TensorDesc {
-    let mut name = [0u8; 16];
-    let n = t.name.len().min(16);
-    name[..n].copy_from_slice(&t.name.as_bytes()[..n]);
+    let name = table_name(&t.name);
     let mut shape = [U32::new(0); MAX_RANK];
     let mut strides = [U32::new(0); MAX_RANK];
     let mut stride = 1u32;
@@ -722,6 +767,33 @@ mod tests {
         b.scratch("t", &[1 << 14, (1 << 16) - 16]).unwrap();
         b.heap(u32::MAX as u64 / 64 * 64).unwrap();
         assert_eq!(b.heap(1 << 32), Err(BuildError::NoHeap(1 << 32)));
+    }
+
+    #[test]
+    fn names_the_table_would_not_tell_apart_are_refused() {
+        let mut b = TableBuilder::new();
+        b.tensor("x", &[1, 1]).unwrap();
+        b.tensor("attention_scores_q", &[1, 1]).unwrap();
+        // Same name, another kind of tensor.
+        let e = b.scratch("x", &[1, 1]).unwrap_err();
+        assert_eq!(
+            e,
+            BuildError::DuplicateName {
+                name: "x".into(),
+                earlier: (0, "x".into())
+            }
+        );
+        // The same first 16 bytes, "attention_scores".
+        let e = b.tensor_i32("attention_scores_k", &[1, 1]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("tensor 1 is called `attention_scores_q`"),
+            "{e}"
+        );
+        // A 15-byte prefix is another name; a 17-byte name is the same.
+        b.tensor("attention_score", &[1, 1]).unwrap();
+        b.tensor("attention_scoresq", &[1, 1]).unwrap_err();
+        assert_eq!(b.layouts().len(), 3);
     }
 
     #[test]

@@ -434,7 +434,13 @@ fn main() {
         let sched = SchedConfig {
             threads: 4,
             policy,
-            key: DispatchKey::Tile { arg: 2, dim: 0 },
+            // Round-robin and the shared queue place without a key, and
+            // a run refuses one given with them.
+            key: if policy.uses_key() {
+                DispatchKey::Tile { arg: 2, dim: 0 }
+            } else {
+                DispatchKey::TaskIndex
+            },
             ..SchedConfig::default()
         };
         let mut a = arena.clone();

@@ -25,11 +25,17 @@ fn gemm() -> Workload {
     Workload::build("gemm", p).unwrap()
 }
 
+/// `key` for a key-based policy; the others are given none (a run refuses
+/// a key its policy would ignore).
 fn config(threads: usize, policy: PolicyKind, key: DispatchKey) -> SchedConfig {
     SchedConfig {
         threads,
         policy,
-        key,
+        key: if policy.uses_key() {
+            key
+        } else {
+            DispatchKey::TaskIndex
+        },
         ..SchedConfig::default()
     }
 }

@@ -652,16 +652,38 @@ fn a_run_key_that_a_task_lacks_is_refused_at_the_start() {
     };
     let lacking = Table::parse(&mlp.table).unwrap().tasks()[task as usize];
     assert_eq!(lacking.num_args.get(), 2, "task {task}");
-    // A policy that places without a key neither computes nor checks one.
+    // A policy that places without a key neither computes nor checks one,
+    // and a key given with it is refused: it would be ignored.
     let mut arena = mlp.arena.clone();
+    let kinds = [CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
+    let options = RunOptions::default();
+    for policy in [PolicyKind::RoundRobin, PolicyKind::Shared] {
+        let keyed = SchedConfig {
+            threads: 2,
+            policy,
+            key: DispatchKey::Tile { arg: 2, dim: 0 },
+            ..SchedConfig::default()
+        };
+        let err = run_semantic_with(&mlp.table, &mut arena.bytes, &kinds, &keyed, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "dispatch key tile:2:0 with the {} policy",
+                policy.name()
+            )) && err.contains("it would be ignored"),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        arena.bytes, mlp.arena.bytes,
+        "a refused run changes nothing"
+    );
     let round_robin = SchedConfig {
         threads: 2,
         policy: PolicyKind::RoundRobin,
-        key: DispatchKey::Tile { arg: 2, dim: 0 },
         ..SchedConfig::default()
     };
-    let kinds = [CoreKind::Cube, CoreKind::Vector, CoreKind::Vector];
-    let options = RunOptions::default();
     run_semantic_with(&mlp.table, &mut arena.bytes, &kinds, &round_robin, &options).unwrap();
     assert!(mlp.verify(&arena).passed());
 

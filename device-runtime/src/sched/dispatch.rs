@@ -187,6 +187,12 @@ impl<'a> Dispatcher<'a> {
                 max: DISPATCH_QUEUE,
             }));
         }
+        if !config.policy.uses_key() && config.key != DispatchKey::TaskIndex {
+            return Err(RunError::Config(ConfigError::KeyIgnored {
+                policy: config.policy,
+                key: config.key,
+            }));
+        }
         options.check().map_err(RunError::Config)?;
         let max_tasks = options.max_tasks.unwrap_or(MAX_RUN_TASKS);
         let info = table.program_info();

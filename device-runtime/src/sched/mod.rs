@@ -344,7 +344,10 @@ pub struct SchedConfig {
     pub threads: usize,
     /// Taskset 0's dispatch policy.
     pub policy: PolicyKind,
-    /// How key-based policies compute a task's key.
+    /// How key-based policies compute a task's key. A policy that places
+    /// tasks without a key (round-robin, shared) takes only the task index
+    /// (the default): another key would be ignored, and a run refuses it
+    /// ([`ConfigError::KeyIgnored`]).
     pub key: DispatchKey,
     /// Tasks a dispatch queue may hold, 1 ..= [`DISPATCH_QUEUE`].
     pub queue_depth: usize,
@@ -436,6 +439,13 @@ pub enum ConfigError {
     AckTimeout { ms: u64 },
     /// The build does not have the policy a program's taskset asks for.
     TasksetPolicy { taskset: u8, error: PolicyError },
+    /// A dispatch key other than the task index given with a policy that
+    /// places tasks without one ([`PolicyKind::uses_key`]): it would be
+    /// ignored.
+    KeyIgnored {
+        policy: PolicyKind,
+        key: DispatchKey,
+    },
     /// A policy chose a thread that does not exist.
     BadPlacement {
         policy: &'static str,
@@ -484,6 +494,11 @@ impl core::fmt::Display for ConfigError {
             ConfigError::TasksetPolicy { taskset, error } => {
                 write!(f, "the program's taskset {taskset}: {error}")
             }
+            ConfigError::KeyIgnored { policy, key } => write!(
+                f,
+                "dispatch key {key} with the {} policy, which places tasks without a key: it would be ignored (use a key-based policy, or the task index key)",
+                policy.name()
+            ),
             ConfigError::BadPlacement { policy, thread, threads } => write!(
                 f,
                 "policy {policy} placed a task on thread {thread} of {threads}"

@@ -466,6 +466,9 @@ pub enum LowerError {
     /// [`Workload::finish`] called from inside a body being built (a
     /// loop's, branch's, taskset's or process's closure).
     FinishInBody,
+    /// [`Workload::free`] of a tensor that is not a scratch tensor (its
+    /// name): arena tensors hold their bytes for the whole run.
+    FreeNotScratch(String),
 }
 
 impl std::fmt::Display for LowerError {
@@ -495,6 +498,10 @@ impl std::fmt::Display for LowerError {
             LowerError::Process { process, why } => write!(f, "process {process}: {why}"),
             LowerError::Send { channel, why } => write!(f, "send on channel {channel}: {why}"),
             LowerError::Invalid(why) => write!(f, "the lowered table is invalid: {why}"),
+            LowerError::FreeNotScratch(name) => write!(
+                f,
+                "free({name}): `{name}` is an arena tensor; only scratch tensors are freed"
+            ),
             LowerError::FinishInBody => f.write_str(
                 "finish called inside a loop, branch, dispatch or process body; \
                  call it once the body closures have returned",
@@ -631,9 +638,7 @@ impl Workload {
         }
         if !self.builder.layout(tensor).is_scratch() {
             let name = self.builder.layout(tensor).name.clone();
-            return self.fail(LowerError::Invalid(format!(
-                "free({name}): only scratch tensors are freed"
-            )));
+            return self.fail(LowerError::FreeNotScratch(name));
         }
         self.push(Node::Free { tensor: tensor.0 });
     }

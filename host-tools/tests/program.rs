@@ -889,6 +889,15 @@ fn misused_handles_are_errors_not_panics() {
     w.free(foreign_scratch);
     assert_eq!(w.finish().unwrap_err(), unknown(3));
 
+    // An arena tensor is not freed; the error used to call the table
+    // invalid.
+    let (mut w, x, y) = base();
+    add_tile(&mut w, x, y, Expr::Const(0), Expr::Const(0));
+    w.free(x);
+    let e = w.finish().unwrap_err();
+    assert_eq!(e, LowerError::FreeNotScratch("x".into()));
+    assert!(e.to_string().contains("`x` is an arena tensor"), "{e}");
+
     // It used to reach validation, which named the program's INPUT
     // operand, not the tensor.
     let (mut w, x, y) = base();

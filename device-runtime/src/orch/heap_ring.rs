@@ -69,13 +69,18 @@ impl HeapRing {
 
     /// A block of `len` bytes after the last one, if there is room.
     pub fn alloc(&mut self, len: u64) -> Result<HeapBlock, HeapError> {
-        let len = len.div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
-        if len > self.capacity {
-            return Err(HeapError::TooLarge {
-                requested: len,
-                capacity: self.capacity,
-            });
-        }
+        // A length within `HEAP_ALIGN` of `u64::MAX` has no aligned length
+        // (rounding it up would overflow): larger than any ring.
+        let aligned = len.checked_next_multiple_of(HEAP_ALIGN);
+        let len = match aligned {
+            Some(len) if len <= self.capacity => len,
+            _ => {
+                return Err(HeapError::TooLarge {
+                    requested: aligned.unwrap_or(len),
+                    capacity: self.capacity,
+                })
+            }
+        };
         // An empty ring does not start over at 0: where a block goes
         // depends only on the requests before it, not on whether older
         // blocks were freed yet (runs that retire at other times place
@@ -184,6 +189,24 @@ mod tests {
             0,
             "an empty ring takes the whole arena"
         );
+    }
+
+    /// A request whose aligned length does not fit in 64 bits is too
+    /// large, not a block of the wrapped-around length (0 bytes).
+    #[test]
+    fn a_request_near_u64_max_is_too_large() {
+        let mut h = HeapRing::new(1024);
+        for len in [u64::MAX, u64::MAX - 62] {
+            assert_eq!(
+                h.alloc(len),
+                Err(HeapError::TooLarge {
+                    requested: len,
+                    capacity: 1024
+                })
+            );
+        }
+        assert_eq!(h.used(), 0, "nothing was allocated");
+        assert_eq!(h.alloc(1024).unwrap().len, 1024, "the whole ring is free");
     }
 
     #[test]

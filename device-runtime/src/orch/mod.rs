@@ -438,9 +438,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// thread with a small stack (an AICPU thread) starts over after a
     /// failed run. As [`Orchestrator::recycle`], plus what only a run that
     /// ended early leaves behind: the slots of the tasks it left in flight
-    /// are made retired (`Completed`, with no fan-out and no stream
-    /// successor, so that nothing of theirs is released or reported
-    /// running), and the DepList pool's free list is rebuilt if any node
+    /// are made retired (`Completed`, with no fan-out, no stream
+    /// successor and no scope holding them, so that nothing of theirs is
+    /// released, reported running or taken for a scope's), and the DepList pool's free list is rebuilt if any node
     /// was in use. Costs a write per task left in flight and, then, per
     /// DepList node; a drained orchestrator pays what `recycle` does.
     pub fn reset(&mut self) {
@@ -449,6 +449,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             slot.state = TaskState::Completed;
             slot.fanout = NIL;
             slot.stream_next = NO_SLOT;
+            // Retired tasks are never held: a scope left open holds none
+            // after the reset (`check_progress` reads the next id's slot).
+            slot.held = false;
         }
         // Every field, so that a new one cannot be forgotten here.
         let Orchestrator {

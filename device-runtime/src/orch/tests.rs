@@ -1110,6 +1110,33 @@ fn a_reset_forgets_the_tasks_left_in_flight() {
     assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(1));
 }
 
+/// A scope left open with tasks in it does not outlive a reset: once the
+/// next run drains after a stall, there is no deadlock to report.
+#[test]
+fn a_reset_forgets_the_scope_its_tasks_were_in() {
+    let mut o = Small::new(0);
+    o.scope_begin("left open").unwrap();
+    for _ in 0..3 {
+        submit(&mut o, &[write(1, 0, 4)]).unwrap();
+    }
+    o.reset();
+    // A window of one task: the second submission stalls, the first completes.
+    o.set_window(1).unwrap();
+    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(0));
+    assert_eq!(
+        submit(&mut o, &[write(1, 0, 4)]),
+        Err(SubmitError::Stall(StallReason::TaskRingFull))
+    );
+    assert_eq!(run_one(&mut o), 0);
+    assert!(o.is_drained());
+    assert_eq!(
+        o.check_progress(0, [true, true]).map_err(|r| r.cause),
+        Ok(()),
+        "nothing in flight and no scope open: a retry succeeds"
+    );
+    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(1));
+}
+
 #[test]
 fn an_orchestrator_with_tasks_in_flight_is_not_recycled() {
     let mut o = Small::new(0);

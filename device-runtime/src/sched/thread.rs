@@ -404,8 +404,8 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             idle_rounds: 0,
             steal: true,
             ring_full: false,
-            timeout_ticks: (options.kernel_timeout_ms as u128 * tps as u128 / 1000) as u64,
-            ack_ticks: (options.ack_timeout_ms as u128 * tps as u128 / 1000) as u64,
+            timeout_ticks: ms_to_ticks(options.kernel_timeout_ms, tps),
+            ack_ticks: ms_to_ticks(options.ack_timeout_ms, tps),
             stats: ThreadStats {
                 thread: id as u8,
                 ..ThreadStats::default()
@@ -970,7 +970,9 @@ impl<'a, P: Platform> Scheduler<'a, P> {
     /// After an error: waits (bounded) for the tasks still on its cores, so
     /// that no kernel writes the arena after the run returns its borrow.
     pub fn drain(&mut self) {
-        let deadline = self.platform.now().wrapping_add(self.timeout_ticks);
+        // Saturating: a timeout near `u64::MAX` ticks (a timeout meant as
+        // "never") would wrap to a deadline already past and not wait.
+        let deadline = self.platform.now().saturating_add(self.timeout_ticks);
         while self.busy() != 0 && self.platform.now() < deadline {
             let mut busy = self.busy();
             while busy != 0 {
@@ -983,5 +985,26 @@ impl<'a, P: Platform> Scheduler<'a, P> {
             }
             self.platform.relax();
         }
+    }
+}
+
+/// `ms` milliseconds in ticks of a clock of `tps` ticks a second, at most
+/// `u64::MAX` (a larger value cut to 64 bits could be any timeout, 0
+/// included: every task would time out as it starts).
+fn ms_to_ticks(ms: u64, tps: u64) -> u64 {
+    u64::try_from(ms as u128 * tps as u128 / 1000).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ms_to_ticks;
+
+    #[test]
+    fn a_timeout_beyond_64_bits_of_ticks_saturates() {
+        assert_eq!(ms_to_ticks(1_500, 1_000_000_000), 1_500_000_000);
+        // 2^62 ms at 4,000 ticks a second is 2^64 ticks: one past u64::MAX,
+        // 0 when cut to 64 bits.
+        assert_eq!(ms_to_ticks(1 << 62, 4_000), u64::MAX);
+        assert_eq!(ms_to_ticks(u64::MAX, u64::MAX), u64::MAX);
     }
 }

@@ -168,6 +168,11 @@ pub enum UsageError {
     NoSuchEvent { event: EventId },
     /// A wait on an event that was never recorded.
     EventNotRecorded { event: EventId },
+    /// [`Orchestrator::finished`] for a task submitted with
+    /// [`Orchestrator::submit`] or [`Orchestrator::submit_on`], which has
+    /// consumers or a stream successor to release: it needs
+    /// [`Orchestrator::complete`] (and `issued`).
+    OwnerCompletes { id: TaskId },
 }
 
 impl fmt::Display for UsageError {
@@ -189,6 +194,10 @@ impl fmt::Display for UsageError {
             UsageError::EventNotRecorded { event } => {
                 write!(f, "wait on event {event}, which was never recorded")
             }
+            UsageError::OwnerCompletes { id } => write!(
+                f,
+                "finished for task {id}, which was submitted without a release graph and has tasks to release: report it with complete"
+            ),
         }
     }
 }
@@ -1216,10 +1225,17 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// Task `id`, submitted with [`Orchestrator::submit_linked`], finished
     /// and its completer released its consumers in the graph: marks it
     /// completed and retires what it can. Refused for a task not submitted,
-    /// retired or reported before.
+    /// retired or reported before, and for one submitted without the graph
+    /// that has consumers or a stream successor of its own to release
+    /// (they would wait for ever).
     pub fn finished(&mut self, id: TaskId) -> Result<(), UsageError> {
         if id < self.head || id >= self.next || self.slot(id).state == TaskState::Completed {
             return Err(UsageError::NotRunning { id });
+        }
+        // A linked task's edges are in the graph: its own lists stay empty.
+        let slot = self.slot(id);
+        if slot.fanout != NIL || slot.stream_next != NO_SLOT {
+            return Err(UsageError::OwnerCompletes { id });
         }
         self.slot_mut(id).state = TaskState::Completed;
         self.retire();

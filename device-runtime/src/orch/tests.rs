@@ -1151,3 +1151,21 @@ fn an_orchestrator_with_tasks_in_flight_is_not_recycled() {
     assert!(o.recycle());
     assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(0), "ids start again");
 }
+
+/// `finished` is the release graph's report: for a task submitted without
+/// the graph that has a consumer, it would leave the consumer waiting for
+/// ever, and is refused; `complete` releases it.
+#[test]
+fn finished_refuses_a_task_whose_consumers_it_would_strand() {
+    let mut o = Small::new(0);
+    let w = submit(&mut o, &[write(1, 0, 4)]).unwrap();
+    let r = submit(&mut o, &[read(1, 0, 4)]).unwrap();
+    assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(w));
+    assert_eq!(o.finished(w), Err(UsageError::OwnerCompletes { id: w }));
+    assert!(o.is_live(w), "refused: nothing changed");
+    o.complete(w).unwrap();
+    assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(r));
+    // No consumer: nothing to strand, so `finished` retires it.
+    assert_eq!(o.finished(r), Ok(()));
+    assert!(o.is_drained());
+}

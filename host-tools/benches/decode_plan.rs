@@ -59,10 +59,10 @@ fn main() {
     );
     for name in ["decode", "decode-uniform", "decode-skew"] {
         let shape = shape_of(name, &Params::of(name).unwrap());
-        let cost = CostModel::of(shape.group(), shape.d);
+        let cost = CostModel::of(shape.group(), shape.d).unwrap();
         for cores in [8u32, 24] {
             let strategy = Strategy::Planned { cores };
-            let plan = Plan::new(&shape, strategy);
+            let plan = Plan::new(&shape, strategy).unwrap();
             let chunk_ns = time(reps, || {
                 choose_chunk(
                     black_box(&shape.lengths),
@@ -70,10 +70,11 @@ fn main() {
                     cores,
                     shape.page,
                     cost,
-                ) as u64
+                )
+                .unwrap() as u64
             });
             let plan_ns = time(reps, || {
-                Plan::new(black_box(&shape), strategy).items.len() as u64
+                Plan::new(black_box(&shape), strategy).unwrap().items.len() as u64
             });
             println!(
                 "{name:<16} {cores:>5} {:>7} {:>6} {:>7} {:>11.2} us {:>9.2} us",
@@ -114,8 +115,9 @@ fn device_expansion(reps: u32) {
             shape.kv_heads,
             cores,
             shape.page,
-            CostModel::of(shape.group(), shape.d),
-        );
+            CostModel::of(shape.group(), shape.d).unwrap(),
+        )
+        .unwrap();
         // Only the lengths and the plan are read: a small arena will do
         // for the loads, the rest of the bytes untouched.
         let mut arena = Arena::zeroed(w.arena_size());

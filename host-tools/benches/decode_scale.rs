@@ -54,8 +54,9 @@ fn main() {
         shape.kv_heads,
         PLAN_CORES,
         shape.page,
-        CostModel::of(shape.q_heads / shape.kv_heads, shape.d),
-    );
+        CostModel::of(shape.q_heads / shape.kv_heads, shape.d).unwrap(),
+    )
+    .unwrap();
     let plan = w.tensors.iter().find(|t| t.name == "plan").unwrap().clone();
     arena.write_i32(&plan, &[chunk as i32]);
     let mut times = Vec::new();

@@ -876,7 +876,7 @@ impl Workload {
     }
 
     /// Keeps the first error found while building, for `finish`.
-    fn fail(&mut self, e: LowerError) {
+    pub(crate) fn fail(&mut self, e: LowerError) {
         self.error.get_or_insert(e);
     }
 

@@ -111,7 +111,7 @@ fn bad_metadata_is_refused_naming_the_request() {
     // Through the workload builder: the message names the request.
     let mut bad = data.clone();
     bad.meta[2 * 2 * w] = pages as i32 + 3;
-    let plan = Plan::new(&bad.shape, Strategy::Unsplit);
+    let plan = Plan::new(&bad.shape, Strategy::Unsplit).unwrap();
     let e = decode_workload("decode", &bad, &plan).err().unwrap();
     assert!(
         e.to_string().contains("request 2: page table entry 0"),
@@ -130,8 +130,8 @@ fn all_lengths_one_are_not_split() {
     // (128) total = 256 items of cost(1), largest = cost(1), and
     // 8 waves * 8 cores = 64 <= 256: the rule holds at 128, the largest
     // allowed (1 rounded up to a page, raised to 128).
-    let cost = CostModel::of(4, 128);
-    assert_eq!(choose_chunk(&[1; 32], 8, 8, 16, cost), 128);
+    let cost = CostModel::of(4, 128).unwrap();
+    assert_eq!(choose_chunk(&[1; 32], 8, 8, 16, cost), Ok(128));
     let plan = Plan::new(
         &DecodeShape {
             lengths: vec![1; 32],
@@ -141,7 +141,8 @@ fn all_lengths_one_are_not_split() {
             page: 16,
         },
         Strategy::Planned { cores: 8 },
-    );
+    )
+    .unwrap();
     assert_eq!(
         (plan.items.len(), plan.merges(), plan.parts_rows),
         (256, 0, 0)
@@ -154,13 +155,13 @@ fn one_long_request_is_split_to_fill_the_cores() {
     // whatever the chunk, largest = c. 8 waves * c * cores <= 4096:
     // 2 cores: c <= 256; 4 cores: c <= 128; 8 cores: c <= 64, below the
     // smallest chunk, so 128.
-    assert_eq!(choose_chunk(&[4096], 1, 2, 16, TOKENS), 256);
-    assert_eq!(choose_chunk(&[4096], 1, 4, 16, TOKENS), 128);
-    assert_eq!(choose_chunk(&[4096], 1, 8, 16, TOKENS), 128);
+    assert_eq!(choose_chunk(&[4096], 1, 2, 16, TOKENS), Ok(256));
+    assert_eq!(choose_chunk(&[4096], 1, 4, 16, TOKENS), Ok(128));
+    assert_eq!(choose_chunk(&[4096], 1, 8, 16, TOKENS), Ok(128));
     // Pages of 64: chunks are multiples of 64 (c <= 256 still).
-    assert_eq!(choose_chunk(&[4096], 1, 2, 64, TOKENS), 256);
+    assert_eq!(choose_chunk(&[4096], 1, 2, 64, TOKENS), Ok(256));
     // One core: c <= 512.
-    assert_eq!(choose_chunk(&[4096], 1, 1, 16, TOKENS), 512);
+    assert_eq!(choose_chunk(&[4096], 1, 1, 16, TOKENS), Ok(512));
     assert_eq!(min_chunk(16), 128);
     assert_eq!(min_chunk(64), 128);
     assert_eq!(min_chunk(256), 256);
@@ -178,21 +179,83 @@ fn the_fixed_cost_per_item_is_weighed_in_whole_waves() {
         item: 100,
         token: 1,
     };
-    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, cost), 250);
+    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, cost), Ok(250));
     // At c = 250 the items are 4 * 2 * 4 = 32 equal ones: exactly 8 waves
     // of 4 cores, whatever an item's fixed cost (here 0 and 3000: the rule
     // holds with equality at 250 and fails at 260 for both).
-    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, TOKENS), 250);
+    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, TOKENS), Ok(250));
     let heavy = CostModel {
         item: 3000,
         token: 1,
     };
-    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, heavy), 250);
+    assert_eq!(choose_chunk(&[1000; 4], 2, 4, 10, heavy), Ok(250));
     // Many equal requests: B * kv_heads = 64 >= 8 waves * 8 cores, so no
     // split even for long ones.
-    assert_eq!(choose_chunk(&[5000; 32], 2, 8, 16, TOKENS), 5008);
+    assert_eq!(choose_chunk(&[5000; 32], 2, 8, 16, TOKENS), Ok(5008));
     // One fewer request: 62 items < 64: split.
-    assert!(choose_chunk(&[5000; 31], 2, 8, 16, TOKENS) < 5000);
+    assert!(choose_chunk(&[5000; 31], 2, 8, 16, TOKENS).unwrap() < 5000);
+}
+
+#[test]
+fn the_planner_refuses_what_it_cannot_plan() {
+    // A page of 0 tokens and 0 cores (once planned as 1 core).
+    assert_eq!(
+        choose_chunk(&[100], 1, 1, 0, TOKENS),
+        Err("page size 0".into())
+    );
+    let e = choose_chunk(&[100], 1, 0, 16, TOKENS).unwrap_err();
+    assert!(e.contains("0 cores"), "{e}");
+    // u32::MAX in pages of 16 is 2^32 tokens: past u32.
+    let e = choose_chunk(&[u32::MAX], 1, 1, 16, TOKENS).unwrap_err();
+    assert!(e.contains("passes u32::MAX"), "{e}");
+    // The longest that fits, 2^32 - 16 = 4294967280 (a whole page count):
+    // cost = tokens, one core, one head: 8 c <= 4294967280, c <= 536870910,
+    // whose largest multiple of 16 is 33554431 * 16 = 536870896.
+    assert_eq!(
+        choose_chunk(&[u32::MAX - 15], 1, 1, 16, TOKENS),
+        Ok(536870896)
+    );
+    // Costs whose total passes 128 bits: 32 requests of ~2^32 tokens
+    // (2^37) x 2^64 cycles x 2^32 heads is ~2^133.
+    let huge = CostModel {
+        item: u64::MAX,
+        token: u64::MAX,
+    };
+    let e = choose_chunk(&[u32::MAX - 15; 32], u32::MAX, 1, 16, huge).unwrap_err();
+    assert!(e.contains("overflows"), "{e}");
+    // The kernel's cost formula: G = 4, D = 128: item 4*4*128 + 4*4 = 2064;
+    // token 2*128 + 2*4*128 + 6*4 + ceil((4*128 + 6*4) / 32) = 1304 + 17.
+    assert_eq!(
+        CostModel::of(4, 128),
+        Ok(CostModel {
+            item: 2064,
+            token: 1321
+        })
+    );
+    // G = D = u32::MAX: 4 G D is about 2^66 cycles.
+    assert!(CostModel::of(u32::MAX, u32::MAX)
+        .unwrap_err()
+        .contains("overflows"));
+    // Plan::new checks the shape and the strategy.
+    let mut s = shape(&[40, 17], 8, 16);
+    assert!(Plan::new(&s, Strategy::Planned { cores: 1 }).is_ok());
+    let e = Plan::new(&s, Strategy::Planned { cores: 0 }).unwrap_err();
+    assert!(e.contains("0 cores"), "{e}");
+    s.kv_heads = 0;
+    let e = Plan::new(&s, Strategy::Unsplit).unwrap_err();
+    assert!(e.contains("not a whole number of groups"), "{e}");
+    // with_chunk does not check: no KV heads, no groups, no items; and
+    // Plan::check refuses the shape rather than dividing by 0.
+    let empty = Plan::with_chunk(&s, 16);
+    assert_eq!((empty.groups.len(), empty.items.len()), (0, 0));
+    assert!(empty
+        .check(&s)
+        .unwrap_err()
+        .contains("not a whole number of groups"));
+    s.kv_heads = 2;
+    s.page = 0;
+    let e = Plan::new(&s, Strategy::Planned { cores: 1 }).unwrap_err();
+    assert_eq!(e, "bad decode shape: page size 0");
 }
 
 #[test]
@@ -220,7 +283,7 @@ fn a_plan_lists_chunks_on_multiples_of_the_chunk_longest_first() {
         }
     );
     assert_eq!(plan.items[10].first, 1000);
-    let unsplit = Plan::new(&s, Strategy::Unsplit);
+    let unsplit = Plan::new(&s, Strategy::Unsplit).unwrap();
     assert_eq!((unsplit.items.len(), unsplit.merges()), (4, 0));
 }
 
@@ -263,7 +326,7 @@ fn a_plan_not_made_for_the_data_is_refused() {
     plan.items.retain(|it| it.request != 2);
     assert!(err(&plan).contains("the plan has 10 items; its groups have 12 chunks"));
     // A chunk of 0 is refused, not taken as 1.
-    let plan = Plan::new(&data.shape, Strategy::Fixed(0));
+    let plan = Plan::new(&data.shape, Strategy::Fixed(0)).unwrap();
     assert_eq!(plan.chunk, 0);
     assert!(err(&plan).contains("chunks of 0 tokens"));
     let e = named_with("decode", small(8, 16), Strategy::Fixed(0))

@@ -80,8 +80,9 @@ fn the_device_plans_the_hosts_chunk_and_matches_its_states_bit_for_bit() {
             s.kv_heads,
             cores,
             s.page,
-            CostModel::of(s.group(), s.d),
-        );
+            CostModel::of(s.group(), s.d).unwrap(),
+        )
+        .unwrap();
         let device = device_decode_workload("decode-device", &data, cores).unwrap();
         let (device_out, arena, device_tasks) = run_both(&device);
         // The plan the device wrote.
@@ -190,4 +191,32 @@ fn sizes_the_device_planner_does_not_take_are_refused_before_the_run() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("65537 tokens per page"), "{e}");
+}
+
+#[test]
+fn a_cost_past_the_planners_32_bit_halves_fails_the_program() {
+    use host_tools::attention::device::{plan_call, AttnDims};
+    use host_tools::program::Workload as Program;
+    let dims = |group, d| AttnDims {
+        batch: 1,
+        kv_heads: 1,
+        group,
+        d,
+        page: 16,
+        pool: 32,
+        width: 1,
+        most: 1,
+    };
+    let program = |dims: &AttnDims| {
+        let mut w = Program::new();
+        let lens = w.tensor_i32("lens", &[1, 1]).unwrap();
+        let plan = w.tensor_i32("plan", &[1, 1]).unwrap();
+        plan_call(&mut w, dims, lens, plan, 8);
+        w.finish()
+    };
+    assert!(program(&dims(4, 32)).is_ok());
+    // G = D = 2^16: an item costs 4 G D + 4 G = 2^34 + 2^18 cycles, past
+    // the 32 bits the kernel's scalar gives it (once silently cut).
+    let e = program(&dims(1 << 16, 1 << 16)).unwrap_err().to_string();
+    assert!(e.contains("decode_plan") && e.contains("32-bit"), "{e}");
 }

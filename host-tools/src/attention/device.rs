@@ -141,9 +141,24 @@ pub fn check_plan(batch: u32, kv_heads: u32, page: u32, cores: u32) -> Result<()
 
 /// Adds one `decode_plan` call planning for `cores` cores: it reads
 /// `lens` and writes the chunk size into `plan` (sizes as
-/// [`check_plan`] takes them).
+/// [`check_plan`] takes them). A group and head dimension whose
+/// [`CostModel`] does not fit the kernel's two 32-bit halves fail the
+/// program's `finish`.
 pub fn plan_call(w: &mut Program, dims: &AttnDims, lens: TensorId, plan: TensorId, cores: u32) {
-    let cost = CostModel::of(dims.group, dims.d);
+    let cost = match CostModel::of(dims.group, dims.d) {
+        Ok(c) if c.item <= u32::MAX as u64 && c.token <= u32::MAX as u64 => c,
+        other => {
+            let why = match other {
+                Err(e) => e,
+                Ok(c) => format!("the cost {c:?} does not fit two 32-bit halves"),
+            };
+            w.fail(LowerError::Call {
+                kernel: "decode_plan".into(),
+                why,
+            });
+            return;
+        }
+    };
     w.call(
         DECODE_PLAN,
         &[lens.tile(0, 0, 1, dims.batch), plan.tile(0, 0, 1, 1)],
@@ -322,13 +337,9 @@ pub fn device_decode_workload(
         // partials and merges of the same chunk.
         tasks: {
             let s = &data.shape;
-            let chunk = super::plan::choose_chunk(
-                &s.lengths,
-                s.kv_heads,
-                cores,
-                s.page,
-                CostModel::of(s.group(), s.d),
-            );
+            let cost = CostModel::of(s.group(), s.d).map_err(WorkloadError::Params)?;
+            let chunk = super::plan::choose_chunk(&s.lengths, s.kv_heads, cores, s.page, cost)
+                .map_err(WorkloadError::Params)?;
             let plan = super::plan::Plan::with_chunk(s, chunk);
             1 + plan.items.len() + plan.merges()
         },

@@ -63,12 +63,17 @@ pub struct CostModel {
 impl CostModel {
     /// The kernel's cost formula for `g` query rows of dimension `d`:
     /// `4GD + 4G` per item; `2D + 2GD + 6G` per token plus a block's
-    /// `GD + 6G` per [`KERNEL_BLOCK`] tokens, rounded up.
-    pub fn of(g: u32, d: u32) -> CostModel {
-        let (g, d) = (g as u64, d as u64);
-        CostModel {
-            item: 4 * g * d + 4 * g,
-            token: 2 * d + 2 * g * d + 6 * g + (g * d + 6 * g).div_ceil(KERNEL_BLOCK as u64),
+    /// `GD + 6G` per [`KERNEL_BLOCK`] tokens, rounded up. Sizes whose
+    /// cost does not fit `u64` cycles are refused.
+    pub fn of(g: u32, d: u32) -> Result<CostModel, String> {
+        let (g, d) = (g as u128, d as u128);
+        let item = 4 * g * d + 4 * g;
+        let token = 2 * d + 2 * g * d + 6 * g + (g * d + 6 * g).div_ceil(KERNEL_BLOCK as u128);
+        match (u64::try_from(item), u64::try_from(token)) {
+            (Ok(item), Ok(token)) => Ok(CostModel { item, token }),
+            _ => Err(format!(
+                "the cost of an item of {g} query rows of dimension {d} overflows 64-bit cycles"
+            )),
         }
     }
 
@@ -89,41 +94,69 @@ pub enum Strategy {
     Fixed(u32),
     /// The planner's chunk for this many cores that run partials.
     Planned {
-        /// Cube cores (`attn_decode_partial` runs on cube cores).
+        /// Cube cores (`attn_decode_partial` runs on cube cores), at least
+        /// 1 ([`Plan::new`] refuses 0).
         cores: u32,
     },
 }
 
 /// The chunk size of the planner's rule (see the module doc) for these
-/// lengths, `kv_heads`, `cores` and page size.
-pub fn choose_chunk(lengths: &[u32], kv_heads: u32, cores: u32, page: u32, cost: CostModel) -> u32 {
+/// lengths, `kv_heads`, `cores` and page size. Refused: a page size of 0,
+/// 0 cores, a longest length whose whole pages pass `u32::MAX` tokens,
+/// and costs whose sums overflow 128 bits.
+pub fn choose_chunk(
+    lengths: &[u32],
+    kv_heads: u32,
+    cores: u32,
+    page: u32,
+    cost: CostModel,
+) -> Result<u32, String> {
+    if page == 0 {
+        return Err("page size 0".into());
+    }
+    if cores == 0 {
+        return Err("0 cores to plan for (at least 1)".into());
+    }
     let longest = lengths.iter().copied().max().unwrap_or(1).max(1);
     let lo_chunk = min_chunk(page);
-    let hi_chunk = longest.next_multiple_of(page).max(lo_chunk);
-    let fits = |c: u32| {
-        let items: u64 = lengths.iter().map(|&l| l.div_ceil(c) as u64).sum();
-        let tokens: u64 = lengths.iter().map(|&l| l as u64).sum();
-        let total = kv_heads as u64 * (items * cost.item + tokens * cost.token);
-        let largest = cost.cost(c.min(longest));
-        WAVES * largest * cores.max(1) as u64 <= total
+    let hi_chunk = longest
+        .checked_next_multiple_of(page)
+        .ok_or_else(|| {
+            format!("the longest length {longest} in whole pages of {page} passes u32::MAX tokens")
+        })?
+        .max(lo_chunk);
+    let overflow = || format!("the cost of the work overflows 128 bits ({cost:?})");
+    let tokens: u128 = lengths.iter().map(|&l| l as u128).sum();
+    let fits = |c: u32| -> Result<bool, String> {
+        let items: u128 = lengths.iter().map(|&l| l.div_ceil(c) as u128).sum();
+        let total = items
+            .checked_mul(cost.item as u128)
+            .and_then(|i| i.checked_add(tokens.checked_mul(cost.token as u128)?))
+            .and_then(|w| w.checked_mul(kv_heads as u128))
+            .ok_or_else(overflow)?;
+        let largest = cost.item as u128 + cost.token as u128 * c.min(longest) as u128;
+        let most = (WAVES as u128 * cores as u128)
+            .checked_mul(largest)
+            .ok_or_else(overflow)?;
+        Ok(most <= total)
     };
-    if fits(hi_chunk) {
-        return hi_chunk;
+    if fits(hi_chunk)? {
+        return Ok(hi_chunk);
     }
-    if !fits(lo_chunk) {
-        return lo_chunk;
+    if !fits(lo_chunk)? {
+        return Ok(lo_chunk);
     }
     // Invariant: fits(lo * page), !fits(hi * page).
     let (mut lo, mut hi) = (lo_chunk / page, hi_chunk / page);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if fits(mid * page) {
+        if fits(mid * page)? {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    lo * page
+    Ok(lo * page)
 }
 
 /// One `attn_decode_partial` task.
@@ -169,8 +202,11 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan of `strategy` for `shape` (checked beforehand).
-    pub fn new(shape: &DecodeShape, strategy: Strategy) -> Plan {
+    /// The plan of `strategy` for `shape`. A shape [`DecodeShape::check`]
+    /// refuses, and a planned strategy [`choose_chunk`] refuses (e.g. for
+    /// 0 cores), are refused.
+    pub fn new(shape: &DecodeShape, strategy: Strategy) -> Result<Plan, String> {
+        shape.check().map_err(|e| e.to_string())?;
         let chunk = match strategy {
             Strategy::Unsplit => u32::MAX,
             Strategy::Fixed(c) => c,
@@ -179,17 +215,19 @@ impl Plan {
                 shape.kv_heads,
                 cores,
                 shape.page,
-                CostModel::of(shape.group(), shape.d),
-            ),
+                CostModel::of(shape.group(), shape.d)?,
+            )?,
         };
-        Plan::with_chunk(shape, chunk)
+        Ok(Plan::with_chunk(shape, chunk))
     }
 
     /// The plan that splits every (request, KV head) into chunks of
     /// `chunk` tokens (>= 1; 0 gives an empty plan, which
-    /// [`Plan::check`] refuses).
+    /// [`Plan::check`] refuses). The shape is not checked: one of 0 KV
+    /// heads has no groups, so an empty plan, which [`Plan::check`]
+    /// refuses with the shape.
     pub fn with_chunk(shape: &DecodeShape, chunk: u32) -> Plan {
-        let g = shape.group();
+        let g = shape.q_heads.checked_div(shape.kv_heads).unwrap_or(0);
         let (mut items, mut groups, mut parts_rows) = (Vec::new(), Vec::new(), 0u32);
         if chunk == 0 {
             return Plan {
@@ -235,12 +273,14 @@ impl Plan {
         }
     }
 
-    /// Checks that this is a plan of `shape` (checked beforehand): its
-    /// groups and `parts` rows are those of [`Plan::with_chunk`] with its
-    /// chunk, and its items are that plan's, in any order. A plan made
-    /// for other lengths or heads (or edited) would attend to other
-    /// tokens than the data's, or leave outputs unwritten.
+    /// Checks that this is a plan of `shape`: its groups and `parts` rows
+    /// are those of [`Plan::with_chunk`] with its chunk, and its items are
+    /// that plan's, in any order. A plan made for other lengths or heads
+    /// (or edited) would attend to other tokens than the data's, or leave
+    /// outputs unwritten. A shape [`DecodeShape::check`] refuses is
+    /// refused.
     pub fn check(&self, shape: &DecodeShape) -> Result<(), String> {
+        shape.check().map_err(|e| e.to_string())?;
         if self.chunk == 0 {
             return Err("the plan has chunks of 0 tokens".into());
         }

@@ -287,7 +287,7 @@ pub fn named_with(
     let shape = shape_of(name, &p);
     let data = DecodeData::build(shape.clone(), p.seed)
         .map_err(|e| WorkloadError::Params(e.to_string()))?;
-    let plan = Plan::new(&data.shape, strategy);
+    let plan = Plan::new(&data.shape, strategy).map_err(WorkloadError::Params)?;
     // The reference rebuilds the data from its seed when the check runs.
     let rebuild = move || DecodeData::build(shape.clone(), p.seed).expect("built once already");
     decode_workload_with(name, &data, &plan, rebuild)

@@ -874,7 +874,9 @@ pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), Workload
 }
 
 /// Tasks of the step, counted from the sizes and the host planner's chunk
-/// (the rule `decode_plan` computes on the device).
+/// (the rule `decode_plan` computes on the device). `data` is one
+/// [`LayerData::build`] made (its shape checked): a shape edited past
+/// [`LayerShape::check`] panics here.
 pub fn task_count(data: &LayerData) -> usize {
     let s = &data.shape;
     let (b, h, f) = (s.batch() as usize, s.hidden() as usize, s.ffn as usize);
@@ -885,13 +887,11 @@ pub fn task_count(data: &LayerData) -> usize {
     let norms = 2 * (b.div_ceil(NORM_ROWS as usize));
     let attn = {
         let a = s.attention();
-        let chunk = choose_chunk(
-            &a.lengths,
-            a.kv_heads,
-            PLAN_CORES,
-            a.page,
-            CostModel::of(a.group(), a.d),
-        );
+        // A built shape passed `LayerShape::check`: group <= 16, D <= 128,
+        // pages of at least one token.
+        let chunk = CostModel::of(a.group(), a.d)
+            .and_then(|cost| choose_chunk(&a.lengths, a.kv_heads, PLAN_CORES, a.page, cost))
+            .expect("the host planner refused a checked layer shape");
         let plan = Plan::with_chunk(&a, chunk);
         plan.items.len() + plan.merges()
     };

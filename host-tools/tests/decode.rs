@@ -539,11 +539,56 @@ fn the_decode_lengths_include_the_edge_cases() {
 }
 
 #[test]
+fn non_finite_data_and_bad_selections_are_refused_naming_where() {
+    use host_tools::attention::reference::{attention, attention_over};
+    let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
+    let plan = Plan::with_chunk(&data.shape, 16);
+    // D = 8: element 5 * 8 + 3 of kv is row 5, column 3.
+    let mut bad = data.clone();
+    bad.kv[5 * 8 + 3] = f32::NAN;
+    let e = MetaError::NonFinite {
+        tensor: "kv",
+        row: 5,
+        col: 3,
+        bits: f32::NAN.to_bits(),
+    };
+    assert_eq!(bad.check(), Err(e.clone()));
+    assert_eq!(
+        e.to_string(),
+        "kv row 5 column 3 is NaN (queries, keys and values must be finite)"
+    );
+    let why = decode_workload("decode", &bad, &plan).err().unwrap();
+    assert!(
+        why.to_string().contains("kv row 5 column 3 is NaN"),
+        "{why}"
+    );
+    assert!(attention(&bad).unwrap_err().contains("kv row 5 column 3"));
+    // An infinite query, element 2 * 8 + 1: q row 2, column 1.
+    let mut bad = data.clone();
+    bad.q[17] = f32::NEG_INFINITY;
+    assert!(decode_workload("decode", &bad, &plan)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("q row 2 column 1 is -inf"));
+    // Request 1 has 17 tokens on 2 pages of 16: token 17 is on a page it
+    // owns but past its length (once read silently), 32 past its pages.
+    for t in [17, 32] {
+        let e = attention_over(&data, |b| if b == 1 { vec![0, t] } else { vec![0] }).unwrap_err();
+        assert_eq!(e, format!("request 1: token {t} is past its 17 KV tokens"));
+    }
+    // No token at all: once an output of zeros with a bound of zero.
+    let e = attention_over(&data, |b| if b == 2 { vec![] } else { vec![0] }).unwrap_err();
+    assert!(e.starts_with("request 2: no tokens"), "{e}");
+    assert!(attention_over(&data, |_| vec![0]).is_ok());
+}
+
+#[test]
 fn the_reference_of_one_token_is_its_value_row_through_the_page_table() {
     // softmax over one token is 1: the output is the value row, which the
     // reference must find on the page the table names (not page 0).
     let data = DecodeData::build(shape(&[1, 1, 1], 4, 2), 9).unwrap();
-    let r = host_tools::attention::reference::attention(&data);
+    let r = host_tools::attention::reference::attention(&data).unwrap();
     for b in 0..3 {
         let page = data.table(b)[0] as usize;
         for j in 0..8usize {

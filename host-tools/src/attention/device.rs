@@ -32,6 +32,7 @@ use wsp_ffi::WspKernelId_WSP_KERNEL_DECODE_PLAN as DECODE_PLAN;
 use super::kv::DecodeData;
 use super::plan::{min_chunk, CostModel};
 use super::reference;
+use super::sparse::failed;
 use super::workload::{MERGE, PARTIAL};
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
 use crate::table::{Arena, TensorId};
@@ -309,7 +310,10 @@ pub fn device_decode_workload(
     let copy = data.clone();
     let out = w.layout(t.attn.out).clone();
     let check = move |arena: &Arena| {
-        let want = reference::attention(&copy);
+        let want = match reference::attention(&copy) {
+            Ok(r) => r,
+            Err(e) => return failed(format!("the f64 reference: {e}"), reference::TOLERANCE),
+        };
         let bound = reference::bound(&want, |_| most);
         let got: Vec<f32> = arena
             .read_f32(&out)

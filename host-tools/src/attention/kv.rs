@@ -104,6 +104,18 @@ pub enum MetaError {
         /// Pages in the pool.
         pages: u32,
     },
+    /// A query, key or value that is NaN or infinite: the reference
+    /// would be NaN and the check a FAIL that names no cause.
+    NonFinite {
+        /// `q` or `kv`.
+        tensor: &'static str,
+        /// Its row.
+        row: usize,
+        /// Its column.
+        col: usize,
+        /// The value's bits (`f32::from_bits`; bits keep the error `Eq`).
+        bits: u32,
+    },
     /// The metadata tensor's size is not `2B x W`.
     MetaSize {
         /// Elements given.
@@ -137,6 +149,16 @@ impl fmt::Display for MetaError {
             } => write!(
                 f,
                 "request {request}: page table entry {entry} is page {page}, outside the pool's {pages} pages"
+            ),
+            MetaError::NonFinite {
+                tensor,
+                row,
+                col,
+                bits,
+            } => write!(
+                f,
+                "{tensor} row {row} column {col} is {} (queries, keys and values must be finite)",
+                f32::from_bits(*bits)
             ),
             MetaError::MetaSize { got, expected } => write!(
                 f,
@@ -278,7 +300,9 @@ impl DecodeData {
         &self.meta[2 * b * w..(2 * b + 1) * w]
     }
 
-    /// Checks the metadata (see [`check_meta`]).
+    /// Checks the metadata (see [`check_meta`]), and that every query,
+    /// key and value is finite ([`MetaError::NonFinite`] names the first
+    /// that is not).
     pub fn check(&self) -> Result<(), MetaError> {
         self.shape.check()?;
         check_meta(
@@ -287,7 +311,19 @@ impl DecodeData {
             self.width,
             self.pages,
             self.shape.page,
-        )
+        )?;
+        let d = self.shape.d as usize;
+        for (tensor, values) in [("q", &self.q), ("kv", &self.kv)] {
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(MetaError::NonFinite {
+                    tensor,
+                    row: i / d,
+                    col: i % d,
+                    bits: values[i].to_bits(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The key (`value = false`) or value row of token `t` of request `b`

@@ -36,8 +36,10 @@ pub struct Reference {
     pub len: Vec<u32>,
 }
 
-/// The reference for `data` (metadata checked), scale `1/sqrt(D)` exactly.
-pub fn attention(data: &DecodeData) -> Reference {
+/// The reference for `data`, scale `1/sqrt(D)` exactly. Data
+/// [`DecodeData::check`] refuses (bad metadata, a NaN or infinite input)
+/// is refused with its reason.
+pub fn attention(data: &DecodeData) -> Result<Reference, String> {
     attention_over(data, |b| (0..data.shape.lengths[b]).collect())
 }
 
@@ -45,7 +47,14 @@ pub fn attention(data: &DecodeData) -> Reference {
 /// attends to the positions `tokens(b)` only (each `< len[b]`, in any
 /// order; e.g. the ones a sparse indexer selected). [`Reference::len`]
 /// is then the number of tokens attended, which is what [`bound`] needs.
-pub fn attention_over(data: &DecodeData, tokens: impl Fn(usize) -> Vec<u32>) -> Reference {
+/// Refused, naming the request: a position `>= len[b]`, and no position
+/// at all (a softmax over nothing); and data [`DecodeData::check`]
+/// refuses.
+pub fn attention_over(
+    data: &DecodeData,
+    tokens: impl Fn(usize) -> Vec<u32>,
+) -> Result<Reference, String> {
+    data.check().map_err(|e| e.to_string())?;
     let s = &data.shape;
     let (d, g) = (s.d as usize, s.group());
     let scale = 1.0 / (s.d as f64).sqrt();
@@ -61,6 +70,17 @@ pub fn attention_over(data: &DecodeData, tokens: impl Fn(usize) -> Vec<u32>) -> 
     let mut scores = Vec::new();
     for b in 0..s.lengths.len() {
         let picked = tokens(b);
+        let len = s.lengths[b];
+        if picked.is_empty() {
+            return Err(format!(
+                "request {b}: no tokens to attend to (a softmax over nothing)"
+            ));
+        }
+        if let Some(&t) = picked.iter().find(|&&t| t >= len) {
+            return Err(format!(
+                "request {b}: token {t} is past its {len} KV tokens"
+            ));
+        }
         for j in 0..s.q_heads {
             let row = b * s.q_heads as usize + j as usize;
             let h = j / g;
@@ -96,7 +116,7 @@ pub fn attention_over(data: &DecodeData, tokens: impl Fn(usize) -> Vec<u32>) -> 
             r.len[row] = picked.len() as u32;
         }
     }
-    r
+    Ok(r)
 }
 
 /// What the bound allows, in words.

@@ -596,7 +596,7 @@ pub fn task_count(tiers: &Tiers, lengths: &[u32], kv_heads: u32) -> usize {
 }
 
 /// A failed check that compared nothing: `output` says what failed.
-fn failed(output: String, tolerance: &'static str) -> Verification {
+pub(crate) fn failed(output: String, tolerance: &'static str) -> Verification {
     Verification {
         output,
         elements: 0,
@@ -680,7 +680,10 @@ pub fn sparse_workload_with(
             }
             picked.push(sel.positions);
         }
-        let r = reference::attention_over(&want.attn, |b| picked[b].clone());
+        let r = match reference::attention_over(&want.attn, |b| picked[b].clone()) {
+            Ok(r) => r,
+            Err(e) => return failed(format!("the f64 reference: {e}"), reference::TOLERANCE),
+        };
         let bound = reference::bound(&r, |_| 1);
         let got: Vec<f32> = arena
             .read_f32(&out)

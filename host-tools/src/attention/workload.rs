@@ -10,6 +10,7 @@ pub(crate) use wsp_ffi::{
 use super::kv::{DecodeData, DecodeShape};
 use super::plan::{Plan, Strategy};
 use super::reference;
+use super::sparse::failed;
 use crate::table::{Arena, Arg, TableBuilder, TensorId};
 use crate::workloads::{Params, Verification, Workload, WorkloadError};
 
@@ -126,7 +127,10 @@ pub fn decode_workload_with(
     let out = t.layout(ids.out).clone();
     let d = s.d as usize;
     let check = move |arena: &Arena| {
-        let want = reference::attention(&reference_data());
+        let want = match reference::attention(&reference_data()) {
+            Ok(r) => r,
+            Err(e) => return failed(format!("the f64 reference: {e}"), reference::TOLERANCE),
+        };
         let bound = reference::bound(&want, |row| {
             let (r, j) = (row as u32 / qh, row as u32 % qh);
             chunks[(r * kvh + j / g) as usize]

@@ -135,7 +135,7 @@ pub fn footprint(name: &str, p: &Params) -> Option<Footprint> {
             cfg.check().ok()?;
             let t = cfg.tokens as u128;
             let h = cfg.hidden as u128;
-            bytes(2 * t * h + moe_ffn(&cfg), cfg.most_tasks() as u128)
+            bytes(2 * t * h + moe_ffn(&cfg), cfg.most_tasks().ok()? as u128)
         }
         "decode-layer" | "decode-layer-dense" => {
             let mlp = if name == "decode-layer" {
@@ -145,7 +145,7 @@ pub fn footprint(name: &str, p: &Params) -> Option<Footprint> {
             };
             let shape = crate::model::layer::shape_of(p, mlp).ok()?;
             shape.check().ok()?;
-            let f = step(&shape, &shape.lengths);
+            let f = step(&shape, &shape.lengths)?;
             bytes(f.arena, f.tasks)
         }
         "stitched" => {
@@ -153,7 +153,7 @@ pub fn footprint(name: &str, p: &Params) -> Option<Footprint> {
             decode.check().ok()?;
             chunk.check().ok()?;
             let longest = chunk.lengths.iter().copied().max().unwrap_or(0);
-            let (a, b) = (step(&decode, &decode.lengths), step(&chunk, &[longest]));
+            let (a, b) = (step(&decode, &decode.lengths)?, step(&chunk, &[longest])?);
             bytes(a.arena + b.arena, a.tasks + b.tasks)
         }
         _ => None,
@@ -339,7 +339,7 @@ fn moe_ffn(c: &MoeConfig) -> u128 {
 /// request's pages): elements (not bytes) and tasks, counted as
 /// [`crate::model::layer::task_count`] does with the most chunks and
 /// expert tiles.
-fn step(s: &LayerShape, cached: &[u32]) -> Footprint {
+fn step(s: &LayerShape, cached: &[u32]) -> Option<Footprint> {
     let [b, h, qkv, d, f, qh, kvh, layers, page] = [
         s.batch(),
         s.hidden(),
@@ -358,7 +358,11 @@ fn step(s: &LayerShape, cached: &[u32]) -> Footprint {
     let (rb, ht, ft, qt) = (b.div_ceil(tile), h / tile, f / tile, qkv / tile);
     let (mlp, mlp_scratch, mlp_tasks) = match s.moe() {
         None => (3 * h * f, 3 * b * f, rb * (2 * ft * ht + ft + ht + ht * ft)),
-        Some(cfg) => (moe_ffn(&cfg), b * h, cfg.most_tasks() as u128 + rb * ht),
+        Some(cfg) => (
+            moe_ffn(&cfg),
+            b * h,
+            cfg.most_tasks().ok()? as u128 + rb * ht,
+        ),
     };
     // Norm gains, QKV and output projections, the cache and the partial states.
     let weights =
@@ -374,10 +378,10 @@ fn step(s: &LayerShape, cached: &[u32]) -> Footprint {
     let rope = b * (1 + 2 * kvh);
     let attn = kvh * attention.chunks + b * kvh;
     let half = norms + rb * qt * ht + rope + attn + b + rb * (ht + ht * ht);
-    Footprint {
+    Some(Footprint {
         arena: step + heap + layers * (weights + mlp),
         tasks: 1 + layers * (half + mlp_tasks),
-    }
+    })
 }
 
 #[cfg(test)]

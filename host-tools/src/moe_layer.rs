@@ -107,7 +107,9 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
-    /// Rows of the padded (token, slot) buffers: pairs + E (M - 1).
+    /// Rows of the padded (token, slot) buffers: pairs + E (M - 1), for a
+    /// config [`MoeConfig::check`] takes (it checks the sizes before it
+    /// asks: a tile of 0 rows underflows).
     pub fn padded_rows(&self) -> u32 {
         self.tokens * self.top_k + self.experts * (self.tile - 1)
     }
@@ -165,9 +167,11 @@ impl MoeConfig {
 
     /// The most tasks any routing makes: [`MoeConfig::tasks`] with every
     /// expert's last tile partly empty, `padded_rows / tile` expert tiles
-    /// (`sum ceil(n_e / tile) <= sum (n_e + tile - 1) / tile`).
-    pub fn most_tasks(&self) -> usize {
-        self.tasks_of_tiles((self.padded_rows() / self.tile.max(1)) as usize)
+    /// (`sum ceil(n_e / tile) <= sum (n_e + tile - 1) / tile`). A config
+    /// [`MoeConfig::check`] refuses is refused.
+    pub fn most_tasks(&self) -> Result<usize, WorkloadError> {
+        self.check()?;
+        Ok(self.tasks_of_tiles((self.padded_rows() / self.tile) as usize))
     }
 
     /// Tasks the layer runs with `expert_tiles` tiles over all experts.
@@ -510,10 +514,29 @@ pub struct TokenRoute {
 }
 
 /// The f64 router with moe_route's semantics: p = softmax of the token's
-/// logits; its top `k` by p (lowest index on ties), kept while
-/// p >= `threshold`; weights renormalised over the kept.
-pub fn route(logits: &[f32], experts: usize, k: usize, threshold: f64) -> Vec<TokenRoute> {
-    logits
+/// logits (`experts` each); its top `k` by p (lowest index on ties), kept
+/// while p >= `threshold`; weights renormalised over the kept. Refused: 0
+/// experts, `k` above `experts`, and logits that are not whole rows.
+pub fn route(
+    logits: &[f32],
+    experts: usize,
+    k: usize,
+    threshold: f64,
+) -> Result<Vec<TokenRoute>, WorkloadError> {
+    let bad = |what: String| Err(WorkloadError::Params(what));
+    if experts == 0 {
+        return bad("routing over 0 experts".into());
+    }
+    if k > experts {
+        return bad(format!("top-k = {k} of {experts} experts"));
+    }
+    if !logits.len().is_multiple_of(experts) {
+        return bad(format!(
+            "{} logits are not whole rows of {experts} experts",
+            logits.len()
+        ));
+    }
+    Ok(logits
         .chunks(experts)
         .map(|row| {
             let row: Vec<f64> = row.iter().map(|&v| v as f64).collect();
@@ -531,18 +554,27 @@ pub fn route(logits: &[f32], experts: usize, k: usize, threshold: f64) -> Vec<To
                 experts: kept,
             }
         })
-        .collect()
+        .collect())
 }
 
-/// (token, slot) pairs per expert of a routing.
-pub fn pairs_per_expert(routes: &[TokenRoute], experts: usize) -> Vec<usize> {
+/// (token, slot) pairs per expert of a routing over `experts` experts; a
+/// route naming an expert past those is refused, naming its token.
+pub fn pairs_per_expert(
+    routes: &[TokenRoute],
+    experts: usize,
+) -> Result<Vec<usize>, WorkloadError> {
     let mut n = vec![0; experts];
-    for r in routes {
+    for (t, r) in routes.iter().enumerate() {
         for &e in &r.experts {
-            n[e] += 1;
+            let Some(count) = n.get_mut(e) else {
+                return Err(WorkloadError::Params(format!(
+                    "token {t} is routed to expert {e} of {experts}"
+                )));
+            };
+            *count += 1;
         }
     }
-    n
+    Ok(n)
 }
 
 /// Whether every routing decision of a token with these probabilities is
@@ -803,8 +835,8 @@ pub fn workload(
     }
     // The routing the f64 reference plans, on the exact logits.
     let logits: Vec<f32> = data.x.chunks(h).flat_map(|row| row[..e].to_vec()).collect();
-    let routes = route(&logits, e, k, cfg.threshold as f64);
-    let tasks = cfg.tasks(&pairs_per_expert(&routes, e));
+    let routes = route(&logits, e, k, cfg.threshold as f64)?;
+    let tasks = cfg.tasks(&pairs_per_expert(&routes, e)?);
 
     let layouts = [out, layer.ids].map(|id| w.layout(id).clone());
     let threshold = cfg.threshold;

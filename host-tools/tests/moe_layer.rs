@@ -31,7 +31,7 @@ fn routing(cfg: &MoeConfig, seed: u64, skew: bool) -> Vec<moe_layer::TokenRoute>
     let data = MoeData::new(cfg, seed, skew).unwrap();
     let (h, e) = (cfg.hidden as usize, cfg.experts as usize);
     let logits: Vec<f32> = data.x.chunks(h).flat_map(|r| r[..e].to_vec()).collect();
-    route(&logits, e, cfg.top_k as usize, cfg.threshold as f64)
+    route(&logits, e, cfg.top_k as usize, cfg.threshold as f64).unwrap()
 }
 
 fn shim(w: &Workload, cube: usize, vector: usize) -> Arena {
@@ -108,7 +108,7 @@ fn launches(run: &SemanticRun) -> [usize; 6] {
 /// launches per kernel are those the f64 routing implies.
 fn runs_everywhere(cfg: &MoeConfig, seed: u64, skew: bool) -> (Workload, SemanticRun, Arena) {
     let w = moe_layer::workload("moe-layer", cfg, seed, skew).unwrap();
-    let pairs = pairs_per_expert(&routing(cfg, seed, skew), cfg.experts as usize);
+    let pairs = pairs_per_expert(&routing(cfg, seed, skew), cfg.experts as usize).unwrap();
     let one = shim(&w, 1, 1);
     let two = shim(&w, 2, 2);
     let (run, sem) = semantic(&w);
@@ -122,7 +122,7 @@ fn runs_everywhere(cfg: &MoeConfig, seed: u64, skew: bool) -> (Workload, Semanti
 #[test]
 fn an_expert_with_every_token_and_experts_with_none() {
     // Skewed: expert 0 is every token's first choice, expert 7 nobody's.
-    let pairs = pairs_per_expert(&routing(&SMALL, 3, true), 8);
+    let pairs = pairs_per_expert(&routing(&SMALL, 3, true), 8).unwrap();
     assert_eq!(pairs[0], 40);
     assert_eq!(pairs[7], 0);
     assert_eq!(pairs.iter().sum::<usize>(), 80);
@@ -327,4 +327,52 @@ fn a_second_launch_on_the_same_arena_computes_the_same() {
         arena.bytes == first.bytes,
         "the third launch's arena differs"
     );
+}
+
+#[test]
+fn the_router_and_counts_refuse_what_they_cannot_take() {
+    use host_tools::moe_layer::TokenRoute;
+    let e = |r: Result<Vec<TokenRoute>, WorkloadError>| r.unwrap_err().to_string();
+    assert!(e(route(&[1.0], 0, 1, 0.0)).contains("0 experts"));
+    assert!(e(route(&[1.0, 2.0], 2, 3, 0.0)).contains("top-k = 3 of 2 experts"));
+    assert!(e(route(&[1.0, 2.0, 3.0], 2, 1, 0.0)).contains("3 logits are not whole rows of 2"));
+    // Equal logits: p = 1/2 each, the tie goes to the lower index.
+    assert_eq!(
+        route(&[0.0, 0.0], 2, 1, 0.0).unwrap(),
+        [TokenRoute {
+            experts: vec![0],
+            weights: vec![1.0]
+        }]
+    );
+    let routes = [
+        TokenRoute {
+            experts: vec![0],
+            weights: vec![1.0],
+        },
+        TokenRoute {
+            experts: vec![3, 0],
+            weights: vec![0.5, 0.5],
+        },
+    ];
+    assert_eq!(pairs_per_expert(&routes, 4).unwrap(), [2, 0, 0, 1]);
+    let why = pairs_per_expert(&routes, 2).unwrap_err().to_string();
+    assert!(why.contains("token 1 is routed to expert 3 of 2"), "{why}");
+    // One token, top-1 of 4 experts, tiles of 1 row, one 64-block hidden and
+    // ffn, no shared expert: 1 padded row, 1 expert tile. Tasks: 1 softmax
+    // (ones), 1 router GEMM + 1 route, 1 alignment, 1 + 2 + 1 + 1 for the
+    // tile (gather, gate and up, silu_mul, down), 1 combine: 10.
+    let mut cfg = MoeConfig {
+        tokens: 1,
+        hidden: 64,
+        ffn: 64,
+        experts: 4,
+        top_k: 1,
+        threshold: 0.0,
+        tile: 1,
+        shared_ffn: 0,
+    };
+    assert_eq!(cfg.most_tasks().unwrap(), 10);
+    cfg.tile = 0;
+    let why = cfg.most_tasks().unwrap_err().to_string();
+    assert!(why.contains("tile = 0"), "{why}");
 }

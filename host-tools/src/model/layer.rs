@@ -904,7 +904,11 @@ pub fn task_count(data: &LayerData) -> usize {
         Some(cfg) => reference::step(data)
             .routes
             .iter()
-            .map(|r| cfg.tasks(&pairs_per_expert(r, cfg.experts as usize)) + rb * ht)
+            .map(|r| {
+                // The routes are the f64 router's over the same experts.
+                let pairs = pairs_per_expert(r, cfg.experts as usize).expect("routes over E");
+                cfg.tasks(&pairs) + rb * ht
+            })
             .sum(),
     };
     1 + s.layers as usize * attention_half + mlp

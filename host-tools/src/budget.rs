@@ -299,7 +299,7 @@ fn sparse(p: &Params) -> Option<Footprint> {
         + 2 * b;
     Some(Footprint {
         arena: 4 * elements,
-        tasks: task_count(&tiers, &lengths, KV_HEADS) as u128,
+        tasks: task_count(&tiers, &lengths, KV_HEADS).ok()? as u128,
     })
 }
 

@@ -109,7 +109,7 @@ fn a_mixed_batch_matches_the_reference_bit_identical_on_shim_and_semantic() {
     let w = sparse_workload("sparse-decode", &data).unwrap();
     let (run, _) = run_both(&w);
     assert_eq!(run.stats.tasks as usize, w.tasks);
-    assert_eq!(w.tasks, task_count(&tiers(), &lengths, 2));
+    assert_eq!(Ok(w.tasks), task_count(&tiers(), &lengths, 2));
     // 3 dense requests x 2 KV heads; 5 sparse ones: chunks of 16 for 65
     // and 128 (5 + 8), of 32 for 129, 300 and 512 (5 + 10 + 16).
     assert_eq!(per_kernel(&run), [6, 5 + 8 + 5 + 10 + 16, 5, 10]);
@@ -248,4 +248,34 @@ fn release_size_sparse_decode() {
     let w = Workload::build("sparse-decode", Params::of("sparse-decode").unwrap()).unwrap();
     let (run, _) = run_both(&w);
     assert_eq!(run.stats.tasks as usize, w.tasks);
+}
+
+#[test]
+fn counts_and_lengths_of_unchecked_tiers_do_not_panic() {
+    let mut t = Tiers {
+        dense_max: 4,
+        k_max: 2,
+        sparse: vec![Tier {
+            longest: 10,
+            chunk: 3,
+        }],
+    };
+    // 2 KV heads. 4 tokens: dense, 2 partials; 10: sparse, ceil(10 / 3) = 4
+    // indexer chunks, 1 topk, 2 partials; 11: no tier, 0.
+    assert_eq!(task_count(&t, &[4, 10, 11], 2), Ok(9));
+    // An indexer chunk of 0 keys (once a division by 0).
+    t.sparse[0].chunk = 0;
+    let e = task_count(&t, &[10], 2).unwrap_err();
+    assert!(e.contains("indexer chunk of 0 keys"), "{e}");
+    // A dense tier up to u32::MAX has no length above it (once an
+    // overflow): 10 and 1, then 10^(1/4) = 1.78, rounded to 2.
+    let t = Tiers {
+        dense_max: u32::MAX,
+        k_max: 2,
+        sparse: vec![],
+    };
+    assert_eq!(
+        host_tools::attention::sparse::lengths_of(3, 10, &t),
+        [10, 1, 2]
+    );
 }

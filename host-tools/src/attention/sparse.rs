@@ -581,9 +581,11 @@ pub fn sparse_program(data: &SparseData) -> Result<(Program, SparseTensors), Low
 /// Tasks the program expands for `tiers` over `lengths` with `kv_heads`
 /// KV heads: `kv_heads` per dense request; per sparse one, its indexer
 /// chunks, one `topk` and `kv_heads` sparse partials; none for a length
-/// no tier takes (refused before a run).
-pub fn task_count(tiers: &Tiers, lengths: &[u32], kv_heads: u32) -> usize {
-    lengths
+/// no tier takes (refused before a run). Tiers [`Tiers::check`] refuses
+/// (e.g. an indexer chunk of 0 keys) are refused.
+pub fn task_count(tiers: &Tiers, lengths: &[u32], kv_heads: u32) -> Result<usize, String> {
+    tiers.check()?;
+    Ok(lengths
         .iter()
         .map(|&len| match tiers.path(len) {
             None => 0,
@@ -592,7 +594,7 @@ pub fn task_count(tiers: &Tiers, lengths: &[u32], kv_heads: u32) -> usize {
                 len.div_ceil(tiers.sparse[tier].chunk) as usize + 1 + kv_heads as usize
             }
         })
-        .sum()
+        .sum())
 }
 
 /// A failed check that compared nothing: `output` says what failed.
@@ -703,7 +705,8 @@ pub fn sparse_workload_with(
         .iter()
         .filter(|&&l| tiers.path(l) == Some(Path::Dense))
         .count();
-    let tasks = task_count(&data.shape.tiers, &s.lengths, s.kv_heads);
+    let tasks =
+        task_count(&data.shape.tiers, &s.lengths, s.kv_heads).map_err(WorkloadError::Params)?;
     let total: u64 = s.lengths.iter().map(|&l| l as u64).sum();
     Ok(Workload {
         name,
@@ -751,12 +754,14 @@ pub const INDEX_DIM: u32 = 128;
 /// The lengths of `sparse-decode`: `m` requests, the longest `n`: `n`,
 /// then 1 and each tier's bounds and the length just above (those below
 /// `n`), then lengths spread geometrically over 1 ..= n; `m` in all.
+/// A bound of `u32::MAX` has no length above it.
 pub fn lengths_of(m: u32, n: u32, tiers: &Tiers) -> Vec<u32> {
     let mut v = vec![n, 1];
     let mut bounds = vec![tiers.dense_max];
     bounds.extend(tiers.sparse.iter().map(|t| t.longest));
     for bound in bounds {
-        v.extend([bound, bound + 1]);
+        v.push(bound);
+        v.extend(bound.checked_add(1));
     }
     let mut seen = std::collections::HashSet::new();
     v.retain(|&l| l >= 1 && l <= n && seen.insert(l));

@@ -65,10 +65,29 @@ pub const BOUND: f64 = 1e-4;
 const TOLERANCE: &str = "|out - ref| <= 1e-4 (from the f32 error of the scores, the softmax and the weighted sum; attention_pipeline::BOUND)";
 
 /// The f64 reference: `softmax(q kT_j) v_j` for every tile `j`, `rows` x
-/// 64 each, stacked by rows.
-pub fn reference(q: &[f32], kt: &[f32], v: &[f32], rows: usize, tiles: usize) -> Vec<f64> {
+/// 64 each, stacked by rows. `q` is `rows x 64`, `kT` is `64 x (tiles *
+/// 64)` and `v` is `(tiles * 64) x 64`; other sizes are refused, naming
+/// the tensor.
+pub fn reference(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    rows: usize,
+    tiles: usize,
+) -> Result<Vec<f64>, WorkloadError> {
     let d = D as usize;
     let keys = tiles * d;
+    for (name, got, want) in [
+        ("q", q.len(), rows * d),
+        ("kT", kt.len(), d * keys),
+        ("v", v.len(), keys * d),
+    ] {
+        if got != want {
+            return Err(WorkloadError::Params(format!(
+                "{name} has {got} elements; {rows} query rows over {tiles} KV tiles of {D} need {want}"
+            )));
+        }
+    }
     let mut out = Vec::with_capacity(tiles * rows * d);
     for j in 0..tiles {
         // kT is d x keys; tile j is its columns j*d .. (j+1)*d.
@@ -90,7 +109,7 @@ pub fn reference(q: &[f32], kt: &[f32], v: &[f32], rows: usize, tiles: usize) ->
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// The program (not yet lowered): tensors q, kT, v, kt (staged key
@@ -256,7 +275,7 @@ pub fn attention_pipeline(
     arena.write_f32(&layouts[0], &q);
     arena.write_f32(&layouts[1], &kt);
     arena.write_f32(&layouts[2], &v);
-    let want = reference(&q, &kt, &v, rows as usize, tiles as usize);
+    let want = reference(&q, &kt, &v, rows as usize, tiles as usize)?;
     let out = layouts[8].clone();
     let check = move |arena: &Arena| {
         Verification::compare("out", &arena.read_f32(&out), &want, |_| BOUND, TOLERANCE)

@@ -110,7 +110,7 @@ fn a_cos_sin_cache_one_position_off_fails_the_check() {
     let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
     let cs = w.tensors.iter().find(|t| t.name == "cs").unwrap().clone();
     let mut arena = w.arena.clone();
-    let next = host_tools::model::layer::cos_sin(66, 64);
+    let next = host_tools::model::layer::cos_sin(66, 64).unwrap();
     arena.write_f32(&cs, &next[64..]);
     Shim::default().run(&w.table, &mut arena.bytes).unwrap();
     let check = w.verify(&arena);
@@ -274,4 +274,20 @@ fn four_layers_through_a_small_window_and_a_wrapping_ring() {
     assert_eq!(run.stats.tasks as usize, w.tasks);
     let check = w.verify(&arena);
     assert!(check.passed(), "{check}");
+}
+
+#[test]
+fn the_cos_sin_cache_refuses_a_head_dimension_rope_cannot_pair() {
+    use host_tools::model::layer::cos_sin;
+    // D = 2: one pair, angle p * theta^0 = p: [cos p, sin p] per position.
+    let want = [1.0, 0.0, 1f64.cos() as f32, 1f64.sin() as f32];
+    assert_eq!(cos_sin(2, 2).unwrap(), want);
+    // D = 0 once panicked; an odd D left its last column 0.
+    for d in [0, 3] {
+        let e = cos_sin(2, d).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("head dimension {d} must be even")),
+            "{e}"
+        );
+    }
 }

@@ -243,3 +243,24 @@ fn a_pipeline_and_a_data_parallel_task_set_share_the_cores() {
         .filter(in_gemm)
         .any(|l| l.start < pipe_end));
 }
+
+#[test]
+fn the_attention_pipeline_reference_refuses_short_inputs() {
+    use host_tools::attention_pipeline::reference;
+    // One query row of zeros, one KV tile: every score is 0, so each of
+    // the 64 keys weighs 1/64; value row e is all e, so every output is
+    // (0 + 1 + ... + 63) / 64 = 31.5.
+    let v: Vec<f32> = (0..64 * 64).map(|i| (i / 64) as f32).collect();
+    let out = reference(&[0.0; 64], &[0.0; 64 * 64], &v, 1, 1).unwrap();
+    assert_eq!(out, vec![31.5; 64]);
+    // Empty inputs for one row and one tile (once an index panic).
+    let e = reference(&[], &[], &[], 1, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("q has 0 elements") && e.contains("need 64"),
+        "{e}"
+    );
+    let e = reference(&[0.0; 64], &[0.0; 64 * 64], &v[1..], 1, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("v has 4095 elements"), "{e}");
+}

@@ -276,8 +276,14 @@ fn gains(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
     rng.fill(n).into_iter().map(|v| 1.0 + 0.5 * v).collect()
 }
 
-/// The cos/sin cache for positions `0 .. len`, head dimension `d`.
-pub fn cos_sin(len: u32, d: u32) -> Vec<f32> {
+/// The cos/sin cache for positions `0 .. len`, head dimension `d` (even
+/// and positive: rope pairs the halves; others are refused).
+pub fn cos_sin(len: u32, d: u32) -> Result<Vec<f32>, WorkloadError> {
+    if d == 0 || !d.is_multiple_of(2) {
+        return Err(WorkloadError::Params(format!(
+            "head dimension {d} must be even and positive (rope pairs halves)"
+        )));
+    }
     let half = (d / 2) as usize;
     let mut cs = vec![0f32; len as usize * d as usize];
     for (p, row) in cs.chunks_exact_mut(d as usize).enumerate() {
@@ -287,7 +293,7 @@ pub fn cos_sin(len: u32, d: u32) -> Vec<f32> {
             row[half + i] = a.sin() as f32;
         }
     }
-    cs
+    Ok(cs)
 }
 
 impl LayerData {
@@ -404,7 +410,8 @@ impl LayerData {
             .collect();
         let longest = *shape.lengths.iter().max().expect("checked: not empty");
         LayerData {
-            cs: cos_sin(longest, d),
+            // LayerShape::check took the shape: D is even and positive.
+            cs: cos_sin(longest, d).expect("a checked head dimension"),
             pages,
             width,
             meta,

@@ -493,6 +493,41 @@ fn wsp_run_writes_the_trace_and_the_picture_and_wsp_plot_redraws_it() {
     assert!(stderr.contains("--trace"), "{stderr}");
 }
 
+/// An output the run could not write is refused before the run (no
+/// `ran` line), naming the flag and why; nothing is created.
+#[test]
+fn output_paths_that_cannot_be_written_are_refused_before_the_run() {
+    let dir = tmp("bad_outputs");
+    let missing = dir.join("no-such-dir").join("t.json");
+    let txt = dir.join("picture.txt");
+    let _ = std::fs::remove_file(&txt);
+    let d = dir.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--trace", missing.to_str().unwrap()], "does not exist"),
+        (vec!["--trace", d], "is a directory"),
+        (vec!["--plot", txt.to_str().unwrap()], "ending in .png"),
+    ] {
+        let mut all = vec!["run", "mlp", "--semantic"];
+        all.extend(&args);
+        let out = wsp(&all);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(args[0]) && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("\nran "), "{args:?}: ran first: {stdout}");
+    }
+    assert!(!missing.parent().unwrap().exists() && !txt.exists());
+    let out = wsp(&["plot", "unread.json", "--out", d]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("is a directory"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn wsp_run_prints_its_figures_as_tables() {
     let out = wsp(&["run", "mlp", "--cube", "3", "--vector", "2"]);

@@ -77,14 +77,17 @@ enum Command {
         /// Perfetto's UI or chrome://tracing): a lane per scheduler thread
         /// (with the dispatcher's stalls) and per AICore (a complete event
         /// per task), counters of tasks on cores, ready and in the window.
-        /// Clock: cycles in semantic time, else wall time.
+        /// Clock: cycles in semantic time, else wall time. An existing
+        /// file is replaced; a path whose directory does not exist is
+        /// refused before the run.
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
         /// With --trace: flow arrows from each task to the tasks it
         /// released (bigger files).
         #[arg(long, requires = "trace")]
         flows: bool,
-        /// Draw the run's swimlanes and core utilisation into a PNG file.
+        /// Draw the run's swimlanes and core utilisation into a PNG file
+        /// (FILE ends in .png; an existing file is replaced).
         #[arg(long, value_name = "FILE")]
         plot: Option<PathBuf>,
         /// Print the run's figures (tasks, time, per thread, per core, per
@@ -547,6 +550,13 @@ impl RunSetup {
     fn run(&self, table: &[u8], arena: &mut [u8]) -> Result<RunStats> {
         let (shim, sched) = (&self.shim, &self.shim.sched);
         let (threads, cube, vector) = (sched.threads, shim.cube_cores, shim.vector_cores);
+        // Checked before the run, not after it.
+        if let Some(path) = &self.trace {
+            check_output(path, "--trace", false)?;
+        }
+        if let Some(path) = &self.plot {
+            check_output(path, "--plot", true)?;
+        }
         let record = self.trace.is_some() || self.plot.is_some();
         let progress = self.progress && host_tools::progress::wanted();
         // Observed only when asked: an untraced run's platform reports nothing.
@@ -631,6 +641,35 @@ impl RunSetup {
         print_stats(&stats, self.semantic);
         Ok(stats)
     }
+}
+
+/// Refuses an output path (of `flag`) that cannot be written as asked:
+/// a directory, a file in a directory that does not exist, or for a
+/// picture (`png`) a name not ending in `.png`. Nothing is created: a
+/// file the run cannot write for another reason (permissions, a full
+/// disk) is still reported when it is written.
+fn check_output(path: &Path, flag: &str, png: bool) -> Result<()> {
+    if path.is_dir() {
+        bail!("{flag} {}: is a directory; name a file", path.display());
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(dir) = parent.filter(|d| !d.is_dir()) {
+        bail!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    let is_png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if png && !is_png {
+        bail!(
+            "{flag} {}: the picture is a PNG; name a file ending in .png",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Draws `trace` into the PNG file `path`.
@@ -950,6 +989,7 @@ fn run(cli: Cli) -> Result<bool> {
             Ok(passed)
         }
         Command::Plot { trace, out } => {
+            check_output(&out, "--out", true)?;
             let text =
                 std::fs::read(&trace).with_context(|| format!("reading {}", trace.display()))?;
             let value: serde_json::Value = serde_json::from_slice(&text)

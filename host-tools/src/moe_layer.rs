@@ -536,6 +536,15 @@ pub fn route(
             logits.len()
         ));
     }
+    // A NaN would make the softmax NaN and the top-k arbitrary.
+    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+        return bad(format!(
+            "token {}'s logit for expert {} is {} (logits must be finite)",
+            i / experts,
+            i % experts,
+            logits[i]
+        ));
+    }
     Ok(logits
         .chunks(experts)
         .map(|row| {

@@ -544,6 +544,19 @@ fn non_finite_data_and_bad_selections_are_refused_naming_where() {
     let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
     let plan = Plan::with_chunk(&data.shape, 16);
     // D = 8: element 5 * 8 + 3 of kv is row 5, column 3.
+    // Buffers that do not match the shape: 3 requests x 8 query heads = 24
+    // rows of q, of 8 values each.
+    let mut short = data.clone();
+    short.q.pop();
+    let e = short.check().unwrap_err().to_string();
+    assert!(
+        e.contains("q holds 191 values; its shape takes 24 rows of 8, 192"),
+        "{e}"
+    );
+    let mut long = data.clone();
+    long.kv.push(0.0);
+    let e = long.check().unwrap_err().to_string();
+    assert!(e.contains("kv holds 3073 values"), "{e}");
     let mut bad = data.clone();
     bad.kv[5 * 8 + 3] = f32::NAN;
     let e = MetaError::NonFinite {

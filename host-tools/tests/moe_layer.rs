@@ -336,6 +336,9 @@ fn the_router_and_counts_refuse_what_they_cannot_take() {
     assert!(e(route(&[1.0], 0, 1, 0.0)).contains("0 experts"));
     assert!(e(route(&[1.0, 2.0], 2, 3, 0.0)).contains("top-k = 3 of 2 experts"));
     assert!(e(route(&[1.0, 2.0, 3.0], 2, 1, 0.0)).contains("3 logits are not whole rows of 2"));
+    // Element 3 of rows of 2: token 1, expert 1.
+    let why = e(route(&[1.0, 2.0, 3.0, f32::NAN], 2, 1, 0.0));
+    assert!(why.contains("token 1's logit for expert 1 is NaN"), "{why}");
     // Equal logits: p = 1/2 each, the tie goes to the lower index.
     assert_eq!(
         route(&[0.0, 0.0], 2, 1, 0.0).unwrap(),

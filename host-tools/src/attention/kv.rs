@@ -313,6 +313,20 @@ impl DecodeData {
             self.shape.page,
         )?;
         let d = self.shape.d as usize;
+        // `[B * q_heads, D]` and `[kv_heads * pool rows, D]`: a shorter
+        // buffer would be read past its end, a longer one hides a mistake.
+        let s = &self.shape;
+        let q_rows = s.lengths.len() as u64 * s.q_heads as u64;
+        let kv_rows = s.kv_heads as u64 * self.pages as u64 * 2 * s.page as u64;
+        for (tensor, values, rows) in [("q", &self.q, q_rows), ("kv", &self.kv, kv_rows)] {
+            let want = rows as u128 * d as u128;
+            if values.len() as u128 != want {
+                return Err(MetaError::Shape(format!(
+                    "{tensor} holds {} values; its shape takes {rows} rows of {d}, {want}",
+                    values.len()
+                )));
+            }
+        }
         for (tensor, values) in [("q", &self.q), ("kv", &self.kv)] {
             if let Some(i) = values.iter().position(|v| !v.is_finite()) {
                 return Err(MetaError::NonFinite {

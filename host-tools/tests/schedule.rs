@@ -412,6 +412,13 @@ fn malformed_schedules_are_refused_with_the_instruction_named() {
             Box::new(|i: &mut [u8]| i[14] = 8),
             "not a known dispatch policy",
         ),
+        // Round-robin (policy 0) with the taskset's key, loop:0: the key
+        // would be ignored.
+        (
+            first,
+            Box::new(|i: &mut [u8]| i[12] = 0),
+            "a key to a policy that places tasks without one",
+        ),
         // Taskset 0 is the run's: it has no schedule of its own.
         (
             back,

@@ -632,13 +632,22 @@ pub(crate) fn validate(
                     return Err(err(pc, "imm", problem));
                 }
                 let bits = ins.imm2.get();
-                let valid = if set == 0 {
-                    bits == 0
-                } else {
-                    super::schedule::Schedule::decode(bits).is_some()
+                let schedule = match set {
+                    0 => (bits == 0).then_some(None),
+                    _ => super::schedule::Schedule::decode(bits).map(Some),
                 };
-                if !valid {
+                let Some(schedule) = schedule else {
                     return Err(err(pc, "imm2", Problem::BadSchedule { bits }));
+                };
+                // A key with a policy that places without one would be
+                // ignored (as the run's own key: `ConfigError::KeyIgnored`).
+                if let Some(s) = schedule {
+                    if !s.policy.uses_key() && s.key != super::schedule::DispatchKey::TaskIndex {
+                        return Err(structure(
+                            pc,
+                            "DISPATCH gives a key to a policy that places tasks without one",
+                        ));
+                    }
                 }
                 if info.tasksets_defined & (1 << set) != 0 && info.tasksets[set] != bits {
                     return Err(structure(

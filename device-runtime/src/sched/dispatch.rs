@@ -207,7 +207,8 @@ impl<'a> Dispatcher<'a> {
             })
         })?;
         let mut policies = [None; MAX_TASKSETS];
-        // A taskset whose policy places without a key has none (`None`).
+        // A taskset whose policy places without a key has none (`None`);
+        // validation refused one given a key anyway.
         let mut key = [config.policy.uses_key().then_some(config.key); MAX_TASKSETS];
         for set in 1..MAX_TASKSETS {
             if info.tasksets_defined & (1 << set) == 0 {

@@ -231,6 +231,31 @@ impl fmt::Display for SubmitError {
     }
 }
 
+/// Why [`Orchestrator::set_window`] refused a task window.
+#[allow(missing_docs)] // Variant fields: see each variant's doc; their names say the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowError {
+    /// A window of `tasks` tasks, outside 1 ..= `max` (the ring's `TASKS`).
+    OutOfRange { tasks: u64, max: u64 },
+    /// `in_flight` tasks are submitted and not retired: the window changes
+    /// only between runs, once every task has retired.
+    InFlight { in_flight: u64 },
+}
+
+impl fmt::Display for WindowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            WindowError::OutOfRange { tasks, max } => {
+                write!(f, "task window {tasks}; 1 to {max} tasks are supported")
+            }
+            WindowError::InFlight { in_flight } => write!(
+                f,
+                "the task window changes only between runs, and {in_flight} tasks are in flight"
+            ),
+        }
+    }
+}
+
 /// A task's slot: 64 bytes a task of the window. Task numbers that the
 /// window bounds are kept narrow: the next task of a ready list or stream
 /// as a slot index (the slot holds the task's full id: such a task is live),
@@ -505,11 +530,20 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// Limits the tasks in flight (submitted and not retired) to `tasks`,
     /// 1 ..= `TASKS` (a workload's task window): a submission beyond it
     /// stalls on `TASK_RING_FULL`, as on a ring of that size. Only between
-    /// runs: `Err` with the allowed maximum if `tasks` is out of range or
-    /// tasks are in flight.
-    pub fn set_window(&mut self, tasks: u64) -> Result<(), u64> {
-        if tasks == 0 || tasks > TASKS as u64 || !self.is_drained() {
-            return Err(TASKS as u64);
+    /// runs: [`WindowError::OutOfRange`] if `tasks` is outside that range,
+    /// else [`WindowError::InFlight`] if tasks are in flight; either leaves
+    /// the window as it was.
+    pub fn set_window(&mut self, tasks: u64) -> Result<(), WindowError> {
+        if tasks == 0 || tasks > TASKS as u64 {
+            return Err(WindowError::OutOfRange {
+                tasks,
+                max: TASKS as u64,
+            });
+        }
+        if !self.is_drained() {
+            return Err(WindowError::InFlight {
+                in_flight: self.in_flight(),
+            });
         }
         self.window = tasks;
         self.stats.resources[StallReason::TaskRingFull as usize].capacity = tasks;

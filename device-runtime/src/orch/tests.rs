@@ -1110,6 +1110,43 @@ fn a_reset_forgets_the_tasks_left_in_flight() {
     assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(1));
 }
 
+/// `set_window` tells a window out of range (naming the ring's size) from
+/// one set while tasks are in flight (naming how many), and changes
+/// nothing either way. `Small` is a ring of 4 tasks, so 4 is the largest
+/// window; two submitted and not completed tasks are 2 in flight.
+#[test]
+fn set_window_tells_out_of_range_from_tasks_in_flight() {
+    let mut o = Small::new(0);
+    assert_eq!(
+        o.set_window(0),
+        Err(WindowError::OutOfRange { tasks: 0, max: 4 })
+    );
+    assert_eq!(
+        o.set_window(5),
+        Err(WindowError::OutOfRange { tasks: 5, max: 4 })
+    );
+    assert_eq!(o.window(), 4, "a refused window leaves the ring's own");
+    submit(&mut o, &[write(1, 0, 4)]).unwrap();
+    submit(&mut o, &[write(2, 0, 4)]).unwrap();
+    assert_eq!(o.set_window(2), Err(WindowError::InFlight { in_flight: 2 }));
+    assert_eq!(o.window(), 4);
+    // Out of range is reported first, whatever is in flight.
+    assert_eq!(
+        o.set_window(9),
+        Err(WindowError::OutOfRange { tasks: 9, max: 4 })
+    );
+    run_one(&mut o);
+    run_one(&mut o);
+    assert_eq!(o.set_window(2), Ok(()));
+    assert_eq!(o.window(), 2);
+    assert!(WindowError::InFlight { in_flight: 2 }
+        .to_string()
+        .contains("2 tasks are in flight"));
+    assert!(WindowError::OutOfRange { tasks: 5, max: 4 }
+        .to_string()
+        .contains("1 to 4"));
+}
+
 /// A scope left open with tasks in it does not outlive a reset: once the
 /// next run drains after a stall, there is no deadlock to report.
 #[test]

@@ -25,6 +25,7 @@ use crate::expand::{tensor_view, Context, Expander, Next, TaskSpec, Wait, NO_ARG
 use crate::orch::scratch::{Bind, ScratchError, ScratchHeap};
 use crate::orch::{
     Invalid, ReadyTask, ResourceStats, StallReason, SubmitError, TaskArg, TaskId, UsageError,
+    WindowError,
 };
 use crate::steal_deque::Owner;
 use crate::sync::Ordering;
@@ -200,11 +201,13 @@ impl<'a> Dispatcher<'a> {
             0 => TASK_WINDOW,
             w => w as usize,
         });
-        orch.set_window(window as u64).map_err(|max| {
-            RunError::Config(ConfigError::Window {
+        orch.set_window(window as u64).map_err(|e| match e {
+            WindowError::OutOfRange { max, .. } => RunError::Config(ConfigError::Window {
                 tasks: window,
                 max: max as usize,
-            })
+            }),
+            // Checked above; kept apart should that check ever move.
+            WindowError::InFlight { in_flight } => RunError::OrchestratorBusy { in_flight },
         })?;
         let mut policies = [None; MAX_TASKSETS];
         // A taskset whose policy places without a key has none (`None`);

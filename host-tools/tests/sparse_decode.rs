@@ -199,6 +199,62 @@ fn a_length_above_the_last_tier_is_refused_naming_the_request() {
 }
 
 #[test]
+fn non_finite_indexer_data_is_refused_naming_the_element() {
+    use host_tools::attention::sparse::{select, sparse_workload_with};
+    // Requests of 40 (dense) and 200 (sparse) tokens: request 1's keys
+    // start at row 40 of `keys`; H = 4 indexer heads of Dq = 16.
+    let data = SparseData::build(shape(&[40, 200]), 5).unwrap();
+    assert_eq!(data.start, [0, 40]);
+    assert!(data.check().is_ok());
+    // Its 6th key (row 40 + 5 = 45), column 0: the score's own column.
+    let mut bad = data.clone();
+    bad.keys[45 * 16] = f32::NAN;
+    let want =
+        "keys row 45 column 0 is NaN (the indexer's queries, weights and keys must be finite)";
+    for e in [
+        bad.check().unwrap_err(),
+        sparse_workload("sparse-decode", &bad).err().unwrap(),
+        select(&bad, 1).unwrap_err(),
+    ] {
+        assert!(matches!(e, WorkloadError::Params(_)), "{e}");
+        assert!(e.to_string().contains(want), "{e}");
+    }
+    // Request 1's head 2 weight: iw is [B, H], element 1 * 4 + 2.
+    let mut bad = data.clone();
+    bad.iw[4 + 2] = f32::INFINITY;
+    let e = sparse_workload("sparse-decode", &bad).err().unwrap();
+    assert!(e.to_string().contains("iw row 1 column 2 is inf"), "{e}");
+    // Request 1's head 3 query, column 7: iq is [B * H, Dq], row 1 * 4 + 3.
+    let mut bad = data.clone();
+    bad.iq[(4 + 3) * 16 + 7] = f32::NEG_INFINITY;
+    let e = sparse_workload("sparse-decode", &bad).err().unwrap();
+    assert!(e.to_string().contains("iq row 7 column 7 is -inf"), "{e}");
+    // The reference's own data is checked when the check runs: a run
+    // checked against a NaN key fails naming it, not as an ambiguous top-k.
+    let mut bad = data.clone();
+    bad.keys[45 * 16] = f32::NAN;
+    let w = sparse_workload_with("sparse-decode", &data, move || bad.clone()).unwrap();
+    let v = w.verify(&w.arena);
+    assert!(!v.passed());
+    assert!(v.output.contains("keys row 45 column 0 is NaN"), "{v}");
+    // Buffers that do not match the shape, or offsets past the keys, are
+    // refused instead of read past their end: 240 keys in all.
+    let mut bad = data.clone();
+    bad.keys.truncate(239 * 16);
+    let e = sparse_workload("sparse-decode", &bad).err().unwrap();
+    assert!(e.to_string().contains("keys holds 3824 values"), "{e}");
+    let mut bad = data.clone();
+    bad.start[1] = 41;
+    let e = select(&bad, 1).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("request 1: its 200 indexer keys from row 41"),
+        "{e}"
+    );
+    assert!(select(&data, 2).is_err());
+}
+
+#[test]
 fn the_named_workload_mixes_tiers_and_refuses_a_longer_request() {
     let p = Params::of("sparse-decode").unwrap();
     assert_eq!((p.m, p.n), (8, 16384));

@@ -105,9 +105,12 @@ pub enum MetaError {
         pages: u32,
     },
     /// A query, key or value that is NaN or infinite: the reference
-    /// would be NaN and the check a FAIL that names no cause.
+    /// would be NaN and the check a FAIL that names no cause. Also a
+    /// sparse indexer's query, head weight or key
+    /// ([`SparseData::check`](super::sparse::SparseData::check)), whose
+    /// NaN would make the top-k arbitrary.
     NonFinite {
-        /// `q` or `kv`.
+        /// `q` or `kv`; for the indexer `iq`, `iw` or `keys`.
         tensor: &'static str,
         /// Its row.
         row: usize,
@@ -155,11 +158,17 @@ impl fmt::Display for MetaError {
                 row,
                 col,
                 bits,
-            } => write!(
-                f,
-                "{tensor} row {row} column {col} is {} (queries, keys and values must be finite)",
-                f32::from_bits(*bits)
-            ),
+            } => {
+                let what = match *tensor {
+                    "iq" | "iw" | "keys" => "the indexer's queries, weights and keys",
+                    _ => "queries, keys and values",
+                };
+                write!(
+                    f,
+                    "{tensor} row {row} column {col} is {} ({what} must be finite)",
+                    f32::from_bits(*bits)
+                )
+            }
             MetaError::MetaSize { got, expected } => write!(
                 f,
                 "metadata of {got} elements, expected {expected} (2 rows per request)"

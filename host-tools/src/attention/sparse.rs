@@ -73,7 +73,7 @@ use wsp_ffi::{
     WspKernelId_WSP_KERNEL_INDEXER_SCORES as INDEXER, WspKernelId_WSP_KERNEL_TOPK as TOPK,
 };
 
-use super::kv::{DecodeData, DecodeShape};
+use super::kv::{DecodeData, DecodeShape, MetaError};
 use super::reference;
 use super::workload::PARTIAL;
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
@@ -343,6 +343,73 @@ impl SparseData {
     }
 }
 
+impl SparseData {
+    /// Checks the data against its shape: the shape ([`SparseShape::check`]),
+    /// the attention data ([`DecodeData::check`]), the sizes of the
+    /// indexer's buffers (`iq` `[B, H, Dq]`, `iw` `[B, H]`, `keys` `[T, Dq]`
+    /// with `T` the lengths' sum) and key offsets (request `b`'s `len[b]`
+    /// keys from row `start[b]` within `keys`), and that every indexer
+    /// query, weight and key is finite: [`MetaError::NonFinite`] names the
+    /// first that is not (its tensor seen as rows of its last dimension),
+    /// as for the attention data, since a NaN score makes the top-k
+    /// arbitrary and the reference's margin NaN.
+    pub fn check(&self) -> Result<(), WorkloadError> {
+        let params = |e: MetaError| WorkloadError::Params(e.to_string());
+        self.shape.check()?;
+        self.attn.check().map_err(params)?;
+        let s = &self.shape;
+        let lengths = &s.decode.lengths;
+        let (b, h, dq) = (
+            lengths.len() as u64,
+            s.index_heads as u64,
+            s.index_dim as u64,
+        );
+        let total: u64 = lengths.iter().map(|&l| l as u64).sum();
+        for (tensor, values, rows, cols) in [
+            ("iq", &self.iq, b * h, dq),
+            ("iw", &self.iw, b, h),
+            ("keys", &self.keys, total, dq),
+        ] {
+            if values.len() as u64 != rows * cols {
+                return Err(WorkloadError::Params(format!(
+                    "{tensor} holds {} values; its shape takes {rows} rows of {cols}, {}",
+                    values.len(),
+                    rows * cols
+                )));
+            }
+        }
+        if self.start.len() != lengths.len() {
+            return Err(WorkloadError::Params(format!(
+                "{} key offsets for {} requests",
+                self.start.len(),
+                lengths.len()
+            )));
+        }
+        for (r, (&start, &len)) in self.start.iter().zip(lengths).enumerate() {
+            if start as u64 + len as u64 > total {
+                return Err(WorkloadError::Params(format!(
+                    "request {r}: its {len} indexer keys from row {start} run past the {total} rows of keys"
+                )));
+            }
+        }
+        for (tensor, values, cols) in [
+            ("iq", &self.iq, dq as usize),
+            ("iw", &self.iw, h as usize),
+            ("keys", &self.keys, dq as usize),
+        ] {
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(params(MetaError::NonFinite {
+                    tensor,
+                    row: i / cols,
+                    col: i % cols,
+                    bits: values[i].to_bits(),
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The f64 reference's selection for one sparse request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Selection {
@@ -356,12 +423,25 @@ pub struct Selection {
     pub ambiguity: f64,
 }
 
-/// The f64 indexer and top-k of request `b` (a sparse one).
+/// The f64 indexer and top-k of request `b` (a sparse one), of data
+/// [`SparseData::check`] accepts (refused with its reason otherwise).
 ///
 /// Score error bound, per key `s`: the f32 dot products `q_j . k_s` (Dq
 /// terms), ReLU (exact) and the weighted sum (H terms) are off by at most
 /// `gamma_(Dq + H + 1) * sum_j |w_j| sum_d |q_jd k_sd|`.
-pub fn select(data: &SparseData, b: usize) -> Selection {
+pub fn select(data: &SparseData, b: usize) -> Result<Selection, WorkloadError> {
+    data.check()?;
+    let batch = data.shape.decode.lengths.len();
+    if b >= batch {
+        return Err(WorkloadError::Params(format!(
+            "request {b} of a batch of {batch}"
+        )));
+    }
+    Ok(selection(data, b))
+}
+
+/// [`select`] of checked data and a request of its batch.
+fn selection(data: &SparseData, b: usize) -> Selection {
     let s = &data.shape;
     let (h, dq) = (s.index_heads as usize, s.index_dim as usize);
     let len = s.decode.lengths[b] as usize;
@@ -618,10 +698,7 @@ pub fn sparse_workload_with(
     data: &SparseData,
     reference_data: impl Fn() -> SparseData + 'static,
 ) -> Result<Workload, WorkloadError> {
-    data.shape.check()?;
-    data.attn
-        .check()
-        .map_err(|e| WorkloadError::Params(e.to_string()))?;
+    data.check()?;
     let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let (mut w, t) = sparse_program(data).map_err(lower)?;
     let table = w.finish().map_err(lower)?;
@@ -643,6 +720,10 @@ pub fn sparse_workload_with(
     let (out, meta) = (w.layout(t.out).clone(), w.layout(t.meta).clone());
     let check = move |arena: &Arena| {
         let want = reference_data();
+        // Checked once here, then each request's `selection` of it.
+        if let Err(e) = want.check() {
+            return failed(format!("the f64 reference: {e}"), reference::TOLERANCE);
+        }
         let lengths = &want.shape.decode.lengths;
         let mut picked: Vec<Vec<u32>> = Vec::with_capacity(lengths.len());
         let got_meta = arena.read_i32(&meta);
@@ -651,7 +732,7 @@ pub fn sparse_workload_with(
                 picked.push((0..len).collect());
                 continue;
             }
-            let sel = select(&want, b);
+            let sel = selection(&want, b);
             if sel.margin.is_nan() || sel.margin <= sel.ambiguity {
                 return failed(
                     format!(

@@ -10,6 +10,8 @@
 //! range, a head dimension past the kernels') are left to the builder,
 //! whose message names them: [`footprint`] has no figure for them.
 
+use std::num::NonZeroU32;
+
 use crate::attention::plan::min_chunk;
 use crate::model::layer::{LayerShape, Mlp, NORM_ROWS, TILE};
 use crate::moe_layer::MoeConfig;
@@ -135,7 +137,7 @@ pub fn footprint(name: &str, p: &Params) -> Option<Footprint> {
             cfg.check().ok()?;
             let t = cfg.tokens as u128;
             let h = cfg.hidden as u128;
-            bytes(2 * t * h + moe_ffn(&cfg), cfg.most_tasks().ok()? as u128)
+            bytes(2 * t * h + moe_ffn(&cfg)?, cfg.most_tasks().ok()? as u128)
         }
         "decode-layer" | "decode-layer-dense" => {
             let mlp = if name == "decode-layer" {
@@ -204,8 +206,9 @@ struct Kv {
     most: u128,
 }
 
-fn kv(lengths: &[u32], page: u32) -> Kv {
-    let chunk = min_chunk(page);
+fn kv(lengths: &[u32], page: NonZeroU32) -> Kv {
+    let chunk = min_chunk(page).get();
+    let page = page.get();
     let pages = |len: &u32| len.div_ceil(page) as u128;
     let width = lengths.iter().map(pages).max().unwrap_or(0);
     Kv {
@@ -232,7 +235,8 @@ fn partials_past_the_cap(partials: u128) -> Option<Footprint> {
 
 fn decode(name: &str, p: &Params) -> Option<Footprint> {
     use crate::attention::workload::{lengths_of, KV_HEADS, Q_HEADS};
-    if p.m == 0 || p.n == 0 || p.tile == 0 || !(1..=crate::attention::kv::MAX_DIM).contains(&p.k) {
+    let tile = NonZeroU32::new(p.tile)?;
+    if p.m == 0 || p.n == 0 || !(1..=crate::attention::kv::MAX_DIM).contains(&p.k) {
         return None;
     }
     let (b, kvh, qh) = (p.m as u128, KV_HEADS as u128, Q_HEADS as u128);
@@ -242,7 +246,7 @@ fn decode(name: &str, p: &Params) -> Option<Footprint> {
     let device = name == "decode-device";
     let lengths = lengths_of(if device { "decode" } else { name }, p.m, p.n);
     let (d, page) = (p.k as u128, p.tile as u128);
-    let s = kv(&lengths, p.tile);
+    let s = kv(&lengths, tile);
     let parts = if device {
         b * qh * s.most * (d + 2)
     } else {
@@ -271,10 +275,10 @@ fn sparse(p: &Params) -> Option<Footprint> {
     use crate::attention::sparse::{lengths_of, task_count, Tiers};
     use crate::attention::sparse::{INDEX_DIM, INDEX_HEADS, KV_HEADS, Q_HEADS};
     let tiers = Tiers::full();
+    let tile = NonZeroU32::new(p.tile)?;
     if p.m == 0
         || p.n == 0
         || p.n > tiers.longest()
-        || p.tile == 0
         || !(1..=crate::attention::kv::MAX_DIM).contains(&p.k)
     {
         return None;
@@ -286,7 +290,7 @@ fn sparse(p: &Params) -> Option<Footprint> {
     let lengths = lengths_of(p.m, p.n, &tiers);
     let (d, page) = (p.k as u128, p.tile as u128);
     let (h, dq) = (INDEX_HEADS as u128, INDEX_DIM as u128);
-    let s = kv(&lengths, p.tile);
+    let s = kv(&lengths, tile);
     let total: u128 = lengths.iter().map(|&l| l as u128).sum();
     let width = s.width.max(tiers.k_max as u128);
     let elements = b * qh * d
@@ -306,8 +310,9 @@ fn sparse(p: &Params) -> Option<Footprint> {
 /// Elements of an MoE block's tensors ([`crate::moe_layer::moe_ffn`]):
 /// the router and experts' weights, the logits and gate weights, the
 /// padded rows' buffers, the shared expert's weights and buffers, and
-/// the i32 routing tensors.
-fn moe_ffn(c: &MoeConfig) -> u128 {
+/// the i32 routing tensors; none for a config whose padded rows are
+/// refused.
+fn moe_ffn(c: &MoeConfig) -> Option<u128> {
     let [t, h, f, e, k, m, p, s] = [
         c.tokens,
         c.hidden,
@@ -315,23 +320,25 @@ fn moe_ffn(c: &MoeConfig) -> u128 {
         c.experts,
         c.top_k,
         c.tile,
-        c.padded_rows(),
+        c.padded_rows().ok()?,
         c.shared_ffn,
     ]
     .map(u128::from);
-    h * e
-        + 3 * e * h * f
-        + t * e
-        + t * k
-        + 2 * m
-        + 2 * p * h
-        + 3 * p * f
-        + 3 * h * s
-        + 3 * t * s
-        + 2 * t * k
-        + e
-        + 1
-        + p
+    Some(
+        h * e
+            + 3 * e * h * f
+            + t * e
+            + t * k
+            + 2 * m
+            + 2 * p * h
+            + 3 * p * f
+            + 3 * h * s
+            + 3 * t * s
+            + 2 * t * k
+            + e
+            + 1
+            + p,
+    )
 }
 
 /// One decode step of `s` (the decode layers), its KV cache holding
@@ -352,14 +359,14 @@ fn step(s: &LayerShape, cached: &[u32]) -> Option<Footprint> {
         s.page,
     ]
     .map(u128::from);
-    let cache = kv(cached, s.page);
-    let attention = kv(&s.lengths, s.page);
+    let pages_of = NonZeroU32::new(s.page)?;
+    let (cache, attention) = (kv(cached, pages_of), kv(&s.lengths, pages_of));
     let tile = TILE as u128;
     let (rb, ht, ft, qt) = (b.div_ceil(tile), h / tile, f / tile, qkv / tile);
     let (mlp, mlp_scratch, mlp_tasks) = match s.moe() {
         None => (3 * h * f, 3 * b * f, rb * (2 * ft * ht + ft + ht + ht * ft)),
         Some(cfg) => (
-            moe_ffn(&cfg),
+            moe_ffn(&cfg)?,
             b * h,
             cfg.most_tasks().ok()? as u128 + rb * ht,
         ),

@@ -59,6 +59,8 @@
 //! routing weight's relative error covers the f32 softmax, its sum and the
 //! renormalisation.) The factor 2 covers the second-order terms.
 
+use std::num::NonZeroU32;
+
 use wsp_ffi::{
     WspKernelId_WSP_KERNEL_GATHER_ROWS as GATHER, WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM,
     WspKernelId_WSP_KERNEL_MATMUL as MATMUL, WspKernelId_WSP_KERNEL_MOE_ALIGN as ALIGN,
@@ -107,11 +109,26 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
-    /// Rows of the padded (token, slot) buffers: pairs + E (M - 1), for a
-    /// config [`MoeConfig::check`] takes (it checks the sizes before it
-    /// asks: a tile of 0 rows underflows).
-    pub fn padded_rows(&self) -> u32 {
-        self.tokens * self.top_k + self.experts * (self.tile - 1)
+    /// Rows of the padded (token, slot) buffers: pairs + E (M - 1), the
+    /// rows `tokens x top-k` pairs take with every expert's last tile
+    /// padded. Refused, naming the sizes: a tile of 0 rows (no padding
+    /// unit) and more rows than `u32` counts. ([`MoeConfig::check`] also
+    /// refuses more than 65,536.)
+    pub fn padded_rows(&self) -> Result<u32, WorkloadError> {
+        let tile = self.tile_rows()?;
+        let rows = self.tokens as u128 * self.top_k as u128
+            + self.experts as u128 * (tile.get() - 1) as u128;
+        u32::try_from(rows).map_err(|_| {
+            WorkloadError::Params(format!(
+                "tokens x top-k + experts x (tile - 1) = {rows} rows exceed u32::MAX"
+            ))
+        })
+    }
+
+    /// The tile's rows, refused when 0 as [`MoeConfig::check`] refuses them.
+    fn tile_rows(&self) -> Result<NonZeroU32, WorkloadError> {
+        NonZeroU32::new(self.tile)
+            .ok_or_else(|| WorkloadError::Params(format!("tile = {} must be in 1..=64", self.tile)))
     }
 
     /// Refuses sizes the kernels cannot take, naming them.
@@ -149,10 +166,10 @@ impl MoeConfig {
         if !(1..=64).contains(&self.tile) {
             return bad(format!("tile = {} must be in 1..=64", self.tile));
         }
-        if self.padded_rows() > 1 << 16 {
+        let rows = self.padded_rows()?;
+        if rows > 1 << 16 {
             return bad(format!(
-                "tokens x top-k + experts x (tile - 1) = {} rows exceed 65536",
-                self.padded_rows()
+                "tokens x top-k + experts x (tile - 1) = {rows} rows exceed 65536"
             ));
         }
         Ok(())
@@ -171,7 +188,8 @@ impl MoeConfig {
     /// [`MoeConfig::check`] refuses is refused.
     pub fn most_tasks(&self) -> Result<usize, WorkloadError> {
         self.check()?;
-        Ok(self.tasks_of_tiles((self.padded_rows() / self.tile) as usize))
+        let tiles = self.padded_rows()? / self.tile_rows()?;
+        Ok(self.tasks_of_tiles(tiles as usize))
     }
 
     /// Tasks the layer runs with `expert_tiles` tiles over all experts.
@@ -239,7 +257,7 @@ pub fn moe_ffn(
     cfg.check()?;
     let c = *cfg;
     let (t, h, f, e, k, m) = (c.tokens, c.hidden, c.ffn, c.experts, c.top_k, c.tile);
-    let p = c.padded_rows();
+    let p = c.padded_rows()?;
     let mut tensor = |n: &str, shape: &[u32]| w.tensor(&format!("{name}.{n}"), shape);
     let router = tensor("router", &[h, e]).map_err(lower)?;
     let gate = tensor("gate", &[e * h, f]).map_err(lower)?;

@@ -6,7 +6,10 @@
 //! Print the skew table: `cargo test -p host-tools --release --test decode
 //! -- --nocapture skew`.
 
+use std::num::NonZeroU32;
+
 use device_runtime::sched::RunOptions;
+use host_tools::attention::device::max_chunks;
 use host_tools::attention::figures::measure;
 use host_tools::attention::plan::{min_chunk, Item};
 use host_tools::attention::workload::{decode_workload, named_with};
@@ -162,9 +165,24 @@ fn one_long_request_is_split_to_fill_the_cores() {
     assert_eq!(choose_chunk(&[4096], 1, 2, 64, TOKENS), Ok(256));
     // One core: c <= 512.
     assert_eq!(choose_chunk(&[4096], 1, 1, 16, TOKENS), Ok(512));
-    assert_eq!(min_chunk(16), 128);
-    assert_eq!(min_chunk(64), 128);
-    assert_eq!(min_chunk(256), 256);
+    // 128 rounded up to pages of 16 and 64 is 128; a page of 256 is longer.
+    let chunk = |page| min_chunk(NonZeroU32::new(page).unwrap()).get();
+    assert_eq!(chunk(16), 128);
+    assert_eq!(chunk(64), 128);
+    assert_eq!(chunk(256), 256);
+    // Pages of 1 (any multiple) and of 100 (128 rounds up to 200), and
+    // the largest page, which is its own chunk.
+    assert_eq!(chunk(1), 128);
+    assert_eq!(chunk(100), 200);
+    assert_eq!(chunk(u32::MAX), u32::MAX);
+    // Data with pages of 0 tokens (the check refuses it) has at most 0
+    // chunks (W pages of 0 tokens hold none), not a division by zero.
+    let mut data = DecodeData::build(shape(&[40, 17], 8, 16), 3).unwrap();
+    // Pages of 16: request 0's 40 tokens take 3 pages, the widest table;
+    // 48 tokens in chunks of at least 128 are 1 chunk.
+    assert_eq!(max_chunks(&data), 1);
+    data.shape.page = 0;
+    assert_eq!(max_chunks(&data), 0);
 }
 
 #[test]

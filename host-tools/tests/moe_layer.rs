@@ -375,7 +375,22 @@ fn the_router_and_counts_refuse_what_they_cannot_take() {
         shared_ffn: 0,
     };
     assert_eq!(cfg.most_tasks().unwrap(), 10);
+    // 1 x 1 pairs + 4 experts x (1 - 1) = 1 padded row; tiles of 3: 4 x 2
+    // more, 9.
+    assert_eq!(cfg.padded_rows().unwrap(), 1);
+    cfg.tile = 3;
+    assert_eq!(cfg.padded_rows().unwrap(), 9);
     cfg.tile = 0;
     let why = cfg.most_tasks().unwrap_err().to_string();
     assert!(why.contains("tile = 0"), "{why}");
+    // A tile of 0 rows has no padding unit: refused, not an underflow.
+    let why = cfg.padded_rows().unwrap_err().to_string();
+    assert!(why.contains("tile = 0 must be in 1..=64"), "{why}");
+    // (2^32 - 1)^2 pairs alone pass u32: refused, not an overflow.
+    cfg.tile = 1;
+    cfg.tokens = u32::MAX;
+    cfg.top_k = u32::MAX;
+    let why = cfg.padded_rows().unwrap_err().to_string();
+    assert!(why.contains("exceed u32::MAX"), "{why}");
+    assert!(cfg.check().is_err());
 }

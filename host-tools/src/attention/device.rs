@@ -27,6 +27,8 @@
 //! the same states in the same order, as in the host plan with the same
 //! chunk, so the final states are bit-identical to the host plan's.
 
+use std::num::NonZeroU32;
+
 use wsp_ffi::WspKernelId_WSP_KERNEL_DECODE_PLAN as DECODE_PLAN;
 
 use super::kv::DecodeData;
@@ -107,9 +109,11 @@ impl AttnDims {
 }
 
 /// The most chunks a request of the shape's page-table width can need:
-/// `ceil(W P / min_chunk)`.
+/// `ceil(W P / min_chunk)`; 0 for pages of 0 tokens (which hold none;
+/// [`DecodeData::check`] refuses them).
 pub fn max_chunks(data: &DecodeData) -> u32 {
-    (data.width * data.shape.page).div_ceil(min_chunk(data.shape.page))
+    let page = data.shape.page;
+    NonZeroU32::new(page).map_or(0, |p| (data.width * page).div_ceil(min_chunk(p).get()))
 }
 
 /// `decode_plan`'s most KV heads.

@@ -35,6 +35,8 @@
 //! The items are listed longest first (ties in (request, KV head, chunk)
 //! order), which is the order the table issues them in.
 
+use std::num::NonZeroU32;
+
 use super::kv::DecodeShape;
 use super::reference::KERNEL_BLOCK;
 
@@ -45,9 +47,14 @@ pub const WAVES: u64 = 8;
 pub const MIN_CHUNK: u32 = 128;
 
 /// The smallest chunk for page size `page`: `max(page, MIN_CHUNK rounded
-/// up to a multiple of page)`.
-pub fn min_chunk(page: u32) -> u32 {
-    MIN_CHUNK.next_multiple_of(page).max(page)
+/// up to a multiple of page)`. A page holds at least one token (a size of
+/// 0 is refused where it is read, e.g. [`DecodeShape::check`]), so the
+/// chunk is never 0 and dividing by it cannot fail.
+pub fn min_chunk(page: NonZeroU32) -> NonZeroU32 {
+    // MIN_CHUNK rounded up to whole pages is positive, and `page` itself
+    // once `page >= MIN_CHUNK`: it cannot pass u32::MAX, and it is already
+    // at least `page`.
+    NonZeroU32::new(MIN_CHUNK.next_multiple_of(page.get())).unwrap_or(page)
 }
 
 /// Estimated cycles of one `attn_decode_partial` item: `item + token * n`
@@ -111,14 +118,14 @@ pub fn choose_chunk(
     page: u32,
     cost: CostModel,
 ) -> Result<u32, String> {
-    if page == 0 {
+    let Some(page_nz) = NonZeroU32::new(page) else {
         return Err("page size 0".into());
-    }
+    };
     if cores == 0 {
         return Err("0 cores to plan for (at least 1)".into());
     }
     let longest = lengths.iter().copied().max().unwrap_or(1).max(1);
-    let lo_chunk = min_chunk(page);
+    let lo_chunk = min_chunk(page_nz).get();
     let hi_chunk = longest
         .checked_next_multiple_of(page)
         .ok_or_else(|| {
@@ -147,7 +154,7 @@ pub fn choose_chunk(
         return Ok(lo_chunk);
     }
     // Invariant: fits(lo * page), !fits(hi * page).
-    let (mut lo, mut hi) = (lo_chunk / page, hi_chunk / page);
+    let (mut lo, mut hi) = (lo_chunk / page_nz, hi_chunk / page_nz);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if fits(mid * page)? {

@@ -1,6 +1,8 @@
 //! The decode layer: its sizes, data, program and workload (see [the
 //! module](super)).
 
+use std::num::NonZeroU32;
+
 use wsp_ffi::{
     WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_COPY as COPY,
     WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM, WspKernelId_WSP_KERNEL_MATMUL as MATMUL,
@@ -434,9 +436,11 @@ impl LayerData {
         page * 2 * p as usize + if value { p as usize } else { 0 } + (t % p) as usize
     }
 
-    /// The most chunks the device planner may split a request into.
+    /// The most chunks the device planner may split a request into; 0 for
+    /// pages of 0 tokens (which hold none; the shape's check refuses them).
     pub fn max_chunks(&self) -> u32 {
-        (self.width * self.shape.page).div_ceil(min_chunk(self.shape.page))
+        let page = self.shape.page;
+        NonZeroU32::new(page).map_or(0, |p| (self.width * page).div_ceil(min_chunk(p).get()))
     }
 
     /// The attention's sizes for [`attention_calls`].

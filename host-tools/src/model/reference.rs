@@ -41,6 +41,8 @@
 //!
 //! Bounds are first order in the rounding (terms of order `u^2` dropped).
 
+use std::num::NonZeroU32;
+
 use super::layer::{LayerData, LayerWeights, MoeWeights as LayerMoe, EPS, THETA};
 use crate::attention::plan::min_chunk;
 use crate::attention::reference::relative_error;
@@ -497,8 +499,10 @@ fn attend(
             carried[e] += pt / sum * ev[e];
         }
     }
-    // The most chunks the device planner may cut this request into.
-    let chunks = len.div_ceil(min_chunk(s.page));
+    // The most chunks the device planner may cut this request into. (A
+    // page of 0 tokens never gets here, the shape's check refuses it; `len`
+    // would bound the chunks of any size.)
+    let chunks = NonZeroU32::new(s.page).map_or(len, |p| len.div_ceil(min_chunk(p).get()));
     let own = relative_error(len, chunks, s.d, dot_abs, score2_abs);
     let grow = (2.0 * delta).exp();
     let err = (0..d)

@@ -458,8 +458,9 @@ pub enum RunError {
     /// Another scheduler thread failed; its own error says why.
     ThreadFailed,
     /// A scheduler thread's completion ring had no room for a report (a
-    /// finished or released task): the run ends rather than lose it. The
-    /// ring holds two reports per task of the window, so this is a bug.
+    /// finished or released task): the run ends rather than lose it. A
+    /// task has at most one report pending, and each thread's ring has room
+    /// for one of every task of the window, so this is a bug.
     CompletionRingFull { thread: u32 },
     /// The program reads symbols the launch did not bind.
     UnboundSymbols { needed: usize, bound: usize },

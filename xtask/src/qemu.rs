@@ -482,9 +482,12 @@ impl Trace {
         })
     }
 
-    /// Ticks as microseconds.
-    pub fn micros(&self, ticks: u64) -> f64 {
-        ticks as f64 * 1e6 / self.ticks_per_second as f64
+    /// Ticks as whole nanoseconds, to the nearest, in integer arithmetic:
+    /// exact, and a later tick never comes out earlier (a timer of 0 ticks
+    /// a second, which [`Trace::parse`] refuses, counts as 1).
+    pub fn nanos(&self, ticks: u64) -> u128 {
+        let tps = u128::from(self.ticks_per_second.max(1));
+        (u128::from(ticks) * 1_000_000_000 + tps / 2) / tps
     }
 }
 

@@ -7,6 +7,15 @@
 //! scheduler thread (its run, with its issues and idle spells inside it),
 //! process 2 one lane per AICore (its tasks, one after another).
 //!
+//! Both `ts` and `dur` come from whole nanoseconds counted in integers
+//! (the start's and the end's, rounded once each), so that in the file's
+//! decimals an event's `ts + dur` is its end exactly: an event that ends
+//! where the next one starts, or with its lane's outer event, reads so to
+//! the last digit, and events nest in the file as their ticks do. (A
+//! reader that adds `ts` and `dur` in floating point can still land a unit
+//! in the last place off; one that rounds each to nanoseconds, as
+//! Perfetto's importer does, cannot.)
+//!
 //! Written here for the QEMU runs (serde_json only, so that the tests can
 //! include it by path beside `qemu.rs`); the host's `wsp run --trace`
 //! writes its own.
@@ -24,8 +33,8 @@ pub const AICORE_PID: u64 = 2;
 /// `kernel_name` (e.g. from the kernel registry).
 pub fn chrome_trace(trace: &Trace, kernel_name: impl Fn(u32) -> String) -> Value {
     let origin = trace.events.iter().map(|e| e.start).min().unwrap_or(0);
-    // Microseconds from the first event, in whole nanoseconds.
-    let us = |ticks: u64| (trace.micros(ticks - origin) * 1e3).round() / 1e3;
+    // Whole nanoseconds from the first event.
+    let ns = |ticks: u64| trace.nanos(ticks.saturating_sub(origin));
     let mut events = vec![
         meta(
             "process_name",
@@ -91,12 +100,17 @@ pub fn chrome_trace(trace: &Trace, kernel_name: impl Fn(u32) -> String) -> Value
                 json!({}),
             ),
         };
+        // The duration from the two times in integers, not as the
+        // difference of the two in floating point, which is no whole
+        // number of nanoseconds (0.16 - 0.016 = 0.14400000000000002): the
+        // file would say the event ends a little past or before its end.
+        let (start, end) = (ns(e.start), ns(e.end));
         events.push(json!({
             "name": name,
             "cat": cat,
             "ph": "X",
-            "ts": us(e.start),
-            "dur": us(e.end) - us(e.start),
+            "ts": micros(start),
+            "dur": micros(end.saturating_sub(start)),
             "pid": pid,
             "tid": tid,
             "args": args,
@@ -110,6 +124,13 @@ pub fn chrome_trace(trace: &Trace, kernel_name: impl Fn(u32) -> String) -> Value
             "dropped_per_thread": trace.dropped,
         },
     })
+}
+
+/// Whole nanoseconds as microseconds: the double nearest `ns / 1000`,
+/// which serde_json writes as that decimal, three places at most (below
+/// 10^15 ns, 11.5 days: 15 significant digits, which a double keeps).
+fn micros(ns: u128) -> f64 {
+    ns as f64 / 1e3
 }
 
 /// A `ph:"M"` event naming process `pid` (or its thread `tid`).
@@ -180,5 +201,78 @@ mod tests {
             (Some(1), Some(1))
         );
         assert_eq!(doc["otherData"]["dropped_per_thread"], json!([0, 2]));
+    }
+
+    /// A JSON number written with three decimal places at most, as whole
+    /// nanoseconds of its microseconds, read from its text (no float
+    /// arithmetic); `None` for any other number.
+    fn whole_ns(n: &Value) -> Option<u64> {
+        let text = n.to_string();
+        let (int, frac) = text.split_once('.').unwrap_or((&text, ""));
+        if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let frac: u64 = format!("{frac:0<3}").parse().ok()?;
+        Some(int.parse::<u64>().ok()? * 1000 + frac)
+    }
+
+    /// Events that touch (an issue and the idle spell after it, a core's
+    /// two tasks) or end together (the idle spell that ends the thread's
+    /// run) do so exactly in the file: every `ts` and `dur` is a whole
+    /// number of nanoseconds. The difference of the two times as floats
+    /// made the issue's `dur` 0.16 - 0.016 = 0.14400000000000002, an end
+    /// written 2e-17 us past the idle spell's start, and so on: a lane
+    /// that did not nest by a hair, and a 17-digit number that serde_json's
+    /// default float parser can read a unit in the last place off (the
+    /// traced QEMU test's flake).
+    #[test]
+    fn touching_events_share_their_boundary_exactly() {
+        // 62.5 MHz, QEMU's timer: a tick is 16 ns.
+        let trace = Trace {
+            ticks_per_second: 62_500_000,
+            dropped: vec![0],
+            events: vec![
+                event(EventKind::Thread, 0, 0, 0, 30),
+                event(EventKind::Issue, 0, 0, 1, 10),
+                event(EventKind::Idle, 0, 0, 10, 30),
+                event(EventKind::Task, 0, 0, 10, 26),
+                event(EventKind::Task, 0, 0, 26, 30),
+            ],
+        };
+        let doc = chrome_trace(&trace, |k| format!("k{k}"));
+        let doc: Value = serde_json::from_str(&doc.to_string()).unwrap();
+        let got: Vec<(Option<u64>, Option<u64>)> = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| (whole_ns(&e["ts"]), whole_ns(&e["dur"])))
+            .collect();
+        // (ts, dur) in ns, 16 per tick from tick 0: the run 0 + 30 ticks,
+        // the issue 1 + 9, the idle spell 10 + 20 (it ends at 160 + 320 =
+        // 480 ns, with the run), the tasks 10 + 16 and 26 + 4 (the first
+        // ends at 160 + 256 = 416 ns, where the second starts).
+        let want = [(0, 480), (16, 144), (160, 320), (160, 256), (416, 64)];
+        let want: Vec<_> = want.iter().map(|&(t, d)| (Some(t), Some(d))).collect();
+        assert_eq!(got, want);
+    }
+
+    /// Ticks become nanoseconds rounded to the nearest, in integers: at
+    /// 19.2 MHz (a tick is 52.083.. ns) tick 1 is 52 ns, tick 2 104.17 ->
+    /// 104 ns and tick 7 364.58 -> 365 ns; a zero-frequency trace (which `Trace::parse`
+    /// refuses) counts 1 tick a second rather than dividing by zero; the
+    /// largest tick does not overflow (2^64 - 1 s in ns).
+    #[test]
+    fn ticks_become_nanoseconds_to_the_nearest() {
+        let at = |ticks_per_second| Trace {
+            ticks_per_second,
+            dropped: vec![],
+            events: vec![],
+        };
+        assert_eq!(at(19_200_000).nanos(1), 52);
+        assert_eq!(at(19_200_000).nanos(2), 104);
+        assert_eq!(at(19_200_000).nanos(7), 365);
+        assert_eq!(at(0).nanos(3), 3_000_000_000);
+        assert_eq!(at(1).nanos(u64::MAX), u128::from(u64::MAX) * 1_000_000_000);
     }
 }

@@ -130,7 +130,8 @@ fn count(trace: &Trace, kind: EventKind) -> usize {
 /// same table with the same schedule (affinity on two threads: 128 tasks
 /// on each cube core, so that a thread's events fit its trace queue), each
 /// issued once, within its thread's run; the Chrome file has a named lane
-/// per scheduler thread and per AICore, and the events of a lane nest.
+/// per scheduler thread and per AICore, and the events of a lane nest, as
+/// recorded (in ticks) and in the file (in whole nanoseconds, exactly).
 #[test]
 fn a_traced_run_has_one_event_per_task_on_the_shims_cores() {
     let w = Workload::build(
@@ -234,12 +235,42 @@ fn a_traced_run_has_one_event_per_task_on_the_shims_cores() {
     for c in [0, 1] {
         assert!(lane_names.contains(&(AICORE_PID, c, format!("AICore {c}"))));
     }
-    let mut lanes: BTreeMap<(u64, u64), Vec<(f64, f64)>> = BTreeMap::new();
+    // As recorded, in ticks, a lane's events nest: a fault here is the
+    // firmware's (its clocks or its recording), not the conversion's.
+    let mut recorded: BTreeMap<(u64, u64), Vec<Span>> = BTreeMap::new();
+    for e in &trace.events {
+        let lane = match e.kind {
+            EventKind::Task => (AICORE_PID, u64::from(e.core)),
+            _ => (SCHEDULER_PID, u64::from(e.thread)),
+        };
+        let what = format!("{:?}", e.kind);
+        recorded
+            .entry(lane)
+            .or_default()
+            .push((e.start, e.end, what));
+    }
+    for (lane, spans) in &mut recorded {
+        if let Err(overlap) = check_nesting(spans) {
+            panic!("lane {lane:?} as recorded, in ticks: {overlap}");
+        }
+    }
+    // In the Chrome file, times are whole nanoseconds (as microseconds
+    // with three decimal places at most, which round to them exactly), so
+    // a lane's events nest there too, compared exactly in integers.
+    let mut lanes: BTreeMap<(u64, u64), Vec<Span>> = BTreeMap::new();
     for e in events.iter().filter(|e| e["ph"] == "X") {
         let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
         let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
-        assert!(ts >= 0.0 && dur >= 0.0);
-        lanes.entry(key).or_default().push((ts, ts + dur));
+        let (ts_ns, dur_ns) = ((ts * 1e3).round(), (dur * 1e3).round());
+        assert!(ts_ns >= 0.0 && dur_ns >= 0.0, "{e}");
+        assert_eq!(
+            (ts_ns / 1e3, dur_ns / 1e3),
+            (ts, dur),
+            "ts and dur in whole nanoseconds: {e}"
+        );
+        let (start, end) = (ts_ns as u64, (ts_ns + dur_ns) as u64);
+        let what = e["cat"].as_str().unwrap().to_string();
+        lanes.entry(key).or_default().push((start, end, what));
     }
     let tasks_in_file: usize = lanes
         .iter()
@@ -248,39 +279,71 @@ fn a_traced_run_has_one_event_per_task_on_the_shims_cores() {
         .sum();
     assert_eq!(tasks_in_file, w.tasks);
     for (lane, spans) in &mut lanes {
-        spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
-        // Ends are `ts + dur` in floating-point microseconds, which can
-        // land a rounding error past the next event's `ts` when the two
-        // touch: compare within a picosecond (a tick is nanoseconds).
-        const ROUNDING: f64 = 1e-6;
-        let mut open: Vec<f64> = Vec::new();
-        for &(start, end) in spans.iter() {
-            while open.last().is_some_and(|&e| e <= start + ROUNDING) {
-                open.pop();
-            }
-            if let Some(&outer) = open.last() {
-                if end > outer + ROUNDING {
-                    // The lane's events around it, for the report.
-                    let near: Vec<String> = events
-                        .iter()
-                        .filter(|e| e["ph"] == "X")
-                        .filter(|e| {
-                            (e["pid"].as_u64(), e["tid"].as_u64()) == (Some(lane.0), Some(lane.1))
-                        })
-                        .filter(|e| {
-                            (start - 300.0..end + 50.0).contains(&e["ts"].as_f64().unwrap())
-                        })
-                        .map(|e| format!("{} at {} for {}", e["cat"], e["ts"], e["dur"]))
-                        .collect();
-                    panic!(
-                        "lane {lane:?}: [{start}, {end}] overlaps its outer event (to {outer}):\n{}",
-                        near.join("\n")
-                    );
-                }
-            }
-            open.push(end);
+        if let Err(overlap) = check_nesting(spans) {
+            panic!("lane {lane:?} in the Chrome file, in ns (its ticks nest): {overlap}");
         }
     }
+}
+
+/// An event of a lane: start, end (in whole units) and what it is.
+type Span = (u64, u64, String);
+
+/// Whether the events of one lane nest: sorted by start (the longer first
+/// of two that start together), each ends no later than the innermost
+/// event it starts inside (an event that ends when another starts is not
+/// inside it). If not, names the first event that overlaps its outer
+/// event, with the lane's events around it.
+fn check_nesting(spans: &mut [Span]) -> Result<(), String> {
+    spans.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    // Indices of the events open at the current start, innermost last.
+    let mut open: Vec<usize> = Vec::new();
+    for i in 0..spans.len() {
+        let (start, end, _) = &spans[i];
+        while open.last().is_some_and(|&o| spans[o].1 <= *start) {
+            open.pop();
+        }
+        if let Some(&o) = open.last() {
+            if *end > spans[o].1 {
+                let show = |(s, e, what): &Span| format!("{what} [{s}, {e}]");
+                let around = spans[i.saturating_sub(4)..(i + 3).min(spans.len())]
+                    .iter()
+                    .map(|span| format!("  {}", show(span)))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Err(format!(
+                    "{} overlaps its outer event {}; the lane's events around it, by start:\n{around}",
+                    show(&spans[i]),
+                    show(&spans[o]),
+                ));
+            }
+        }
+        open.push(i);
+    }
+    Ok(())
+}
+
+/// The nesting check takes nested, touching and zero-length events
+/// (one at the start of the next, one at the end of its outer event) and
+/// names the first event that overlaps its outer one.
+#[test]
+fn the_nesting_check_finds_events_that_overlap_without_nesting() {
+    let span = |s, e| (s, e, format!("e{s}"));
+    let mut good = vec![
+        span(0, 100),
+        span(10, 20),
+        span(20, 20),
+        span(20, 30),
+        span(30, 100),
+        span(100, 100),
+    ];
+    assert_eq!(check_nesting(&mut good), Ok(()));
+    // [15, 25] starts inside [10, 20] and ends after it.
+    let mut bad = vec![span(0, 100), span(15, 25), span(10, 20)];
+    let err = check_nesting(&mut bad).unwrap_err();
+    assert!(
+        err.starts_with("e15 [15, 25] overlaps its outer event e10 [10, 20];"),
+        "{err}"
+    );
 }
 
 /// A task's key as the trace documents it: FNV-1a (32 bits) over the

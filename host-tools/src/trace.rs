@@ -37,9 +37,23 @@ pub struct TraceOptions {
     pub flows: bool,
 }
 
-/// Microseconds of `ticks` at `tps` ticks per second.
-fn micros(ticks: u64, tps: u64) -> f64 {
-    ticks as f64 * 1e6 / tps.max(1) as f64
+/// `ticks` at `tps` ticks per second in whole nanoseconds, rounded to
+/// the nearest, in integers (no overflow: at most 2^64 x 10^9).
+fn nanos(ticks: u64, tps: u64) -> u128 {
+    let tps = u128::from(tps.max(1));
+    (u128::from(ticks) * 1_000_000_000 + tps / 2) / tps
+}
+
+/// Whole nanoseconds as the microseconds the file holds: three decimals
+/// at most, exact below 2^53 ns (104 days). Every time and duration of the
+/// file goes through [`nanos`] and this, the duration from the difference
+/// of two whole nanosecond counts, so that `ts + dur` is the event's end
+/// to the last digit. (As the difference of two times in floating point a
+/// duration is no whole number of nanoseconds, `0.16 - 0.016 =
+/// 0.14400000000000002`, and an event that ends where the next one starts
+/// would read as overlapping it.)
+fn micros(ns: u128) -> f64 {
+    ns as f64 / 1e3
 }
 
 fn lane_name(events: &mut Vec<Value>, tid: usize, name: String, sort: usize) {
@@ -56,7 +70,10 @@ fn lane_name(events: &mut Vec<Value>, tid: usize, name: String, sort: usize) {
 /// The trace of `rec`.
 pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
     let tps = rec.ticks_per_second;
-    let us = |t: u64| micros(t, tps);
+    let ns = |t: u64| nanos(t, tps);
+    let us = |t: u64| micros(ns(t));
+    // From `start` to `end` (ticks), in microseconds of whole nanoseconds.
+    let dur = |start: u64, end: u64| micros(ns(end).saturating_sub(ns(start)));
     let clock = if rec.semantic {
         "semantic time, cycles at 1 GHz"
     } else {
@@ -95,7 +112,7 @@ pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
         };
         events.push(json!({
             "ph": "X", "pid": PID, "tid": t.core, "name": name, "cat": "task",
-            "ts": us(t.start), "dur": us(t.end) - us(t.start),
+            "ts": us(t.start), "dur": dur(t.start, t.end),
             "args": {
                 "task": t.task,
                 "kernel": kernel,
@@ -125,7 +142,7 @@ pub fn chrome_trace(rec: &Recording, options: &TraceOptions) -> Value {
         events.push(json!({
             "ph": "X", "pid": PID, "tid": thread_lane(0), "cat": "stall",
             "name": format!("stall: {reason}"),
-            "ts": us(s.at), "dur": us(end) - us(s.at),
+            "ts": us(s.at), "dur": dur(s.at, end),
             "args": { "reason": reason },
         }));
     }
@@ -176,14 +193,91 @@ fn flows(rec: &Recording, events: &mut Vec<Value>) {
             continue;
         };
         // Inside the releasing slice, so that the arrow binds to it.
-        let from_ts = micros(from.start, tps).max(micros(from.end, tps) - 1e-3);
+        // (A nanosecond before its end, or its start.)
+        let from_ns = nanos(from.start, tps).max(nanos(from.end, tps).saturating_sub(1));
         events.push(json!({
             "ph": "s", "pid": PID, "tid": from.core, "id": id, "cat": "release",
-            "name": "release", "ts": from_ts,
+            "name": "release", "ts": micros(from_ns),
         }));
         events.push(json!({
             "ph": "f", "bp": "e", "pid": PID, "tid": to.core, "id": id, "cat": "release",
-            "name": "release", "ts": micros(to.start, tps),
+            "name": "release", "ts": micros(nanos(to.start, tps)),
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wsp_ffi::CoreKind;
+
+    use super::*;
+    use crate::record::TaskSpan;
+
+    fn task(task: u32, start: u64, end: u64) -> TaskSpan {
+        TaskSpan {
+            task,
+            core: 0,
+            thread: 0,
+            kernel_id: 0,
+            issued: start,
+            start,
+            end,
+            cycles: 0,
+            args: wsp_ffi::WspKernelArgs {
+                num_tensors: 0,
+                num_scalars: 0,
+                tensors: [device_runtime::expand::NO_VIEW; 4],
+                scalars: [0; 4],
+            },
+            loops: Vec::new(),
+        }
+    }
+
+    /// A JSON number as whole nanoseconds of its microseconds, read from
+    /// its text (no float arithmetic); `None` unless it has three decimals
+    /// at most.
+    fn whole_ns(n: &Value) -> Option<u64> {
+        let text = n.to_string();
+        let (int, frac) = text.split_once('.').unwrap_or((&text, ""));
+        if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let frac: u64 = format!("{frac:0<3}").parse().ok()?;
+        Some(int.parse::<u64>().ok()? * 1000 + frac)
+    }
+
+    /// Two tasks of one core that touch do so to the last digit of the
+    /// file: every `ts` and `dur` is whole nanoseconds. At 62.5 MHz a tick
+    /// is 16 ns: the tasks 1..10 and 10..26 ticks are (16, 144) and
+    /// (160, 256) ns, the first ending at 16 + 144 = 160, where the second
+    /// starts. (As a difference of floats the first's `dur` was
+    /// 0.16 - 0.016 = 0.14400000000000002 us, past the second's start.)
+    /// A clock of 3 ticks a second rounds to the nearest nanosecond:
+    /// tick 1 is 333,333,333.3 -> 333,333,333 ns, tick 2 666,666,667 ns.
+    #[test]
+    fn touching_tasks_share_their_boundary_exactly() {
+        let mut rec = Recording {
+            tasks: vec![task(0, 1, 10), task(1, 10, 26)],
+            kinds: vec![CoreKind::Cube],
+            core_threads: vec![0],
+            threads: 1,
+            ticks_per_second: 62_500_000,
+            ..Recording::default()
+        };
+        let times = |rec: &Recording| -> Vec<(Option<u64>, Option<u64>)> {
+            let doc = chrome_trace(rec, &TraceOptions::default());
+            let doc: Value = serde_json::from_str(&doc.to_string()).unwrap();
+            doc["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["ph"] == "X")
+                .map(|e| (whole_ns(&e["ts"]), whole_ns(&e["dur"])))
+                .collect()
+        };
+        assert_eq!(times(&rec), [(Some(16), Some(144)), (Some(160), Some(256))]);
+        rec.ticks_per_second = 3;
+        rec.tasks = vec![task(0, 1, 2)];
+        assert_eq!(times(&rec), [(Some(333_333_333), Some(333_333_334))]);
     }
 }

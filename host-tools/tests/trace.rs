@@ -95,11 +95,19 @@ fn check_lanes(trace: &Value) {
         .filter(|e| e["name"] == "thread_name")
         .map(|e| e["tid"].as_u64().unwrap())
         .collect();
-    let mut lanes: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+    // Times are whole nanoseconds (the file's microseconds have three
+    // decimals at most), so lanes compare exactly in integers.
+    let ns = |e: &Value, field: &str| {
+        let us = e[field].as_f64().unwrap();
+        let ns = (us * 1e3).round();
+        assert!((us * 1e3 - ns).abs() < 1e-3, "{field} not whole ns: {e}");
+        assert!(ns >= 0.0, "{e}");
+        ns as u64
+    };
+    let mut lanes: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
     for e in events(trace).iter().filter(|e| e["ph"] == "X") {
         let tid = e["tid"].as_u64().unwrap();
-        let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
-        assert!(dur >= 0.0, "{e}");
+        let (ts, dur) = (ns(e, "ts"), ns(e, "dur"));
         lanes.entry(tid).or_default().push((ts, ts + dur));
     }
     for (tid, mut spans) in lanes {
@@ -107,10 +115,9 @@ fn check_lanes(trace: &Value) {
         // By start, then end: a task issued and seen finished in one
         // scheduling round (one clock read) is a zero-length slice, which
         // may share its start with the next task on its core.
-        spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        spans.sort_unstable();
         for pair in spans.windows(2) {
-            // A microsecond's float rounding at most.
-            assert!(pair[0].1 <= pair[1].0 + 1e-6, "lane {tid}: {pair:?}");
+            assert!(pair[0].1 <= pair[1].0, "lane {tid}: {pair:?}");
         }
     }
 }

@@ -81,7 +81,7 @@ fn main() {
     let t = Instant::now();
     let run = run_semantic(&w.table, &mut arena.bytes, &kinds, &options).unwrap();
     let wall = t.elapsed().as_secs_f64();
-    assert_eq!(run.stats.tasks as usize, task_count(&data));
+    assert_eq!(run.stats.tasks as usize, task_count(&data).unwrap());
     let check = w.verify(&arena);
     assert!(check.passed(), "{check}");
     println!(

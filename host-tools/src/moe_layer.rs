@@ -176,10 +176,32 @@ impl MoeConfig {
     }
 
     /// Tasks the layer runs when expert `e` gets `pairs[e]` (token, slot)
-    /// pairs: an independent count for the tests.
-    pub fn tasks(&self, pairs: &[usize]) -> usize {
-        let m = self.tile as usize;
-        self.tasks_of_tiles(pairs.iter().map(|n| n.div_ceil(m)).sum())
+    /// pairs: an independent count for the tests. Refused, naming the
+    /// cause: a config [`MoeConfig::check`] refuses (a tile of 0 rows
+    /// among them), counts for other than `experts` experts, and more
+    /// pairs than the `tokens x top-k` any routing makes. (So the expert
+    /// tiles are at most [`MoeConfig::most_tasks`]'s, and the count cannot
+    /// overflow.)
+    pub fn tasks(&self, pairs: &[usize]) -> Result<usize, WorkloadError> {
+        self.check()?;
+        let bad = |what: String| Err(WorkloadError::Params(what));
+        if pairs.len() != self.experts as usize {
+            return bad(format!(
+                "pairs counted for {} experts, not the {} of the config",
+                pairs.len(),
+                self.experts
+            ));
+        }
+        // u128: a sum of at most isize::MAX usizes cannot overflow it.
+        let total: u128 = pairs.iter().map(|&n| n as u128).sum();
+        let most = self.tokens as u128 * self.top_k as u128;
+        if total > most {
+            return bad(format!(
+                "{total} (token, slot) pairs exceed tokens x top-k = {most}"
+            ));
+        }
+        let m = self.tile_rows()?.get() as usize;
+        Ok(self.tasks_of_tiles(pairs.iter().map(|n| n.div_ceil(m)).sum()))
     }
 
     /// The most tasks any routing makes: [`MoeConfig::tasks`] with every
@@ -863,7 +885,7 @@ pub fn workload(
     // The routing the f64 reference plans, on the exact logits.
     let logits: Vec<f32> = data.x.chunks(h).flat_map(|row| row[..e].to_vec()).collect();
     let routes = route(&logits, e, k, cfg.threshold as f64)?;
-    let tasks = cfg.tasks(&pairs_per_expert(&routes, e)?);
+    let tasks = cfg.tasks(&pairs_per_expert(&routes, e)?)?;
 
     let layouts = [out, layer.ids].map(|id| w.layout(id).clone());
     let threshold = cfg.threshold;

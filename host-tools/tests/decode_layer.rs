@@ -72,7 +72,21 @@ fn tasks_are_counted_from_the_sizes() {
     // silu_mul 4, down 2 x 4 = 72 + attention. The chunk for these
     // lengths (all under the 128-token least chunk) is no split: 6 partials.
     let per_layer = 2 + 8 + 18 + 6 + 4 + 4 + 16 + 4 + 8 + 6;
-    assert_eq!(task_count(&data), 1 + 2 * per_layer);
+    assert_eq!(task_count(&data).unwrap(), 1 + 2 * per_layer);
+    // A shape edited past its check is refused, naming the size, not a
+    // panic in the planner or the MoE count: pages of 0 tokens ...
+    let mut bad = small();
+    bad.shape.page = 0;
+    let why = task_count(&bad).unwrap_err().to_string();
+    assert!(why.contains("page"), "{why}");
+    // ... and an MoE tile of 0 rows (no padding unit to divide by).
+    let mut bad = small_moe(0.0, 2);
+    let Mlp::Moe(cfg) = bad.shape.mlp else {
+        unreachable!("small_moe is an MoE layer")
+    };
+    bad.shape.mlp = Mlp::Moe(host_tools::moe_layer::MoeConfig { tile: 0, ..cfg });
+    let why = task_count(&bad).unwrap_err().to_string();
+    assert!(why.contains("tile = 0"), "{why}");
 }
 
 #[test]

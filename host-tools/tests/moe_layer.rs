@@ -375,6 +375,24 @@ fn the_router_and_counts_refuse_what_they_cannot_take() {
         shared_ffn: 0,
     };
     assert_eq!(cfg.most_tasks().unwrap(), 10);
+    // The token on expert 0 is that count; routed nowhere, no expert tile:
+    // 10 - 5 = 5.
+    assert_eq!(cfg.tasks(&[1, 0, 0, 0]).unwrap(), 10);
+    assert_eq!(cfg.tasks(&[0, 0, 0, 0]).unwrap(), 5);
+    // Counts for 3 of the 4 experts, and 2 pairs from 1 token x top-1,
+    // are refused.
+    let why = cfg.tasks(&[1, 0, 0]).unwrap_err().to_string();
+    assert!(
+        why.contains("pairs counted for 3 experts, not the 4"),
+        "{why}"
+    );
+    let why = cfg.tasks(&[1, 1, 0, 0]).unwrap_err().to_string();
+    assert!(
+        why.contains("2 (token, slot) pairs exceed tokens x top-k = 1"),
+        "{why}"
+    );
+    let why = cfg.tasks(&[usize::MAX; 4]).unwrap_err().to_string();
+    assert!(why.contains("exceed tokens x top-k"), "{why}");
     // 1 x 1 pairs + 4 experts x (1 - 1) = 1 padded row; tiles of 3: 4 x 2
     // more, 9.
     assert_eq!(cfg.padded_rows().unwrap(), 1);
@@ -382,6 +400,9 @@ fn the_router_and_counts_refuse_what_they_cannot_take() {
     assert_eq!(cfg.padded_rows().unwrap(), 9);
     cfg.tile = 0;
     let why = cfg.most_tasks().unwrap_err().to_string();
+    assert!(why.contains("tile = 0"), "{why}");
+    // A tile of 0 rows is refused by the count too, not a division by zero.
+    let why = cfg.tasks(&[1, 0, 0, 0]).unwrap_err().to_string();
     assert!(why.contains("tile = 0"), "{why}");
     // A tile of 0 rows has no padding unit: refused, not an underflow.
     let why = cfg.padded_rows().unwrap_err().to_string();

@@ -886,10 +886,12 @@ pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), Workload
 
 /// Tasks of the step, counted from the sizes and the host planner's chunk
 /// (the rule `decode_plan` computes on the device). `data` is one
-/// [`LayerData::build`] made (its shape checked): a shape edited past
-/// [`LayerShape::check`] panics here.
-pub fn task_count(data: &LayerData) -> usize {
+/// [`LayerData::build`] made: its shape is checked again (one edited past
+/// [`LayerShape::check`] is refused, naming the size), and what the host
+/// planner or the MoE count refuses is returned.
+pub fn task_count(data: &LayerData) -> Result<usize, WorkloadError> {
     let s = &data.shape;
+    s.check()?;
     let (b, h, f) = (s.batch() as usize, s.hidden() as usize, s.ffn as usize);
     let t = TILE as usize;
     let (ht, ft, qt) = (h / t, f / t, s.qkv() as usize / t);
@@ -898,11 +900,10 @@ pub fn task_count(data: &LayerData) -> usize {
     let norms = 2 * (b.div_ceil(NORM_ROWS as usize));
     let attn = {
         let a = s.attention();
-        // A built shape passed `LayerShape::check`: group <= 16, D <= 128,
-        // pages of at least one token.
-        let chunk = CostModel::of(a.group(), a.d)
-            .and_then(|cost| choose_chunk(&a.lengths, a.kv_heads, PLAN_CORES, a.page, cost))
-            .expect("the host planner refused a checked layer shape");
+        let planner = |e: String| WorkloadError::Params(format!("the host planner: {e}"));
+        let cost = CostModel::of(a.group(), a.d).map_err(planner)?;
+        let chunk =
+            choose_chunk(&a.lengths, a.kv_heads, PLAN_CORES, a.page, cost).map_err(planner)?;
         let plan = Plan::with_chunk(&a, chunk);
         plan.items.len() + plan.merges()
     };
@@ -915,14 +916,10 @@ pub fn task_count(data: &LayerData) -> usize {
         Some(cfg) => reference::step(data)
             .routes
             .iter()
-            .map(|r| {
-                // The routes are the f64 router's over the same experts.
-                let pairs = pairs_per_expert(r, cfg.experts as usize).expect("routes over E");
-                cfg.tasks(&pairs) + rb * ht
-            })
-            .sum(),
+            .map(|r| Ok(cfg.tasks(&pairs_per_expert(r, cfg.experts as usize)?)? + rb * ht))
+            .sum::<Result<usize, WorkloadError>>()?,
     };
-    1 + s.layers as usize * attention_half + mlp
+    Ok(1 + s.layers as usize * attention_half + mlp)
 }
 
 /// Writes the step's inputs into `arena` and returns its check against
@@ -1072,7 +1069,10 @@ pub fn stitched_workload(
         )
     };
     // The planning tasks are in each step's count.
-    let tasks = steps.iter().map(task_count).sum();
+    let tasks = steps
+        .iter()
+        .map(task_count)
+        .sum::<Result<usize, WorkloadError>>()?;
     Ok(Workload {
         name,
         summary,

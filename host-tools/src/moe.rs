@@ -23,6 +23,7 @@ use wsp_ffi::{
 
 use device_runtime::sched::Schedule;
 
+use crate::attention::sparse::failed;
 use crate::program::{Axis, Expr, Workload as Program};
 use crate::reference::{self, Routing};
 use crate::rng::SplitMix64;
@@ -185,7 +186,7 @@ pub fn moe_with(
         e as usize,
         top as usize,
         threshold as f64,
-    );
+    )?;
     let tasks = 2 + planned.tokens.len();
 
     let layouts = [tlogits, tindptr, ttokens, tout].map(|t| w.layout(t).clone());
@@ -200,7 +201,18 @@ pub fn moe_with(
             return v;
         }
         // 2. The expert choice: the f64 router on the device's logits.
-        let routing = reference::route_topk(&logits, t, EXPERTS as usize, k, threshold as f64);
+        // k and the threshold were checked above, and the arena's size is
+        // checked before this runs; a refusal still fails the check.
+        let routing = match reference::route_topk(&logits, t, EXPERTS as usize, k, threshold as f64)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                return failed(
+                    format!("the f64 router: {e}"),
+                    "the expert choice must equal the f64 router's",
+                )
+            }
+        };
         let indptr: Vec<usize> = arena
             .read_i32(l_indptr)
             .iter()

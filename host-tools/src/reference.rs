@@ -1,5 +1,7 @@
 //! f64 reference implementations of the kernels' math, on row-major data.
 
+use crate::workloads::WorkloadError;
+
 /// `a` (m x k) times `b` (k x n), plus the per-element sum of |a_ik * b_kj|
 /// that bounds the rounding error of an f32 evaluation.
 pub fn gemm(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
@@ -67,25 +69,31 @@ pub struct Routing {
 /// the k experts of largest p, the lower index first on ties; the first of
 /// them always kept, the others dropped when p < `threshold`; each kept
 /// expert weighted p / (sum of p over the kept experts, summed largest p
-/// first). Panics unless 1 <= k <= experts, 0 <= threshold < 1 and
-/// `logits` holds tokens x experts values.
+/// first). Refused, naming the value: `k` outside 1 ..= `experts`, a
+/// `threshold` outside [0, 1) (NaN included), and `logits` that are not
+/// tokens x experts values.
 pub fn route_topk(
     logits: &[f32],
     tokens: usize,
     experts: usize,
     k: usize,
     threshold: f64,
-) -> Routing {
-    assert_eq!(
-        logits.len(),
-        tokens * experts,
-        "logits are tokens x experts"
-    );
-    assert!((1..=experts).contains(&k), "k {k} not in 1..={experts}");
-    assert!(
-        (0.0..1.0).contains(&threshold),
-        "threshold {threshold} not in [0, 1)"
-    );
+) -> Result<Routing, WorkloadError> {
+    let bad = |what: String| Err(WorkloadError::Params(what));
+    if !(1..=experts).contains(&k) {
+        return bad(format!(
+            "top-k = {k} must be in 1..={experts} (the experts)"
+        ));
+    }
+    if !(0.0..1.0).contains(&threshold) {
+        return bad(format!("threshold = {threshold} must be in [0, 1)"));
+    }
+    if tokens.checked_mul(experts) != Some(logits.len()) {
+        return bad(format!(
+            "{} logits are not {tokens} tokens x {experts} experts",
+            logits.len()
+        ));
+    }
     let mut by_expert: Vec<Vec<(usize, f64)>> = vec![Vec::new(); experts];
     for (t, row) in logits.chunks(experts).enumerate() {
         let row: Vec<f64> = row.iter().map(|&v| v as f64).collect();
@@ -116,7 +124,7 @@ pub fn route_topk(
         }
         routing.indptr.push(routing.tokens.len());
     }
-    routing
+    Ok(routing)
 }
 
 /// A Mixture-of-Experts layer: `out[t, :]` = the sum over the experts `e`
@@ -184,7 +192,7 @@ mod tests {
     fn route_topk_fixed_k_by_hand() {
         let e = 1f64.exp();
         let e5 = 5f64.exp();
-        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.0);
+        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.0).unwrap();
         // Token 0: a four-way tie, so experts 0 and 1, half each. Token 1:
         // experts 3 (e^2) and 1 (e). Token 2: expert 0 (e^5), then the
         // lowest of three tied experts, 1.
@@ -200,7 +208,7 @@ mod tests {
         ];
         assert!(close(&r.weights, &want), "{:?}", r.weights);
         // k = 1 gives every token weight 1 on its top expert.
-        let r = super::route_topk(&LOGITS, 3, 4, 1, 0.0);
+        let r = super::route_topk(&LOGITS, 3, 4, 1, 0.0).unwrap();
         assert_eq!(r.indptr, vec![0, 2, 2, 2, 3]);
         assert_eq!(r.tokens, vec![0, 2, 1]);
         assert_eq!(r.weights, vec![1.0; 3]);
@@ -213,19 +221,19 @@ mod tests {
         let e = 1f64.exp();
         let e5 = 5f64.exp();
         // 0.2 keeps token 0's second expert (1/4) and token 1's (0.225).
-        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.2);
+        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.2).unwrap();
         assert_eq!(r.indptr, vec![0, 2, 4, 4, 5]);
         assert_eq!(r.tokens, vec![0, 2, 0, 1, 1]);
         let want = [0.5, 1.0, 0.5, 1.0 / (e + 1.0), e / (e + 1.0)];
         assert!(close(&r.weights, &want), "{:?}", r.weights);
         // 0.3 drops every second expert; token 0's top one (1/4 < 0.3) stays.
-        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.3);
+        let r = super::route_topk(&LOGITS, 3, 4, 2, 0.3).unwrap();
         assert_eq!(r.indptr, vec![0, 2, 2, 2, 3]);
         assert_eq!(r.tokens, vec![0, 2, 1]);
         assert_eq!(r.weights, vec![1.0; 3]);
         // k = 4 at 0.05: tokens 0 and 1 keep all four experts (weights = p),
         // token 2 only expert 0 (the others have p = 1 / (e^5 + 3) < 0.05).
-        let r = super::route_topk(&LOGITS, 3, 4, 4, 0.05);
+        let r = super::route_topk(&LOGITS, 3, 4, 4, 0.05).unwrap();
         assert_eq!(r.indptr, vec![0, 3, 5, 7, 9]);
         assert_eq!(r.tokens, vec![0, 1, 2, 0, 1, 0, 1, 0, 1]);
         let s1 = 2.0 + e + e * e;
@@ -242,6 +250,30 @@ mod tests {
         ];
         assert!(close(&r.weights, &want), "{:?}", r.weights);
         assert!(1.0 / (e5 + 3.0) < 0.05);
+    }
+
+    #[test]
+    fn route_topk_refuses_a_bad_k_threshold_or_size() {
+        let why =
+            |r: Result<super::Routing, crate::workloads::WorkloadError>| r.unwrap_err().to_string();
+        // LOGITS are 3 tokens x 4 experts: k must be 1 ..= 4.
+        let w = why(super::route_topk(&LOGITS, 3, 4, 0, 0.0));
+        assert!(w.contains("top-k = 0 must be in 1..=4"), "{w}");
+        let w = why(super::route_topk(&LOGITS, 3, 4, 5, 0.0));
+        assert!(w.contains("top-k = 5 must be in 1..=4"), "{w}");
+        // The threshold must be in [0, 1): 1, below 0 and NaN are not.
+        for t in [1.0, -0.5, f64::NAN] {
+            let w = why(super::route_topk(&LOGITS, 3, 4, 2, t));
+            assert!(
+                w.contains(&format!("threshold = {t} must be in [0, 1)")),
+                "{w}"
+            );
+        }
+        // 12 logits are not 4 x 4, nor usize::MAX x 4 (which overflows).
+        let w = why(super::route_topk(&LOGITS, 4, 4, 2, 0.0));
+        assert!(w.contains("12 logits are not 4 tokens x 4 experts"), "{w}");
+        let w = why(super::route_topk(&LOGITS, usize::MAX, 4, 2, 0.0));
+        assert!(w.contains("12 logits are not"), "{w}");
     }
 
     #[test]
@@ -279,7 +311,7 @@ mod tests {
         let x: Vec<f32> = (0..tokens * hidden)
             .map(|i| 1.0 - i as f32 * 0.25)
             .collect();
-        let routing = super::route_topk(&LOGITS, tokens, experts, 1, 0.0);
+        let routing = super::route_topk(&LOGITS, tokens, experts, 1, 0.0).unwrap();
         let (out, abs) = super::moe(&x, &w, &routing, tokens, hidden, ffn);
         for e in 0..experts {
             let w_e = &w[e * hidden * ffn..(e + 1) * hidden * ffn];

@@ -183,6 +183,18 @@ fn one_long_request_is_split_to_fill_the_cores() {
     assert_eq!(max_chunks(&data), 1);
     data.shape.page = 0;
     assert_eq!(max_chunks(&data), 0);
+    // A table of u32::MAX pages (no check would pass it): W P overflows
+    // u32, but the count is exact. Pages of 16, chunks of 128: ceil((2^32
+    // - 1) / 8) = 2^29, as 2^32 - 1 = 8 (2^29 - 1) + 7. Pages of 100,
+    // chunks of 200: ceil((2^32 - 1) / 2) = 2^31. The largest page is its
+    // own chunk: one per page, W.
+    data.width = u32::MAX;
+    data.shape.page = 16;
+    assert_eq!(max_chunks(&data), 1 << 29);
+    data.shape.page = 100;
+    assert_eq!(max_chunks(&data), 1 << 31);
+    data.shape.page = u32::MAX;
+    assert_eq!(max_chunks(&data), u32::MAX);
 }
 
 #[test]

@@ -90,6 +90,17 @@ fn tasks_are_counted_from_the_sizes() {
 }
 
 #[test]
+fn the_most_chunks_of_a_huge_page_table_do_not_overflow() {
+    // A table of u32::MAX pages of 16 (no check would pass it) needs
+    // ceil((2^32 - 1) 16 / 128) = 2^29 chunks of at least 128 tokens, as
+    // 2^32 - 1 = 8 (2^29 - 1) + 7; W P itself overflows u32.
+    let mut data = small();
+    data.shape.page = 16;
+    data.width = u32::MAX;
+    assert_eq!(data.max_chunks(), 1 << 29);
+}
+
+#[test]
 fn a_wrong_page_table_fails_the_check() {
     // The reference reads the cache through the page tables it was built
     // with. Request 5 has 65 tokens on 5 pages, the last holding only the

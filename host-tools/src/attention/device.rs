@@ -109,11 +109,24 @@ impl AttnDims {
 }
 
 /// The most chunks a request of the shape's page-table width can need:
-/// `ceil(W P / min_chunk)`; 0 for pages of 0 tokens (which hold none;
-/// [`DecodeData::check`] refuses them).
+/// [`most_chunks`] of its width and page size.
 pub fn max_chunks(data: &DecodeData) -> u32 {
-    let page = data.shape.page;
-    NonZeroU32::new(page).map_or(0, |p| (data.width * page).div_ceil(min_chunk(p).get()))
+    most_chunks(data.width, data.shape.page)
+}
+
+/// The most chunks a request can need in a page table of `width` pages of
+/// `page` tokens: `ceil(W P / min_chunk)`, exact for any sizes (a shape
+/// its check refused included): `W P` is taken in u64, where it cannot
+/// overflow, and the count is at most `W`, since a chunk holds at least a
+/// page. 0 for pages of 0 tokens (which hold none; [`DecodeData::check`]
+/// refuses them).
+pub fn most_chunks(width: u32, page: u32) -> u32 {
+    let Some(p) = NonZeroU32::new(page) else {
+        return 0;
+    };
+    let chunks = (u64::from(width) * u64::from(page)).div_ceil(u64::from(min_chunk(p).get()));
+    // min_chunk(p) >= p, so chunks <= width: the `min` changes nothing.
+    chunks.min(u64::from(width)) as u32
 }
 
 /// `decode_plan`'s most KV heads.

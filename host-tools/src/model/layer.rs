@@ -1,8 +1,6 @@
 //! The decode layer: its sizes, data, program and workload (see [the
 //! module](super)).
 
-use std::num::NonZeroU32;
-
 use wsp_ffi::{
     WspKernelId_WSP_KERNEL_ADD as ADD, WspKernelId_WSP_KERNEL_COPY as COPY,
     WspKernelId_WSP_KERNEL_GEMM_TILE as GEMM, WspKernelId_WSP_KERNEL_MATMUL as MATMUL,
@@ -11,9 +9,9 @@ use wsp_ffi::{
 };
 
 use super::reference;
-use crate::attention::device::{attention_calls, plan_call, AttnDims, AttnTensors};
+use crate::attention::device::{attention_calls, most_chunks, plan_call, AttnDims, AttnTensors};
 use crate::attention::kv::{DecodeData, DecodeShape, MAX_DIM, MAX_GROUP};
-use crate::attention::plan::{choose_chunk, min_chunk, CostModel, Plan};
+use crate::attention::plan::{choose_chunk, CostModel, Plan};
 use crate::moe_layer::{moe_ffn, pairs_per_expert, MoeConfig, MoeFfn};
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
 use crate::rng::SplitMix64;
@@ -439,8 +437,7 @@ impl LayerData {
     /// The most chunks the device planner may split a request into; 0 for
     /// pages of 0 tokens (which hold none; the shape's check refuses them).
     pub fn max_chunks(&self) -> u32 {
-        let page = self.shape.page;
-        NonZeroU32::new(page).map_or(0, |p| (self.width * page).div_ceil(min_chunk(p).get()))
+        most_chunks(self.width, self.shape.page)
     }
 
     /// The attention's sizes for [`attention_calls`].

@@ -12,7 +12,8 @@
 //! table's task records (`TaskSpec::of_task`), the peer.
 //!
 //! Run: `cargo bench -p host-tools --bench decode_plan`. Prints medians
-//! over 9 runs of many plans each. `WSP_BENCH_SMOKE=1` runs fewer.
+//! over 9 runs of many plans each. `WSP_BENCH_SMOKE=1` runs fewer (the CI
+//! smoke run).
 
 use std::hint::black_box;
 use std::time::Instant;

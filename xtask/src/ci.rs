@@ -151,9 +151,9 @@ fn stress(root: &Path) -> Result<()> {
     ]))
 }
 
-/// Builds and runs the benchmarks once (scheduling at small sizes), so
-/// that they keep working; their figures are recorded in BENCHMARKS.md,
-/// not judged here.
+/// Builds and runs the benchmarks once (all but orchestration at their
+/// `WSP_BENCH_SMOKE` sizes), so that they keep working; their figures
+/// are recorded in BENCHMARKS.md, not judged here.
 fn bench(root: &Path) -> Result<()> {
     run(cargo(root).args(["bench", "-p", "device-runtime", "--bench", "orchestration"]))?;
     run(cargo(root)
@@ -183,6 +183,12 @@ fn bench(root: &Path) -> Result<()> {
         .env("WSP_BENCH_SMOKE", "1"))?;
     run(cargo(root)
         .args(["bench", "-p", "host-tools", "--bench", "small_runs"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
+        .args(["bench", "-p", "host-tools", "--bench", "decode_plan"])
+        .env("WSP_BENCH_SMOKE", "1"))?;
+    run(cargo(root)
+        .args(["bench", "-p", "host-tools", "--bench", "decode_scale"])
         .env("WSP_BENCH_SMOKE", "1"))
 }
 

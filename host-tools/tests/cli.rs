@@ -76,6 +76,11 @@ fn a_built_table_runs_on_the_shim_and_its_arena_verifies() {
     let out = format!("{d}/out.bin");
     let o = wsp(&["build", "gemm", "--out", d]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // Both paths in full, the arena's with its directory too; the size is
+    // the file's on disk.
+    let bytes = std::fs::metadata(&arena).unwrap().len();
+    let wrote = format!("wrote {table} (512 tasks) and {arena} ({bytes} bytes)");
+    assert!(stdout(&o).contains(&wrote), "{}", stdout(&o));
     let o = wsp(&["run", &table, "--arena", &arena, "--out", &out]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("ran       512 tasks"), "{}", stdout(&o));

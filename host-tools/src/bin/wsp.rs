@@ -1000,12 +1000,16 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Build { workload, out } => {
             let w = workload.load("build")?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            std::fs::write(out.join("table.bin"), w.table()).context("writing table.bin")?;
-            std::fs::write(out.join("arena.bin"), &w.arena().bytes).context("writing arena.bin")?;
+            let (table, arena) = (out.join("table.bin"), out.join("arena.bin"));
+            std::fs::write(&table, w.table())
+                .with_context(|| format!("writing {}", table.display()))?;
+            std::fs::write(&arena, &w.arena().bytes)
+                .with_context(|| format!("writing {}", arena.display()))?;
             say!(
-                "wrote {}/table.bin ({} tasks) and arena.bin ({} bytes)",
-                out.display(),
+                "wrote {} ({} tasks) and {} ({} bytes)",
+                table.display(),
                 w.tasks(),
+                arena.display(),
                 w.arena().bytes.len()
             );
             if let Some(line) = w.symbols_line() {

@@ -176,16 +176,23 @@ const RUNS: usize = 2;
 /// before it starts the others.
 static PLANNED_RUNS: AtomicU32 = AtomicU32::new(1);
 
-/// Scheduler threads 1 .. of a run. The runs of an image share them: a
+/// Scheduler threads 1 .. of a run, thread `t` at `t - 1` ([`handoff`]):
+/// thread 0 is CPU 0's own and needs none (a handoff holds a whole
+/// scheduler, about 8 KiB). The runs of an image share them: a
 /// run gives each its scheduler and takes every one back
 /// ([`Handoff::wait`]) before it ends, so the next run finds them empty
 /// (a faulty run ends only with the errors that come after that), and
 /// CPU `t` serves its handoff once per planned run.
-static HANDOFFS: [Handoff; AICPUS] = [const {
+static HANDOFFS: [Handoff; AICPUS - 1] = [const {
     Handoff {
         slot: spin::Mutex::new(Slot::Empty),
     }
-}; AICPUS];
+}; AICPUS - 1];
+
+/// The handoff of scheduler thread `t` (1 .. AICPUS).
+fn handoff(t: usize) -> &'static Handoff {
+    &HANDOFFS[t - 1]
+}
 /// The validated table, shared by every scheduler thread for the whole run.
 static TABLE: spin::Once<Table<'static>> = spin::Once::new();
 /// The run's mode, set by CPU 0 before it starts the others.
@@ -571,7 +578,7 @@ fn run_threads(
         .ok_or(RunFailure::Internal("no scheduler thread 0"))?;
     for (t, scheduler) in schedulers.iter_mut().enumerate().skip(1) {
         if let Some(scheduler) = scheduler.take() {
-            if !HANDOFFS[t].give(scheduler) {
+            if !handoff(t).give(scheduler) {
                 return Err(RunFailure::Internal("a scheduler thread was given twice"));
             }
         }
@@ -584,8 +591,8 @@ fn run_threads(
     let wall = end.wrapping_sub(start);
     let mut stats = RunStats::collect(&dispatcher, core::slice::from_ref(&leader), tps, wall);
     let mut failure = None;
-    for handoff in &HANDOFFS[1..threads] {
-        let (scheduler, error) = handoff.wait();
+    for t in 1..threads {
+        let (scheduler, error) = handoff(t).wait();
         stats.add_thread(&scheduler);
         if let Some(e) = error {
             failure.get_or_insert(e);
@@ -606,7 +613,7 @@ extern "C" fn secondary_main(cpu: usize) -> ! {
     if cpu < AICPUS {
         let runs = PLANNED_RUNS.load(Ordering::Acquire) as usize;
         for _ in 0..runs.min(RUNS) {
-            HANDOFFS[cpu].serve();
+            handoff(cpu).serve();
         }
     } else {
         let mailbox = &MAILBOXES[cpu - AICPUS];

@@ -864,7 +864,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // Places the arguments (unless the counting pass did) and
             // inserts them.
             let placed = (!one_pass).then_some(&*places);
-            edges = self.wire(id, stream, args, placed, extra_deps, Some(graph));
+            edges = self.wire::<E, false>(id, stream, args, placed, extra_deps, Some(graph));
             if graph.is_some() {
                 linked_edges = edges as u32;
             }
@@ -947,7 +947,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         places: &[Place],
         extra_deps: &[TaskId],
     ) -> u64 {
-        self.wire::<E>(id, stream, args, Some(places), extra_deps, None)
+        self.wire::<E, true>(id, stream, args, Some(places), extra_deps, None)
     }
 
     /// Records an edge to task `id` from each of the `edges` producers the
@@ -1029,7 +1029,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// a graph, the number linked: producers that completed meanwhile get
     /// no edge). A fresh mark per pass dedups producers met through several
     /// arguments (a stalled submission is retried with the same id, so the
-    /// mark cannot derive from the id).
+    /// mark cannot derive from the id). `COUNTING` when `commit` is `None`.
     ///
     /// The arguments' places are `places`, or, when `None`, placed here.
     /// A committing pass inserts each argument's entry as soon as its scan
@@ -1039,7 +1039,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// ([`overlapping_args`]), so such an entry is never reported, and
     /// marked covered only by a write of the same region, which overlaps.
     #[inline(always)]
-    fn wire<const E: usize>(
+    fn wire<const E: usize, const COUNTING: bool>(
         &mut self,
         id: TaskId,
         stream: StreamId,
@@ -1048,9 +1048,14 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         extra_deps: &[TaskId],
         commit: Option<Option<&ReleaseGraph<TASKS, E>>>,
     ) -> u64 {
+        debug_assert_eq!(
+            COUNTING,
+            commit.is_none(),
+            "only a counting pass commits nothing"
+        );
         let mark = self.next_mark();
         self.tmap.begin();
-        let mut wiring = Wiring {
+        let mut wiring = Wiring::<TASKS, DEPS, E, COUNTING> {
             slots: &mut self.slots,
             deps: &mut self.deps,
             found: &mut self.found,
@@ -1525,7 +1530,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
 /// One dependency pass of [`Orchestrator::wire`]: counts the distinct live
 /// producers of task `id` and, when `commit`, records an edge from each.
-struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
+/// `COUNTING`: the pass only counts (`commit` is false), and may take less
+/// code for the same edges (see `hold_conflict`).
+struct Wiring<'a, const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool> {
     slots: &'a mut [Slot; TASKS],
     deps: &'a mut DepPool<DEPS>,
     found: &'a mut [TaskId; FOUND],
@@ -1572,8 +1579,14 @@ const FOUND: usize = tensor_map::MAX_PROBES as usize + 16;
 /// The tag of a held writer's conflict (task numbers stay far below it).
 const WRITER: TaskId = 1 << 63;
 
-impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DEPS, E> {
+impl<const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool>
+    Wiring<'_, TASKS, DEPS, E, COUNTING>
+{
     /// An event wait: a dependency on every live task of `stream` below `bound`.
+    /// Inline: called out of line, it would take the pass by reference, and
+    /// every field of the pass would live in memory for the whole
+    /// submission (on the scheduling bench, 14 to 65 instructions a task).
+    #[inline(always)]
     fn stream_tasks(&mut self, stream: StreamId, bound: TaskId) {
         for p in self.head..bound.min(self.next) {
             if self.slots[(p % TASKS as u64) as usize].stream as StreamId == stream && self.live(p)
@@ -1598,13 +1611,16 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DE
         }
         self.held_len = 0;
         self.reader = 0;
+        // A counting pass that held fewer conflicts than it met links the
+        // held ones here, all of them (see `hold_conflict`).
+        let all = COUNTING && held > HELD;
         for i in 0..held.min(HELD) {
             let tagged = self.held[i];
             let p = tagged & !WRITER;
             // A writer before a live reader of the whole argument was
             // ordered before that reader.
             let implied = tagged & WRITER != 0 && p + 1 < reader;
-            if p >= cutoff && !implied {
+            if all || p >= cutoff && !implied {
                 self.edge(p);
             }
         }
@@ -1624,15 +1640,27 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DE
         if self.held_len == HELD {
             // Too many to hold: link the held ones and the rest directly.
             self.held_len += 1;
-            for i in 0..HELD {
-                self.edge(self.held[i] & !WRITER);
+            // A counting pass links the held ones at the argument's end
+            // instead (`end_argument`), the same edges: this loop is
+            // unrolled, an edge's code 16 times over, into each of the
+            // pass's inline scans of a chain, and that pass is rare (17 KB
+            // of the firmware's code). A committing pass keeps it: without
+            // it, the common case's code, unchanged, came out of register
+            // allocation 4 to 7 instructions a task slower on the benches
+            // (BENCHMARKS.md, eighteenth pass).
+            if !COUNTING {
+                for i in 0..HELD {
+                    self.edge(self.held[i] & !WRITER);
+                }
             }
         }
         self.edge(p);
     }
 }
 
-impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Wiring<'_, TASKS, DEPS, E> {
+impl<const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool> Visitor
+    for Wiring<'_, TASKS, DEPS, E, COUNTING>
+{
     #[inline(always)]
     fn live(&self, task: TaskId) -> bool {
         live(self.slots, self.next, task)
@@ -1671,7 +1699,9 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Wiring<'
     }
 }
 
-impl<const TASKS: usize, const DEPS: usize, const E: usize> Wiring<'_, TASKS, DEPS, E> {
+impl<const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool>
+    Wiring<'_, TASKS, DEPS, E, COUNTING>
+{
     /// An edge from producer `p`, once per pass: counted and, when
     /// committing, recorded.
     #[inline(always)]

@@ -941,6 +941,43 @@ fn a_counted_submission_with_more_producers_than_it_remembers_scans_again() {
     assert!(o.is_drained());
 }
 
+/// A submission whose edges must be counted first, and whose argument
+/// conflicts with more tasks than a pass holds back ([`HELD`]) but fewer
+/// than the counting pass remembers ([`FOUND`]): the commit links every
+/// producer the counting pass found, the held ones (linked at the
+/// argument's end in a counting pass) as the rest.
+#[test]
+fn a_counted_argument_with_more_conflicts_than_it_holds_links_them_all() {
+    let mut o = Orchestrator::<64, 64, 24>::new(0);
+    let tiles = HELD as u32 + 4;
+    let writers: Vec<TaskId> = (0..tiles)
+        .map(|t| submit(&mut o, &[write(9, t, 1)]).unwrap())
+        .collect();
+    for t in 0..6 {
+        submit(&mut o, &[write(10, t, 1)]).unwrap();
+    }
+    assert!(o.deps.available() < o.in_flight() as usize, "counted first");
+    let all = submit(&mut o, &[read(9, 0, tiles)]).unwrap();
+    assert_eq!(o.deps.used(), tiles as usize, "one edge per tile writer");
+    // Every writer but the last done: the read still waits.
+    let mut done = Vec::new();
+    while let Some(t) = o.pop_ready(CoreKind::Vector) {
+        done.push(t.id);
+    }
+    assert!(!done.contains(&all));
+    for &id in &done {
+        if id != writers[tiles as usize - 1] {
+            o.complete(id).unwrap();
+        }
+    }
+    assert!(
+        o.pop_ready(CoreKind::Vector).is_none(),
+        "waits for the last writer"
+    );
+    o.complete(writers[tiles as usize - 1]).unwrap();
+    assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(all));
+}
+
 /// Plays a random program on `o` (seeded): submissions of tiles and odd
 /// regions on three tensors, on streams, with heap blocks, explicit
 /// dependencies and scopes, interleaved with issuing and completing ready

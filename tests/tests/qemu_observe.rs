@@ -409,5 +409,5 @@ fn a_full_trace_queue_drops_and_counts_without_stopping_the_run() {
 }
 
 /// Records one scheduler thread's queue holds (the firmware's
-/// `trace::QUEUE_BYTES` / `RECORD_BYTES`).
-const QUEUE_RECORDS: usize = 24 * 1024 / 32;
+/// `trace::QUEUE_RECORDS`: all the events of 128 tasks).
+const QUEUE_RECORDS: usize = 4 * 128 + 2;

@@ -396,6 +396,9 @@ pub struct TraceEvent {
     pub end: u64,
 }
 
+/// Bytes of one record of a trace (version 2).
+const RECORD_BYTES: usize = 24;
+
 /// A run's trace as the firmware writes it (`trace.out`; its layout is
 /// documented in the firmware's `trace` module).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -424,17 +427,20 @@ impl Trace {
             return Err("not a trace (its magic is not WSPT)".into());
         }
         let version = u32_of(take(4, "version")?);
-        if version != 1 {
-            return Err(format!("version {version}; this reader knows 1"));
+        if version != 2 {
+            return Err(format!("version {version}; this reader knows 2"));
         }
         let ticks_per_second = u64_of(take(8, "header")?);
         if ticks_per_second == 0 {
             return Err("its timer frequency is 0".into());
         }
+        let base = u64_of(take(8, "header")?);
         let threads = u32_of(take(4, "header")?) as usize;
         let record = u32_of(take(4, "header")?) as usize;
-        if record != 32 {
-            return Err(format!("records of {record} bytes; this reader knows 32"));
+        if record != RECORD_BYTES {
+            return Err(format!(
+                "records of {record} bytes; this reader knows {RECORD_BYTES}"
+            ));
         }
         if threads > 64 {
             return Err(format!("{threads} threads"));
@@ -452,25 +458,31 @@ impl Trace {
         }
         let mut events = Vec::with_capacity(rest.len() / record);
         for r in rest.chunks_exact(record) {
-            let u16_at = |i: usize| u16::from_le_bytes([r[i], r[i + 1]]);
-            let kind = match r[0] {
+            let kind = match r[0] & 0x0f {
                 0 => EventKind::Task,
                 1 => EventKind::Issue,
                 2 => EventKind::Thread,
                 3 => EventKind::Idle,
                 k => return Err(format!("an event of unknown kind {k}")),
             };
-            let (start, end) = (u64_of(&r[16..24]), u64_of(&r[24..32]));
+            // Ticks after the base, in 48 bits.
+            let at = |i: usize| {
+                let mut bytes = [0u8; 8];
+                bytes[..6].copy_from_slice(&r[i..i + 6]);
+                base.checked_add(u64::from_le_bytes(bytes))
+                    .ok_or_else(|| format!("an event's time passes 2^64 ticks (base {base})"))
+            };
+            let (start, end) = (at(12)?, at(18)?);
             if end < start {
                 return Err(format!("an event ends ({end}) before it starts ({start})"));
             }
             events.push(TraceEvent {
                 kind,
-                thread: u16::from(r[1]),
-                core: u16_at(2),
+                thread: u16::from(r[0] >> 4),
+                core: u16::from(r[1]),
+                kernel: u32::from(u16::from_le_bytes([r[2], r[3]])),
                 key: u32_of(&r[4..8]),
-                kernel: u32_of(&r[8..12]),
-                cycles: u32_of(&r[12..16]),
+                cycles: u32_of(&r[8..12]),
                 start,
                 end,
             });

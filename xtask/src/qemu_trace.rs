@@ -275,4 +275,75 @@ mod tests {
         assert_eq!(at(0).nanos(3), 3_000_000_000);
         assert_eq!(at(1).nanos(u64::MAX), u128::from(u64::MAX) * 1_000_000_000);
     }
+
+    /// A `trace.out` as the firmware writes it (version 2, 24-byte records:
+    /// kind and thread in one byte, run core, u16 kernel id, key, cycles,
+    /// u48 start and end after the header's base) reads back field for
+    /// field; another version, record size or kind is refused.
+    #[test]
+    fn a_trace_file_reads_back() {
+        let base = 1u64 << 40;
+        let mut bytes = b"WSPT".to_vec();
+        bytes.extend(2u32.to_le_bytes());
+        bytes.extend(62_500_000u64.to_le_bytes());
+        bytes.extend(base.to_le_bytes());
+        bytes.extend(2u32.to_le_bytes()); // threads
+        bytes.extend(24u32.to_le_bytes());
+        bytes.extend([0u32.to_le_bytes(), 5u32.to_le_bytes()].concat());
+        let record = |kind: u8, thread: u8, core: u8, start: u64, end: u64| {
+            let mut r = vec![kind | thread << 4, core];
+            r.extend(19u16.to_le_bytes());
+            r.extend(0xdead_beefu32.to_le_bytes());
+            r.extend(u32::MAX.to_le_bytes());
+            r.extend(&start.to_le_bytes()[..6]);
+            r.extend(&end.to_le_bytes()[..6]);
+            r
+        };
+        bytes.extend(record(0, 1, 3, 7, (1 << 48) - 1));
+        bytes.extend(record(3, 0, 0, 0, 0));
+        let trace = Trace::parse(&bytes).unwrap();
+        assert_eq!(trace.ticks_per_second, 62_500_000);
+        assert_eq!(trace.dropped, vec![0, 5]);
+        assert_eq!(
+            trace.events,
+            vec![
+                TraceEvent {
+                    kind: EventKind::Task,
+                    thread: 1,
+                    core: 3,
+                    key: 0xdead_beef,
+                    kernel: 19,
+                    cycles: u32::MAX,
+                    start: base + 7,
+                    end: base + (1 << 48) - 1,
+                },
+                TraceEvent {
+                    kind: EventKind::Idle,
+                    thread: 0,
+                    core: 0,
+                    key: 0xdead_beef,
+                    kernel: 19,
+                    cycles: u32::MAX,
+                    start: base,
+                    end: base,
+                },
+            ]
+        );
+        let mut v1 = bytes.clone();
+        v1[4] = 1;
+        assert!(Trace::parse(&v1).unwrap_err().contains("version 1"));
+        let mut wide = bytes.clone();
+        wide[28] = 32;
+        assert!(Trace::parse(&wide).unwrap_err().contains("32 bytes"));
+        let mut odd = bytes.clone();
+        let first = 40;
+        odd[first] = 5;
+        assert!(Trace::parse(&odd).unwrap_err().contains("kind 5"));
+        let mut backwards = bytes;
+        // The second record starts at 9 and ends at 0.
+        backwards[first + 24 + 12] = 9;
+        assert!(Trace::parse(&backwards)
+            .unwrap_err()
+            .contains("before it starts"));
+    }
 }

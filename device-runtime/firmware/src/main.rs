@@ -311,7 +311,7 @@ extern "C" fn primary_main() -> ! {
     }
     let (mode, traced) = (*MODE.call_once(|| words.mode), words.trace);
     if traced {
-        trace::enable();
+        trace::enable(clock.now());
     }
     if let Mode::Baseline { tasks } = mode {
         run_baseline(clock, tasks);

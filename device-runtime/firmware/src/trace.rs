@@ -18,12 +18,17 @@
 //!   it relaxed or paused) until its next launch or completion: the
 //!   thread's stalls, whatever held the work back.
 //!
-//! The file (little-endian): the magic `WSPT`, a u32 version (1), a u64
-//! timer frequency, a u32 count of scheduler threads `n`, a u32 record size
+//! The file (little-endian): the magic `WSPT`, a u32 version (2), a u64
+//! timer frequency, a u64 base tick (when tracing began: the records' times
+//! count from it), a u32 count of scheduler threads `n`, a u32 record size
 //! ([`RECORD_BYTES`]), `n` u32 counts of events dropped by each thread, then
-//! records: u8 kind (0 task, 1 issue, 2 thread, 3 idle), u8 thread, u16
-//! run core, u32 task key ([`task_key`]), u32 kernel id, u32 kernel cycles
-//! (saturated), u64 start, u64 end.
+//! records of 24 bytes: a u8 of the kind (0 task, 1 issue, 2 thread, 3 idle)
+//! in its low four bits and the thread in its high four, u8 run core, u16
+//! kernel id, u32 task key ([`task_key`]), u32 kernel cycles, u48 start and
+//! u48 end (ticks after the base). Each field is as wide as its values need
+//! (4 threads, 4 run cores, a registry of kernels numbered from 0, 2^48
+//! ticks are days at any timer rate); a wider value saturates (kernel
+//! cycles at 2^32 - 1, the rest at their type's maximum).
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -39,14 +44,27 @@ use device_runtime::abi::memory_map::ARENA_ADDR;
 
 use crate::{AICPUS, WORKERS};
 
-/// Bytes of each scheduler thread's queue: 768 records, e.g. 256 tasks
-/// with their issues and as many idle spells (a thread idles at most once
-/// between two launches or completions); later events are dropped and
-/// counted. 4 threads x 24 KiB of `.bss`, inside the image's 2 MiB budget
-/// with the 4,096-task window.
-pub const QUEUE_BYTES: usize = 24 * 1024;
+/// Tasks of one scheduler thread whose events always fit its queue; past
+/// them, events may be dropped (and counted).
+pub const QUEUE_TASKS: usize = 128;
+/// Records each scheduler thread's queue holds: the most that
+/// [`QUEUE_TASKS`] tasks can make. A task has an issue and a task event, and
+/// the thread idles at most once before each launch or completion it sees
+/// and once before its run's end (a spell ends at the next of them), then
+/// records its run: 4 x 128 + 2 = 514 (a run whose thread idles once a task
+/// fits 171 tasks).
+pub const QUEUE_RECORDS: usize = 4 * QUEUE_TASKS + 2;
 /// Bytes of one record.
-pub const RECORD_BYTES: usize = 32;
+pub const RECORD_BYTES: usize = 24;
+/// Bytes of each scheduler thread's queue: 4 threads x 12,336 bytes of
+/// `.bss`, inside the image's 2 MiB budget with the 4,096-task window.
+pub const QUEUE_BYTES: usize = QUEUE_RECORDS * RECORD_BYTES;
+/// The largest time a record holds (48 bits of ticks after the base).
+const TICKS_MAX: u64 = (1 << 48) - 1;
+const _: () = assert!(
+    AICPUS <= 16 && WORKERS <= 255,
+    "threads and run cores fit their fields"
+);
 /// The semihosting file the trace goes to.
 pub const TRACE_FILE: &core::ffi::CStr = c"trace.out";
 /// `Traced::idle_since` when the thread is not idle.
@@ -60,9 +78,13 @@ static QUEUES: [Churrasco<QUEUE_BYTES>; AICPUS] = [const { Churrasco::new() }; A
 static DROPPED: [AtomicU32; AICPUS] = [const { AtomicU32::new(0) }; AICPUS];
 /// Whether this run is traced; set by CPU 0 before the run starts.
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The tick tracing began at ([`enable`]): records count their times from it.
+static BASE: AtomicU64 = AtomicU64::new(0);
 
-/// Turns tracing on for the run (CPU 0, before it builds the schedulers).
-pub fn enable() {
+/// Turns tracing on for the run at tick `now` (CPU 0, before it builds the
+/// schedulers).
+pub fn enable(now: u64) {
+    BASE.store(now, Ordering::Relaxed);
     ENABLED.store(true, Ordering::Relaxed);
 }
 
@@ -92,6 +114,8 @@ struct Event {
 pub struct Recorder {
     thread: u16,
     producer: Option<StreamProducer<&'static Churrasco<QUEUE_BYTES>>>,
+    /// [`BASE`], kept at hand.
+    base: u64,
 }
 
 impl Recorder {
@@ -103,6 +127,7 @@ impl Recorder {
         Recorder {
             thread: thread as u16,
             producer,
+            base: BASE.load(Ordering::Relaxed),
         }
     }
 
@@ -118,15 +143,17 @@ impl Recorder {
             DROPPED[usize::from(self.thread)].fetch_add(1, Ordering::Relaxed);
             return;
         };
-        grant[0] = e.kind as u8;
-        grant[1] = self.thread as u8;
-        grant[2..4].copy_from_slice(&e.core.to_le_bytes());
+        // The thread is below AICPUS (16 at most): its four bits.
+        grant[0] = e.kind as u8 | (self.thread as u8) << 4;
+        grant[1] = u8::try_from(e.core).unwrap_or(u8::MAX);
+        let kernel = u16::try_from(e.kernel).unwrap_or(u16::MAX);
+        grant[2..4].copy_from_slice(&kernel.to_le_bytes());
         grant[4..8].copy_from_slice(&e.key.to_le_bytes());
-        grant[8..12].copy_from_slice(&e.kernel.to_le_bytes());
         let cycles = u32::try_from(e.cycles).unwrap_or(u32::MAX);
-        grant[12..16].copy_from_slice(&cycles.to_le_bytes());
-        grant[16..24].copy_from_slice(&e.start.to_le_bytes());
-        grant[24..32].copy_from_slice(&e.end.to_le_bytes());
+        grant[8..12].copy_from_slice(&cycles.to_le_bytes());
+        let ticks = |t: u64| t.saturating_sub(self.base).min(TICKS_MAX).to_le_bytes();
+        grant[12..18].copy_from_slice(&ticks(e.start)[..6]);
+        grant[18..24].copy_from_slice(&ticks(e.end)[..6]);
         grant.commit(RECORD_BYTES);
     }
 }
@@ -379,8 +406,9 @@ pub fn write(threads: usize, ticks_per_second: u64) -> io::Result<()> {
     let threads = threads.min(AICPUS);
     let mut file = File::create(TRACE_FILE)?;
     file.write_all(b"WSPT")?;
-    file.write_all(&1u32.to_le_bytes())?;
+    file.write_all(&2u32.to_le_bytes())?;
     file.write_all(&ticks_per_second.to_le_bytes())?;
+    file.write_all(&BASE.load(Ordering::Relaxed).to_le_bytes())?;
     file.write_all(&(threads as u32).to_le_bytes())?;
     file.write_all(&(RECORD_BYTES as u32).to_le_bytes())?;
     for dropped in &DROPPED[..threads] {

@@ -226,7 +226,17 @@ pub fn moe_with(
             return routing_mismatch(&routing, &indptr, &chosen);
         }
         // 3. The layer's output.
-        let (want, abs) = reference::moe(&x, &wv, &routing, t, h, f);
+        // The sizes are those x and w were made with, and the routing is
+        // route_topk's; a refusal still fails the check.
+        let (want, abs) = match reference::moe(&x, &wv, &routing, t, h, f) {
+            Ok(r) => r,
+            Err(e) => {
+                return failed(
+                    format!("the f64 layer: {e}"),
+                    "the layer's output must match the f64 reference's",
+                )
+            }
+        };
         Verification::compare(
             "out",
             &arena.read_f32(l_out),

@@ -135,6 +135,14 @@ pub fn route_topk(
 /// terms of `|weight| * sum_h |x[t, h] * w_e[h, j]|`, which bounds the
 /// rounding error of an f32 evaluation as `gemm`'s does. Both are
 /// `tokens` x `ffn`, row-major; a token routed nowhere gets zeros.
+///
+/// Refused, naming the cause: an `x` of other than `tokens x hidden`
+/// values, a `w` of other than `experts x hidden x ffn` (`experts` one
+/// less than `routing.indptr` has entries; sizes whose product overflows
+/// included), and a routing that is not CSR over those experts (an
+/// `indptr` that does not start at 0, decreases or does not end at its
+/// entries, `tokens` and `weights` of different lengths, a token index
+/// past `tokens`).
 pub fn moe(
     x: &[f32],
     w: &[f32],
@@ -142,18 +150,55 @@ pub fn moe(
     tokens: usize,
     hidden: usize,
     ffn: usize,
-) -> (Vec<f64>, Vec<f64>) {
+) -> Result<(Vec<f64>, Vec<f64>), WorkloadError> {
+    let bad = |what: String| Err(WorkloadError::Params(what));
     let experts = routing.indptr.len().saturating_sub(1);
-    assert_eq!(x.len(), tokens * hidden, "x is tokens x hidden");
-    assert_eq!(
-        w.len(),
-        experts * hidden * ffn,
-        "w is (experts * hidden) x ffn"
-    );
-    let mut out = vec![0f64; tokens * ffn];
-    let mut abs = vec![0f64; tokens * ffn];
+    if tokens.checked_mul(hidden) != Some(x.len()) {
+        return bad(format!(
+            "x holds {} values, not {tokens} tokens x {hidden} hidden",
+            x.len()
+        ));
+    }
+    let per_expert = hidden.checked_mul(ffn);
+    if per_expert.and_then(|n| n.checked_mul(experts)) != Some(w.len()) {
+        return bad(format!(
+            "w holds {} values, not {experts} experts x {hidden} hidden x {ffn} ffn",
+            w.len()
+        ));
+    }
+    let entries = routing.tokens.len();
+    if routing.indptr.first() != Some(&0)
+        || routing.indptr.windows(2).any(|p| p[0] > p[1])
+        || routing.indptr.last() != Some(&entries)
+    {
+        return bad(format!(
+            "routing indptr {:?} does not run from 0 up to its {entries} entries",
+            routing.indptr
+        ));
+    }
+    if routing.weights.len() != entries {
+        return bad(format!(
+            "routing has {entries} tokens but {} weights",
+            routing.weights.len()
+        ));
+    }
+    if let Some(i) = routing.tokens.iter().position(|&t| t >= tokens) {
+        return bad(format!(
+            "routing entry {i} is token {}, past the {tokens} tokens",
+            routing.tokens[i]
+        ));
+    }
+    let Some(cells) = tokens.checked_mul(ffn) else {
+        return bad(format!(
+            "{tokens} tokens x {ffn} ffn outputs overflow usize"
+        ));
+    };
+    // Checked above: w holds experts x size values, so every slice is in it.
+    let size = per_expert.unwrap_or(0);
+    let mut out = vec![0f64; cells];
+    let mut abs = vec![0f64; cells];
     for e in 0..experts {
-        let w_e = &w[e * hidden * ffn..(e + 1) * hidden * ffn];
+        let w_e = &w[e * size..(e + 1) * size];
         for i in routing.indptr[e]..routing.indptr[e + 1] {
             let (t, g) = (routing.tokens[i], routing.weights[i]);
             let (y, y_abs) = gemm(&x[t * hidden..(t + 1) * hidden], w_e, 1, ffn, hidden);
@@ -163,7 +208,7 @@ pub fn moe(
             }
         }
     }
-    (out, abs)
+    Ok((out, abs))
 }
 
 #[cfg(test)]
@@ -286,7 +331,7 @@ mod tests {
             tokens: vec![0, 1, 1],
             weights: vec![0.25, 0.5, 0.5],
         };
-        let (out, abs) = super::moe(&x, &w, &routing, 2, 2, 2);
+        let (out, abs) = super::moe(&x, &w, &routing, 2, 2, 2).unwrap();
         // Token 0: 0.25 (1, 2). Token 1: 0.5 (3, -1) + 0.5 (6, 1).
         assert_eq!(out, vec![0.25, 0.5, 4.5, 0.0]);
         assert_eq!(abs, vec![0.25, 0.5, 4.5, 1.0]);
@@ -296,8 +341,80 @@ mod tests {
             tokens: vec![1],
             weights: vec![1.0],
         };
-        let (out, _) = super::moe(&x, &w, &none, 2, 2, 2);
+        let (out, _) = super::moe(&x, &w, &none, 2, 2, 2).unwrap();
         assert_eq!(out, vec![0.0, 0.0, 3.0, -1.0]);
+    }
+
+    #[test]
+    fn moe_refuses_sizes_and_routings_that_do_not_fit() {
+        // moe_by_hand's layer: 2 tokens x 2 hidden, 2 experts of 2 x 2, so
+        // x holds 4 values and w 8; indptr [0, 2, 3] over 3 entries.
+        let w = [1.0, 0.0, 0.0, 1.0, 2.0, 0.0, 0.0, -1.0];
+        let x = [1.0, 2.0, 3.0, -1.0];
+        let good = super::Routing {
+            indptr: vec![0, 2, 3],
+            tokens: vec![0, 1, 1],
+            weights: vec![0.25, 0.5, 0.5],
+        };
+        let why = |x: &[f32], w: &[f32], r: &super::Routing, t: usize, h: usize, f: usize| {
+            super::moe(x, w, r, t, h, f).unwrap_err().to_string()
+        };
+        // 3 tokens x 2 hidden would be 6 values of x.
+        let e = why(&x, &w, &good, 3, 2, 2);
+        assert!(
+            e.contains("x holds 4 values, not 3 tokens x 2 hidden"),
+            "{e}"
+        );
+        // ffn 3: w would need 2 x 2 x 3 = 12 values, not 8.
+        let e = why(&x, &w, &good, 2, 2, 3);
+        assert!(
+            e.contains("w holds 8 values, not 2 experts x 2 hidden x 3 ffn"),
+            "{e}"
+        );
+        // usize::MAX ffn: 2 x usize::MAX overflows; refused as a size.
+        let e = why(&x, &w, &good, 2, 2, usize::MAX);
+        assert!(e.contains("w holds 8 values"), "{e}");
+        // A routing past the tokens, or not CSR.
+        let past = super::Routing {
+            tokens: vec![0, 2, 1],
+            ..good.clone()
+        };
+        let e = why(&x, &w, &past, 2, 2, 2);
+        assert!(
+            e.contains("routing entry 1 is token 2, past the 2 tokens"),
+            "{e}"
+        );
+        for indptr in [vec![1, 2, 3], vec![0, 2, 1], vec![0, 2, 2]] {
+            let r = super::Routing {
+                indptr: indptr.clone(),
+                ..good.clone()
+            };
+            let e = why(&x, &w, &r, 2, 2, 2);
+            assert!(
+                e.contains(&format!(
+                    "routing indptr {indptr:?} does not run from 0 up to its 3 entries"
+                )),
+                "{e}"
+            );
+        }
+        let short = super::Routing {
+            weights: vec![1.0],
+            ..good.clone()
+        };
+        let e = why(&x, &w, &short, 2, 2, 2);
+        assert!(e.contains("routing has 3 tokens but 1 weights"), "{e}");
+        // No values, no hidden: x and w are empty and right, but 2^40
+        // tokens x 2^30 ffn outputs overflow a 64-bit usize.
+        let none = super::Routing {
+            indptr: vec![0],
+            tokens: vec![],
+            weights: vec![],
+        };
+        let e = why(&[], &[], &none, 1 << 40, 0, 1 << 30);
+        assert!(
+            e.contains("tokens x 1073741824 ffn outputs overflow usize"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -312,7 +429,7 @@ mod tests {
             .map(|i| 1.0 - i as f32 * 0.25)
             .collect();
         let routing = super::route_topk(&LOGITS, tokens, experts, 1, 0.0).unwrap();
-        let (out, abs) = super::moe(&x, &w, &routing, tokens, hidden, ffn);
+        let (out, abs) = super::moe(&x, &w, &routing, tokens, hidden, ffn).unwrap();
         for e in 0..experts {
             let w_e = &w[e * hidden * ffn..(e + 1) * hidden * ffn];
             for &t in &routing.tokens[routing.indptr[e]..routing.indptr[e + 1]] {

@@ -64,6 +64,21 @@ pub struct Routing {
     pub weights: Vec<f64>,
 }
 
+/// Refuses a top-k routing's `k` outside 1 ..= `experts` and a
+/// `threshold` outside [0, 1) (NaN included), naming the value: what
+/// [`route_topk`] and the workload files' f64 route_topk refuse.
+pub(crate) fn check_topk(experts: usize, k: usize, threshold: f64) -> Result<(), String> {
+    if !(1..=experts).contains(&k) {
+        return Err(format!(
+            "top-k = {k} must be in 1..={experts} (the experts)"
+        ));
+    }
+    if !(0.0..1.0).contains(&threshold) {
+        return Err(format!("threshold = {threshold} must be in [0, 1)"));
+    }
+    Ok(())
+}
+
 /// Top-k routing of `tokens` x `experts` row-major `logits`, in f64, with
 /// the semantics of the route_topk kernel: per token, p = softmax of its row;
 /// the k experts of largest p, the lower index first on ties; the first of
@@ -80,14 +95,7 @@ pub fn route_topk(
     threshold: f64,
 ) -> Result<Routing, WorkloadError> {
     let bad = |what: String| Err(WorkloadError::Params(what));
-    if !(1..=experts).contains(&k) {
-        return bad(format!(
-            "top-k = {k} must be in 1..={experts} (the experts)"
-        ));
-    }
-    if !(0.0..1.0).contains(&threshold) {
-        return bad(format!("threshold = {threshold} must be in [0, 1)"));
-    }
+    check_topk(experts, k, threshold).map_err(WorkloadError::Params)?;
     if tokens.checked_mul(experts) != Some(logits.len()) {
         return bad(format!(
             "{} logits are not {tokens} tokens x {experts} experts",

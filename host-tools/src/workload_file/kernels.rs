@@ -79,7 +79,7 @@ pub(super) fn run_kernel(
                 scalars[0] as usize,
                 f32_scalar(scalars[1]),
                 note,
-            );
+            )?;
             vec![None, Some(indptr), Some(tokens), Some(weights)]
         }
         // Every name of `CHECKED` has its arm above (the unit test below
@@ -211,6 +211,11 @@ fn softmax(x: &Tile) -> Tile {
 /// zeros after the last entry. A decision whose margin is within the f32
 /// router's error (p's bounds) is noted: the f32 router may decide it the
 /// other way, and then the check fails on the CSR outputs.
+///
+/// Refused, naming the value (the kernel's contract refuses them before a
+/// call gets here): `k` outside 1 ..= experts, a threshold outside
+/// [0, 1), an indptr of other than experts + 1 columns, and fewer than
+/// tokens x k slots.
 fn route_topk(
     logits: &Tile,
     indptr_cols: usize,
@@ -218,8 +223,21 @@ fn route_topk(
     k: usize,
     threshold: f64,
     note: &mut dyn FnMut(String),
-) -> (Tile, Tile, Tile) {
+) -> Result<(Tile, Tile, Tile), String> {
     let (tokens, experts) = (logits.rows, logits.cols);
+    crate::reference::check_topk(experts, k, threshold).map_err(|e| format!("route_topk: {e}"))?;
+    if indptr_cols != experts + 1 {
+        return Err(format!(
+            "route_topk: indptr has {indptr_cols} columns, not experts + 1 = {}",
+            experts + 1
+        ));
+    }
+    // Every token keeps at most k experts.
+    if tokens.checked_mul(k).is_none_or(|n| n > slots) {
+        return Err(format!(
+            "route_topk: {slots} slots cannot hold {tokens} tokens x top-{k}"
+        ));
+    }
     // Per token, the kept experts with their weight and its bound.
     let mut kept: Vec<Vec<(usize, f64, f64)>> = Vec::new();
     let mut unclear = Vec::new();
@@ -235,7 +253,8 @@ fn route_topk(
                     best = Some(e);
                 }
             }
-            let best = best.expect("k <= experts, checked by the contract");
+            // i < k <= experts (checked above): an expert is still free.
+            let best = best.ok_or_else(|| format!("route_topk: no expert left for pick {i}"))?;
             free[best] = false;
             if let Some(other) = (0..experts)
                 .filter(|&e| free[e])
@@ -295,7 +314,7 @@ fn route_topk(
         }
         indptr.v[e + 1] = pos as f64;
     }
-    (indptr, toks, weights)
+    Ok((indptr, toks, weights))
 }
 
 #[cfg(test)]
@@ -348,5 +367,49 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(e, "kernel square has no f64 reference");
+    }
+
+    /// route_topk's reference refuses arguments its contract would have
+    /// refused with an error naming them, not a panic.
+    #[test]
+    fn route_topk_refuses_arguments_outside_its_contract() {
+        let f32_bits = |v: f32| v.to_bits() as u64;
+        // Logits of `tokens` x `experts`, indptr of `cols`, `slots` slots.
+        let run = |tokens: usize, experts: usize, cols: usize, slots: usize, k: u64, t: f32| {
+            let args = [
+                Tile::new(tokens, experts),
+                Tile::new(1, cols),
+                Tile::new(1, slots),
+                Tile::new(1, slots),
+            ];
+            run_kernel("route_topk", &args, &[k, f32_bits(t)], &mut |_| {})
+        };
+        // 1 token over 2 experts, indptr of 2 + 1 = 3, k = 1 in 1 slot: fine.
+        assert!(run(1, 2, 3, 1, 1, 0.0).is_ok());
+        let why = |r: Result<Vec<Option<Tile>>, String>| r.err().unwrap();
+        // k = 3 picks more experts than the 2 there are (the old code's
+        // `expect`); k = 0 picks none.
+        assert_eq!(
+            why(run(1, 2, 3, 3, 3, 0.0)),
+            "route_topk: top-k = 3 must be in 1..=2 (the experts)"
+        );
+        assert_eq!(
+            why(run(1, 2, 3, 1, 0, 0.0)),
+            "route_topk: top-k = 0 must be in 1..=2 (the experts)"
+        );
+        assert_eq!(
+            why(run(1, 2, 3, 1, 1, 1.0)),
+            "route_topk: threshold = 1 must be in [0, 1)"
+        );
+        // indptr needs 2 + 1 = 3 columns, not 2.
+        assert_eq!(
+            why(run(1, 2, 2, 1, 1, 0.0)),
+            "route_topk: indptr has 2 columns, not experts + 1 = 3"
+        );
+        // 3 tokens x top-2 = 6 entries, but 5 slots.
+        assert_eq!(
+            why(run(3, 2, 3, 5, 2, 0.0)),
+            "route_topk: 5 slots cannot hold 3 tokens x top-2"
+        );
     }
 }

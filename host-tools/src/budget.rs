@@ -536,7 +536,8 @@ mod tests {
             ("decode-device", p("decode", 1 << 17, 8192, 128, 16)),
             ("sparse-decode", p("sparse-decode", huge, 16384, 128, 64)),
             ("sparse-decode", p("sparse-decode", 8, 16384, 128, 1 << 24)),
-            ("moe-layer", p("moe-layer", 256, 1 << 20, 128, 16)),
+            // ffn = MAX_FFN: 3 x 64 experts x 128 x 2^15 x 4 bytes = 3 GiB.
+            ("moe-layer", p("moe-layer", 256, 1 << 15, 128, 16)),
             ("moe-layer-var", p("moe-layer", 4096, 4096, 1024, 16)),
             ("decode-layer", p("decode-layer", 16, 1 << 24, 512, 16)),
             // Pages of 65536 tokens, the device planner's largest.
@@ -561,6 +562,11 @@ mod tests {
                 "head dimension 4096",
             ),
             ("moe", p("moe", 100_000, 64, 64, 32), "m (tokens) = 100000"),
+            (
+                "moe-layer",
+                p("moe-layer", 256, 1 << 20, 128, 16),
+                "ffn = 1048576 must be in 1..=64 or a multiple of 64 up to 32768",
+            ),
             (
                 "decode-layer",
                 p("decode-layer", huge, 2048, 512, 16),

@@ -85,6 +85,26 @@ const COMBINE_ROWS: u32 = 16;
 /// Rows of one softmax task (the kernel's largest tile).
 const SOFTMAX_ROWS: u32 = 16;
 
+/// The largest expert FFN size ([`MoeConfig::ffn`], and the shared
+/// expert's), 32,768 = 2^15, and the dense decode layer's
+/// ([`crate::model::LayerShape::ffn`]). The kernels take the FFN in
+/// blocks of 64 columns, so any multiple of 64 would do for them; the
+/// limit makes the size budget explicit:
+/// - with at most 64 experts and a hidden size of at most 1,024, an
+///   expert stack's elements (`experts x hidden x ffn`) stay at most
+///   2^6 x 2^10 x 2^15 = 2^31, and every `u32` size the builders derive
+///   from the config (element counts, the `experts x ffn` rows of the
+///   down projections, `hidden x ffn` of a dense layer) fits;
+/// - it admits every size the 1 GiB tensor bound of the built-in
+///   workloads ([`crate::budget::MAX_ARENA_BYTES`], which `wsp run`
+///   applies) lets through: `moe-layer`'s 3 expert stacks of 64 experts
+///   x (at least) 64 hidden x ffn f32 take 49,152 x ffn bytes, over
+///   1 GiB past ffn 21,845, so that bound (and the 2^20 tasks of
+///   [`crate::budget::MAX_TASKS`]) stays the binding one there;
+/// - real models' expert FFNs are well below it (DeepSeek-V3's 2,048,
+///   Mixtral's 14,336).
+pub const MAX_FFN: u32 = 1 << 15;
+
 /// Sizes of an MoE FFN.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeConfig {
@@ -93,7 +113,8 @@ pub struct MoeConfig {
     /// Hidden size (cols of x and out): at most 64, or a multiple of 64 up
     /// to 1024.
     pub hidden: u32,
-    /// Each expert's FFN size: at most 64 or a multiple of 64.
+    /// Each expert's FFN size: at most 64, or a multiple of 64 up to
+    /// [`MAX_FFN`].
     pub ffn: u32,
     /// Routed experts, 1 ..= 64.
     pub experts: u32,
@@ -104,7 +125,8 @@ pub struct MoeConfig {
     pub threshold: f32,
     /// Rows of an expert tile (the padding unit), 1 ..= 64.
     pub tile: u32,
-    /// The shared expert's FFN size (0: none); at most 64 or a multiple of 64.
+    /// The shared expert's FFN size (0: none); at most 64, or a multiple
+    /// of 64 up to [`MAX_FFN`].
     pub shared_ffn: u32,
 }
 
@@ -145,9 +167,9 @@ impl MoeConfig {
             ));
         }
         for (what, v) in [("ffn", self.ffn), ("shared ffn", self.shared_ffn)] {
-            if !(blocks(v) || what == "shared ffn" && v == 0) {
+            if !(blocks(v) && v <= MAX_FFN || what == "shared ffn" && v == 0) {
                 return bad(format!(
-                    "{what} = {v} must be in 1..=64 or a multiple of 64"
+                    "{what} = {v} must be in 1..=64 or a multiple of 64 up to {MAX_FFN}"
                 ));
             }
         }

@@ -724,9 +724,26 @@ fn built_in_sizes_past_the_bounds_are_errors_not_aborts() {
             vec!["run", "attention-pipeline", "--n", "4294967232"],
             tasks,
         ),
+        // ffn at its most (MAX_FFN, 2^15) over 4096 tokens: 8 experts each
+        // and 64 x 15 padding rows in tiles of 16 make 2108 expert tiles of
+        // 1 + 3 x 512 x 2 + 512 tasks, past 2^20 alone.
+        (
+            vec![
+                "verify",
+                "moe-layer",
+                "--m",
+                "4096",
+                "--n",
+                "32768",
+                "--arena",
+                "x",
+            ],
+            tasks,
+        ),
+        // An ffn past MAX_FFN is the config's refusal.
         (
             vec!["verify", "moe-layer", "--n", "1048576", "--arena", "x"],
-            tasks,
+            "ffn = 1048576 must be in 1..=64 or a multiple of 64 up to 32768",
         ),
         (vec!["run", "decode-layer", "--n", "100000000"], tasks),
         // Pages of 65536 tokens, the device planner's largest.

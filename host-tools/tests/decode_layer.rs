@@ -147,11 +147,15 @@ fn a_cos_sin_cache_one_position_off_fails_the_check() {
 fn sizes_the_layer_cannot_take_are_refused() {
     let base = shape_of(&params(4, 100, 128), Mlp::Dense).unwrap();
     type Change = fn(&mut LayerShape);
-    let cases: [(&str, Change); 5] = [
+    let cases: [(&str, Change); 7] = [
         ("257 requests", |s| s.lengths = vec![8; 257]),
         ("head dimension 63", |s| s.d = 63),
         ("not a whole number of groups", |s| s.kv_heads = 3),
         ("ffn 100", |s| s.ffn = 100),
+        // The first multiple of 64 past MAX_FFN = 2^15.
+        ("ffn 32832", |s| s.ffn = 32832),
+        // 128 hidden x 2^25 would overflow u32 (2^32).
+        ("ffn 33554432", |s| s.ffn = 1 << 25),
         ("0 layers", |s| s.layers = 0),
     ];
     for (what, change) in cases {
@@ -161,6 +165,10 @@ fn sizes_the_layer_cannot_take_are_refused() {
         let key = what.split(' ').next_back().unwrap();
         assert!(e.contains(key), "{what}: {e}");
     }
+    // MAX_FFN itself passes the shape's check.
+    let mut largest = base.clone();
+    largest.ffn = 32768;
+    largest.check().unwrap();
     let e = Workload::build("decode-layer-dense", params(4, 100, 96))
         .err()
         .unwrap();

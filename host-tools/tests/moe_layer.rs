@@ -247,6 +247,21 @@ fn bad_sizes_are_errors_naming_the_cause() {
             MoeConfig { hidden: 4, ..SMALL },
             "hidden (4) >= experts (8)",
         ),
+        // The first multiple of 64 past MAX_FFN = 2^15 = 32768 is 32832.
+        (
+            MoeConfig {
+                ffn: 32832,
+                ..SMALL
+            },
+            "ffn = 32832 must be in 1..=64 or a multiple of 64 up to 32768",
+        ),
+        (
+            MoeConfig {
+                shared_ffn: 32832,
+                ..SMALL
+            },
+            "shared ffn = 32832 must be in 1..=64 or a multiple of 64 up to 32768",
+        ),
     ];
     for (cfg, want) in cases {
         match moe_layer::workload("moe-layer", &cfg, 1, false) {
@@ -254,7 +269,15 @@ fn bad_sizes_are_errors_naming_the_cause() {
             Err(e) => panic!("{want}: {e}"),
             Ok(_) => panic!("{want}: accepted"),
         }
-    }
+    } // MAX_FFN itself is taken, for the experts and the shared expert
+      // (the check only: the weights would take 3 x 8 x 64 x 2^15 x 4 bytes).
+    let largest = MoeConfig {
+        ffn: 32768,
+        shared_ffn: 32768,
+        ..SMALL
+    };
+    largest.check().unwrap();
+    assert_eq!(moe_layer::MAX_FFN, 32768);
 }
 
 /// The named workloads at their default sizes pass (release builds: the

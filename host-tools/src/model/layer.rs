@@ -12,7 +12,7 @@ use super::reference;
 use crate::attention::device::{attention_calls, most_chunks, plan_call, AttnDims, AttnTensors};
 use crate::attention::kv::{DecodeData, DecodeShape, MAX_DIM, MAX_GROUP};
 use crate::attention::plan::{choose_chunk, CostModel, Plan};
-use crate::moe_layer::{moe_ffn, pairs_per_expert, MoeConfig, MoeFfn};
+use crate::moe_layer::{moe_ffn, pairs_per_expert, MoeConfig, MoeFfn, MAX_FFN};
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
 use crate::rng::SplitMix64;
 use crate::table::{Arena, TensorId};
@@ -72,7 +72,7 @@ pub struct LayerShape {
     /// Head dimension (even). The hidden size is `q_heads * d`.
     pub d: u32,
     /// The dense feed-forward block's inner size, a multiple of [`TILE`]
-    /// (the MoE block's sizes are its config's).
+    /// up to [`MAX_FFN`] (the MoE block's sizes are its config's).
     pub ffn: u32,
     /// Tokens per page of the KV cache.
     pub page: u32,
@@ -157,9 +157,9 @@ impl LayerShape {
                 self.qkv()
             ));
         }
-        if self.ffn == 0 || !self.ffn.is_multiple_of(TILE) {
+        if self.ffn == 0 || !self.ffn.is_multiple_of(TILE) || self.ffn > MAX_FFN {
             return bad(format!(
-                "ffn {} must be a positive multiple of {TILE}",
+                "ffn {} must be a positive multiple of {TILE} up to {MAX_FFN}",
                 self.ffn
             ));
         }

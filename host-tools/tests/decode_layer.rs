@@ -90,6 +90,113 @@ fn tasks_are_counted_from_the_sizes() {
 }
 
 #[test]
+fn buffers_that_do_not_fit_the_shape_are_refused_naming_them() {
+    // small(): 6 requests, hidden 128, QKV 256, ffn 256, 1 KV head of 64,
+    // pages of 16. Lengths 1, 2, 3, 63, 64 and 65 take 1 + 1 + 1 + 4 + 4
+    // + 5 = 16 pages, so the pool has 16 x 2 x 16 = 512 rows of 64.
+    type Edit = fn(&mut LayerData);
+    let dense: [(Edit, &str); 9] = [
+        (
+            |d| {
+                d.layers[1].wo.pop();
+            },
+            "layer 1: wo holds 16383 values; its shape takes 128 rows of 128, 16384",
+        ),
+        (
+            |d| {
+                d.layers[0].kv.truncate(100);
+            },
+            "layer 0: kv holds 100 values; its shape takes 512 rows of 64, 32768",
+        ),
+        (
+            |d| d.x.extend([0.0; 128]),
+            "x holds 896 values; its shape takes 6 rows of 128, 768",
+        ),
+        // Row 2, column 5 of [6, 128]: value 2 x 128 + 5 = 261.
+        (|d| d.x[261] = f32::NAN, "x row 2 column 5 is NaN"),
+        // wd is [256, 128]: value 300 is row 2, column 44.
+        (
+            |d| d.layers[1].wd[300] = f32::INFINITY,
+            "layer 1: wd row 2 column 44 is inf",
+        ),
+        (
+            |d| {
+                d.layers.pop();
+            },
+            "1 layers of weights for a shape of 2 layers",
+        ),
+        (
+            |d| d.cs.clear(),
+            "cs holds 0 values; its shape takes 65 positions of 64, 4160",
+        ),
+        // Request 0's one page named as page 16 of the 16 (0 ..= 15).
+        (
+            |d| d.meta[0] = 16,
+            "request 0: page table entry 0 is page 16, outside the pool's 16 pages",
+        ),
+        (
+            |d| d.layers[0].moe = small_moe(0.0, 2).layers[0].moe.clone(),
+            "layer 0: MoE weights for a dense shape",
+        ),
+    ];
+    for (edit, says) in dense {
+        let mut data = small();
+        edit(&mut data);
+        // Where the task count checks the shape, and where a program is
+        // declared: refused, naming the buffer, not an index out of bounds.
+        let e = task_count(&data).unwrap_err().to_string();
+        assert!(e.contains(says), "{says}: {e}");
+        let e = decode_layer_workload("decode-layer-dense", &data)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(says), "{says}: {e}");
+    }
+    // The MoE block: 8 experts of ffn 64 and a shared expert of 64 over
+    // hidden 128. A router short of a value once made the task count's
+    // reference index past it.
+    let moe: [(Edit, &str); 3] = [
+        (
+            |d| {
+                d.layers[0].moe.as_mut().unwrap().router.pop();
+            },
+            "layer 0: router holds 1023 values; its shape takes 128 rows of 8, 1024",
+        ),
+        (
+            |d| {
+                d.layers[1].moe.as_mut().unwrap().down.truncate(8);
+            },
+            "layer 1: down holds 8 values; its shape takes 512 rows of 128, 65536",
+        ),
+        (
+            |d| d.layers[1].wg = vec![0.0; 128 * 64],
+            "layer 1: wg holds 8192 values; an MoE layer has no dense weights",
+        ),
+    ];
+    for (edit, says) in moe {
+        let mut data = small_moe(0.0, 2);
+        edit(&mut data);
+        let e = task_count(&data).unwrap_err().to_string();
+        assert!(e.contains(says), "{says}: {e}");
+    }
+    let mut data = small_moe(0.0, 2);
+    data.layers[0].moe = None;
+    let e = task_count(&data).unwrap_err().to_string();
+    assert!(
+        e.contains("layer 0: an MoE shape without MoE weights"),
+        "{e}"
+    );
+    // The reference refuses such data too, rather than indexing past it.
+    let mut data = small();
+    data.layers[1].wo.pop();
+    let e = reference::step(&data).unwrap_err().to_string();
+    assert!(e.contains("layer 1: wo holds 16383 values"), "{e}");
+    // The data as built passes.
+    small().check().unwrap();
+    small_moe(0.0, 2).check().unwrap();
+}
+
+#[test]
 fn the_most_chunks_of_a_huge_page_table_do_not_overflow() {
     // A table of u32::MAX pages of 16 (no check would pass it) needs
     // ceil((2^32 - 1) 16 / 128) = 2^29 chunks of at least 128 tokens, as
@@ -211,7 +318,7 @@ fn small_moe(threshold: f32, top_k: u32) -> LayerData {
 fn the_moe_layer_matches_the_reference_with_its_routing() {
     for (threshold, top_k) in [(0.0, 2), (0.2, 4)] {
         let data = small_moe(threshold, top_k);
-        let routes = reference::step(&data).routes;
+        let routes = reference::step(&data).unwrap().routes;
         assert_eq!(routes.len(), 2, "one routing per layer");
         let kept: Vec<usize> = routes[0].iter().map(|r| r.experts.len()).collect();
         if threshold == 0.0 {

@@ -10,7 +10,7 @@ use wsp_ffi::{
 
 use super::reference;
 use crate::attention::device::{attention_calls, most_chunks, plan_call, AttnDims, AttnTensors};
-use crate::attention::kv::{DecodeData, DecodeShape, MAX_DIM, MAX_GROUP};
+use crate::attention::kv::{check_meta, DecodeData, DecodeShape, MAX_DIM, MAX_GROUP};
 use crate::attention::plan::{choose_chunk, CostModel, Plan};
 use crate::moe_layer::{moe_ffn, pairs_per_expert, MoeConfig, MoeFfn, MAX_FFN};
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
@@ -236,6 +236,30 @@ pub struct LayerData {
     pub cs: Vec<f32>,
 }
 
+/// Refuses `values` unless they are `rows x cols` finite values, naming
+/// `what` and its first value that is not finite (by row and column).
+fn buffer(what: &str, values: &[f32], rows: u64, cols: u64) -> Result<(), WorkloadError> {
+    let want = rows as u128 * cols as u128;
+    if values.len() as u128 != want {
+        return Err(WorkloadError::Params(format!(
+            "{what} holds {} values; its shape takes {rows} rows of {cols}, {want}",
+            values.len()
+        )));
+    }
+    // With no columns there are no values, and nothing to divide.
+    let cols = cols.max(1);
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(WorkloadError::Params(format!(
+            "{what} row {} column {} is {} (inputs, weights and caches must be finite: \
+             the f64 reference would be NaN)",
+            i as u64 / cols,
+            i as u64 % cols,
+            values[i]
+        ))),
+    }
+}
+
 /// `n` values uniform in [-1, 1) times `2^-s`, `2^s` the power of two
 /// nearest `sqrt(fan_in)` from above: activations stay near 1 and every
 /// value is exact in f32.
@@ -419,6 +443,102 @@ impl LayerData {
             layers,
             shape,
         }
+    }
+
+    /// Checks the data against its shape, as [`DecodeData::check`] does
+    /// for attention data: the shape ([`LayerShape::check`]); the page
+    /// tables against the lengths and the pool
+    /// ([`crate::attention::kv::check_meta`]), the pool's
+    /// `kv_heads x pages x 2P` rows fitting `u32` as [`LayerData::build`]
+    /// makes them; the size of every buffer (`x` `[B, H]`; one
+    /// [`LayerWeights`] per layer, each matrix of its documented shape,
+    /// the MoE block's weights if and only if the shape has one, and then
+    /// no dense ones; the cache `[kv_heads, pool rows, D]`; `cs`
+    /// `[longest length, D]`); and that `x`, every weight and the caches
+    /// are finite, since the f64 reference would be NaN and the check a
+    /// FAIL naming no cause (`cs` is not read by the reference: a wrong
+    /// one fails the check). The first problem is returned, naming the
+    /// buffer, its layer and the first bad value's row and column.
+    pub fn check(&self) -> Result<(), WorkloadError> {
+        let s = &self.shape;
+        s.check()?;
+        let bad = |why: String| Err(WorkloadError::Params(why));
+        check_meta(&s.lengths, &self.meta, self.width, self.pages, s.page)
+            .map_err(|e| WorkloadError::Params(e.to_string()))?;
+        // The shape's check bounds B, H, QKV, D, F and the MoE sizes (each
+        // at most 2^15): their u64 products below cannot overflow.
+        let (b, h, d, f) = (
+            s.batch() as u64,
+            s.hidden() as u64,
+            s.d as u64,
+            s.ffn as u64,
+        );
+        let pool = s.kv_heads as u128 * self.pages as u128 * 2 * s.page as u128;
+        if pool > u32::MAX as u128 {
+            return bad(format!(
+                "a pool of {} KV heads x {} pages x 2 x {} tokens = {pool} rows does not fit \
+                 32-bit indices",
+                s.kv_heads, self.pages, s.page
+            ));
+        }
+        buffer("x", &self.x, b, h)?;
+        let longest = s.lengths.iter().copied().max().unwrap_or(0);
+        if self.cs.len() as u64 != longest as u64 * d {
+            return bad(format!(
+                "cs holds {} values; its shape takes {longest} positions of {d}, {}",
+                self.cs.len(),
+                longest as u64 * d
+            ));
+        }
+        if self.layers.len() != s.layers as usize {
+            return bad(format!(
+                "{} layers of weights for a shape of {} layers",
+                self.layers.len(),
+                s.layers
+            ));
+        }
+        for (l, lw) in self.layers.iter().enumerate() {
+            let what = |name: &str| format!("layer {l}: {name}");
+            buffer(&what("g1"), &lw.g1, 1, h)?;
+            buffer(&what("wqkv"), &lw.wqkv, h, s.qkv() as u64)?;
+            buffer(&what("wo"), &lw.wo, h, h)?;
+            buffer(&what("g2"), &lw.g2, 1, h)?;
+            buffer(&what("kv"), &lw.kv, pool as u64, d)?;
+            for (name, values, rows, cols) in [
+                ("wg", &lw.wg, h, f),
+                ("wu", &lw.wu, h, f),
+                ("wd", &lw.wd, f, h),
+            ] {
+                match s.moe() {
+                    None => buffer(&what(name), values, rows, cols)?,
+                    Some(_) if !values.is_empty() => {
+                        return bad(format!(
+                            "{} holds {} values; an MoE layer has no dense weights",
+                            what(name),
+                            values.len()
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            match (s.moe(), &lw.moe) {
+                (None, None) => {}
+                (Some(c), Some(m)) => {
+                    let (e, mf, sf) = (c.experts as u64, c.ffn as u64, c.shared_ffn as u64);
+                    buffer(&what("router"), &m.router, h, e)?;
+                    buffer(&what("gate"), &m.gate, e * h, mf)?;
+                    buffer(&what("up"), &m.up, e * h, mf)?;
+                    buffer(&what("down"), &m.down, e * mf, h)?;
+                    let [sg, su, sd] = &m.shared;
+                    buffer(&what("shared gate"), sg, h, sf)?;
+                    buffer(&what("shared up"), su, h, sf)?;
+                    buffer(&what("shared down"), sd, sf, h)?;
+                }
+                (Some(_), None) => return bad(what("an MoE shape without MoE weights")),
+                (None, Some(_)) => return bad(what("MoE weights for a dense shape")),
+            }
+        }
+        Ok(())
     }
 
     /// Rows of one KV head's pool.
@@ -805,11 +925,14 @@ fn layer_calls(
 
 /// Declares the step's tensors in `w`, each name prefixed by `prefix`,
 /// and adds its calls: one batch of a program that may hold several.
+/// Data [`LayerData::check`] refuses is refused, before anything is
+/// declared.
 pub fn step_into(
     w: &mut Program,
     data: &LayerData,
     prefix: &str,
 ) -> Result<StepTensors, WorkloadError> {
+    data.check()?;
     let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let s = &data.shape;
     let (b, h) = (s.batch(), s.hidden());
@@ -883,12 +1006,14 @@ pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), Workload
 
 /// Tasks of the step, counted from the sizes and the host planner's chunk
 /// (the rule `decode_plan` computes on the device). `data` is one
-/// [`LayerData::build`] made: its shape is checked again (one edited past
-/// [`LayerShape::check`] is refused, naming the size), and what the host
-/// planner or the MoE count refuses is returned.
+/// [`LayerData::build`] made: it is checked again ([`LayerData::check`]:
+/// a shape edited past [`LayerShape::check`], or buffers that do not fit
+/// it, are refused, naming the size or buffer, before the MoE count runs
+/// the reference on them), and what the host planner or the MoE count
+/// refuses is returned.
 pub fn task_count(data: &LayerData) -> Result<usize, WorkloadError> {
     let s = &data.shape;
-    s.check()?;
+    data.check()?;
     let (b, h, f) = (s.batch() as usize, s.hidden() as usize, s.ffn as usize);
     let t = TILE as usize;
     let (ht, ft, qt) = (h / t, f / t, s.qkv() as usize / t);
@@ -910,7 +1035,7 @@ pub fn task_count(data: &LayerData) -> Result<usize, WorkloadError> {
         None => s.layers as usize * rb * (2 * ft * ht + ft + ht + ht * ft),
         // Each layer's expert tiles follow its routing (the f64 router's):
         // the block's own count, plus the residual's adds.
-        Some(cfg) => reference::step(data)
+        Some(cfg) => reference::step(data)?
             .routes
             .iter()
             .map(|r| Ok(cfg.tasks(&pairs_per_expert(r, cfg.experts as usize)?)? + rb * ht))
@@ -919,14 +1044,19 @@ pub fn task_count(data: &LayerData) -> Result<usize, WorkloadError> {
     Ok(1 + s.layers as usize * attention_half + mlp)
 }
 
+/// What a step's check compares: the values the run wrote, the
+/// reference's and their bounds.
+type Compared = (Vec<f32>, Vec<f64>, Vec<f64>);
+
 /// Writes the step's inputs into `arena` and returns its check against
-/// [`reference::step`]: the output and every appended cache row.
+/// [`reference::step`]: the output and every appended cache row (or the
+/// reference's refusal).
 fn fill_and_check(
     w: &Program,
     arena: &mut Arena,
     data: &LayerData,
     st: &StepTensors,
-) -> impl Fn(&Arena) -> (Vec<f32>, Vec<f64>, Vec<f64>) + 'static {
+) -> impl Fn(&Arena) -> Result<Compared, WorkloadError> + 'static {
     let s = &data.shape;
     arena.write_f32(w.layout(st.x[0]), &data.x);
     arena.write_i32(w.layout(st.meta), &data.meta);
@@ -970,7 +1100,7 @@ fn fill_and_check(
     let kv: Vec<_> = st.layers.iter().map(|t| w.layout(t.kv).clone()).collect();
     let copy = data.clone();
     move |arena: &Arena| {
-        let want = reference::step(&copy);
+        let want = reference::step(&copy)?;
         let mut got = arena.read_f32(&out);
         let (mut value, mut bound) = (want.out.v.clone(), want.out.e.clone());
         let d = copy.shape.d as usize;
@@ -983,7 +1113,7 @@ fn fill_and_check(
                 bound.extend_from_slice(&a.bound);
             }
         }
-        (got, value, bound)
+        Ok((got, value, bound))
     }
 }
 
@@ -1052,7 +1182,17 @@ pub fn stitched_workload(
     let check = move |arena: &Arena| {
         let (mut got, mut value, mut bound) = (Vec::new(), Vec::new(), Vec::new());
         for c in &checks {
-            let (g, v, b) = c(arena);
+            // The data was checked before the program was built; a
+            // refusal still fails the check.
+            let (g, v, b) = match c(arena) {
+                Ok(r) => r,
+                Err(e) => {
+                    return crate::attention::sparse::failed(
+                        format!("the f64 reference: {e}"),
+                        reference::TOLERANCE,
+                    )
+                }
+            };
             got.extend(g);
             value.extend(v);
             bound.extend(b);

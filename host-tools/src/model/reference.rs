@@ -47,6 +47,7 @@ use super::layer::{LayerData, LayerWeights, MoeWeights as LayerMoe, EPS, THETA};
 use crate::attention::plan::min_chunk;
 use crate::attention::reference::relative_error;
 use crate::moe_layer::{MoeConfig, TokenRoute};
+use crate::workloads::WorkloadError;
 
 /// f32 unit roundoff.
 const U: f64 = 1.0 / (1u64 << 24) as f64;
@@ -197,8 +198,12 @@ pub struct Step {
     pub routes: Vec<Vec<TokenRoute>>,
 }
 
-/// The whole step in f64 with bounds.
-pub fn step(data: &LayerData) -> Step {
+/// The whole step in f64 with bounds. Data [`LayerData::check`] refuses
+/// (e.g. a buffer edited to another size than its shape's) is refused
+/// with its error. ([`attention_half`] and [`layer`] take their parts of
+/// data it accepts, as [`LayerData::build`] makes it.)
+pub fn step(data: &LayerData) -> Result<Step, WorkloadError> {
+    data.check()?;
     let mut x = Val::exact(&data.x, data.shape.hidden() as usize);
     let (mut appended, mut routes) = (Vec::new(), Vec::new());
     for lw in &data.layers {
@@ -207,11 +212,11 @@ pub fn step(data: &LayerData) -> Step {
         appended.push(rows);
         routes.extend(r);
     }
-    Step {
+    Ok(Step {
         out: x,
         appended,
         routes,
-    }
+    })
 }
 
 /// The attention half of a layer from `x`: the residual stream after it,

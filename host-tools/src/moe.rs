@@ -98,6 +98,8 @@ pub fn moe_with(
             "threshold = {threshold} must be in [0, 1)"
         )));
     }
+    // Checked above: tokens, hidden and ffn <= 64 and top <= 8 experts,
+    // so the products below are at most 8 x 64 x 64.
     let slots = tokens * top;
     // Data whose routing is clear: reseed until it is.
     let (mut x, mut wg) = (Vec::new(), Vec::new());

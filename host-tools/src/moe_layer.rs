@@ -300,6 +300,8 @@ pub fn moe_ffn(
 ) -> Result<MoeFfn, WorkloadError> {
     cfg.check()?;
     let c = *cfg;
+    // Checked: E <= 64, H <= 1024 and F <= MAX_FFN = 2^15, so E x H and
+    // E x F (the experts' stacked rows) are at most 2^21.
     let (t, h, f, e, k, m) = (c.tokens, c.hidden, c.ffn, c.experts, c.top_k, c.tile);
     let p = c.padded_rows()?;
     let mut tensor = |n: &str, shape: &[u32]| w.tensor(&format!("{name}.{n}"), shape);
@@ -685,6 +687,7 @@ impl MoeData {
     /// choice and expert E - 1 its last. Needs hidden >= experts.
     pub fn new(cfg: &MoeConfig, seed: u64, skew: bool) -> Result<MoeData, WorkloadError> {
         cfg.check()?;
+        // Checked: T x H <= 2^22 and E x H x F <= 2^31 (MAX_FFN).
         let (t, h, f, e, s) = (
             cfg.tokens as usize,
             cfg.hidden as usize,

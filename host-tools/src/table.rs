@@ -538,6 +538,30 @@ impl TableBuilder {
 /// program's 32-bit `HEAP` operand holds.
 const MAX_HEAP: u64 = u32::MAX as u64 / 64 * 64;
 
+/// The product of `factors`, sizes that together make one tensor
+/// dimension, region extent or count (e.g. the `B x kv_heads` rows of a
+/// tensor of partial states): exact, or [`BuildError::BadShape`] naming
+/// `what` and the factors when it does not fit the table's 32-bit sizes.
+/// The one check for such products where the factors' own checks do not
+/// bound them, instead of `u32` arithmetic that panics (debug builds) or
+/// wraps to a wrong size (release). Any factor 0 makes 0.
+pub fn product(what: &str, factors: &[u32]) -> Result<u32, BuildError> {
+    if factors.contains(&0) {
+        return Ok(0);
+    }
+    factors
+        .iter()
+        .try_fold(1u32, |p, &f| p.checked_mul(f))
+        .ok_or_else(|| {
+            let each: Vec<String> = factors.iter().map(|f| f.to_string()).collect();
+            let exact: u128 = factors.iter().map(|&f| f as u128).product();
+            BuildError::BadShape(format!(
+                "{what}: {} = {exact} exceeds the table's 32-bit sizes",
+                each.join(" x ")
+            ))
+        })
+}
+
 /// The bytes of a tensor of `shape` (4-byte elements), or why the table
 /// cannot hold it: a rank outside 1 ..= 4, a zero size, a row-major stride
 /// past the table's 32-bit strides, or a size past 2^64 bytes.
@@ -680,6 +704,23 @@ impl Arena {
 mod tests {
     use super::*;
     use device_runtime::abi::Table;
+
+    #[test]
+    fn size_products_are_exact_or_refused_naming_the_factors() {
+        // 65536 x 65535 = 2^32 - 2^16 = 4294901760 fits u32; 4096 x 2^20
+        // = 2^32 is one past u32::MAX.
+        assert_eq!(product("rows", &[65536, 65535]), Ok(4_294_901_760));
+        assert_eq!(
+            product("parts rows", &[4096, 1 << 20]),
+            Err(BuildError::BadShape(
+                "parts rows: 4096 x 1048576 = 4294967296 exceeds the table's 32-bit sizes".into()
+            ))
+        );
+        // A zero factor is 0 even after factors whose product overflows;
+        // no factors multiply to 1.
+        assert_eq!(product("rows", &[u32::MAX, u32::MAX, 0]), Ok(0));
+        assert_eq!(product("rows", &[]), Ok(1));
+    }
 
     #[test]
     fn a_built_table_parses_with_the_fields_given() {

@@ -289,6 +289,67 @@ fn the_planner_refuses_what_it_cannot_plan() {
 }
 
 #[test]
+fn sizes_past_32_bits_are_counted_exactly_or_refused() {
+    // with_chunk does not check the shape: a group of 2^31 query heads
+    // per KV head, 2 tokens in chunks of 1, has 2 x 2^31 = 2^32 rows of
+    // partial states, one past u32 (its sum once overflowed).
+    let wide = DecodeShape {
+        lengths: vec![2],
+        q_heads: 1 << 31,
+        kv_heads: 1,
+        d: 1,
+        page: 1,
+    };
+    let plan = Plan::with_chunk(&wide, 1);
+    assert_eq!(plan.parts_rows, 1 << 32);
+    assert_eq!(plan.groups[0].parts_row, Some(0));
+    // One request, u32::MAX query and KV heads, one token in a page of
+    // u32::MAX tokens: B x q_heads = 2^32 - 1 fits, but the pool is
+    // (2^32 - 1) heads x 1 page x 2 x (2^32 - 1) rows =
+    // 36893488130239234050, which once overflowed u64 in the build.
+    let huge = DecodeShape {
+        lengths: vec![1],
+        q_heads: u32::MAX,
+        kv_heads: u32::MAX,
+        d: 1,
+        page: u32::MAX,
+    };
+    let e = DecodeData::build(huge.clone(), 1).unwrap_err().to_string();
+    assert!(
+        e.contains("a pool of 36893488130239234050 rows does not fit 32-bit indices"),
+        "{e}"
+    );
+    // The check of data claiming u32::MAX such pages: (2^32 - 1)^3 x 2 =
+    // 158456324917848210770600394750 rows, past u64 too.
+    let data = DecodeData {
+        shape: huge,
+        pages: u32::MAX,
+        width: 1,
+        q: vec![],
+        kv: vec![],
+        meta: vec![0, -1],
+    };
+    let e = data.check().unwrap_err().to_string();
+    assert!(
+        e.contains("a pool of 158456324917848210770600394750 rows does not fit"),
+        "{e}"
+    );
+    // Its rows per KV head, 2 (2^32 - 1)^2, pass 64 bits: reported as
+    // u32::MAX (which no check passes), not wrapped.
+    assert_eq!(data.pool_rows(), u32::MAX);
+    // 65536 requests x 65536 query heads = 2^32 query rows: refused by
+    // the shape, as is 2 x 2^31 = 2^32 page-table rows.
+    let mut many = shape(&[1; 65536], 8, 16);
+    many.q_heads = 65536;
+    many.kv_heads = 65536;
+    let e = many.check().unwrap_err().to_string();
+    assert!(
+        e.contains("65536 requests: 4294967296 query rows (requests x query heads) exceed"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_plan_lists_chunks_on_multiples_of_the_chunk_longest_first() {
     let s = shape(&[1001, 3], 8, 16);
     let plan = Plan::with_chunk(&s, 250);

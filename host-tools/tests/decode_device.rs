@@ -194,6 +194,49 @@ fn sizes_the_device_planner_does_not_take_are_refused_before_the_run() {
 }
 
 #[test]
+fn the_device_program_refuses_data_its_check_refuses() {
+    // 65536 requests of 65536 query and KV heads: the parts' 2^32
+    // (request, KV head) groups once overflowed u32 in decode_program,
+    // which did not check its data; now the shape's check names the
+    // 65536 x 65536 = 4294967296 query rows.
+    let data = DecodeData {
+        shape: DecodeShape {
+            lengths: vec![1; 65536],
+            q_heads: 65536,
+            kv_heads: 65536,
+            d: 1,
+            page: 1,
+        },
+        pages: 65536,
+        width: 1,
+        q: vec![],
+        kv: vec![],
+        meta: vec![],
+    };
+    let e = decode_program(&data, 8).err().unwrap().to_string();
+    assert!(e.contains("4294967296 query rows"), "{e}");
+    // A page table edited to u32::MAX pages of 128 tokens (one chunk
+    // each: min_chunk(128) = 128) and a group of 16: 16 x (2^32 - 1)
+    // rows of partial states once overflowed; the metadata is refused.
+    let mut data = DecodeData::build(
+        DecodeShape {
+            q_heads: 16,
+            kv_heads: 1,
+            page: 128,
+            ..shape(&[40])
+        },
+        1,
+    )
+    .unwrap();
+    data.width = u32::MAX;
+    let e = decode_program(&data, 8).err().unwrap().to_string();
+    assert!(
+        e.contains("metadata of 2 elements, expected 8589934590"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_cost_past_the_planners_32_bit_halves_fails_the_program() {
     use host_tools::attention::device::{plan_call, AttnDims};
     use host_tools::program::Workload as Program;

@@ -197,6 +197,70 @@ fn buffers_that_do_not_fit_the_shape_are_refused_naming_them() {
 }
 
 #[test]
+fn sizes_whose_products_pass_32_bits_are_refused_not_wrapped() {
+    // 2^25 query heads of 128 on 1 KV head: hidden = 2^25 x 2^7 = 2^32,
+    // which overflowed u32 in LayerShape::check (before any size was
+    // checked), in the workload's summary and in heap_bytes.
+    let mut data = small();
+    data.shape.q_heads = 1 << 25;
+    data.shape.d = 128;
+    let e = data.shape.check().unwrap_err().to_string();
+    assert!(e.contains("a GQA group above 16"), "{e}");
+    let summary = host_tools::model::layer::summary_of(&data);
+    assert!(summary.contains("hidden 4294967296"), "{summary}");
+    let e = host_tools::model::layer::heap_bytes(&data).unwrap_err();
+    assert!(e.to_string().contains("a GQA group above 16"), "{e}");
+    let e = decode_layer_workload("decode-layer-dense", &data)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("a GQA group above 16"), "{e}");
+    // With 2^25 KV heads too (a group of 1) the hidden size's check is
+    // reached, and names it exactly: 2^25 x 128 = 4294967296.
+    let mut shape = small().shape;
+    shape.q_heads = 1 << 25;
+    shape.kv_heads = 1 << 25;
+    shape.d = 128;
+    let e = shape.check().unwrap_err().to_string();
+    assert!(
+        e.contains("hidden size 4294967296 (q_heads x d) must be a multiple of 64 up to 1024"),
+        "{e}"
+    );
+    // An MoE block's weights for a config past its check: 64 experts x
+    // 1024 hidden x (2^32 - 1) overflowed u32.
+    let cfg = host_tools::moe_layer::MoeConfig {
+        tokens: 1,
+        hidden: 1024,
+        ffn: u32::MAX,
+        experts: 64,
+        top_k: 1,
+        threshold: 0.0,
+        tile: 1,
+        shared_ffn: 0,
+    };
+    let mut rng = host_tools::rng::SplitMix64::new(1);
+    let e = host_tools::model::layer::moe_weights(&mut rng, &cfg)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("ffn = 4294967295"), "{e}");
+    // Stitched steps are prefixed a. to z.: 27 would take `{.` (and the
+    // 160th's prefix overflowed u8), none has nothing to run.
+    use host_tools::model::layer::stitched_workload;
+    for n in [0, 27] {
+        let steps = vec![small(); n];
+        let e = stitched_workload("stitched", &steps, String::new())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "{n} steps: a stitched workload takes 1 ..= 26 (prefixes a. to z.)"
+            )),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn the_most_chunks_of_a_huge_page_table_do_not_overflow() {
     // A table of u32::MAX pages of 16 (no check would pass it) needs
     // ceil((2^32 - 1) 16 / 128) = 2^29 chunks of at least 128 tokens, as

@@ -199,6 +199,18 @@ fn a_length_above_the_last_tier_is_refused_naming_the_request() {
 }
 
 #[test]
+fn the_sparse_program_refuses_data_its_check_refuses() {
+    use host_tools::attention::sparse::sparse_program;
+    // Lengths edited to u32::MAX and 1: their u32 sum, the keys' rows,
+    // once overflowed in sparse_program, which did not check its data;
+    // the check names the request past the last tier (512 tokens).
+    let mut data = SparseData::build(shape(&[10, 20]), 1).unwrap();
+    data.shape.decode.lengths = vec![u32::MAX, 1];
+    let e = sparse_program(&data).err().unwrap().to_string();
+    assert!(e.contains("request 0: KV length 4294967295 exceeds"), "{e}");
+}
+
+#[test]
 fn non_finite_indexer_data_is_refused_naming_the_element() {
     use host_tools::attention::sparse::{select, sparse_workload_with};
     // Requests of 40 (dense) and 200 (sparse) tokens: request 1's keys

@@ -37,7 +37,7 @@ use super::reference;
 use super::sparse::failed;
 use super::workload::{MERGE, PARTIAL};
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
-use crate::table::{Arena, TensorId};
+use crate::table::{product, Arena, TensorId};
 use crate::workloads::{Verification, Workload, WorkloadError};
 
 /// The tensors of the device-planned program, in declaration order. They
@@ -92,7 +92,8 @@ pub struct AttnDims {
 }
 
 impl AttnDims {
-    /// The sizes of `data`'s decode step.
+    /// The sizes of `data`'s decode step (of data [`DecodeData::check`]
+    /// accepts; [`DecodeData::pool_rows`] says what the pool is otherwise).
     pub fn of(data: &DecodeData) -> AttnDims {
         let s = &data.shape;
         AttnDims {
@@ -269,26 +270,37 @@ pub fn attention_calls(w: &mut Program, t: &AttnTensors, dims: &AttnDims, c: &Ex
 }
 
 /// The program of the device planner for `data`'s shape, planning for
-/// `cores` cores that run partials.
+/// `cores` cores that run partials. Data [`DecodeData::check`] refuses is
+/// refused, and so are sizes the table cannot hold.
 pub fn decode_program(
     data: &DecodeData,
     cores: u32,
-) -> Result<(Program, DeviceTensors), LowerError> {
+) -> Result<(Program, DeviceTensors), WorkloadError> {
+    data.check()
+        .map_err(|e| WorkloadError::Params(e.to_string()))?;
+    let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let s = &data.shape;
     let dims = AttnDims::of(data);
     let (b, d, kvh) = (s.batch(), s.d, s.kv_heads);
+    // Checked: D <= 128, and the pool fits u32 rows. The parts' rows are
+    // products the checks leave unbounded (W is the meta buffer's).
+    let groups = product("parts: requests x KV heads", &[b, kvh])?;
+    let rows = product("parts: most chunks x group", &[dims.most, dims.group])?;
     let mut w = Program::new();
-    let attn = AttnTensors {
-        q: w.tensor("q", &[b, s.q_heads, d])?,
-        kv: w.tensor("kv", &[kvh, dims.pool, d])?,
-        meta: w.tensor_i32("meta", &[b, 2, dims.width])?,
-        out: w.tensor("out", &[b, s.q_heads, d + 2])?,
-        parts: w.tensor("parts", &[b * kvh, dims.most * dims.group, d + 2])?,
-        lens: w.tensor_i32("lens", &[1, b])?,
+    let mut tensors = || -> Result<AttnTensors, LowerError> {
+        Ok(AttnTensors {
+            q: w.tensor("q", &[b, s.q_heads, d])?,
+            kv: w.tensor("kv", &[kvh, dims.pool, d])?,
+            meta: w.tensor_i32("meta", &[b, 2, dims.width])?,
+            out: w.tensor("out", &[b, s.q_heads, d + 2])?,
+            parts: w.tensor("parts", &[groups, rows, d + 2])?,
+            lens: w.tensor_i32("lens", &[1, b])?,
+        })
     };
+    let attn = tensors().map_err(lower)?;
     let t = DeviceTensors {
         attn,
-        plan: w.tensor_i32("plan", &[1, 1])?,
+        plan: w.tensor_i32("plan", &[1, 1]).map_err(lower)?,
     };
     w.input(attn.lens);
     plan_call(&mut w, &dims, attn.lens, t.plan, cores);
@@ -312,7 +324,7 @@ pub fn device_decode_workload(
     let s = &data.shape;
     check_plan(s.batch(), s.kv_heads, s.page, cores).map_err(WorkloadError::Params)?;
     let lower = |e: LowerError| WorkloadError::Params(e.to_string());
-    let (mut w, t) = decode_program(data, cores).map_err(lower)?;
+    let (mut w, t) = decode_program(data, cores)?;
     let table = w.finish().map_err(lower)?;
     let mut arena = Arena::zeroed(w.arena_size());
     let a = &t.attn;

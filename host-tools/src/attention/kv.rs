@@ -27,9 +27,10 @@ pub struct DecodeShape {
 }
 
 impl DecodeShape {
-    /// Requests in the batch.
+    /// Requests in the batch; `u32::MAX` for more, which
+    /// [`DecodeShape::check`] refuses (rather than a count cut to 32 bits).
     pub fn batch(&self) -> u32 {
-        self.lengths.len() as u32
+        u32::try_from(self.lengths.len()).unwrap_or(u32::MAX)
     }
 
     /// Query heads per KV head (`G`).
@@ -42,11 +43,29 @@ impl DecodeShape {
         self.lengths[b].div_ceil(self.page)
     }
 
-    /// Checks the head counts, head dimension, page size and lengths.
+    /// Checks the head counts, head dimension, page size and lengths, and
+    /// that the batch's `B x q_heads` query rows and `2B` page-table rows
+    /// fit the table's 32-bit sizes (so does every product of the batch
+    /// and a head count that the tables and programs take).
     pub fn check(&self) -> Result<(), MetaError> {
         let bad = |why: String| Err(MetaError::Shape(why));
         if self.lengths.is_empty() {
             return bad("the batch is empty".into());
+        }
+        let b = self.lengths.len() as u128;
+        for (rows, what) in [
+            (
+                b * self.q_heads as u128,
+                "query rows (requests x query heads)",
+            ),
+            (2 * b, "page-table rows (2 per request)"),
+        ] {
+            if rows > u32::MAX as u128 {
+                return bad(format!(
+                    "{} requests: {rows} {what} exceed the table's 32-bit sizes",
+                    self.lengths.len()
+                ));
+            }
         }
         if self.kv_heads == 0 || self.q_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
@@ -123,8 +142,8 @@ pub enum MetaError {
     MetaSize {
         /// Elements given.
         got: usize,
-        /// Elements due.
-        expected: usize,
+        /// Elements due (exact: `2B x W` may pass `usize`).
+        expected: u128,
     },
 }
 
@@ -194,8 +213,8 @@ pub fn check_meta(
         return Err(MetaError::Shape("page size 0".into()));
     }
     let w = width as usize;
-    let expected = 2 * lengths.len() * w;
-    if meta.len() != expected {
+    let expected = 2 * lengths.len() as u128 * width as u128;
+    if meta.len() as u128 != expected {
         return Err(MetaError::MetaSize {
             got: meta.len(),
             expected,
@@ -264,8 +283,9 @@ impl DecodeData {
         let per: Vec<u32> = (0..b).map(|i| shape.pages_of(i)).collect();
         let pages: u64 = per.iter().map(|&p| p as u64).sum();
         let width = *per.iter().max().expect("a batch is not empty");
-        let rows = shape.kv_heads as u64 * pages * 2 * shape.page as u64;
-        if rows > u32::MAX as u64 || pages > i32::MAX as u64 {
+        // u128: pages sums B u32 counts, so the product may pass u64.
+        let rows = shape.kv_heads as u128 * pages as u128 * 2 * shape.page as u128;
+        if rows > u32::MAX as u128 || pages > i32::MAX as u64 {
             return Err(MetaError::Shape(format!(
                 "a pool of {rows} rows does not fit 32-bit indices"
             )));
@@ -278,6 +298,8 @@ impl DecodeData {
             order.swap(i, j);
         }
         let w = width as usize;
+        // Each request has a page and the pool fits u32 rows of 2 per page:
+        // B and W are below 2^31, and 2 B W below 2^63.
         let mut meta = vec![-1i32; 2 * b * w];
         let mut next = 0usize;
         for (i, &n) in per.iter().enumerate() {
@@ -286,6 +308,7 @@ impl DecodeData {
             next += n;
         }
         let d = shape.d as usize;
+        // The shape's check bounds B x q_heads by u32, D by 128.
         let q = rng.fill(b * shape.q_heads as usize * d);
         let kv = rng.fill(rows as usize * d);
         Ok(DecodeData {
@@ -298,9 +321,12 @@ impl DecodeData {
         })
     }
 
-    /// Rows of one KV head's pool: `pages * 2P`.
+    /// Rows of one KV head's pool: `pages * 2P`; `u32::MAX` for more,
+    /// which [`DecodeData::check`] refuses (rather than a count wrapped to
+    /// 32 bits).
     pub fn pool_rows(&self) -> u32 {
-        self.pages * 2 * self.shape.page
+        let rows = self.pages as u128 * 2 * self.shape.page as u128;
+        u32::try_from(rows).unwrap_or(u32::MAX)
     }
 
     /// Request `b`'s page table (`W` entries).
@@ -309,9 +335,11 @@ impl DecodeData {
         &self.meta[2 * b * w..(2 * b + 1) * w]
     }
 
-    /// Checks the metadata (see [`check_meta`]), and that every query,
-    /// key and value is finite ([`MetaError::NonFinite`] names the first
-    /// that is not).
+    /// Checks the shape ([`DecodeShape::check`]), the metadata (see
+    /// [`check_meta`]), that the pool's `kv_heads x pages x 2P` rows fit
+    /// 32 bits (as [`DecodeData::build`] makes them), the sizes of `q`
+    /// and `kv`, and that every query, key and value is finite
+    /// ([`MetaError::NonFinite`] names the first that is not).
     pub fn check(&self) -> Result<(), MetaError> {
         self.shape.check()?;
         check_meta(
@@ -325,10 +353,15 @@ impl DecodeData {
         // `[B * q_heads, D]` and `[kv_heads * pool rows, D]`: a shorter
         // buffer would be read past its end, a longer one hides a mistake.
         let s = &self.shape;
-        let q_rows = s.lengths.len() as u64 * s.q_heads as u64;
-        let kv_rows = s.kv_heads as u64 * self.pages as u64 * 2 * s.page as u64;
+        let q_rows = s.lengths.len() as u128 * s.q_heads as u128;
+        let kv_rows = s.kv_heads as u128 * self.pages as u128 * 2 * s.page as u128;
+        if kv_rows > u32::MAX as u128 {
+            return Err(MetaError::Shape(format!(
+                "a pool of {kv_rows} rows does not fit 32-bit indices"
+            )));
+        }
         for (tensor, values, rows) in [("q", &self.q, q_rows), ("kv", &self.kv, kv_rows)] {
-            let want = rows as u128 * d as u128;
+            let want = rows * d as u128;
             if values.len() as u128 != want {
                 return Err(MetaError::Shape(format!(
                     "{tensor} holds {} values; its shape takes {rows} rows of {d}, {want}",
@@ -354,6 +387,7 @@ impl DecodeData {
     pub fn kv_row(&self, b: usize, h: u32, t: u32, value: bool) -> &[f32] {
         let p = self.shape.page;
         let page = self.table(b)[(t / p) as usize] as u64;
+        // Checked data's pool fits 32-bit rows: so do h, page and t's row.
         let row = h as u64 * self.pool_rows() as u64
             + page * 2 * p as u64
             + if value { p as u64 } else { 0 }

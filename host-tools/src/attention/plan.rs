@@ -191,8 +191,9 @@ pub struct Group {
     /// Its chunks (1: written straight to `out`, no merge).
     pub chunks: u32,
     /// With more than one chunk: the first row of its `chunks * G` rows of
-    /// partial states in `parts`.
-    pub parts_row: Option<u32>,
+    /// partial states in `parts` (64-bit: the rows of a plan of many
+    /// chunks may pass `u32`, which the table refuses).
+    pub parts_row: Option<u64>,
 }
 
 /// The work list of one batch.
@@ -204,8 +205,9 @@ pub struct Plan {
     pub items: Vec<Item>,
     /// Every (request, KV head), in (request, KV head) order.
     pub groups: Vec<Group>,
-    /// Rows of `parts` the split groups use (`G` per chunk).
-    pub parts_rows: u32,
+    /// Rows of `parts` the split groups use (`G` per chunk), exact
+    /// (64-bit, as [`Group::parts_row`]).
+    pub parts_rows: u64,
 }
 
 impl Plan {
@@ -235,7 +237,7 @@ impl Plan {
     /// refuses with the shape.
     pub fn with_chunk(shape: &DecodeShape, chunk: u32) -> Plan {
         let g = shape.q_heads.checked_div(shape.kv_heads).unwrap_or(0);
-        let (mut items, mut groups, mut parts_rows) = (Vec::new(), Vec::new(), 0u32);
+        let (mut items, mut groups, mut parts_rows) = (Vec::new(), Vec::new(), 0u64);
         if chunk == 0 {
             return Plan {
                 chunk,
@@ -247,9 +249,14 @@ impl Plan {
         for (b, &len) in shape.lengths.iter().enumerate() {
             let chunks = len.div_ceil(chunk);
             for h in 0..shape.kv_heads {
+                // chunks x G < 2^64. With G <= 16 (a checked shape) the sum
+                // is at most 16 x the items listed, far below 2^64; an
+                // unchecked G may pass it, and the sum then stops at
+                // u64::MAX, which no table holds (decode_table refuses more
+                // than u32::MAX rows).
                 let parts_row = (chunks > 1).then(|| {
                     let row = parts_rows;
-                    parts_rows += chunks * g;
+                    parts_rows = parts_rows.saturating_add(chunks as u64 * g as u64);
                     row
                 });
                 groups.push(Group {
@@ -259,6 +266,7 @@ impl Plan {
                     parts_row,
                 });
                 for i in 0..chunks {
+                    // i < ceil(len / chunk), so i x chunk < len.
                     let first = i * chunk;
                     items.push(Item {
                         request: b as u32,

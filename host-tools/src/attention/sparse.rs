@@ -292,6 +292,8 @@ impl SparseData {
         // Widen meta to hold k_max selected positions per request.
         let width = attn.width.max(shape.tiers.k_max);
         let (old, new) = (attn.width as usize, width as usize);
+        // 2B rows of W (the build's pool bounds both below 2^31) widened
+        // to at most max(W, k_max <= 2048) columns: below 2^63.
         let mut meta = vec![-1i32; attn.meta.len() / old * new];
         for (row, src) in attn.meta.chunks_exact(old).enumerate() {
             meta[row * new..row * new + old].copy_from_slice(src);
@@ -364,6 +366,7 @@ impl SparseData {
             s.index_heads as u64,
             s.index_dim as u64,
         );
+        // The shape's check bounds B by u32, H by 64 and Dq by 128.
         let total: u64 = lengths.iter().map(|&l| l as u64).sum();
         for (tensor, values, rows, cols) in [
             ("iq", &self.iq, b * h, dq),
@@ -514,27 +517,34 @@ pub struct SparseTensors {
 }
 
 /// The sparse decode program for `data`'s shape (see [the
-/// program](self)).
-pub fn sparse_program(data: &SparseData) -> Result<(Program, SparseTensors), LowerError> {
+/// program](self)). Data [`SparseData::check`] refuses is refused, and so
+/// are sizes the table cannot hold.
+pub fn sparse_program(data: &SparseData) -> Result<(Program, SparseTensors), WorkloadError> {
+    data.check()?;
+    let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let sh = &data.shape;
     let s = &sh.decode;
     let (b, d, g, kvh, page) = (s.batch(), s.d, s.group(), s.kv_heads, s.page);
     let (pool, width) = (data.attn.pool_rows(), data.attn.width);
     let (h, dq) = (sh.index_heads, sh.index_dim);
+    // The shape's check bounds the keys' total by i32::MAX.
     let total: u32 = s.lengths.iter().sum();
     let tiers = sh.tiers.clone();
     let mut w = Program::new();
-    let t = SparseTensors {
-        q: w.tensor("q", &[b, kvh, g, d])?,
-        kv: w.tensor("kv", &[kvh, pool, d])?,
-        meta: w.tensor_i32("meta", &[b, 2, width])?,
-        out: w.tensor("out", &[b, kvh, g, d + 2])?,
-        iq: w.tensor("iq", &[b, h, dq])?,
-        iw: w.tensor("iw", &[b, 1, h])?,
-        keys: w.tensor("keys", &[total, dq])?,
-        scores: w.tensor("scores", &[1, total])?,
-        lens: w.tensor_i32("lens", &[2, b])?,
+    let mut tensors = || -> Result<SparseTensors, LowerError> {
+        Ok(SparseTensors {
+            q: w.tensor("q", &[b, kvh, g, d])?,
+            kv: w.tensor("kv", &[kvh, pool, d])?,
+            meta: w.tensor_i32("meta", &[b, 2, width])?,
+            out: w.tensor("out", &[b, kvh, g, d + 2])?,
+            iq: w.tensor("iq", &[b, h, dq])?,
+            iw: w.tensor("iw", &[b, 1, h])?,
+            keys: w.tensor("keys", &[total, dq])?,
+            scores: w.tensor("scores", &[1, total])?,
+            lens: w.tensor_i32("lens", &[2, b])?,
+        })
     };
+    let t = tensors().map_err(lower)?;
     w.input(t.lens);
     let scale = Expr::Const(((1.0 / (d as f64).sqrt()) as f32).to_bits() as i64);
     let zero = || Expr::Const(0);
@@ -700,7 +710,7 @@ pub fn sparse_workload_with(
 ) -> Result<Workload, WorkloadError> {
     data.check()?;
     let lower = |e: LowerError| WorkloadError::Params(e.to_string());
-    let (mut w, t) = sparse_program(data).map_err(lower)?;
+    let (mut w, t) = sparse_program(data)?;
     let table = w.finish().map_err(lower)?;
     let mut arena = Arena::zeroed(w.arena_size());
     arena.write_f32(w.layout(t.q), &data.attn.q);

@@ -33,7 +33,8 @@ pub struct DecodeTensors {
     pub meta: TensorId,
     /// `[B * q_heads, D + 2]`: the final states.
     pub out: TensorId,
-    /// `[max(1, plan.parts_rows), D + 2]`: partial states of split groups.
+    /// `[max(1, plan.parts_rows), D + 2]`: partial states of split groups
+    /// (a plan of more rows than `u32` holds is refused).
     pub parts: TensorId,
 }
 
@@ -50,19 +51,34 @@ pub fn decode_table(
     plan.check(&data.shape).map_err(WorkloadError::Params)?;
     let s = &data.shape;
     let (b, d, g, page) = (s.batch(), s.d, s.group(), s.page);
-    if let Some(big) = plan.groups.iter().find(|gr| gr.chunks * g > MAX_PART_ROWS) {
+    // chunks x G in u64: a plan of chunks of 1 token may have 2^32 - 1.
+    if let Some(big) = plan
+        .groups
+        .iter()
+        .find(|gr| gr.chunks as u64 * g as u64 > MAX_PART_ROWS as u64)
+    {
         return Err(WorkloadError::Params(format!(
             "request {}: {} chunks of {} rows exceed attn_merge's {MAX_PART_ROWS} rows",
             big.request, big.chunks, g
         )));
     }
+    let parts_rows = u32::try_from(plan.parts_rows.max(1)).map_err(|_| {
+        WorkloadError::Params(format!(
+            "{} rows of partial states exceed the table's 32-bit sizes",
+            plan.parts_rows
+        ))
+    })?;
+    // The checks bound every product below: the shape's B x q_heads
+    // (so B x kv_heads, request x q_heads + head x G) and 2B, the data's
+    // kv_heads x pool rows, each group's chunks x G (above) and each
+    // row of partial states, below `parts_rows`.
     let mut t = TableBuilder::new();
     let ids = DecodeTensors {
         q: t.tensor("q", &[b * s.q_heads, d])?,
         kv: t.tensor("kv", &[s.kv_heads * data.pool_rows(), d])?,
         meta: t.tensor_i32("meta", &[2 * b, data.width])?,
         out: t.tensor("out", &[b * s.q_heads, d + 2])?,
-        parts: t.tensor("parts", &[plan.parts_rows.max(1), d + 2])?,
+        parts: t.tensor("parts", &[parts_rows, d + 2])?,
     };
     let scale = (1.0 / (d as f64).sqrt()) as f32;
     let group = |r: u32, h: u32| &plan.groups[(r * s.kv_heads + h) as usize];
@@ -70,7 +86,7 @@ pub fn decode_table(
         let row = it.request * s.q_heads + it.kv_head * g;
         let gr = group(it.request, it.kv_head);
         let part = match gr.parts_row {
-            Some(first) => Arg::tile(ids.parts, Out, first + it.chunk * g, 0, g, d + 2),
+            Some(first) => Arg::tile(ids.parts, Out, (first as u32) + it.chunk * g, 0, g, d + 2),
             None => Arg::tile(ids.out, Out, row, 0, g, d + 2),
         };
         let args = [
@@ -96,6 +112,7 @@ pub fn decode_table(
     }
     for gr in &plan.groups {
         let Some(first) = gr.parts_row else { continue };
+        let first = first as u32; // below `parts_rows`, a u32
         let row = gr.request * s.q_heads + gr.kv_head * g;
         let args = [
             Arg::tile(ids.parts, In, first, 0, gr.chunks * g, d + 2),

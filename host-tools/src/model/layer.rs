@@ -15,7 +15,7 @@ use crate::attention::plan::{choose_chunk, CostModel, Plan};
 use crate::moe_layer::{moe_ffn, pairs_per_expert, MoeConfig, MoeFfn, MAX_FFN};
 use crate::program::{Axis, Expr, LowerError, Region, Workload as Program};
 use crate::rng::SplitMix64;
-use crate::table::{Arena, TensorId};
+use crate::table::{product, Arena, TensorId};
 use crate::workloads::{Verification, Workload, WorkloadError};
 
 /// Edge of the GEMM tiles.
@@ -95,19 +95,26 @@ impl LayerShape {
         }
     }
 
-    /// Requests.
+    /// Requests; `u32::MAX` for more, which [`LayerShape::check`]
+    /// refuses (rather than a count cut to 32 bits).
     pub fn batch(&self) -> u32 {
-        self.lengths.len() as u32
+        u32::try_from(self.lengths.len()).unwrap_or(u32::MAX)
     }
 
-    /// The hidden size, `q_heads * d`.
+    /// The hidden size, `q_heads * d`: exact for a shape
+    /// [`LayerShape::check`] accepts (at most [`MAX_HIDDEN`]); `u32::MAX`
+    /// when it passes 32 bits, which the check refuses.
     pub fn hidden(&self) -> u32 {
-        self.q_heads * self.d
+        self.q_heads.saturating_mul(self.d)
     }
 
-    /// Columns of the QKV projection: `(q_heads + 2 kv_heads) * d`.
+    /// Columns of the QKV projection, `(q_heads + 2 kv_heads) * d`: exact
+    /// for a shape [`LayerShape::check`] accepts (at most 3 x
+    /// [`MAX_HIDDEN`]); `u32::MAX` when it passes 32 bits, which the check
+    /// refuses.
     pub fn qkv(&self) -> u32 {
-        (self.q_heads + 2 * self.kv_heads) * self.d
+        let heads = self.kv_heads.saturating_mul(2).saturating_add(self.q_heads);
+        heads.saturating_mul(self.d)
     }
 
     /// The attention's shape (the lengths as they are after the append).
@@ -124,10 +131,12 @@ impl LayerShape {
     /// Refuses sizes the kernels or the tiling cannot take, naming them.
     pub fn check(&self) -> Result<(), WorkloadError> {
         let bad = |why: String| Err(WorkloadError::Params(why));
-        let (b, h) = (self.batch(), self.hidden());
-        if b == 0 || b > MAX_BATCH {
+        // Exact: the accessors saturate past 32 bits.
+        let (b, h) = (self.lengths.len(), self.q_heads as u64 * self.d as u64);
+        if b == 0 || b > MAX_BATCH as usize {
             return bad(format!("{b} requests: the layer takes 1 ..= {MAX_BATCH}"));
         }
+        let b = b as u32;
         if self.layers == 0 {
             return bad("0 layers".into());
         }
@@ -146,11 +155,13 @@ impl LayerShape {
         if self.q_heads / self.kv_heads > MAX_GROUP {
             return bad(format!("a GQA group above {MAX_GROUP}"));
         }
-        if h == 0 || !h.is_multiple_of(TILE) || h > MAX_HIDDEN {
+        if h == 0 || !h.is_multiple_of(TILE as u64) || h > MAX_HIDDEN as u64 {
             return bad(format!(
                 "hidden size {h} (q_heads x d) must be a multiple of {TILE} up to {MAX_HIDDEN}"
             ));
         }
+        // q_heads x d <= 1024 and kv_heads <= q_heads: the QKV columns
+        // are at most 3072, exact.
         if !self.qkv().is_multiple_of(TILE) {
             return bad(format!(
                 "the QKV projection's {} columns are not a multiple of {TILE}",
@@ -269,10 +280,14 @@ fn weights(rng: &mut SplitMix64, n: usize, fan_in: u32) -> Vec<f32> {
     rng.fill(n).into_iter().map(|v| v * scale).collect()
 }
 
-/// An MoE block's weights for `cfg`.
-pub fn moe_weights(rng: &mut SplitMix64, cfg: &MoeConfig) -> MoeWeights {
+/// An MoE block's weights for `cfg` (a config [`MoeConfig::check`]
+/// refuses is refused).
+pub fn moe_weights(rng: &mut SplitMix64, cfg: &MoeConfig) -> Result<MoeWeights, WorkloadError> {
+    cfg.check()?;
+    // Checked: E <= 64, H <= 1024, F and Fs <= MAX_FFN = 2^15, so every
+    // count below is at most 2^31.
     let (h, f, e, s) = (cfg.hidden, cfg.ffn, cfg.experts, cfg.shared_ffn);
-    MoeWeights {
+    Ok(MoeWeights {
         router: router(rng, cfg),
         gate: weights(rng, (e * h * f) as usize, h),
         up: weights(rng, (e * h * f) as usize, h),
@@ -282,11 +297,12 @@ pub fn moe_weights(rng: &mut SplitMix64, cfg: &MoeConfig) -> MoeWeights {
             weights(rng, (h * s) as usize, h),
             weights(rng, (s * h) as usize, s.max(1)),
         ],
-    }
+    })
 }
 
 /// A router `[H, E]` whose logits are a few units apart (entries of
-/// `2^-s` times 4, `2^s` near `sqrt(H)`): most draws route clearly.
+/// `2^-s` times 4, `2^s` near `sqrt(H)`): most draws route clearly. (Of a
+/// checked config: H x E is at most 2^16.)
 fn router(rng: &mut SplitMix64, cfg: &MoeConfig) -> Vec<f32> {
     let (h, e) = (cfg.hidden, cfg.experts);
     weights(rng, (h * e) as usize, h)
@@ -328,7 +344,7 @@ impl LayerData {
         let attn = DecodeData::build(shape.attention(), seed)
             .map_err(|e| WorkloadError::Params(e.to_string()))?;
         let (pages, width, meta) = (attn.pages, attn.width, attn.meta);
-        Self::with_tables(shape, seed, pages, width, meta).decisive(seed)
+        Self::with_tables(shape, seed, pages, width, meta)?.decisive(seed)
     }
 
     /// A prefill chunk: the rows of `shape` are consecutive tokens of one
@@ -361,7 +377,7 @@ impl LayerData {
         let meta: Vec<i32> = (0..rows)
             .flat_map(|_| attn.meta[..2 * w].to_vec())
             .collect();
-        Self::with_tables(shape, seed, attn.pages, attn.width, meta).decisive(seed)
+        Self::with_tables(shape, seed, attn.pages, attn.width, meta)?.decisive(seed)
     }
 
     /// Redraws each MoE layer's router until every routing decision on
@@ -401,17 +417,23 @@ impl LayerData {
         Ok(self)
     }
 
+    /// The data of a checked `shape` on page tables `meta` over `pages`
+    /// pages (as [`DecodeData::build`] made them: the pool fits u32 rows).
     fn with_tables(
         shape: LayerShape,
         seed: u64,
         pages: u32,
         width: u32,
         meta: Vec<i32>,
-    ) -> LayerData {
+    ) -> Result<LayerData, WorkloadError> {
+        // The shape's check bounds B <= 256, H <= 1024, QKV <= 3072 and
+        // F <= 2^15: the u32 products below are at most 2^25.
         let (b, h, f, d) = (shape.batch() as usize, shape.hidden(), shape.ffn, shape.d);
         let mut rng = SplitMix64::new(seed ^ 0x006c_6179_6572);
         let x = rng.fill(b * h as usize);
-        let pool = (shape.kv_heads * pages * 2 * shape.page * d) as usize;
+        // The pool's rows fit u32, but times D (up to 128) they may not:
+        // in usize.
+        let pool = shape.kv_heads as usize * pages as usize * 2 * shape.page as usize * d as usize;
         let moe = shape.moe();
         let layers = (0..shape.layers)
             .map(|_| {
@@ -419,7 +441,7 @@ impl LayerData {
                     None => weights(rng, n as usize, fan_in),
                     Some(_) => Vec::new(),
                 };
-                LayerWeights {
+                Ok(LayerWeights {
                     g1: gains(&mut rng, h as usize),
                     wqkv: weights(&mut rng, (h * shape.qkv()) as usize, h),
                     wo: weights(&mut rng, (h * h) as usize, h),
@@ -427,22 +449,21 @@ impl LayerData {
                     wg: dense(&mut rng, h * f, h),
                     wu: dense(&mut rng, h * f, h),
                     wd: dense(&mut rng, f * h, f),
-                    moe: moe.map(|c| moe_weights(&mut rng, &c)),
+                    moe: moe.map(|c| moe_weights(&mut rng, &c)).transpose()?,
                     kv: rng.fill(pool),
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_, WorkloadError>>()?;
         let longest = *shape.lengths.iter().max().expect("checked: not empty");
-        LayerData {
-            // LayerShape::check took the shape: D is even and positive.
-            cs: cos_sin(longest, d).expect("a checked head dimension"),
+        Ok(LayerData {
+            cs: cos_sin(longest, d)?,
             pages,
             width,
             meta,
             x,
             layers,
             shape,
-        }
+        })
     }
 
     /// Checks the data against its shape, as [`DecodeData::check`] does
@@ -541,9 +562,12 @@ impl LayerData {
         Ok(())
     }
 
-    /// Rows of one KV head's pool.
+    /// Rows of one KV head's pool, `pages x 2P`; `u32::MAX` for more,
+    /// which [`LayerData::check`] refuses (rather than a count wrapped to
+    /// 32 bits).
     pub fn pool_rows(&self) -> u32 {
-        self.pages * 2 * self.shape.page
+        let rows = self.pages as u128 * 2 * self.shape.page as u128;
+        u32::try_from(rows).unwrap_or(u32::MAX)
     }
 
     /// The pool row of token `t` of request `b` (key, or value when
@@ -765,6 +789,10 @@ fn layer_tensors(
     let s = &data.shape;
     let (b, h, f, d) = (s.batch(), s.hidden(), s.ffn, s.d);
     let g = s.q_heads / s.kv_heads;
+    // The data's check bounds B, H, QKV, F, D and the pool; the parts'
+    // rows are products it leaves unbounded (W is the meta buffer's).
+    let groups = product("parts: requests x KV heads", &[b, s.kv_heads])?;
+    let rows = product("parts: most chunks x group", &[data.max_chunks(), g])?;
     let mut t = |name: &str, shape: &[u32]| w.tensor(&format!("{prefix}l{l}.{name}"), shape);
     let weights = (
         t("g1", &[1, h])?,
@@ -772,7 +800,7 @@ fn layer_tensors(
         t("wo", &[h, h])?,
         t("g2", &[1, h])?,
         t("kv", &[s.kv_heads, data.pool_rows(), d])?,
-        t("parts", &[b * s.kv_heads, data.max_chunks() * g, d + 2])?,
+        t("parts", &[groups, rows, d + 2])?,
     );
     // The layer's intermediates live on the heap ring (scratch tensors):
     // the arena keeps weights, the cache, inputs and outputs.
@@ -1014,6 +1042,9 @@ pub fn step_program(data: &LayerData) -> Result<(Program, StepTensors), Workload
 pub fn task_count(data: &LayerData) -> Result<usize, WorkloadError> {
     let s = &data.shape;
     data.check()?;
+    // Checked: B <= 256, H <= 1024, QKV <= 3072, F <= 2^15, so every
+    // count per layer is exact in usize; the layers (a u32) multiply in
+    // u128 below.
     let (b, h, f) = (s.batch() as usize, s.hidden() as usize, s.ffn as usize);
     let t = TILE as usize;
     let (ht, ft, qt) = (h / t, f / t, s.qkv() as usize / t);
@@ -1031,17 +1062,24 @@ pub fn task_count(data: &LayerData) -> Result<usize, WorkloadError> {
     };
     let rope = b * (1 + 2 * s.kv_heads as usize);
     let attention_half = norms + rb * qt * ht + rope + attn + b + rb * (ht + ht * ht);
-    let mlp: usize = match s.moe() {
-        None => s.layers as usize * rb * (2 * ft * ht + ft + ht + ht * ft),
+    // u128: fewer than 2^32 layers of fewer than 2^64 tasks each.
+    let layers = s.layers as u128;
+    let mlp: u128 = match s.moe() {
+        None => layers * (rb * (2 * ft * ht + ft + ht + ht * ft)) as u128,
         // Each layer's expert tiles follow its routing (the f64 router's):
         // the block's own count, plus the residual's adds.
         Some(cfg) => reference::step(data)?
             .routes
             .iter()
-            .map(|r| Ok(cfg.tasks(&pairs_per_expert(r, cfg.experts as usize)?)? + rb * ht))
-            .sum::<Result<usize, WorkloadError>>()?,
+            .map(|r| {
+                let block = cfg.tasks(&pairs_per_expert(r, cfg.experts as usize)?)?;
+                Ok((block + rb * ht) as u128)
+            })
+            .sum::<Result<u128, WorkloadError>>()?,
     };
-    Ok(1 + s.layers as usize * attention_half + mlp)
+    let tasks = 1 + layers * attention_half as u128 + mlp;
+    usize::try_from(tasks)
+        .map_err(|_| WorkloadError::Params(format!("the step's {tasks} tasks do not fit usize")))
 }
 
 /// What a step's check compares: the values the run wrote, the
@@ -1122,8 +1160,12 @@ fn fill_and_check(
 /// for the largest block once more (a block that would cross the ring's
 /// end starts at its beginning). A layer's scratch tensors are freed at
 /// its end, so the next layer's first writer waits for them to retire.
-pub fn heap_bytes(data: &LayerData) -> u64 {
+/// A shape [`LayerShape::check`] refuses is refused.
+pub fn heap_bytes(data: &LayerData) -> Result<u64, WorkloadError> {
     let s = &data.shape;
+    // Checked: B <= 256, H <= 1024, QKV <= 3072, D <= 128, F <= 2^15, so
+    // each count below is below 2^24 and the sum far below 2^64.
+    s.check()?;
     let (b, h, d, qh) = (
         s.batch() as u64,
         s.hidden() as u64,
@@ -1149,20 +1191,38 @@ pub fn heap_bytes(data: &LayerData) -> u64 {
     // beginning, leaving the end unused: room for the largest block more.
     let largest = floats.iter().map(block).max().unwrap_or(0);
     let stream = if s.layers > 1 { 2 * block(&(b * h)) } else { 0 };
-    blocks + stream + largest
+    Ok(blocks + stream + largest)
 }
+
+/// Most steps [`stitched_workload`] takes: their tensors are prefixed
+/// `a.` to `z.`.
+pub const MAX_STEPS: usize = 26;
 
 /// Several independent steps in one program (tensors prefixed `a.`,
 /// `b.`, ...), checked together: nothing orders one batch's tasks after
-/// another's, so they interleave on the cores.
+/// another's, so they interleave on the cores. One to [`MAX_STEPS`]
+/// steps; each refused as [`step_into`] refuses it.
 pub fn stitched_workload(
     name: &'static str,
     steps: &[LayerData],
     summary: String,
 ) -> Result<Workload, WorkloadError> {
+    if !(1..=MAX_STEPS).contains(&steps.len()) {
+        return Err(WorkloadError::Params(format!(
+            "{} steps: a stitched workload takes 1 ..= {MAX_STEPS} (prefixes a. to z.)",
+            steps.len()
+        )));
+    }
     let lower = |e: LowerError| WorkloadError::Params(e.to_string());
     let mut w = Program::new();
-    w.heap(steps.iter().map(heap_bytes).sum()).map_err(lower)?;
+    // At most 26 steps, each ring below 2^32 bytes (its shape is checked):
+    // the sum cannot overflow u64, and the ring's own check refuses one
+    // past 4 GiB.
+    let heap = steps
+        .iter()
+        .map(heap_bytes)
+        .sum::<Result<u64, WorkloadError>>()?;
+    w.heap(heap).map_err(lower)?;
     let mut sts = Vec::new();
     for (i, data) in steps.iter().enumerate() {
         let prefix = if steps.len() == 1 {
@@ -1254,9 +1314,10 @@ pub fn summary_of(data: &LayerData) -> String {
         "decode step: {} layers, {} requests ({total} KV tokens, longest {}), hidden {}, \
          {} query / {} KV heads of {}, pages of {}, {mlp}",
         s.layers,
-        s.batch(),
+        s.lengths.len(),
         s.lengths.iter().max().copied().unwrap_or(0),
-        s.hidden(),
+        // Exact for any shape: the summary is made before any check.
+        s.q_heads as u64 * s.d as u64,
         s.q_heads,
         s.kv_heads,
         s.d,

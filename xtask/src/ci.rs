@@ -156,15 +156,14 @@ fn stress(root: &Path) -> Result<()> {
 /// are recorded in BENCHMARKS.md, not judged here.
 fn bench(root: &Path) -> Result<()> {
     run(cargo(root).args(["bench", "-p", "device-runtime", "--bench", "orchestration"]))?;
-    run(cargo(root)
-        .args(["bench", "-p", "device-runtime", "--bench", "issue"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
-    run(cargo(root)
-        .args(["bench", "-p", "device-runtime", "--bench", "ring"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
-    run(cargo(root)
-        .args(["bench", "-p", "host-tools", "--bench", "scheduling"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
+    let smoke = |package: &str, bench: &str| {
+        run(cargo(root)
+            .args(["bench", "-p", package, "--bench", bench])
+            .env("WSP_BENCH_SMOKE", "1"))
+    };
+    smoke("device-runtime", "issue")?;
+    smoke("device-runtime", "ring")?;
+    smoke("host-tools", "scheduling")?;
     qemu_bench::qemu_bench(
         root,
         qemu_bench::SMOKE_TASKS,
@@ -172,24 +171,17 @@ fn bench(root: &Path) -> Result<()> {
         1,
         qemu_bench::Clock::Icount,
     )?;
-    run(cargo(root)
-        .args(["bench", "-p", "host-tools", "--bench", "expansion"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
-    run(cargo(root)
-        .args(["bench", "-p", "host-tools", "--bench", "channels"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
-    run(cargo(root)
-        .args(["bench", "-p", "host-tools", "--bench", "validation"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
-    run(cargo(root)
-        .args(["bench", "-p", "host-tools", "--bench", "small_runs"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
-    run(cargo(root)
-        .args(["bench", "-p", "host-tools", "--bench", "decode_plan"])
-        .env("WSP_BENCH_SMOKE", "1"))?;
-    run(cargo(root)
-        .args(["bench", "-p", "host-tools", "--bench", "decode_scale"])
-        .env("WSP_BENCH_SMOKE", "1"))
+    for bench in [
+        "expansion",
+        "channels",
+        "validation",
+        "small_runs",
+        "decode_plan",
+        "decode_scale",
+    ] {
+        smoke("host-tools", bench)?;
+    }
+    Ok(())
 }
 
 fn report(times: &[(&str, Duration)], total: Duration) {

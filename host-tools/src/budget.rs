@@ -13,7 +13,7 @@
 use std::num::NonZeroU32;
 
 use crate::attention::plan::min_chunk;
-use crate::model::layer::{LayerShape, Mlp, NORM_ROWS, TILE};
+use crate::model::layer::{LayerShape, Mlp, DEFAULT_LAYERS, NORM_ROWS, TILE};
 use crate::moe_layer::MoeConfig;
 use crate::workloads::{sizes_read, Params, WorkloadError};
 
@@ -74,6 +74,12 @@ pub struct Footprint {
 /// decode workload alone run more than [`MAX_TASKS`] tasks, `arena` is 0:
 /// their lengths are not listed.
 pub fn footprint(name: &str, p: &Params) -> Option<Footprint> {
+    footprint_with(name, p, DEFAULT_LAYERS)
+}
+
+/// [`footprint`] with `layers` layers for the decode-layer workloads
+/// (the others have no layers: `layers` changes nothing for them).
+fn footprint_with(name: &str, p: &Params, layers: u32) -> Option<Footprint> {
     let bytes = |elements: u128, tasks: u128| {
         Some(Footprint {
             arena: 4 * elements,
@@ -145,7 +151,10 @@ pub fn footprint(name: &str, p: &Params) -> Option<Footprint> {
             } else {
                 Mlp::Dense
             };
-            let shape = crate::model::layer::shape_of(p, mlp).ok()?;
+            let shape = LayerShape {
+                layers,
+                ..crate::model::layer::shape_of(p, mlp).ok()?
+            };
             shape.check().ok()?;
             let f = step(&shape, &shape.lengths)?;
             bytes(f.arena, f.tasks)
@@ -166,18 +175,30 @@ pub fn footprint(name: &str, p: &Params) -> Option<Footprint> {
 /// or run more than [`MAX_TASKS`] tasks ([`footprint`]), naming the sizes
 /// the workload reads, what they need and the bound.
 pub fn check(name: &str, p: &Params) -> Result<(), WorkloadError> {
-    let Some(f) = footprint(name, p) else {
+    check_with(name, p, None)
+}
+
+/// [`check`] for a decode-layer workload (`decode-layer`,
+/// `decode-layer-dense`) of `layers` layers; the error names them with
+/// the sizes.
+pub fn check_layers(name: &str, p: &Params, layers: u32) -> Result<(), WorkloadError> {
+    check_with(name, p, Some(layers))
+}
+
+fn check_with(name: &str, p: &Params, layers: Option<u32>) -> Result<(), WorkloadError> {
+    let Some(f) = footprint_with(name, p, layers.unwrap_or(DEFAULT_LAYERS)) else {
         return Ok(());
     };
     let sizes = || {
         let values = [("m", p.m), ("n", p.n), ("k", p.k), ("tile", p.tile)];
         let read = sizes_read(name).0;
-        values
+        let mut sizes: Vec<String> = values
             .iter()
             .filter(|(size, _)| read.contains(size))
             .map(|(size, v)| format!("{size} = {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .collect();
+        sizes.extend(layers.map(|l| format!("layers = {l}")));
+        sizes.join(", ")
     };
     for (needs, limit, bound) in [
         (f.tasks, MAX_TASKS, Bound::Tasks),

@@ -323,18 +323,32 @@ impl Workload {
             "sparse-decode" => crate::attention::sparse::named("sparse-decode", p),
             "moe-layer" => crate::moe_layer::named("moe-layer", p),
             "moe-layer-var" => crate::moe_layer::named("moe-layer-var", p),
-            "decode-layer" => crate::model::layer::named(
-                "decode-layer",
-                p,
-                crate::model::Mlp::Moe(crate::model::MOE),
-            ),
-            "decode-layer-dense" => {
-                crate::model::layer::named("decode-layer-dense", p, crate::model::Mlp::Dense)
+            "decode-layer" | "decode-layer-dense" => {
+                Workload::decode_layers(name, p, crate::model::layer::DEFAULT_LAYERS)
             }
             "stitched" => crate::model::stitch::stitched(p),
             _ if name.starts_with("wsp9-") => crate::wsp9::build(name, p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
         }
+    }
+
+    /// Builds the decode-layer workload called `name` (`decode-layer`,
+    /// `decode-layer-dense`) with `layers` layers instead of its default
+    /// ([`crate::model::layer::DEFAULT_LAYERS`]), after checking its sizes
+    /// as [`Workload::build`] does. Other names are refused: they have no
+    /// layers.
+    pub fn decode_layers(name: &str, p: Params, layers: u32) -> Result<Workload, WorkloadError> {
+        let (name, mlp) = match name {
+            "decode-layer" => ("decode-layer", crate::model::Mlp::Moe(crate::model::MOE)),
+            "decode-layer-dense" => ("decode-layer-dense", crate::model::Mlp::Dense),
+            _ => {
+                return Err(WorkloadError::Params(format!(
+                    "{name} has no layers to set: only decode-layer and decode-layer-dense do"
+                )))
+            }
+        };
+        crate::budget::check_layers(name, &p, layers)?;
+        crate::model::layer::named(name, p, mlp, layers)
     }
 
     /// Checks an arena after a run.

@@ -1109,3 +1109,38 @@ fn a_run_of_no_task_fails() {
         assert!(!text.contains("PASS"), "{args:?}: {text}");
     }
 }
+
+#[test]
+fn decode_layer_workloads_take_a_layer_count() {
+    let small = ["--m", "4", "--n", "40", "--k", "64", "--semantic"];
+    let run = |layers: &str| {
+        let mut args = vec!["run", "decode-layer-dense", "--layers", layers];
+        args.extend(small);
+        wsp(&args)
+    };
+    let o = run("5");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(workload_line(&o).contains("5 layers"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+    let o = run("0");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("0 layers"), "{}", stderr(&o));
+    // Only the decode-layer workloads have layers.
+    let o = wsp(&["run", "gemm", "--layers", "2"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("gemm has no layers to set"),
+        "{}",
+        stderr(&o)
+    );
+    // The layers count against the bounds, and the error names them:
+    // each MoE layer at the default sizes holds 64 experts' weights of
+    // 3 x 512 x 128 f32 (50 MB), so 40 layers pass 1 GiB.
+    let o = wsp(&["run", "decode-layer", "--layers", "40"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("layers = 40 need") && stderr(&o).contains("at most 1073741824"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -495,3 +495,25 @@ fn the_cos_sin_cache_refuses_a_head_dimension_rope_cannot_pair() {
         );
     }
 }
+
+#[test]
+fn a_deep_step_declares_two_layers_of_scratch_tensors_and_matches_the_reference() {
+    // Layers 0 and 1 declare their intermediates, 10 each in a dense
+    // layer (xn, qkv, q, state, o, h, hn, gate, up, act), and the stream
+    // between layers is two tensors (x1, x2); layer l from 2 on reuses
+    // layer l - 2's: 22 scratch tensors for any depth past 2, where each
+    // layer declaring its own took 10 L + L - 1 (87 at 8 layers).
+    let p = params(6, 65, 128);
+    let shape = host_tools::model::LayerShape {
+        layers: 8,
+        ..shape_of(&p, Mlp::Dense).unwrap()
+    };
+    let data = LayerData::build(shape, 7).unwrap();
+    let w = decode_layer_workload("decode-layer-dense", &data).unwrap();
+    let table = device_runtime::abi::Table::parse(&w.table).unwrap();
+    let scratch = table.tensors().iter().filter(|t| t.is_scratch()).count();
+    assert_eq!(scratch, 22);
+    let arena = run_shim(&w);
+    let check = w.verify(&arena);
+    assert!(check.passed(), "{check}");
+}

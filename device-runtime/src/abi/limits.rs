@@ -21,5 +21,7 @@ pub const MAX_TENSORS: usize = 1 << 16;
 /// [`SCRATCH_OFFSET`](super::SCRATCH_OFFSET)). The dispatcher keeps one
 /// small record per scratch tensor and one per heap block, so a run's
 /// scratch bookkeeping is a fixed ~8 KiB; a table with more is refused.
-/// 128: a step of 9 unrolled decode layers declares a dozen per layer.
+/// 128: a tensor written again after its `FREE` takes new storage, so a
+/// program reuses its scratch tensors scope after scope (the host's decode
+/// step declares two layers' worth, 22 tensors, for any depth).
 pub const MAX_SCRATCH: usize = 128;

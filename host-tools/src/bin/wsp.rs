@@ -239,6 +239,12 @@ struct WorkloadArgs {
     /// 16 (default: 2).
     #[arg(long)]
     depth: Option<u32>,
+    /// The decode-layer workloads' layer count (decode-layer,
+    /// decode-layer-dense; default: 2). Each layer has weights of its own;
+    /// the step's program grows by a layer's instructions, and its sizes
+    /// count against the 1 GiB and 2^20-task bounds.
+    #[arg(long)]
+    layers: Option<u32>,
 }
 
 /// A built-in workload or a workload file's.
@@ -412,6 +418,7 @@ impl WorkloadArgs {
             .or(self.k)
             .or(self.tile)
             .or(self.depth)
+            .or(self.layers)
             .is_some()
     }
 
@@ -438,7 +445,7 @@ impl WorkloadArgs {
             }
             Input::File => {
                 if self.sizes_given() || self.seed.is_some() {
-                    bail!("--m, --n, --k, --tile, --depth and --seed apply to built-in workloads; a workload file gives its own sizes and data");
+                    bail!("--m, --n, --k, --tile, --depth, --layers and --seed apply to built-in workloads; a workload file gives its own sizes and data");
                 }
                 Ok(Loaded::File(Box::new(load_file(
                     &self.workload,
@@ -479,6 +486,13 @@ impl WorkloadArgs {
             tile: self.tile.unwrap_or(d.tile),
             seed: self.seed.unwrap_or(d.seed),
         };
+        if let Some(layers) = self.layers {
+            if self.depth.is_some() {
+                bail!("--depth applies to the pipeline and attention-pipeline workloads");
+            }
+            return Workload::decode_layers(&self.workload, p, layers)
+                .with_context(|| format!("building workload {}", self.workload));
+        }
         let built = match self.depth {
             Some(depth) if self.workload == "pipeline" => host_tools::budget::check("pipeline", &p)
                 .and_then(|()| host_tools::pipeline::pipeline(p, depth).map(|(w, _)| w)),
@@ -496,7 +510,7 @@ impl WorkloadArgs {
     /// Refuses the flags that do not apply to a table.
     fn check_table_flags(&self) -> Result<()> {
         if self.sizes_given() || self.seed.is_some() {
-            bail!("--m, --n, --k, --tile, --depth and --seed apply to built-in workloads; a table has its sizes and data built in");
+            bail!("--m, --n, --k, --tile, --depth, --layers and --seed apply to built-in workloads; a table has its sizes and data built in");
         }
         if !self.symbols.is_empty() {
             bail!("--symbol NAME=VALUE applies to workload files; bind a table's symbols by position: --symbols V0,V1,...");

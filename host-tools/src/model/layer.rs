@@ -311,6 +311,103 @@ fn router(rng: &mut SplitMix64, cfg: &MoeConfig) -> Vec<f32> {
         .collect()
 }
 
+/// Router draws [`LayerData::build`] tries per MoE layer before it
+/// plants them ([`plant`]), and in all.
+const RANDOM_DRAWS: u32 = 100;
+const MAX_DRAWS: u32 = 110;
+
+/// How far [`plant`] raises each token's top-k logits above the rest:
+/// the k-th and (k+1)-th probabilities then differ by a factor e^2 at
+/// least. [`reference::decisive`] needs `e^2 > (1 + rel) / (1 - rel)`,
+/// that is `rel < tanh 1 = 0.76`, with `rel` ten times `e^(2 Delta) - 1`
+/// (and a term of f32 units): logits' bounds `Delta` below 0.036, which
+/// a step at hidden 128 (2.5e-4 more a layer) reaches past 140 layers.
+const PLANT: f64 = 2.0;
+
+/// Adds to `router` (`[H, E]`, f32) the least change (least squares,
+/// in f64) that raises each token's `k` largest logits on `hn` (`[T, H]`,
+/// the f64 values of the router's input) by [`PLANT`], leaving the
+/// others: `router += hn^T (hn hn^T)^-1 B`, where `B` holds `PLANT` at
+/// each token's top-k experts and 0 elsewhere. Each token's choice and
+/// the weights among its chosen experts (a softmax renormalised over
+/// them, unchanged by a common shift) stay as they were; only the gap to
+/// the experts left out widens. Changes nothing when `T > H` or `hn hn^T`
+/// is singular (no exact solution): the caller draws again.
+fn plant(router: &mut [f32], hn: &[f64], cfg: &MoeConfig) {
+    let (h, e, k) = (
+        cfg.hidden as usize,
+        cfg.experts as usize,
+        cfg.top_k as usize,
+    );
+    let t = hn.len() / h.max(1);
+    if t == 0 || t > h || k >= e || router.len() != h * e {
+        return;
+    }
+    let row = |i: usize| &hn[i * h..(i + 1) * h];
+    // B: each token's top-k experts by its logits (hn W).
+    let mut b = vec![0.0f64; t * e];
+    for i in 0..t {
+        let logits: Vec<f64> = (0..e)
+            .map(|j| (0..h).map(|c| row(i)[c] * router[c * e + j] as f64).sum())
+            .collect();
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &c| logits[c].total_cmp(&logits[a]));
+        for &j in &order[..k] {
+            b[i * e + j] = PLANT;
+        }
+    }
+    // Solve (hn hn^T) Y = B by Gaussian elimination with partial pivoting.
+    let mut g: Vec<f64> = (0..t * t)
+        .map(|ij| {
+            let (i, j) = (ij / t, ij % t);
+            row(i).iter().zip(row(j)).map(|(a, c)| a * c).sum()
+        })
+        .collect();
+    let scale = g.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    for col in 0..t {
+        let Some(pivot) =
+            (col..t).max_by(|&a, &c| g[a * t + col].abs().total_cmp(&g[c * t + col].abs()))
+        else {
+            return;
+        };
+        if g[pivot * t + col].abs() <= 1e-12 * scale {
+            return;
+        }
+        for c in 0..t {
+            g.swap(col * t + c, pivot * t + c);
+        }
+        for c in 0..e {
+            b.swap(col * e + c, pivot * e + c);
+        }
+        for r in 0..t {
+            if r == col {
+                continue;
+            }
+            let f = g[r * t + col] / g[col * t + col];
+            if f == 0.0 {
+                continue;
+            }
+            for c in 0..t {
+                g[r * t + c] -= f * g[col * t + c];
+            }
+            for c in 0..e {
+                b[r * e + c] -= f * b[col * e + c];
+            }
+        }
+    }
+    for i in 0..t {
+        let d = g[i * t + i];
+        b[i * e..(i + 1) * e].iter_mut().for_each(|v| *v /= d);
+    }
+    // router += hn^T Y.
+    for c in 0..h {
+        for j in 0..e {
+            let add: f64 = (0..t).map(|i| row(i)[c] * b[i * e + j]).sum();
+            router[c * e + j] = (router[c * e + j] as f64 + add) as f32;
+        }
+    }
+}
+
 /// Gains `1 + v / 2`, `v` uniform in [-1, 1).
 fn gains(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
     rng.fill(n).into_iter().map(|v| 1.0 + 0.5 * v).collect()
@@ -384,6 +481,11 @@ impl LayerData {
     /// the layer's input is clear of flipping
     /// ([`reference::decisive`]), so that the f32 router must choose as
     /// the f64 reference does: a choice of data, made layer by layer.
+    /// The logits' bounds grow with depth (about 2.5e-4 a layer at the
+    /// default sizes), and past a dozen layers few random draws clear
+    /// them: a draw that does not is then [`plant`]ed (its top-k logits
+    /// raised by a margin), which clears them without changing what the
+    /// layer computes.
     fn decisive(mut self, seed: u64) -> Result<LayerData, WorkloadError> {
         let Some(cfg) = self.shape.moe() else {
             return Ok(self);
@@ -392,24 +494,26 @@ impl LayerData {
         let mut x = reference::Val::exact(&self.x, self.shape.hidden() as usize);
         for l in 0..self.layers.len() {
             let (_, hn, _) = reference::attention_half(&self, &self.layers[l], &x);
-            let mut tries = 0;
-            let moe = |d: &LayerData| {
-                d.layers[l]
-                    .moe
-                    .as_ref()
-                    .expect("an MoE layer")
-                    .router
-                    .clone()
+            let Some(m) = self.layers[l].moe.as_mut() else {
+                return Err(WorkloadError::Params(format!(
+                    "layer {l} has no MoE weights in an MoE step"
+                )));
             };
-            while !reference::decisive(&hn, &moe(&self), &cfg) {
+            let mut tries = 0;
+            while !reference::decisive(&hn, &m.router, &cfg) {
                 tries += 1;
-                if tries > 100 {
+                if tries > MAX_DRAWS {
                     return Err(WorkloadError::Params(format!(
                         "layer {l}: no router draw keeps every routing decision clear"
                     )));
                 }
-                if let Some(m) = self.layers[l].moe.as_mut() {
+                // Random draws first (shallow layers' data are what they
+                // drew), then the last draw planted, then planted draws.
+                if tries <= RANDOM_DRAWS || tries > RANDOM_DRAWS + 1 {
                     m.router = router(&mut rng, &cfg);
+                }
+                if tries > RANDOM_DRAWS {
+                    plant(&mut m.router, &hn.v, &cfg);
                 }
             }
             x = reference::layer(&self, &self.layers[l], &x).0;
@@ -663,8 +767,11 @@ pub enum MlpTensors {
 #[derive(Clone, Debug)]
 pub struct StepTensors {
     /// `x[l]`, `[B, H]`: layer `l`'s input; `x[L]` is the step's output.
+    /// Between layers the stream is two scratch tensors in turn: `x[l]`
+    /// is `x[l - 2]` for `2 < l < L`.
     pub x: Vec<TensorId>,
-    /// Each layer's.
+    /// Each layer's. Layer `l` from 2 on has layer `l - 2`'s
+    /// intermediates (the scratch tensors) and weights of its own.
     pub layers: Vec<LayerTensors>,
     /// i32 `[B, 2, W]`.
     pub meta: TensorId,
@@ -779,12 +886,14 @@ fn rmsnorm(w: &mut Program, x: TensorId, g: TensorId, y: TensorId, rows: u32, co
     });
 }
 
-/// Declares layer `l`'s tensors.
+/// Declares layer `l`'s tensors: its weights, and its intermediates
+/// unless `reuse` gives them (another layer's, whose scopes have ended).
 fn layer_tensors(
     w: &mut Program,
     data: &LayerData,
     prefix: &str,
     l: u32,
+    reuse: Option<&LayerTensors>,
 ) -> Result<LayerTensors, LowerError> {
     let s = &data.shape;
     let (b, h, f, d) = (s.batch(), s.hidden(), s.ffn, s.d);
@@ -808,6 +917,31 @@ fn layer_tensors(
         Mlp::Dense => Some((t("wg", &[h, f])?, t("wu", &[h, f])?, t("wd", &[f, h])?)),
         Mlp::Moe(_) => None,
     };
+    if let Some(r) = reuse {
+        let mlp = match (dense, r.mlp) {
+            (Some((wg, wu, wd)), MlpTensors::Dense { gate, up, act, .. }) => MlpTensors::Dense {
+                wg,
+                wu,
+                wd,
+                gate,
+                up,
+                act,
+            },
+            // The MoE block declares its weights with its calls. (A step's
+            // layers all have the block of `s.mlp`.)
+            (_, mlp) => mlp,
+        };
+        return Ok(LayerTensors {
+            g1: weights.0,
+            wqkv: weights.1,
+            wo: weights.2,
+            g2: weights.3,
+            kv: weights.4,
+            parts: weights.5,
+            mlp,
+            ..*r
+        });
+    }
     let mut t = |name: &str, shape: &[u32]| w.scratch(&format!("{prefix}l{l}.{name}"), shape);
     Ok(LayerTensors {
         g1: weights.0,
@@ -975,18 +1109,31 @@ pub fn step_into(
     let cs = w.tensor(&name("cs"), &[longest, s.d]).map_err(lower)?;
     w.input(lens);
     w.input(meta);
-    let mut layers = Vec::new();
+    // Layers 0 and 1 declare their intermediates (scratch tensors); layer
+    // `l` from 2 on reuses layer `l - 2`'s, whose scopes ended (`FREE`) at
+    // that layer's end, so a later write takes new storage. So a step
+    // declares two layers' scratch tensors however deep it is (a table
+    // holds at most MAX_SCRATCH), and layer `l + 1` never shares a tensor
+    // with layer `l`, whose last tasks it may overlap: the TensorMap
+    // orders accesses by tensor, and a shared one would make the next
+    // layer's first writes wait for this layer's last reads.
+    let mut layers: Vec<LayerTensors> = Vec::new();
     for l in 0..s.layers {
-        layers.push(layer_tensors(w, data, prefix, l).map_err(lower)?);
-        // Between layers the stream is scratch; the last layer's output
-        // is the step's and stays in the arena.
+        let reuse = (l as usize).checked_sub(2).map(|i| layers[i]);
+        layers.push(layer_tensors(w, data, prefix, l, reuse.as_ref()).map_err(lower)?);
+        // Between layers the stream is scratch, in two tensors taken in
+        // turn as the intermediates are (`x[l + 1]` is `x[l - 1]`, freed
+        // at the end of layer `l - 1`); the last layer's output is the
+        // step's and stays in the arena.
         let xl = name(&format!("x{}", l + 1));
-        let next = if l + 1 < s.layers {
-            w.scratch(&xl, &[b, h])
+        let next = if l + 1 == s.layers {
+            w.tensor(&xl, &[b, h]).map_err(lower)?
+        } else if l >= 2 {
+            x[l as usize - 1]
         } else {
-            w.tensor(&xl, &[b, h])
+            w.scratch(&xl, &[b, h]).map_err(lower)?
         };
-        x.push(next.map_err(lower)?);
+        x.push(next);
     }
     let mut st = StepTensors {
         x,
@@ -1365,18 +1512,85 @@ pub fn shape_of(p: &crate::workloads::Params, mlp: Mlp) -> Result<LayerShape, Wo
         d: 64,
         ffn: p.k.saturating_mul(2), // too large for `check` either way
         page: p.tile,
-        layers: 2,
+        layers: DEFAULT_LAYERS,
         mlp,
     })
 }
 
-/// Builds the named decode-layer workload from `p` (see [`shape_of`]).
+/// Layers of the built-in decode-layer workloads unless `wsp run
+/// --layers` gives another count ([`named`]).
+pub const DEFAULT_LAYERS: u32 = 2;
+
+/// Builds the named decode-layer workload from `p` (see [`shape_of`]),
+/// of `layers` layers.
 pub fn named(
     name: &'static str,
     p: crate::workloads::Params,
     mlp: Mlp,
+    layers: u32,
 ) -> Result<Workload, WorkloadError> {
-    let shape = shape_of(&p, mlp)?;
+    let shape = LayerShape {
+        layers,
+        ..shape_of(&p, mlp)?
+    };
     let data = LayerData::build(shape, p.seed)?;
     decode_layer_workload(name, &data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(hidden: u32, experts: u32, top_k: u32) -> MoeConfig {
+        MoeConfig {
+            hidden,
+            experts,
+            top_k,
+            ..MOE
+        }
+    }
+
+    #[test]
+    fn plant_raises_each_tokens_top_k_logits_and_nothing_else() {
+        // hn = [[1, 0, 0, 0], [0, 2, 0, 0]]: token 0's logits are the
+        // router's row 0, [0.5, 0.1, 0.2] (top-1: expert 0); token 1's
+        // twice row 1, [0.2, 0.6, 0.4] (top-1: expert 1). B = [[2, 0, 0],
+        // [0, 2, 0]], hn hn^T = diag(1, 4), Y = [[2, 0, 0], [0, 0.5, 0]],
+        // hn^T Y adds [2, 0, 0] to row 0 and 2 x [0, 0.5, 0] to row 1.
+        let hn = [1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0];
+        let mut router = vec![
+            0.5, 0.1, 0.2, //
+            0.1, 0.3, 0.2, //
+            1.0, 1.0, 1.0, //
+            -1.0, 0.0, 1.0,
+        ];
+        plant(&mut router, &hn, &config(4, 3, 1));
+        let want = [
+            2.5, 0.1, 0.2, //
+            0.1, 1.3, 0.2, //
+            1.0, 1.0, 1.0, //
+            -1.0, 0.0, 1.0,
+        ];
+        for (i, (got, want)) in router.iter().zip(want).enumerate() {
+            assert!((got - want).abs() < 1e-6, "entry {i}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn plant_changes_nothing_without_an_exact_solution() {
+        let router = vec![0.5f32; 2 * 3];
+        // Three tokens in two dimensions: hn hn^T is singular.
+        let hn = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let mut r = router.clone();
+        plant(&mut r, &hn, &config(2, 3, 1));
+        assert_eq!(r, router);
+        // Two tokens along one direction: singular too.
+        let hn = [1.0, 0.0, 2.0, 0.0];
+        plant(&mut r, &hn, &config(2, 3, 1));
+        assert_eq!(r, router);
+        // Every expert chosen: nothing to set apart.
+        let hn = [1.0, 0.0, 0.0, 1.0];
+        plant(&mut r, &hn, &config(2, 3, 3));
+        assert_eq!(r, router);
+    }
 }

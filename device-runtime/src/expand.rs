@@ -564,7 +564,7 @@ struct Site {
     /// The slot of each scalar, the first `kernel.num_scalars`.
     scalars: [u8; MAX_SCALARS],
     /// The data tensors ([`ProgramInfo::data`]) it writes, as bits.
-    writes: u8,
+    writes: u64,
     /// Whether a call of the site has passed its kernel's contract: then
     /// `tiles` (rows in the high 32 bits, cols in the low) and
     /// `scalar_values` are that call's. A call with the same passes too,
@@ -753,7 +753,7 @@ pub struct Expander {
     /// Bit `i`: data tensor `i` ([`ProgramInfo::data`]) has been written by
     /// a submitted task (the bit of an `INPUT` may stay clear: its data is
     /// there from the start).
-    written: u8,
+    written: u64,
     /// Calls decoded, by [`site_of`] their pc.
     sites: [Option<Site>; CALL_SITES],
     channels: [Chan; MAX_CHANNELS],
@@ -776,7 +776,7 @@ impl Expander {
     /// the tasks section writes count as written.
     pub fn new(table: &Table<'_>) -> Self {
         let info = table.program_info();
-        let mut written = 0u8;
+        let mut written = 0u64;
         // A walk over every task's arguments, before the run's first
         // submission: only for a program that loads data tensors (on a
         // million-task table without one, the walk took about 5 % of the

@@ -437,6 +437,15 @@ pub enum LowerError {
         /// The most the device accepts.
         max: usize,
     },
+    /// A load from one more distinct tensor than the device tracks
+    /// (`MAX_DATA_TENSORS`): refused here, where the tensor has a name,
+    /// rather than by the device's validation, which names a pc.
+    TooManyDataTensors {
+        /// The first tensor past the limit, in program order.
+        tensor: String,
+        /// The device's `MAX_DATA_TENSORS`.
+        max: usize,
+    },
     /// A schedule the device cannot honour (too many tasksets, a task
     /// window out of range).
     Schedule(String),
@@ -492,6 +501,11 @@ impl std::fmt::Display for LowerError {
             LowerError::TooLong { instructions, max } => write!(
                 f,
                 "the program has {instructions} instructions, at most {max}"
+            ),
+            LowerError::TooManyDataTensors { tensor, max } => write!(
+                f,
+                "load from {tensor}: a program LOADs from at most {max} distinct tensors \
+                 (MAX_DATA_TENSORS) and this is one more"
             ),
             LowerError::Schedule(why) => write!(f, "schedule: {why}"),
             LowerError::Channel { channel, why } => write!(f, "channel {channel}: {why}"),
@@ -1172,6 +1186,7 @@ impl Workload {
                 max: MAX_PROGRAM,
             });
         }
+        lower.data_tensors()?;
         self.builder.set_program(lower.code);
         let bytes = self.builder.finish()?;
         Table::parse(&bytes).map_err(|e| LowerError::Invalid(e.to_string()))?;
@@ -1456,6 +1471,31 @@ struct Lower {
 }
 
 impl Lower {
+    /// Checks the lowered code LOADs from at most `MAX_DATA_TENSORS`
+    /// distinct tensors, counted as the device's validation counts them
+    /// (in program order), so that the error names the first one past it.
+    fn data_tensors(&self) -> Result<(), LowerError> {
+        let mut loaded: Vec<u32> = Vec::new();
+        for ins in self.code.iter().filter(|i| i.op == OP_LOAD) {
+            let t = ins.imm.get();
+            if loaded.contains(&t) {
+                continue;
+            }
+            if loaded.len() == MAX_DATA_TENSORS {
+                let tensor = self
+                    .layouts
+                    .get(t as usize)
+                    .map_or_else(|| format!("tensor {t}"), |l| l.name.clone());
+                return Err(LowerError::TooManyDataTensors {
+                    tensor,
+                    max: MAX_DATA_TENSORS,
+                });
+            }
+            loaded.push(t);
+        }
+        Ok(())
+    }
+
     /// `DISPATCH` to taskset `set`.
     fn dispatch(&mut self, set: u8) {
         let bits = match set {

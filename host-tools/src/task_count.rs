@@ -391,7 +391,7 @@ fn walk(
     // program declares INPUT, not yet of those a run writes.
     let info = table.program_info();
     let run_writes: Vec<u64> = (info.data().iter().enumerate())
-        .filter(|&(i, _)| info.inputs & (1 << i) == 0)
+        .filter(|&(i, _)| info.inputs & (1u64 << i) == 0)
         .filter_map(|(_, &t)| table.tensors().get(t as usize))
         .map(|t| t.arena_offset.get())
         .collect();

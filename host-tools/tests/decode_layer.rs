@@ -517,3 +517,21 @@ fn a_deep_step_declares_two_layers_of_scratch_tensors_and_matches_the_reference(
     let check = w.verify(&arena);
     assert!(check.passed(), "{check}");
 }
+
+#[test]
+fn an_moe_step_of_seven_layers_loads_past_the_old_limit_of_eight_tensors() {
+    // The step loads one routing tensor per layer and three shared ones:
+    // 7 + 3 = 10 data tensors, past the 8 (MAX_DATA_TENSORS) the device
+    // used to track, which stopped an MoE model at 5 layers. (At 8 layers
+    // this step's program, 4,461 instructions, is past MAX_PROGRAM.)
+    let p = params(6, 65, 128);
+    let moe = small_moe(0.0, 2).shape;
+    let shape = host_tools::model::LayerShape { layers: 7, ..moe };
+    let data = LayerData::build(shape, p.seed).unwrap();
+    let w = decode_layer_workload("decode-layer", &data).unwrap();
+    let table = device_runtime::abi::Table::parse(&w.table).unwrap();
+    assert_eq!(table.program_info().data().len(), 7 + 3);
+    let shim = run_shim(&w);
+    let check = w.verify(&shim);
+    assert!(check.passed(), "{check}");
+}

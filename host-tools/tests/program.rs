@@ -1003,3 +1003,198 @@ fn the_host_reference_refuses_what_the_device_refuses() {
         "loop count 5 outside [0, 4]"
     );
 }
+
+/// `n` i32 input tensors of one element, `d0 ..`.
+fn data_inputs(w: &mut Workload, n: usize) -> Vec<TensorId> {
+    (0..n)
+        .map(|k| {
+            let d = w.tensor_i32(&format!("d{k}"), &[1, 1]).unwrap();
+            w.input(d);
+            d
+        })
+        .collect()
+}
+
+/// The data tensors (those a program LOADs from) go up to
+/// `MAX_DATA_TENSORS` = 64, a bit each of a u64 mask: 64 input tensors,
+/// each loaded as the count (0 or 1) of a loop over one tile of its own,
+/// run on the shim. The tiles written are those whose tensor holds 1, so
+/// every load read its own tensor; the 65th is refused by the builder
+/// (naming it) and, in a table built by hand, by the device's validation
+/// (naming the LOAD).
+#[test]
+fn a_program_loads_from_64_distinct_tensors_and_not_65() {
+    assert_eq!(MAX_DATA_TENSORS, 64);
+    let build = |n: usize| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        let data = data_inputs(&mut w, n);
+        for (k, &d) in data.iter().enumerate() {
+            let count = Expr::load(d, vec![Expr::Const(0), Expr::Const(0)]);
+            let (row, col) = (Expr::Const(k as i64 / 8), Expr::Const(k as i64 % 8));
+            w.parallel(Axis::Count { count, max: 1 }, |w, _| {
+                add_tile(w, x, y, row, col)
+            });
+        }
+        (w, x, y, data)
+    };
+    // Tensor k holds 1 for k = 1 mod 3 (1, 4, .., 61: 21 of them) and for
+    // k >= 60 (60, 62, 63 more): 24 tasks, one on tile (k / 8, k % 8) each.
+    let holds = |k: usize| (k % 3 == 1 || k >= 60) as i32;
+    let want: Vec<(u32, u32)> = (0..64)
+        .filter(|&k| holds(k) == 1)
+        .map(|k| (k as u32 / 8, k as u32 % 8))
+        .collect();
+    assert_eq!(want.len(), 24);
+
+    let (mut w, x, y, data) = build(64);
+    let table = w.finish().unwrap();
+    let parsed = device_runtime::abi::Table::parse(&table).unwrap();
+    let info = parsed.program_info();
+    assert_eq!(info.data(), data.iter().map(|d| d.0).collect::<Vec<_>>());
+    assert_eq!(info.inputs, u64::MAX, "all 64 are inputs");
+    let ex = examples::Example {
+        w,
+        x,
+        y,
+        z: None,
+        lengths: None,
+    };
+    let mut arena = ex.arena(None);
+    for (k, &d) in data.iter().enumerate() {
+        arena.write_i32(ex.w.layout(d), &[holds(k)]);
+    }
+    assert_eq!(run_shim(&table, &mut arena, &[]).unwrap(), 24);
+    assert_eq!(ex.written_tiles(&arena), want);
+    assert_eq!(ex.check(&arena, &[]), Ok(24));
+
+    // The 65th: the builder names it.
+    let (mut w, ..) = build(65);
+    let e = w.finish().unwrap_err();
+    assert_eq!(
+        e,
+        LowerError::TooManyDataTensors {
+            tensor: "d64".into(),
+            max: 64
+        }
+    );
+    assert!(
+        e.to_string()
+            .contains("load from d64: a program LOADs from at most 64 distinct tensors"),
+        "{e}"
+    );
+
+    // A table built by hand: the device names the 65th LOAD. (INPUT of
+    // each, then a LOAD of each: LOAD k is at pc 65 + k.)
+    use device_runtime::abi::{Problem, Table};
+    use host_tools::asm::Asm;
+    use host_tools::table::TableBuilder;
+    let table = |n: usize| {
+        let mut b = TableBuilder::new();
+        let data: Vec<TensorId> = (0..n)
+            .map(|k| b.tensor_i32(&format!("d{k}"), &[1, 1]).unwrap())
+            .collect();
+        let mut asm = Asm::default();
+        for d in &data {
+            asm.op(OP_INPUT, 0, [NO_REG; 6], d.0, 0);
+        }
+        for d in &data {
+            asm.op(OP_LOAD, 0, [NO_REG; 6], d.0, 0);
+        }
+        b.set_program(asm.code);
+        b.finish().unwrap()
+    };
+    let t64 = table(64);
+    assert_eq!(Table::parse(&t64).unwrap().program_info().data().len(), 64);
+    let t65 = table(65);
+    let e = Table::parse(&t65).unwrap_err();
+    assert_eq!(
+        (e.section, e.index, e.field, e.problem),
+        (
+            Section::Program,
+            65 + 64,
+            "imm",
+            Problem::TooManyDataTensors { max: 64 }
+        )
+    );
+    assert!(
+        e.to_string()
+            .contains("a program LOADs from more than 64 distinct tensors (MAX_DATA_TENSORS)"),
+        "{e}"
+    );
+}
+
+/// A load of data a task writes, from the data tensor of index `before`
+/// (the first `before` loaded are inputs): refused before the writing
+/// call, read after it. Indices 8, 33 and 63 are past a u8 and a u32
+/// mask: a truncated bit would name another tensor (an input, so the
+/// first load would pass) or shift out of range.
+#[test]
+fn the_written_mask_covers_data_tensors_past_8_and_32() {
+    use host_tools::attention::device::{plan_call, AttnDims};
+    let dims = AttnDims {
+        batch: 4,
+        kv_heads: 1,
+        group: 1,
+        d: 64,
+        page: 16,
+        pool: 64,
+        width: 4,
+        most: 8,
+    };
+    let build = |before: usize, load_first: bool| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[64, 64]).unwrap();
+        let y = w.tensor("y", &[64, 64]).unwrap();
+        let lens = w.tensor_i32("lens", &[1, 4]).unwrap();
+        w.input(lens);
+        let plan = w.tensor_i32("plan", &[1, 1]).unwrap();
+        // Each holds 0: a loop of no iterations, but the load runs and
+        // takes the next data index.
+        for d in data_inputs(&mut w, before) {
+            let count = Expr::load(d, vec![Expr::Const(0), Expr::Const(0)]);
+            w.parallel(Axis::Count { count, max: 1 }, |w, c| {
+                add_tile(w, x, y, Expr::Const(0), c)
+            });
+        }
+        let add = |w: &mut Workload| {
+            let count = Expr::load(plan, vec![Expr::Const(0), Expr::Const(0)])
+                .min(1)
+                .max(1);
+            w.parallel(Axis::Count { count, max: 1 }, |w, c| {
+                add_tile(w, x, y, Expr::Const(1), c)
+            });
+        };
+        if load_first {
+            add(&mut w);
+            plan_call(&mut w, &dims, lens, plan, 2);
+        } else {
+            plan_call(&mut w, &dims, lens, plan, 2);
+            add(&mut w);
+        }
+        let table = w.finish().unwrap();
+        let index = device_runtime::abi::Table::parse(&table)
+            .unwrap()
+            .program_info()
+            .data_index(plan.0);
+        assert_eq!(index, Some(before));
+        let mut arena = Arena::zeroed(w.arena_size());
+        arena.write_i32(w.layout(lens), &[16, 32, 8, 40]);
+        (table, arena, plan)
+    };
+    for before in [8, 33, 63] {
+        let (table, mut arena, plan) = build(before, true);
+        let e = run_shim(&table, &mut arena, &[]).unwrap_err();
+        assert!(
+            matches!(e, ShimError::Run(ref r) if matches!(**r, RunError::Expand { why: ExpandError::ReadBeforeWrite { tensor }, .. } if tensor == plan.0)),
+            "index {before}: {e}"
+        );
+        let (table, mut arena, _) = build(before, false);
+        assert_eq!(
+            run_shim(&table, &mut arena, &[]).unwrap(),
+            2,
+            "index {before}: plan, then add"
+        );
+    }
+}

@@ -124,6 +124,9 @@ pub enum Problem {
     NoHeap,
     /// More scratch tensors than the runtime tracks.
     TooManyScratch { max: u32 },
+    /// A `LOAD` from one more distinct tensor than the `max`
+    /// (`MAX_DATA_TENSORS`) whose writes the expander tracks.
+    TooManyDataTensors { max: u32 },
 }
 
 /// A descriptor table the runtime refuses, with the place and the reason.
@@ -299,6 +302,10 @@ impl fmt::Display for Problem {
             Problem::TooManyScratch { max } => {
                 write!(f, "more than {max} scratch tensors (MAX_SCRATCH)")
             }
+            Problem::TooManyDataTensors { max } => write!(
+                f,
+                "a program LOADs from more than {max} distinct tensors (MAX_DATA_TENSORS)"
+            ),
         }
     }
 }

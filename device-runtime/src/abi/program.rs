@@ -83,7 +83,8 @@
 //! A `LOAD` reads data the device computed (the CSR arrays of an MoE router,
 //! sequence lengths): expansion waits until the tasks that write the element
 //! have completed, and refuses to read a tensor that is neither an `INPUT`
-//! nor written by an earlier task.
+//! nor written by an earlier task. A program loads from at most
+//! [`MAX_DATA_TENSORS`] distinct tensors ([`Problem::TooManyDataTensors`]).
 
 use super::error::{Problem, Section, TableError};
 use super::layout::{Access, Instr, TensorDesc, MAX_EVENTS, MAX_RANK, MAX_STREAMS};
@@ -181,8 +182,15 @@ pub const MAX_LOOP_DEPTH: usize = 8;
 /// Symbols a program may use, numbered `0 .. MAX_SYMBOLS`.
 pub const MAX_SYMBOLS: usize = 16;
 /// Distinct tensors a program may `LOAD` from (the expander tracks, for
-/// each, whether a task has written it yet).
-pub const MAX_DATA_TENSORS: usize = 8;
+/// each, whether a task has written it yet, as one bit of a `u64`). An MoE
+/// decode step loads one routing tensor per layer and three shared ones:
+/// at 8, this stopped such a model at 5 layers.
+pub const MAX_DATA_TENSORS: usize = 64;
+
+// The masks over data tensors (`ProgramInfo::inputs`, the expander's
+// `written` and per-call write masks) are `u64`: one bit per tensor.
+const _: () = assert!(MAX_DATA_TENSORS <= u64::BITS as usize);
+
 /// Longest program in instructions (64 KiB): validation follows every jump,
 /// which costs up to the jump's length.
 pub const MAX_PROGRAM: usize = 4096;
@@ -195,7 +203,7 @@ pub const MAX_TASKSETS: usize = 8;
 pub const DTYPE_I32: u32 = wsp_ffi::DTYPE_I32;
 
 /// What validation learned about a program that the expander needs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProgramInfo {
     /// The tensors `LOAD` reads, `data[..data_count]` ([`ProgramInfo::data`]).
     /// A fixed array and a count, not a `heapless::Vec`, so that the info
@@ -204,7 +212,7 @@ pub struct ProgramInfo {
     data: [u32; MAX_DATA_TENSORS],
     data_count: usize,
     /// Bit `i`: `data[i]` is an `INPUT`.
-    pub inputs: u8,
+    pub inputs: u64,
     /// One more than the highest symbol the program reads (0 if none).
     pub symbols: usize,
     /// The schedule of each taskset ([`Schedule::encode`](super::schedule::Schedule::encode)),
@@ -222,6 +230,24 @@ pub struct ProgramInfo {
     /// Bytes of the heap ring (`HEAP`): the arena's last bytes, where
     /// scratch tensors live; 0 if the program declares none.
     pub heap: u32,
+}
+
+// By hand: `Default` is not derived for arrays longer than 32 (`data`).
+impl Default for ProgramInfo {
+    fn default() -> Self {
+        ProgramInfo {
+            data: [0; MAX_DATA_TENSORS],
+            data_count: 0,
+            inputs: 0,
+            symbols: 0,
+            tasksets: [0; MAX_TASKSETS],
+            tasksets_defined: 0,
+            window: 0,
+            channels: [0; MAX_CHANNELS],
+            channels_defined: 0,
+            heap: 0,
+        }
+    }
 }
 
 impl ProgramInfo {
@@ -399,8 +425,9 @@ pub(crate) fn validate(
                 unused(pc, ins, rank)?;
                 if info.data_index(t).is_none() {
                     if info.data_count == MAX_DATA_TENSORS {
-                        let problem =
-                            range(MAX_DATA_TENSORS as u64 + 1, 0, MAX_DATA_TENSORS as u64);
+                        let problem = Problem::TooManyDataTensors {
+                            max: MAX_DATA_TENSORS as u32,
+                        };
                         return Err(err(pc, "imm", problem));
                     }
                     info.data[info.data_count] = t;

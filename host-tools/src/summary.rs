@@ -94,7 +94,9 @@ pub struct HeapFigures {
     pub high_water: u64,
     /// Submissions that waited for room (`HEAP_RING_FULL`).
     pub stalls: u64,
-    /// What the scratch tensors would take as arena tensors (64-byte aligned).
+    /// What the run's scratch scopes would take as arena tensors of their
+    /// own (64-byte aligned; a tensor reused after its `FREE` once per
+    /// scope: `RunStats::scratch_bytes`).
     pub scratch_bytes: u64,
     /// Arena bytes saved: `scratch_bytes - capacity` (negative if the ring
     /// is larger than the tensors it holds).

@@ -481,6 +481,15 @@ fn a_workload_file_declares_scratch_tensors_heap_and_free() {
         "the outputs are checked: {checks:?}"
     );
     assert_eq!(heap_of(&stats).0, TILE_BYTES);
+    // H1 and H2 are written once in each of the 4 layers, after each
+    // `free`: 8 scopes of one tile each took storage in turn from a ring
+    // of one tile, which saved 7 tiles of arena (the declared tensors,
+    // two tiles, would count as 1 saved).
+    assert_eq!(stats.scratch_bytes, 2 * LAYERS as u64 * TILE_BYTES);
+    let saved = host_tools::summary::heap_figures(&stats)
+        .unwrap()
+        .arena_saved;
+    assert_eq!(saved, 7 * TILE_BYTES as i64);
     // Without the frees, H2 never fits: the report names it.
     let text = LAYERS_TOML
         .replace("  { free = \"H1\" },\n", "")

@@ -86,6 +86,8 @@ pub struct ScratchHeap {
     first: u64,
     next: u64,
     high_water: u64,
+    /// Bytes of the blocks given so far ([`ScratchHeap::taken_bytes`]).
+    taken: u64,
 }
 
 const NO_BLOCK: Block = Block {
@@ -105,6 +107,7 @@ impl ScratchHeap {
             first: 0,
             next: 0,
             high_water: 0,
+            taken: 0,
         }
     }
 
@@ -186,6 +189,15 @@ impl ScratchHeap {
         self.tensors.iter().map(|t| t.len.div_ceil(64) * 64).sum()
     }
 
+    /// Bytes of storage the run's scratch scopes took, each rounded up to
+    /// 64 bytes: a tensor's size once per scope (its first write, or the
+    /// first after a `FREE`), so a tensor reused scope after scope counts
+    /// each time. What the scopes would take as arena tensors of their
+    /// own; [`ScratchHeap::declared_bytes`] when each tensor has one scope.
+    pub fn taken_bytes(&self) -> u64 {
+        self.taken
+    }
+
     /// Scratch tensors that hold storage now.
     pub fn live(&self) -> u32 {
         self.tensors.iter().filter(|t| t.block.is_some()).count() as u32
@@ -259,6 +271,7 @@ impl ScratchHeap {
             self.tensors[i].block = Some(self.next);
             self.next += 1;
             self.high_water = self.high_water.max(self.ring.used());
+            self.taken += t.len.div_ceil(64) * 64;
         }
         Ok(())
     }

@@ -958,7 +958,7 @@ impl<'a> Dispatcher<'a> {
         if self.scratch.is_active() {
             // Table runs use the heap ring for scratch tensors only.
             stats.stalls.resources[StallReason::HeapRingFull as usize] = self.heap_stats;
-            stats.scratch_bytes = self.scratch.declared_bytes();
+            stats.scratch_bytes = self.scratch.taken_bytes();
         }
         let [full, empty] = self.expander.channel_stats();
         stats.stalls.resources[StallReason::ChannelFull as usize] = full;

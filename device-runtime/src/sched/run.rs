@@ -221,11 +221,12 @@ pub struct RunStats {
     /// policy's decision, key and tasks placed; `None` for tasksets the
     /// program does not define.
     pub tasksets: [Option<TasksetStats>; MAX_TASKSETS],
-    /// Bytes the table's scratch tensors would take as arena tensors (each
-    /// rounded up to 64 bytes); 0 without scratch tensors. Their storage
-    /// came from the heap ring instead: its capacity and high-water mark
-    /// are `stalls.of(StallReason::HeapRingFull)`, and the arena bytes
-    /// saved are this minus the capacity.
+    /// Bytes the run's scratch scopes would take as arena tensors of their
+    /// own (each rounded up to 64 bytes; a tensor once per scope: its first
+    /// write, or the first after a `FREE`); 0 without scratch tensors.
+    /// Their storage came from the heap ring instead: its capacity and
+    /// high-water mark are `stalls.of(StallReason::HeapRingFull)`, and the
+    /// arena bytes saved are this minus the capacity.
     pub scratch_bytes: u64,
     pub(crate) num_cores: usize,
     pub(crate) cores: [CoreStats; MAX_RUN_CORES],

@@ -1113,12 +1113,12 @@ fn run(cli: Cli) -> Result<bool> {
 }
 
 /// The heap ring of scratch tensors, where the table has some: its
-/// high-water mark, stalls, and the arena bytes the scratch tensors saved.
+/// high-water mark, stalls, and the arena bytes the scratch scopes saved.
 fn print_heap(stats: &device_runtime::sched::RunStats) {
     let heap = host_tools::summary::heap_figures(stats);
     if let Some(h) = heap {
         say!(
-            "  {:<20} high water {:>5} of {:>5} bytes, {} stalls; scratch tensors {} bytes, arena saved {} bytes",
+            "  {:<20} high water {:>5} of {:>5} bytes, {} stalls; scratch scopes took {} bytes, arena saved {} bytes",
             "HEAP_RING_FULL",
             h.high_water,
             h.capacity,

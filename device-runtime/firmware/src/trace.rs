@@ -350,10 +350,15 @@ impl<P: Platform> Traced<P> {
     fn completed(&mut self, core: usize, completion: Completion) {
         let end = self.inner.now();
         self.busy(end);
-        let held = self.held.get_mut(core).and_then(Deque::pop_front);
-        if let (Some((kernel, key, launched)), Completion::Done { cycles }) = (held, completion) {
-            let start = launched.max(self.last_end[core]);
-            self.last_end[core] = end;
+        let Some((kernel, key, launched)) = self.held.get_mut(core).and_then(Deque::pop_front)
+        else {
+            return;
+        };
+        let start = launched.max(self.last_end[core]);
+        // A task the kernel refused or failed held the core too: the
+        // next one starts after it, recorded or not.
+        self.last_end[core] = end;
+        if let Completion::Done { cycles } = completion {
             self.recorder.record(&Event {
                 kind: Kind::Task,
                 core: self.run_core(core),

@@ -191,9 +191,13 @@ pub const MAX_DATA_TENSORS: usize = 64;
 // `written` and per-call write masks) are `u64`: one bit per tensor.
 const _: () = assert!(MAX_DATA_TENSORS <= u64::BITS as usize);
 
-/// Longest program in instructions (64 KiB): validation follows every jump,
-/// which costs up to the jump's length.
-pub const MAX_PROGRAM: usize = 4096;
+/// Longest program in instructions (1 MiB of 16-byte instructions, well
+/// inside the table's [`TABLE_MAX`](super::memory_map::TABLE_MAX)): room for
+/// the unrolled decode step of a model of many layers (a dense layer lowers
+/// to about 360 instructions, an MoE layer to about 560). Validation is
+/// linear in the program's length; the bound sizes the bitset of jump
+/// targets it keeps on the stack (one bit per instruction: 8 KiB).
+pub const MAX_PROGRAM: usize = 65_536;
 
 /// Tasksets of a program, numbered `0 .. MAX_TASKSETS` (0: the run's
 /// policy). The dispatcher keeps one policy per taskset.
@@ -307,46 +311,137 @@ fn range(value: u64, min: u64, max: u64) -> Problem {
     Problem::OutOfRange { value, min, max }
 }
 
-/// Checks that a forward jump from `pc` to `target` stays in its loop body:
-/// it neither leaves the innermost loop around `pc` (it may land on that
-/// loop's `END`) nor enters a nested loop's body, and lands on an
-/// instruction that starts a step (not an `ARG` or `SCALAR`).
-fn check_jump(program: &[Instr], pc: usize, target: usize) -> Result<(), TableError> {
-    let bad = || {
-        err(
-            pc,
-            "imm",
-            range(target as u64, pc as u64 + 1, program.len() as u64),
-        )
+/// The pc a loop or process body ends at: the `END` (`PROCESS_END`) its
+/// opener names (`LOOP.imm`, `CONSUME.imm2`, `PROCESS.imm`).
+fn end_of(opener: &Instr) -> usize {
+    let end = match opener.op {
+        OP_CONSUME => opener.imm2.get(),
+        _ => opener.imm.get(),
     };
-    if target <= pc || target > program.len() {
-        return Err(bad());
+    end as usize
+}
+
+/// The targets of the jumps validated so far, one bit per pc.
+///
+/// Why a bitset: a jump must not enter a loop or process body, and the
+/// bodies after a jump are not validated yet when the jump is. Walking
+/// each jump to its target (as validation once did) costs the jump's
+/// length, quadratic in the program's in the worst case (every
+/// instruction a jump to the end). Instead each jump marks its target,
+/// and each body, as it opens at `L` with its `END` at `E`, refuses any
+/// mark in `L + 1 ..= E`: every jump seen so far is before `L`, so a mark
+/// there is a jump into the body. (A jump from inside an earlier sibling
+/// body cannot mark past that body's end, which is before `L`: leaving a
+/// body is refused at the jump.) Bodies nest at most `MAX_LOOP_DEPTH + 1`
+/// deep, so the scans cost at most that many times the program's length
+/// over 64. `MAX_PROGRAM` bits are 8 KiB, on `validate`'s stack (a device
+/// CPU's stack is 512 KiB), with no allocation.
+struct Targets([u64; MAX_PROGRAM / 64]);
+
+impl Targets {
+    const EMPTY: Targets = Targets([0; MAX_PROGRAM / 64]);
+
+    fn mark(&mut self, target: usize) {
+        if let Some(word) = self.0.get_mut(target / 64) {
+            *word |= 1 << (target % 64);
+        }
     }
-    let mut depth = 0usize;
-    for ins in &program[pc + 1..target] {
-        match ins.op {
-            OP_LOOP | OP_CONSUME | OP_PROCESS => depth += 1,
-            OP_END | OP_PROCESS_END if depth == 0 => {
-                return Err(structure(pc, "jump leaves its loop"))
+
+    /// Whether a target in `lo ..= hi` is marked.
+    fn any_in(&self, lo: usize, hi: usize) -> bool {
+        if lo > hi {
+            return false;
+        }
+        let (first, last) = (lo / 64, hi / 64);
+        (first..=last).any(|w| {
+            let mut bits = self.0.get(w).copied().unwrap_or(0);
+            if w == first {
+                bits &= !0 << (lo % 64);
             }
-            OP_END | OP_PROCESS_END => depth -= 1,
-            _ => {}
-        }
+            if w == last {
+                bits &= !0 >> (63 - hi % 64);
+            }
+            bits != 0
+        })
     }
-    if depth != 0 {
-        return Err(structure(pc, "jump enters a loop body"));
+}
+
+/// Checks what can be checked of a forward jump from `pc` to `target` when
+/// it is reached, in O(1): the target is ahead and in the program, it does
+/// not leave the innermost loop or process body around `pc`, which ends at
+/// `body_end` (the program's length at the top level; landing on that
+/// body's own `END` is fine), and it lands on an instruction that starts a
+/// step (not an `ARG` or `SCALAR`). Whether it enters a nested body is
+/// checked when that body opens ([`Targets`]).
+fn check_jump(
+    program: &[Instr],
+    pc: usize,
+    target: usize,
+    body_end: usize,
+) -> Result<(), TableError> {
+    if target <= pc || target > program.len() {
+        let problem = range(target as u64, pc as u64 + 1, program.len() as u64);
+        return Err(err(pc, "imm", problem));
     }
-    if let Some(ins) = program.get(target) {
-        if ins.op == OP_ARG || ins.op == OP_SCALAR {
-            return Err(structure(pc, "jump lands inside a call"));
+    if target > body_end {
+        return Err(structure(pc, "jump leaves its loop"));
+    }
+    if program
+        .get(target)
+        .is_some_and(|t| t.op == OP_ARG || t.op == OP_SCALAR)
+    {
+        // A jump into a call in a nested body was refused as entering it
+        // before; keep saying so. An error path: walking it costs the
+        // jump's length once.
+        let mut depth = 0usize;
+        for ins in &program[pc + 1..target] {
+            match ins.op {
+                OP_LOOP | OP_CONSUME | OP_PROCESS => depth += 1,
+                OP_END | OP_PROCESS_END => depth = depth.saturating_sub(1),
+                _ => {}
+            }
         }
+        let why = if depth != 0 {
+            "jump enters a loop body"
+        } else {
+            "jump lands inside a call"
+        };
+        return Err(structure(pc, why));
     }
     Ok(())
 }
 
+/// Refuses a jump into the body of the opener at `open`, which ends at
+/// `end` (valid: the opener's own checks passed): every jump validated so
+/// far comes before `open`, so any of their targets in `open + 1 ..= end`
+/// is one.
+fn check_entry(
+    program: &[Instr],
+    targets: &Targets,
+    open: usize,
+    end: usize,
+) -> Result<(), TableError> {
+    if !targets.any_in(open + 1, end) {
+        return Ok(());
+    }
+    // An error path: name the first jump into this body. (Walking each
+    // jump named the program's first bad jump: with several, one into a
+    // later body may come before this one.)
+    let body = open + 1..=end;
+    let pc = program[..open]
+        .iter()
+        .position(|i| {
+            (i.op == OP_WHEN || i.op == OP_JUMP) && body.contains(&(i.imm.get() as usize))
+        })
+        .unwrap_or(open);
+    Err(structure(pc, "jump enters a loop body"))
+}
+
 /// Validates `program` against the table's tensors and declared kernels
 /// (`declared(id)`), and the tensors the tasks section writes
-/// (`task_writes(tensor)`).
+/// (`task_writes(tensor)`). One pass, in time linear in the program's
+/// length (jumps: [`Targets`]; naming a refused jump may take one more
+/// pass), whatever the program's jumps.
 pub(crate) fn validate(
     program: &[Instr],
     tensors: &[TensorDesc],
@@ -365,6 +460,7 @@ pub(crate) fn validate(
     let mut process: Option<usize> = None;
     // Bit `c`: some SEND sends on channel `c`.
     let mut sent: u16 = 0;
+    let mut targets = Targets::EMPTY;
     let declared_channel = |pc: usize, info: &ProgramInfo, ins: &Instr| {
         let c = ins.imm.get();
         if info.channel(c as usize).is_some() {
@@ -456,11 +552,7 @@ pub(crate) fn validate(
                 if depth == MAX_LOOP_DEPTH {
                     return Err(structure(pc, "loops nested deeper than MAX_LOOP_DEPTH"));
                 }
-                let end = if ins.op == OP_LOOP {
-                    ins.imm.get()
-                } else {
-                    ins.imm2.get()
-                } as usize;
+                let end = end_of(ins);
                 if end <= pc || program.get(end).is_none_or(|e| e.op != OP_END) {
                     let why = if ins.op == OP_LOOP {
                         "LOOP does not name its END"
@@ -469,6 +561,7 @@ pub(crate) fn validate(
                     };
                     return Err(structure(pc, why));
                 }
+                check_entry(program, &targets, pc, end)?;
                 loops[depth] = pc;
                 depth += 1;
             }
@@ -479,13 +572,7 @@ pub(crate) fn validate(
                 }
                 depth -= 1;
                 let start = loops[depth];
-                let opened = &program[start];
-                let names = if opened.op == OP_LOOP {
-                    opened.imm.get()
-                } else {
-                    opened.imm2.get()
-                };
-                if ins.imm.get() as usize != start || names as usize != pc {
+                if ins.imm.get() as usize != start || end_of(&program[start]) != pc {
                     return Err(structure(pc, "END does not match the innermost LOOP"));
                 }
             }
@@ -528,12 +615,19 @@ pub(crate) fn validate(
                 if end <= pc || program.get(end).is_none_or(|e| e.op != OP_PROCESS_END) {
                     return Err(structure(pc, "PROCESS does not name its PROCESS_END"));
                 }
+                check_entry(program, &targets, pc, end)?;
                 process = Some(pc);
             }
             OP_PROCESS_END => {
                 unused(pc, ins, 0)?;
+                // The body ends where its PROCESS says (the program's
+                // context goes on after that pc, and jumps in the body are
+                // checked against it), not at another PROCESS_END naming it.
                 match process {
-                    Some(start) if depth == 0 && ins.imm.get() as usize == start => {}
+                    Some(start)
+                        if depth == 0
+                            && ins.imm.get() as usize == start
+                            && end_of(&program[start]) == pc => {}
                     Some(_) if depth != 0 => {
                         return Err(structure(loops[depth - 1], "LOOP without an END"))
                     }
@@ -558,7 +652,14 @@ pub(crate) fn validate(
                 } else {
                     unused(pc, ins, 0)?;
                 }
-                check_jump(program, pc, ins.imm.get() as usize)?;
+                let target = ins.imm.get() as usize;
+                let body_end = match (depth.checked_sub(1), process) {
+                    (Some(inner), _) => end_of(&program[loops[inner]]),
+                    (None, Some(start)) => end_of(&program[start]),
+                    (None, None) => program.len(),
+                };
+                check_jump(program, pc, target, body_end)?;
+                targets.mark(target);
             }
             OP_CALL => {
                 let id = ins.imm.get();
@@ -761,4 +862,417 @@ pub(crate) fn validate(
         }
     }
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Jump validation against hand-built programs whose outcome is
+    //! derived by hand (the pcs in the comments), and against the walk
+    //! validation did before it became linear.
+
+    use super::*;
+    use wsp_ffi::WspKernelId_WSP_KERNEL_RMSNORM as RMSNORM;
+    use zerocopy::little_endian::{U32, U64};
+
+    fn ins(op: u8, r: u8, x: [u8; 6], imm: usize, imm2: usize) -> Instr {
+        Instr {
+            op,
+            r,
+            x,
+            imm: U32::new(imm as u32),
+            imm2: U32::new(imm2 as u32),
+        }
+    }
+
+    const NONE: [u8; 6] = [NO_REG; 6];
+    /// `x` with register 0 first (a condition, a count).
+    const R0: [u8; 6] = [0, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG];
+
+    /// A step that does nothing to control flow.
+    fn nop() -> Instr {
+        ins(OP_CONST, 0, NONE, 0, 0)
+    }
+    fn jump(target: usize) -> Instr {
+        ins(OP_JUMP, 0, NONE, target, 0)
+    }
+    fn when(target: usize) -> Instr {
+        ins(OP_WHEN, 0, R0, target, 0)
+    }
+    /// A parallel loop (variable r1, count r0) whose END is at `end`.
+    fn lp(end: usize) -> Instr {
+        let x = [0, LOOP_PARALLEL, NO_REG, NO_REG, NO_REG, NO_REG];
+        ins(OP_LOOP, 1, x, end, 4)
+    }
+    fn end(open: usize) -> Instr {
+        ins(OP_END, 0, NONE, open, 0)
+    }
+    fn channel() -> Instr {
+        ins(OP_CHANNEL, 0, NONE, 0, 1)
+    }
+    fn send() -> Instr {
+        ins(OP_SEND, 0, NONE, 0, 0)
+    }
+    /// A consume loop of channel 0 whose END is at `end`.
+    fn consume(end: usize) -> Instr {
+        ins(OP_CONSUME, NO_REG, NONE, 0, end)
+    }
+    fn process(end: usize) -> Instr {
+        ins(OP_PROCESS, NO_REG, NONE, end, 1)
+    }
+    fn process_end(open: usize) -> Instr {
+        ins(OP_PROCESS_END, 0, NONE, open, 0)
+    }
+    /// An rmsnorm call: the CALL, 3 ARGs of tensor 0, 1 SCALAR.
+    fn call() -> [Instr; 5] {
+        let k = wsp_ffi::lookup(RMSNORM).unwrap();
+        let arg = |i: usize| ins(OP_ARG, k.tensor_args[i].access as u8, NONE, 0, 0);
+        [
+            ins(
+                OP_CALL,
+                0,
+                [0, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
+                RMSNORM as usize,
+                0,
+            ),
+            arg(0),
+            arg(1),
+            arg(2),
+            ins(OP_SCALAR, 0, NONE, 0, 0),
+        ]
+    }
+
+    fn check(program: &[Instr]) -> Result<(), TableError> {
+        let tensor = TensorDesc {
+            name: [0; 16],
+            dtype: U32::new(wsp_ffi::DTYPE_F32),
+            rank: U32::new(2),
+            shape: [16, 1024, 0, 0].map(U32::new),
+            strides: [1024, 1, 0, 0].map(U32::new),
+            arena_offset: U64::new(0),
+        };
+        validate(program, &[tensor], |id| id == RMSNORM, |_| false).map(|_| ())
+    }
+
+    const LEAVES: &str = "jump leaves its loop";
+    const ENTERS: &str = "jump enters a loop body";
+    const IN_CALL: &str = "jump lands inside a call";
+
+    /// `program` with instruction `pc` replaced by `with`.
+    fn with(program: &[Instr], pc: usize, with: Instr) -> Vec<Instr> {
+        let mut p = program.to_vec();
+        p[pc] = with;
+        p
+    }
+
+    #[track_caller]
+    fn refused(program: &[Instr], pc: usize, why: &'static str) {
+        assert_eq!(check(program), Err(structure(pc, why)), "{program:?}");
+    }
+
+    #[track_caller]
+    fn out_of_range(program: &[Instr], pc: usize, target: usize) {
+        let problem = range(target as u64, pc as u64 + 1, program.len() as u64);
+        assert_eq!(check(program), Err(err(pc, "imm", problem)));
+    }
+
+    #[test]
+    fn a_jump_may_land_on_its_loops_end_but_not_past_it() {
+        // 0 LOOP -> 3, 1 JUMP, 2 nop, 3 END, 4 nop.
+        let p = [lp(3), jump(3), nop(), end(0), nop()];
+        assert_eq!(check(&p), Ok(()));
+        assert_eq!(check(&with(&p, 1, when(2))), Ok(()));
+        refused(&with(&p, 1, jump(4)), 1, LEAVES);
+        refused(&with(&p, 1, when(5)), 1, LEAVES);
+        // At the top level the body is the program: its end (5) is fine,
+        // past it, onto itself or backwards is an operand out of range.
+        let top = [jump(5), lp(3), nop(), end(1), nop()];
+        assert_eq!(check(&top), Ok(()));
+        out_of_range(&with(&top, 0, jump(6)), 0, 6);
+        out_of_range(&with(&p, 1, jump(1)), 1, 1);
+        out_of_range(&with(&p, 1, when(0)), 1, 0);
+    }
+
+    #[test]
+    fn a_jump_may_land_on_a_nested_opener_or_past_its_end_but_not_in_its_body() {
+        // 0 LOOP -> 7, 1 JUMP, 2 LOOP -> 5, 3 nop, 4 nop, 5 END(2), 6 nop,
+        // 7 END(0).
+        let p = [lp(7), jump(2), lp(5), nop(), nop(), end(2), nop(), end(0)];
+        // Onto the nested opener, over the whole nested loop, onto the
+        // outer END.
+        for target in [2, 6, 7] {
+            assert_eq!(check(&with(&p, 1, jump(target))), Ok(()), "{target}");
+            assert_eq!(check(&with(&p, 1, when(target))), Ok(()), "{target}");
+        }
+        // The nested body's first instruction, its middle, its END.
+        for target in [3, 4, 5] {
+            refused(&with(&p, 1, jump(target)), 1, ENTERS);
+            refused(&with(&p, 1, when(target)), 1, ENTERS);
+        }
+        refused(&with(&p, 1, jump(8)), 1, LEAVES);
+        // From the top level, into a loop: 0 JUMP, 1 LOOP -> 3, 2 nop,
+        // 3 END(1), 4 nop.
+        let top = [jump(1), lp(3), nop(), end(1), nop()];
+        for target in [1, 4, 5] {
+            assert_eq!(check(&with(&top, 0, jump(target))), Ok(()), "{target}");
+        }
+        refused(&with(&top, 0, jump(2)), 0, ENTERS);
+        refused(&with(&top, 0, jump(3)), 0, ENTERS);
+    }
+
+    #[test]
+    fn a_jump_from_a_nested_body_may_not_leave_it() {
+        // 0 LOOP -> 6, 1 LOOP -> 4, 2 JUMP, 3 nop, 4 END(1), 5 nop, 6 END(0).
+        let p = [lp(6), lp(4), jump(4), nop(), end(1), nop(), end(0)];
+        assert_eq!(check(&p), Ok(()));
+        refused(&with(&p, 2, jump(5)), 2, LEAVES);
+        refused(&with(&p, 2, when(6)), 2, LEAVES);
+        refused(&with(&p, 2, jump(7)), 2, LEAVES);
+    }
+
+    #[test]
+    fn a_jump_may_not_land_on_a_calls_operands() {
+        // 0 JUMP, 1 CALL, 2..4 ARG, 5 SCALAR, 6 nop.
+        let mut p = vec![jump(1)];
+        p.extend(call());
+        p.push(nop());
+        assert_eq!(check(&p), Ok(()));
+        assert_eq!(check(&with(&p, 0, jump(6))), Ok(()));
+        for target in 2..=5 {
+            refused(&with(&p, 0, jump(target)), 0, IN_CALL);
+        }
+        // Into a call in a nested loop: entering the loop is what is said
+        // (as before). 0 JUMP, 1 LOOP -> 7, 2 CALL, 3..5 ARG, 6 SCALAR,
+        // 7 END(1).
+        let mut p = vec![jump(1), lp(7)];
+        p.extend(call());
+        p.push(end(1));
+        assert_eq!(check(&p), Ok(()));
+        refused(&with(&p, 0, jump(3)), 0, ENTERS);
+        refused(&with(&p, 0, when(6)), 0, ENTERS);
+    }
+
+    /// 0 CHANNEL, 1 PROCESS -> 5, 2 SEND, 3 JUMP, 4 nop, 5 PROCESS_END(1),
+    /// 6 CONSUME -> 9, 7 WHEN, 8 nop, 9 END(6), 10 nop.
+    fn csp() -> Vec<Instr> {
+        let p = [
+            channel(),
+            process(5),
+            send(),
+            jump(5),
+            nop(),
+            process_end(1),
+            consume(9),
+            when(9),
+            nop(),
+            end(6),
+            nop(),
+        ];
+        p.to_vec()
+    }
+
+    #[test]
+    fn jumps_stay_in_process_and_consume_bodies() {
+        let p = csp();
+        assert_eq!(check(&p), Ok(()));
+        assert_eq!(check(&with(&p, 3, jump(4))), Ok(()));
+        refused(&with(&p, 3, jump(6)), 3, LEAVES);
+        refused(&with(&p, 3, jump(11)), 3, LEAVES);
+        assert_eq!(check(&with(&p, 7, when(8))), Ok(()));
+        refused(&with(&p, 7, when(10)), 7, LEAVES);
+        // From the top level: onto the PROCESS or the CONSUME, over them,
+        // not into either body (nor onto its end). 0 CHANNEL, 1 JUMP,
+        // 2 PROCESS -> 4, 3 SEND, 4 PROCESS_END(2), 5 CONSUME -> 7, 6 nop,
+        // 7 END(5), 8 nop.
+        let top = [
+            channel(),
+            jump(2),
+            process(4),
+            send(),
+            process_end(2),
+            consume(7),
+            nop(),
+            end(5),
+            nop(),
+        ];
+        for target in [2, 5, 8, 9] {
+            assert_eq!(check(&with(&top, 1, jump(target))), Ok(()), "{target}");
+        }
+        for target in [3, 4, 6, 7] {
+            refused(&with(&top, 1, jump(target)), 1, ENTERS);
+        }
+    }
+
+    #[test]
+    fn the_first_jump_into_a_body_is_named() {
+        // 0 JUMP 2 (fine), 1 WHEN 4 and 2 JUMP 5 (both into the body),
+        // 3 LOOP -> 6, 4 nop, 5 nop, 6 END(3).
+        let p = [jump(2), when(4), jump(5), lp(6), nop(), nop(), end(3)];
+        refused(&p, 1, ENTERS);
+    }
+
+    #[test]
+    fn a_process_ends_where_its_process_says() {
+        // 0 CHANNEL, 1 PROCESS -> 6, 2 SEND, 3 PROCESS_END(1), 4 PROCESS -> 6,
+        // 5 SEND, 6 PROCESS_END(4): the PROCESS_END at 3 names the first
+        // PROCESS, which says its body ends at 6. (Accepted once; the
+        // program's context would have skipped the second PROCESS, and a
+        // jump in the body checked against one end would have run to the
+        // other.)
+        let p = [
+            channel(),
+            process(6),
+            send(),
+            process_end(1),
+            process(6),
+            send(),
+            process_end(4),
+        ];
+        refused(&p, 3, "PROCESS_END does not match its PROCESS");
+        let fixed = with(&p, 1, process(3));
+        assert_eq!(check(&fixed), Ok(()));
+    }
+
+    /// How jumps were checked before validation became linear: a walk from
+    /// the jump to its target, counting loop and process openers and ends.
+    fn walk(program: &[Instr], pc: usize, target: usize) -> Result<(), TableError> {
+        if target <= pc || target > program.len() {
+            let problem = range(target as u64, pc as u64 + 1, program.len() as u64);
+            return Err(err(pc, "imm", problem));
+        }
+        let mut depth = 0usize;
+        for ins in &program[pc + 1..target] {
+            match ins.op {
+                OP_LOOP | OP_CONSUME | OP_PROCESS => depth += 1,
+                OP_END | OP_PROCESS_END if depth == 0 => {
+                    return Err(structure(pc, LEAVES));
+                }
+                OP_END | OP_PROCESS_END => depth -= 1,
+                _ => {}
+            }
+        }
+        if depth != 0 {
+            return Err(structure(pc, ENTERS));
+        }
+        if let Some(ins) = program.get(target) {
+            if ins.op == OP_ARG || ins.op == OP_SCALAR {
+                return Err(structure(pc, IN_CALL));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_single_jump_is_judged_as_the_walk_judged_it() {
+        // A program of every kind of body, nested, with a call; each `nop`
+        // in turn becomes a JUMP or WHEN to each target (and past the end).
+        let mut p = vec![
+            channel(),      // 0
+            nop(),          // 1
+            process(10),    // 2
+            send(),         // 3
+            nop(),          // 4
+            lp(8),          // 5
+            nop(),          // 6
+            nop(),          // 7
+            end(5),         // 8
+            nop(),          // 9
+            process_end(2), // 10
+            nop(),          // 11
+            lp(23),         // 12
+            nop(),          // 13
+            lp(21),         // 14
+            nop(),          // 15
+        ];
+        p.extend(call()); // 16 .. 20
+        p.extend([
+            end(14),     // 21
+            nop(),       // 22
+            end(12),     // 23
+            consume(27), // 24
+            nop(),       // 25
+            nop(),       // 26
+            end(24),     // 27
+            nop(),       // 28
+        ]);
+        assert_eq!(check(&p), Ok(()));
+        let sites: Vec<usize> = (0..p.len()).filter(|&pc| p[pc].op == OP_CONST).collect();
+        assert_eq!(sites.len(), 12);
+        let mut seen = std::collections::BTreeMap::new();
+        for &pc in &sites {
+            for target in 0..=p.len() + 1 {
+                for j in [jump(target), when(target)] {
+                    let q = with(&p, pc, j);
+                    let expected = walk(&q, pc, target);
+                    assert_eq!(check(&q), expected, "pc {pc} -> {target}");
+                    let outcome = match expected {
+                        Ok(()) => "ok",
+                        Err(e) => match e.problem {
+                            Problem::Structure { why } => why,
+                            _ => "out of range",
+                        },
+                    };
+                    *seen.entry(outcome).or_insert(0) += 1;
+                }
+            }
+        }
+        // Every outcome occurs.
+        let outcomes: Vec<_> = seen.keys().copied().collect();
+        let mut all = ["ok", "out of range", LEAVES, ENTERS, IN_CALL];
+        all.sort();
+        assert_eq!(outcomes, all, "{seen:?}");
+    }
+
+    // The programs below took the walk above about MAX_PROGRAM^2 / 2 steps
+    // (each jump walked to its target): over ten seconds for the first in
+    // a debug build, measured. Validation is linear now; no time is
+    // asserted, the suite's time shows it.
+
+    #[test]
+    fn a_longest_program_of_jumps_to_its_last_instruction_validates() {
+        let last = MAX_PROGRAM - 1;
+        let mut p = vec![jump(last); last];
+        p.push(nop());
+        assert_eq!(p.len(), MAX_PROGRAM);
+        assert_eq!(check(&p), Ok(()));
+        // One more instruction is too long.
+        p.push(nop());
+        let problem = range(MAX_PROGRAM as u64 + 1, 0, MAX_PROGRAM as u64);
+        let too_long = TableError::new(Section::Header, 0, "program", problem);
+        assert_eq!(check(&p), Err(too_long));
+    }
+
+    #[test]
+    fn a_longest_program_of_jumps_over_deep_loop_nests_validates() {
+        // Half the program: WHENs to its end, over everything after them.
+        // Then nests of MAX_LOOP_DEPTH loops, each loop's first
+        // instruction a WHEN to its own END, over the loops nested in it.
+        let mut p = vec![when(MAX_PROGRAM); MAX_PROGRAM / 2];
+        const NEST: usize = 3 * MAX_LOOP_DEPTH;
+        while p.len() + NEST <= MAX_PROGRAM {
+            let at = p.len();
+            // Loop k opens at `at + 2k`; its END is at `at + NEST - 1 - k`.
+            for k in 0..MAX_LOOP_DEPTH {
+                p.push(lp(at + NEST - 1 - k));
+                p.push(when(at + NEST - 1 - k));
+            }
+            for k in (0..MAX_LOOP_DEPTH).rev() {
+                p.push(end(at + 2 * k));
+            }
+        }
+        p.resize(MAX_PROGRAM, nop());
+        assert_eq!(check(&p), Ok(()));
+        // One jump into the last nest's innermost body, from the first
+        // nest's outermost loop... leaves that loop first; from the top
+        // level it enters: the first WHEN is the one named.
+        let last_nest = MAX_PROGRAM / 2 + (MAX_PROGRAM / 2 / NEST - 1) * NEST;
+        let inner = last_nest + 2 * MAX_LOOP_DEPTH - 1;
+        refused(
+            &with(&p, MAX_PROGRAM / 2 + 1, when(inner)),
+            MAX_PROGRAM / 2 + 1,
+            LEAVES,
+        );
+        let mut q = with(&p, 0, when(inner));
+        q[5] = when(inner);
+        refused(&q, 0, ENTERS);
+    }
 }

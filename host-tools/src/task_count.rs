@@ -30,6 +30,7 @@
 //! [`crate::program::Workload::expand`]) stop at [`MAX_HOST_TASKS`] tasks
 //! and [`MAX_HOST_ITERATIONS`] loop iterations with an error saying so.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use device_runtime::abi::program::*;
@@ -308,21 +309,27 @@ fn consumed_once(program: &[Instr]) -> u16 {
         })
     };
     let mut depth = 0usize;
-    // (first pc of the process's body, its END, one replica).
-    let mut process: Option<(usize, usize, bool)> = None;
+    // (first pc of the process's body, its END, one replica, whether a
+    // branch may skip its consume loops once known). Known once per
+    // context, not walked again for each of its consume loops (quadratic).
+    let mut process: Option<(usize, usize, bool, Option<bool>)> = None;
+    let mut top_branches: Option<bool> = None;
     for (pc, i) in program.iter().enumerate() {
         match i.op {
-            OP_PROCESS => process = Some((pc + 1, i.imm.get() as usize, i.x[0] == NO_REG)),
+            OP_PROCESS => process = Some((pc + 1, i.imm.get() as usize, i.x[0] == NO_REG, None)),
             OP_PROCESS_END => process = None,
             OP_CONSUME => {
                 let c = i.imm.get() as usize % MAX_CHANNELS;
                 sites[c] += 1;
                 let runs_once = depth == 0
-                    && match process {
-                        Some((start, end, single)) => {
-                            single && !branches(start, end.min(program.len()))
+                    && match &mut process {
+                        Some((start, end, single, skips)) => {
+                            *single
+                                && !*skips.get_or_insert_with(|| {
+                                    branches(*start, (*end).min(program.len()))
+                                })
                         }
-                        None => !branches(0, program.len()),
+                        None => !*top_branches.get_or_insert_with(|| branches(0, program.len())),
                     };
                 if runs_once {
                     once |= 1 << c;
@@ -586,8 +593,12 @@ impl Count<'_> {
             regs: *regs,
             tally: Tally::ZERO,
         });
-        // Paths that jump forward, by target.
-        let mut jumps: Vec<(usize, Path)> = Vec::new();
+        // Paths that jump forward, by target, merged as they jump: looking
+        // the target up costs a lookup per pc, not a scan of every pending
+        // jump (quadratic with many `WHEN`s to one end). Merging in another
+        // order gives the same path: `join` and `either` are associative
+        // and commutative.
+        let mut jumps: BTreeMap<usize, Path> = BTreeMap::new();
         let mut pc = start;
         while pc < end {
             live = self.arrive(pc, live, &mut jumps);
@@ -696,7 +707,11 @@ impl Count<'_> {
                     let taken = ins.op == OP_JUMP || a == Val::Known(0);
                     let falls = ins.op == OP_WHEN && a != Val::Known(0);
                     if taken || a == Val::Unknown {
-                        jumps.push((target, *path));
+                        let path = *path;
+                        jumps
+                            .entry(target)
+                            .and_modify(|p| *p = merge(Some(*p), path))
+                            .or_insert(path);
                     }
                     if !falls {
                         live = None;
@@ -752,16 +767,11 @@ impl Count<'_> {
         &self,
         pc: usize,
         mut live: Option<Path>,
-        jumps: &mut Vec<(usize, Path)>,
+        jumps: &mut BTreeMap<usize, Path>,
     ) -> Option<Path> {
-        jumps.retain(|(target, path)| {
-            if *target == pc {
-                live = Some(merge(live, *path));
-                false
-            } else {
-                true
-            }
-        });
+        if let Some(path) = jumps.remove(&pc) {
+            live = Some(merge(live, path));
+        }
         live
     }
 }

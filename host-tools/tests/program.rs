@@ -1198,3 +1198,34 @@ fn the_written_mask_covers_data_tensors_past_8_and_32() {
         );
     }
 }
+
+/// A longest program (`MAX_PROGRAM` instructions) of `WHEN`s on a symbol
+/// the host is not given, each to the last instruction: the device
+/// validates it and the host counts its tasks. Both took time quadratic in
+/// the program's length once (validation walked each jump to its target,
+/// the count scanned every pending jump at each instruction); no time is
+/// asserted.
+#[test]
+fn a_longest_program_of_branches_validates_and_counts() {
+    use device_runtime::abi::Instr;
+    use host_tools::table::TableBuilder;
+    use zerocopy::little_endian::U32;
+    let instr = |op, r, x0, imm: usize| Instr {
+        op,
+        r,
+        x: [x0, NO_REG, NO_REG, NO_REG, NO_REG, NO_REG],
+        imm: U32::new(imm as u32),
+        imm2: U32::new(0),
+    };
+    let last = MAX_PROGRAM - 1;
+    let mut program = vec![instr(OP_SYMBOL, 0, NO_REG, 0)];
+    program.extend((1..last).map(|_| instr(OP_WHEN, 0, 0, last)));
+    program.push(instr(OP_CONST, 1, NO_REG, 0));
+    assert_eq!(program.len(), MAX_PROGRAM);
+    let mut b = TableBuilder::new();
+    b.set_program(program);
+    let bytes = b.finish().unwrap();
+    let table = device_runtime::abi::Table::parse(&bytes).unwrap();
+    let count = host_tools::task_count::count_tasks(&table, None, &[]).unwrap();
+    assert_eq!(count, host_tools::task_count::TaskCount::Exact(0));
+}

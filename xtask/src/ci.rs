@@ -130,7 +130,13 @@ fn loom(root: &Path) -> Result<()> {
 /// The tests at the sizes the workloads ship with, which a debug build
 /// (the `test` step's) leaves out as too slow: about 40 seconds in release.
 fn release_size(root: &Path) -> Result<()> {
-    let tests = ["moe_layer", "stitched", "decode", "sparse_decode"];
+    let tests = [
+        "moe_layer",
+        "stitched",
+        "decode",
+        "sparse_decode",
+        "decode_layer",
+    ];
     let mut cargo = cargo(root);
     cargo.args(["test", "--release", "-p", "host-tools"]);
     for t in tests {

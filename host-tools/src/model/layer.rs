@@ -504,7 +504,9 @@ impl LayerData {
                 tries += 1;
                 if tries > MAX_DRAWS {
                     return Err(WorkloadError::Params(format!(
-                        "layer {l}: no router draw keeps every routing decision clear"
+                        "layer {l}: no router draw keeps every routing decision clear of the \
+                         logits' error bounds, which grow with depth (fewer layers, or a larger \
+                         hidden size, keep them smaller)"
                     )));
                 }
                 // Random draws first (shallow layers' data are what they

@@ -68,6 +68,7 @@ use wsp_ffi::{
     WspKernelId_WSP_KERNEL_SOFTMAX as SOFTMAX,
 };
 
+use crate::attention::sparse::failed;
 use crate::program::{Axis, Expr, LowerError, Workload as Program};
 use crate::reference;
 use crate::rng::SplitMix64;
@@ -749,6 +750,45 @@ impl MoeData {
             router,
         })
     }
+
+    /// Checks the buffers' sizes against `cfg` (which must pass
+    /// [`MoeConfig::check`]): `x` tokens x hidden, `router` hidden x
+    /// experts, `gate` and `up` (experts x hidden) x ffn, `down` (experts
+    /// x ffn) x hidden, the shared expert's hidden x shared ffn (twice)
+    /// and shared ffn x hidden (empty without one), as [`MoeData::new`]
+    /// makes them. The first buffer of another size is refused, naming
+    /// it, its size and the size its shape takes.
+    pub fn check(&self, cfg: &MoeConfig) -> Result<(), WorkloadError> {
+        cfg.check()?;
+        // Checked: each product is at most 64 x 1024 x 2^15 = 2^31.
+        let (t, h, f, e, s) = (
+            cfg.tokens as u64,
+            cfg.hidden as u64,
+            cfg.ffn as u64,
+            cfg.experts as u64,
+            cfg.shared_ffn as u64,
+        );
+        let [sg, su, sd] = &self.shared;
+        for (what, values, rows, cols) in [
+            ("x", &self.x, t, h),
+            ("router", &self.router, h, e),
+            ("gate", &self.gate, e * h, f),
+            ("up", &self.up, e * h, f),
+            ("down", &self.down, e * f, h),
+            ("shared gate", sg, h, s),
+            ("shared up", su, h, s),
+            ("shared down", sd, s, h),
+        ] {
+            if values.len() as u64 != rows * cols {
+                return Err(WorkloadError::Params(format!(
+                    "MoE data: {what} holds {} values; its shape takes {rows} rows of {cols}, {}",
+                    values.len(),
+                    rows * cols
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// SiLU(z) = z / (1 + e^-z) in f64.
@@ -804,7 +844,47 @@ fn ffn_row(x: &[f32], gate: &[f32], up: &[f32], down: &[f32], h: usize, f: usize
 /// (2E + k + 24) u relative: softmax and renormalisation, plus
 /// gamma_(k+1) of the sum), and the shared down projection accumulated on
 /// top (gamma_(F_s + 2) of |combine| + sum |a w|). Both tokens x hidden.
-pub fn reference(cfg: &MoeConfig, data: &MoeData, routes: &[TokenRoute]) -> (Vec<f64>, Vec<f64>) {
+///
+/// Refused, naming the cause: a config [`MoeConfig::check`] refuses, data
+/// [`MoeData::check`] refuses for it, routes for other than `tokens`
+/// tokens, and a route with more than top-k experts, with experts and
+/// weights of different counts or with an expert past `experts`.
+pub fn reference(
+    cfg: &MoeConfig,
+    data: &MoeData,
+    routes: &[TokenRoute],
+) -> Result<(Vec<f64>, Vec<f64>), WorkloadError> {
+    data.check(cfg)?;
+    let bad = |why: String| Err(WorkloadError::Params(why));
+    if routes.len() != cfg.tokens as usize {
+        return bad(format!(
+            "routes for {} tokens; the config has {}",
+            routes.len(),
+            cfg.tokens
+        ));
+    }
+    for (t, r) in routes.iter().enumerate() {
+        if r.experts.len() != r.weights.len() {
+            return bad(format!(
+                "token {t}'s route has {} experts and {} weights",
+                r.experts.len(),
+                r.weights.len()
+            ));
+        }
+        if r.experts.len() > cfg.top_k as usize {
+            return bad(format!(
+                "token {t}'s route keeps {} experts, more than top-k = {}",
+                r.experts.len(),
+                cfg.top_k
+            ));
+        }
+        if let Some(&ex) = r.experts.iter().find(|&&ex| ex >= cfg.experts as usize) {
+            return bad(format!(
+                "token {t} is routed to expert {ex} of {}",
+                cfg.experts
+            ));
+        }
+    }
     let (h, f, e, k, s) = (
         cfg.hidden as usize,
         cfg.ffn as usize,
@@ -850,8 +930,12 @@ pub fn reference(cfg: &MoeConfig, data: &MoeData, routes: &[TokenRoute]) -> (Vec
         out.extend_from_slice(&acc);
         bound.extend_from_slice(&err);
     }
-    (out, bound)
+    Ok((out, bound))
 }
+
+/// What the layer's check allows, in words.
+const TOLERANCE: &str = "|out - ref| <= 2 x the first-order f32 bound of gate/up GEMMs, \
+                         silu_mul, down GEMM, combine and shared expert (see moe_layer::reference)";
 
 /// The `moe-layer` workloads: 64 experts, top 8 (`moe-layer`: all 8;
 /// `moe-layer-var`: those with router probability >= 0.02, so between 8
@@ -938,14 +1022,16 @@ pub fn workload(
             }
         }
         // 2. The layer's output.
-        let (want, bound) = reference(&c, &data, &routes);
+        let (want, bound) = match reference(&c, &data, &routes) {
+            Ok(r) => r,
+            Err(e) => return failed(format!("the f64 reference: {e}"), TOLERANCE),
+        };
         Verification::compare(
             "out",
             &arena.read_f32(l_out),
             &want,
             |i| 2.0 * bound[i] + f32::MIN_POSITIVE as f64,
-            "|out - ref| <= 2 x the first-order f32 bound of gate/up GEMMs, silu_mul, \
-             down GEMM, combine and shared expert (see moe_layer::reference)",
+            TOLERANCE,
         )
     };
     Ok(Workload {

@@ -438,3 +438,90 @@ fn the_router_and_counts_refuse_what_they_cannot_take() {
     assert!(why.contains("exceed u32::MAX"), "{why}");
     assert!(cfg.check().is_err());
 }
+
+#[test]
+fn the_reference_refuses_data_and_routes_not_of_its_config() {
+    use host_tools::moe_layer::TokenRoute;
+    // 2 tokens x hidden 8, 4 experts of ffn 8, top-2, a shared expert of
+    // ffn 8: x is 2 x 8 = 16 values, gate (4 x 8) x 8 = 256.
+    let cfg = MoeConfig {
+        tokens: 2,
+        hidden: 8,
+        ffn: 8,
+        experts: 4,
+        top_k: 2,
+        threshold: 0.0,
+        tile: 1,
+        shared_ffn: 8,
+    };
+    let data = MoeData::new(&cfg, 3, false).unwrap();
+    let routes = routing(&cfg, 3, false);
+    let (out, bound) = moe_layer::reference(&cfg, &data, &routes).unwrap();
+    assert_eq!((out.len(), bound.len()), (16, 16));
+    let e = |data: &MoeData, routes: &[TokenRoute]| {
+        moe_layer::reference(&cfg, data, routes)
+            .unwrap_err()
+            .to_string()
+    };
+    // A route too many (it would read x past its 2 rows).
+    let mut more = routes.clone();
+    more.push(routes[0].clone());
+    let why = e(&data, &more);
+    assert!(
+        why.contains("routes for 3 tokens; the config has 2"),
+        "{why}"
+    );
+    // Buffers of other sizes than the config's.
+    let mut short = data.clone();
+    short.x.pop();
+    let why = e(&short, &routes);
+    assert!(
+        why.contains("x holds 15 values; its shape takes 2 rows of 8, 16"),
+        "{why}"
+    );
+    let mut short = data.clone();
+    short.gate.truncate(200);
+    let why = e(&short, &routes);
+    assert!(
+        why.contains("gate holds 200 values; its shape takes 32 rows of 8, 256"),
+        "{why}"
+    );
+    let mut short = data.clone();
+    short.shared[2].clear();
+    let why = e(&short, &routes);
+    assert!(
+        why.contains("shared down holds 0 values; its shape takes 8 rows of 8, 64"),
+        "{why}"
+    );
+    // Routes the config cannot have made.
+    let mut bad = routes.clone();
+    bad[0] = TokenRoute {
+        experts: vec![4],
+        weights: vec![1.0],
+    };
+    let why = e(&data, &bad);
+    assert!(why.contains("token 0 is routed to expert 4 of 4"), "{why}");
+    bad[0] = TokenRoute {
+        experts: vec![0, 1],
+        weights: vec![1.0],
+    };
+    let why = e(&data, &bad);
+    assert!(
+        why.contains("token 0's route has 2 experts and 1 weights"),
+        "{why}"
+    );
+    bad[0] = TokenRoute {
+        experts: vec![0, 1, 2],
+        weights: vec![0.5, 0.25, 0.25],
+    };
+    let why = e(&data, &bad);
+    assert!(
+        why.contains("token 0's route keeps 3 experts, more than top-k = 2"),
+        "{why}"
+    );
+    // A config the layer cannot take is refused by its check.
+    let why = moe_layer::reference(&MoeConfig { tile: 0, ..cfg }, &data, &routes)
+        .unwrap_err()
+        .to_string();
+    assert!(why.contains("tile = 0 must be in 1..=64"), "{why}");
+}

@@ -564,3 +564,69 @@ fn a_deep_moe_step_needs_planted_routers_and_matches_the_reference() {
     let check = w.verify(&arena);
     assert!(check.passed(), "{check}");
 }
+
+#[test]
+fn the_layer_references_and_pool_rows_refuse_what_does_not_fit_the_shape() {
+    use host_tools::model::reference::{attention_half, layer, Val};
+    // 6 requests of lengths 1, 2, 3, 63, 64, 65 in pages of 16 (1 + 1 + 1
+    // + 4 + 4 + 5 = 16 pages, tables 5 wide), 2 query heads and 1 KV head
+    // of 64 (hidden 128, QKV (2 + 2) x 64 = 256), ffn 256.
+    let data = small();
+    let x = Val::exact(&data.x, 128);
+    // Layer by layer through the checked entry points, as the step does.
+    let one = layer(&data, &data.layers[0], &x).unwrap().0;
+    let two = layer(&data, &data.layers[1], &one).unwrap().0;
+    assert_eq!(two, reference::step(&data).unwrap().out);
+    let (hres, ..) = attention_half(&data, &data.layers[0], &x).unwrap();
+    assert_eq!(hres.v.len(), 6 * 128);
+
+    // An x of 5 rows (it would be read past its end).
+    let short = Val::exact(&data.x[..5 * 128], 128);
+    let e = attention_half(&data, &data.layers[0], &short)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "x holds 640 values and 640 bounds in rows of 128; the shape takes 6 rows of 128, 768"
+        ),
+        "{e}"
+    );
+    // Weights of other sizes than the shape's.
+    let mut lw = data.layers[0].clone();
+    lw.wqkv.pop();
+    let e = attention_half(&data, &lw, &x).unwrap_err().to_string();
+    assert!(
+        e.contains("the layer: wqkv holds 32767 values; its shape takes 128 rows of 256, 32768"),
+        "{e}"
+    );
+    let mut lw = data.layers[1].clone();
+    lw.wd.truncate(100);
+    let e = layer(&data, &lw, &x).unwrap_err().to_string();
+    assert!(
+        e.contains("the layer: wd holds 100 values; its shape takes 256 rows of 128, 32768"),
+        "{e}"
+    );
+    // A page table entry past the pool (it would index the cache past
+    // its 16 x 32 rows).
+    let mut bad = small();
+    bad.meta[0] = 16;
+    let says = "request 0: page table entry 0 is page 16, outside the pool's 16 pages";
+    let e = layer(&bad, &bad.layers[0], &x).unwrap_err().to_string();
+    assert!(e.contains(says), "{e}");
+    let e = bad.pool_row(0, 0, false).unwrap_err().to_string();
+    assert!(e.contains(says), "{e}");
+
+    // pool_row: request 0's first page, key rows then value rows (16 each).
+    let page = data.meta[0] as usize;
+    assert_eq!(data.pool_row(0, 0, false).unwrap(), page * 32);
+    assert_eq!(data.pool_row(0, 0, true).unwrap(), page * 32 + 16);
+    let e = data.pool_row(6, 0, false).unwrap_err().to_string();
+    assert!(e.contains("request 6 of a batch of 6"), "{e}");
+    // Token 200's page would be entry 12 of a 5-wide table, past the
+    // tables' 60 entries.
+    let e = data.pool_row(5, 200, false).unwrap_err().to_string();
+    assert!(
+        e.contains("token 200 of request 5, past its 65 KV tokens"),
+        "{e}"
+    );
+}

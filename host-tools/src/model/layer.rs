@@ -493,7 +493,9 @@ impl LayerData {
         let mut rng = SplitMix64::new(seed ^ 0x0072_6f75_7465);
         let mut x = reference::Val::exact(&self.x, self.shape.hidden() as usize);
         for l in 0..self.layers.len() {
-            let (_, hn, _) = reference::attention_half(&self, &self.layers[l], &x);
+            // Built for a checked shape: the tables, weights and x are
+            // of its sizes.
+            let (_, hn, _) = reference::attention_half_unchecked(&self, &self.layers[l], &x);
             let Some(m) = self.layers[l].moe.as_mut() else {
                 return Err(WorkloadError::Params(format!(
                     "layer {l} has no MoE weights in an MoE step"
@@ -518,7 +520,7 @@ impl LayerData {
                     plant(&mut m.router, &hn.v, &cfg);
                 }
             }
-            x = reference::layer(&self, &self.layers[l], &x).0;
+            x = reference::layer_unchecked(&self, &self.layers[l], &x).0;
         }
         Ok(self)
     }
@@ -587,27 +589,12 @@ impl LayerData {
     /// one fails the check). The first problem is returned, naming the
     /// buffer, its layer and the first bad value's row and column.
     pub fn check(&self) -> Result<(), WorkloadError> {
+        self.check_tables()?;
         let s = &self.shape;
-        s.check()?;
         let bad = |why: String| Err(WorkloadError::Params(why));
-        check_meta(&s.lengths, &self.meta, self.width, self.pages, s.page)
-            .map_err(|e| WorkloadError::Params(e.to_string()))?;
-        // The shape's check bounds B, H, QKV, D, F and the MoE sizes (each
-        // at most 2^15): their u64 products below cannot overflow.
-        let (b, h, d, f) = (
-            s.batch() as u64,
-            s.hidden() as u64,
-            s.d as u64,
-            s.ffn as u64,
-        );
-        let pool = s.kv_heads as u128 * self.pages as u128 * 2 * s.page as u128;
-        if pool > u32::MAX as u128 {
-            return bad(format!(
-                "a pool of {} KV heads x {} pages x 2 x {} tokens = {pool} rows does not fit \
-                 32-bit indices",
-                s.kv_heads, self.pages, s.page
-            ));
-        }
+        // The shape's check bounds B, H and D (each at most 2^15): their
+        // u64 products below cannot overflow.
+        let (b, h, d) = (s.batch() as u64, s.hidden() as u64, s.d as u64);
         buffer("x", &self.x, b, h)?;
         let longest = s.lengths.iter().copied().max().unwrap_or(0);
         if self.cs.len() as u64 != longest as u64 * d {
@@ -625,45 +612,86 @@ impl LayerData {
             ));
         }
         for (l, lw) in self.layers.iter().enumerate() {
-            let what = |name: &str| format!("layer {l}: {name}");
-            buffer(&what("g1"), &lw.g1, 1, h)?;
-            buffer(&what("wqkv"), &lw.wqkv, h, s.qkv() as u64)?;
-            buffer(&what("wo"), &lw.wo, h, h)?;
-            buffer(&what("g2"), &lw.g2, 1, h)?;
-            buffer(&what("kv"), &lw.kv, pool as u64, d)?;
-            for (name, values, rows, cols) in [
-                ("wg", &lw.wg, h, f),
-                ("wu", &lw.wu, h, f),
-                ("wd", &lw.wd, f, h),
-            ] {
-                match s.moe() {
-                    None => buffer(&what(name), values, rows, cols)?,
-                    Some(_) if !values.is_empty() => {
-                        return bad(format!(
-                            "{} holds {} values; an MoE layer has no dense weights",
-                            what(name),
-                            values.len()
-                        ))
-                    }
-                    Some(_) => {}
+            self.check_weights(&format!("layer {l}"), lw)?;
+        }
+        Ok(())
+    }
+
+    /// The part of [`LayerData::check`] every layer's reference needs:
+    /// the shape, the page tables against the lengths and the pool, and
+    /// the pool's rows fitting `u32`.
+    pub(crate) fn check_tables(&self) -> Result<(), WorkloadError> {
+        let s = &self.shape;
+        s.check()?;
+        check_meta(&s.lengths, &self.meta, self.width, self.pages, s.page)
+            .map_err(|e| WorkloadError::Params(e.to_string()))?;
+        let pool = s.kv_heads as u128 * self.pages as u128 * 2 * s.page as u128;
+        if pool > u32::MAX as u128 {
+            return Err(WorkloadError::Params(format!(
+                "a pool of {} KV heads x {} pages x 2 x {} tokens = {pool} rows does not fit \
+                 32-bit indices",
+                s.kv_heads, self.pages, s.page
+            )));
+        }
+        Ok(())
+    }
+
+    /// The part of [`LayerData::check`] about one layer's weights `lw`
+    /// (named `layer` in errors), on data whose tables
+    /// [`LayerData::check_tables`] accepts: each matrix of its documented
+    /// shape and finite, the MoE block's weights if and only if the shape
+    /// has one (and then no dense ones), the cache `[kv_heads, pool rows,
+    /// D]`.
+    pub(crate) fn check_weights(
+        &self,
+        layer: &str,
+        lw: &LayerWeights,
+    ) -> Result<(), WorkloadError> {
+        let s = &self.shape;
+        let bad = |why: String| Err(WorkloadError::Params(why));
+        // The shape's check bounds H, QKV, D, F and the MoE sizes (each at
+        // most 2^15), the tables' the pool's rows by u32: their u64
+        // products below cannot overflow.
+        let (h, d, f) = (s.hidden() as u64, s.d as u64, s.ffn as u64);
+        let pool = s.kv_heads as u64 * self.pool_rows() as u64;
+        let what = |name: &str| format!("{layer}: {name}");
+        buffer(&what("g1"), &lw.g1, 1, h)?;
+        buffer(&what("wqkv"), &lw.wqkv, h, s.qkv() as u64)?;
+        buffer(&what("wo"), &lw.wo, h, h)?;
+        buffer(&what("g2"), &lw.g2, 1, h)?;
+        buffer(&what("kv"), &lw.kv, pool, d)?;
+        for (name, values, rows, cols) in [
+            ("wg", &lw.wg, h, f),
+            ("wu", &lw.wu, h, f),
+            ("wd", &lw.wd, f, h),
+        ] {
+            match s.moe() {
+                None => buffer(&what(name), values, rows, cols)?,
+                Some(_) if !values.is_empty() => {
+                    return bad(format!(
+                        "{} holds {} values; an MoE layer has no dense weights",
+                        what(name),
+                        values.len()
+                    ))
                 }
+                Some(_) => {}
             }
-            match (s.moe(), &lw.moe) {
-                (None, None) => {}
-                (Some(c), Some(m)) => {
-                    let (e, mf, sf) = (c.experts as u64, c.ffn as u64, c.shared_ffn as u64);
-                    buffer(&what("router"), &m.router, h, e)?;
-                    buffer(&what("gate"), &m.gate, e * h, mf)?;
-                    buffer(&what("up"), &m.up, e * h, mf)?;
-                    buffer(&what("down"), &m.down, e * mf, h)?;
-                    let [sg, su, sd] = &m.shared;
-                    buffer(&what("shared gate"), sg, h, sf)?;
-                    buffer(&what("shared up"), su, h, sf)?;
-                    buffer(&what("shared down"), sd, sf, h)?;
-                }
-                (Some(_), None) => return bad(what("an MoE shape without MoE weights")),
-                (None, Some(_)) => return bad(what("MoE weights for a dense shape")),
+        }
+        match (s.moe(), &lw.moe) {
+            (None, None) => {}
+            (Some(c), Some(m)) => {
+                let (e, mf, sf) = (c.experts as u64, c.ffn as u64, c.shared_ffn as u64);
+                buffer(&what("router"), &m.router, h, e)?;
+                buffer(&what("gate"), &m.gate, e * h, mf)?;
+                buffer(&what("up"), &m.up, e * h, mf)?;
+                buffer(&what("down"), &m.down, e * mf, h)?;
+                let [sg, su, sd] = &m.shared;
+                buffer(&what("shared gate"), sg, h, sf)?;
+                buffer(&what("shared up"), su, h, sf)?;
+                buffer(&what("shared down"), sd, sf, h)?;
             }
+            (Some(_), None) => return bad(what("an MoE shape without MoE weights")),
+            (None, Some(_)) => return bad(what("MoE weights for a dense shape")),
         }
         Ok(())
     }
@@ -677,8 +705,33 @@ impl LayerData {
     }
 
     /// The pool row of token `t` of request `b` (key, or value when
-    /// `value`), within KV head `h`'s pool.
-    pub fn pool_row(&self, b: usize, t: u32, value: bool) -> usize {
+    /// `value`), within a KV head's pool (`0 ..` [`LayerData::pool_rows`]).
+    /// Refused, naming the index and its bound: a request past the batch,
+    /// a token past the request's length, and tables or a pool
+    /// [`LayerData::check`] refuses (e.g. a page table entry naming no
+    /// page of the pool).
+    pub fn pool_row(&self, b: usize, t: u32, value: bool) -> Result<usize, WorkloadError> {
+        let s = &self.shape;
+        let Some(&len) = s.lengths.get(b) else {
+            return Err(WorkloadError::Params(format!(
+                "request {b} of a batch of {}",
+                s.lengths.len()
+            )));
+        };
+        if t >= len {
+            return Err(WorkloadError::Params(format!(
+                "token {t} of request {b}, past its {len} KV tokens"
+            )));
+        }
+        self.check_tables()?;
+        Ok(self.row_in_pool(b, t, value))
+    }
+
+    /// [`LayerData::pool_row`] unchecked, for the reference's inner loops:
+    /// the caller has checked the tables ([`LayerData::check_tables`])
+    /// and that `b` is a request and `t < lengths[b]`, so the entry is a
+    /// page of the pool and the row is below the pool's `u32` rows.
+    pub(crate) fn row_in_pool(&self, b: usize, t: u32, value: bool) -> usize {
         let (p, w) = (self.shape.page, self.width as usize);
         let page = self.meta[2 * b * w + (t / p) as usize] as usize;
         page * 2 * p as usize + if value { p as usize } else { 0 } + (t % p) as usize

@@ -200,14 +200,15 @@ pub struct Step {
 
 /// The whole step in f64 with bounds. Data [`LayerData::check`] refuses
 /// (e.g. a buffer edited to another size than its shape's) is refused
-/// with its error. ([`attention_half`] and [`layer`] take their parts of
-/// data it accepts, as [`LayerData::build`] makes it.)
+/// with its error.
 pub fn step(data: &LayerData) -> Result<Step, WorkloadError> {
     data.check()?;
     let mut x = Val::exact(&data.x, data.shape.hidden() as usize);
     let (mut appended, mut routes) = (Vec::new(), Vec::new());
     for lw in &data.layers {
-        let (out, rows, r) = layer(data, lw, &x);
+        // Checked above: the tables, every layer's weights and x (each
+        // layer's output is `[B, H]` again).
+        let (out, rows, r) = layer_unchecked(data, lw, &x);
         x = out;
         appended.push(rows);
         routes.extend(r);
@@ -219,9 +220,51 @@ pub fn step(data: &LayerData) -> Result<Step, WorkloadError> {
     })
 }
 
+/// Refuses what [`attention_half`] and [`layer`] cannot take, naming it:
+/// `data`'s shape and tables ([`LayerData::check`]'s first part), `lw`
+/// not of the shape's sizes (or not finite), and `x` not `[B, H]` values
+/// with as many bounds.
+fn check_layer_inputs(data: &LayerData, lw: &LayerWeights, x: &Val) -> Result<(), WorkloadError> {
+    data.check_tables()?;
+    data.check_weights("the layer", lw)?;
+    let s = &data.shape;
+    // Checked: B <= 256 and H <= 1024.
+    let (b, h) = (s.batch() as usize, s.hidden() as usize);
+    if x.cols != h || x.v.len() != b * h || x.e.len() != x.v.len() {
+        return Err(WorkloadError::Params(format!(
+            "x holds {} values and {} bounds in rows of {}; the shape takes {b} rows of {h}, {}",
+            x.v.len(),
+            x.e.len(),
+            x.cols,
+            b * h
+        )));
+    }
+    Ok(())
+}
+
 /// The attention half of a layer from `x`: the residual stream after it,
 /// its norm (the feed-forward block's input) and the cache rows appended.
-pub fn attention_half(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Val, Vec<Appended>) {
+/// `x` is `[B, H]`; `lw` one layer's weights of `data`'s shape (not read
+/// from `data.layers`). Refused, naming the cause: a shape or tables
+/// [`LayerData::check`] refuses, weights of other sizes than the
+/// shape's (or not finite), and an `x` of another size.
+pub fn attention_half(
+    data: &LayerData,
+    lw: &LayerWeights,
+    x: &Val,
+) -> Result<(Val, Val, Vec<Appended>), WorkloadError> {
+    check_layer_inputs(data, lw, x)?;
+    Ok(attention_half_unchecked(data, lw, x))
+}
+
+/// [`attention_half`] on inputs the caller has checked
+/// ([`check_layer_inputs`] accepts them, as it does the parts of data
+/// [`LayerData::check`] accepts): the loops index without checks.
+pub(crate) fn attention_half_unchecked(
+    data: &LayerData,
+    lw: &LayerWeights,
+    x: &Val,
+) -> (Val, Val, Vec<Appended>) {
     let s = &data.shape;
     let (h, d) = (s.hidden() as usize, s.d as usize);
     let (qh, kvh) = (s.q_heads as usize, s.kv_heads as usize);
@@ -250,7 +293,7 @@ pub fn attention_half(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Val
         for kh in 0..kvh {
             let head = kh * d..(kh + 1) * d;
             for (value, bound, at_value) in [(&k[..], &ek[..], false), (v, ev, true)] {
-                let at = kh * pool + data.pool_row(b, pos, at_value);
+                let at = kh * pool + data.row_in_pool(b, pos, at_value);
                 cache.v[at * d..(at + 1) * d].copy_from_slice(&value[head.clone()]);
                 cache.e[at * d..(at + 1) * d].copy_from_slice(&bound[head.clone()]);
                 appended.push(Appended {
@@ -281,16 +324,23 @@ pub fn attention_half(data: &LayerData, lw: &LayerWeights, x: &Val) -> (Val, Val
     (hres, hn, appended)
 }
 
+/// One layer's output, the cache rows it appended and, for an MoE layer,
+/// its routing.
+type LayerOut = (Val, Vec<Appended>, Option<Vec<TokenRoute>>);
+
 /// One layer from `x`: its output, the cache rows it appended and, for an
-/// MoE layer, its routing.
-pub fn layer(
-    data: &LayerData,
-    lw: &LayerWeights,
-    x: &Val,
-) -> (Val, Vec<Appended>, Option<Vec<TokenRoute>>) {
+/// MoE layer, its routing. Refused as [`attention_half`] refuses.
+pub fn layer(data: &LayerData, lw: &LayerWeights, x: &Val) -> Result<LayerOut, WorkloadError> {
+    check_layer_inputs(data, lw, x)?;
+    Ok(layer_unchecked(data, lw, x))
+}
+
+/// [`layer`] on inputs the caller has checked (as
+/// [`attention_half_unchecked`]'s).
+pub(crate) fn layer_unchecked(data: &LayerData, lw: &LayerWeights, x: &Val) -> LayerOut {
     let s = &data.shape;
     let h = s.hidden() as usize;
-    let (hres, hn, appended) = attention_half(data, lw, x);
+    let (hres, hn, appended) = attention_half_unchecked(data, lw, x);
     let (out, routes) = match (s.moe(), &lw.moe) {
         (Some(cfg), Some(m)) => {
             let (y, routes) = moe(&hn, m, &cfg);
@@ -473,7 +523,7 @@ fn attend(
     let scale = 1.0 / (d as f64).sqrt();
     let base = kh * data.pool_rows() as usize;
     let row = |t: u32, value: bool| {
-        let at = (base + data.pool_row(b, t, value)) * d;
+        let at = (base + data.row_in_pool(b, t, value)) * d;
         (&cache.v[at..at + d], &cache.e[at..at + d])
     };
     let (mut scores, mut delta, mut dot_abs, mut score2_abs) = (Vec::new(), 0f64, 0f64, 0f64);

@@ -52,6 +52,56 @@ fn pages_are_shuffled_and_each_used_once() {
 }
 
 #[test]
+fn kv_rows_out_of_range_are_refused_naming_the_index() {
+    // 3 requests of 40, 17 and 1 tokens in pages of 16 (3 + 2 + 1 = 6
+    // pages, tables 3 wide), 2 KV heads of D = 8: each head's pool is 6 x
+    // 32 = 192 rows, kv 2 x 192 x 8 = 3072 values.
+    let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
+    assert_eq!((data.pages, data.width, data.kv.len()), (6, 3, 3072));
+    // Value row of token 5 of request 0 for head 1: its first page's
+    // value half, 16 rows past the page's keys.
+    let row = 192 + data.table(0)[0] as usize * 32 + 16 + 5;
+    assert_eq!(
+        data.kv_row(0, 1, 5, true).unwrap(),
+        &data.kv[row * 8..(row + 1) * 8]
+    );
+    let e = |data: &DecodeData, b: usize, h: u32, t: u32| {
+        data.kv_row(b, h, t, false).unwrap_err().to_string()
+    };
+    assert_eq!(
+        e(&data, 3, 0, 0),
+        "no such KV row: request 3 of a batch of 3"
+    );
+    assert_eq!(e(&data, 0, 2, 0), "no such KV row: KV head 2 of 2");
+    // Token 48 would be entry 3 of a 3-wide table.
+    assert_eq!(
+        e(&data, 0, 0, 48),
+        "no such KV row: token 48 of request 0, past its 40 KV tokens"
+    );
+    // An entry naming page 6 of 6 would read head 1's row past the pool.
+    let mut bad = data.clone();
+    bad.meta[0] = 6;
+    assert_eq!(
+        e(&bad, 0, 1, 0),
+        "request 0: page table entry 0 is page 6, outside the pool's 6 pages"
+    );
+    let mut short = data.clone();
+    short.kv.truncate(100);
+    let key_row = 192 + data.table(0)[0] * 32;
+    assert_eq!(
+        e(&short, 0, 1, 0),
+        format!("bad decode shape: kv holds 100 values, too few for row {key_row} of 8")
+    );
+    // A shape of 0 KV heads has no groups (its check refuses it; the
+    // group once divided by zero).
+    let none = DecodeShape {
+        kv_heads: 0,
+        ..data.shape.clone()
+    };
+    assert_eq!(none.group(), 0);
+}
+
+#[test]
 fn bad_metadata_is_refused_naming_the_request() {
     let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
     let (w, pages) = (data.width as usize, data.pages);

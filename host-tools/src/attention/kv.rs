@@ -33,9 +33,10 @@ impl DecodeShape {
         u32::try_from(self.lengths.len()).unwrap_or(u32::MAX)
     }
 
-    /// Query heads per KV head (`G`).
+    /// Query heads per KV head (`G`); 0 for 0 KV heads (no groups), which
+    /// [`DecodeShape::check`] refuses, rather than a division by zero.
     pub fn group(&self) -> u32 {
-        self.q_heads / self.kv_heads
+        self.q_heads.checked_div(self.kv_heads).unwrap_or(0)
     }
 
     /// Pages request `b` needs: `ceil(len / P)`.
@@ -145,6 +146,10 @@ pub enum MetaError {
         /// Elements due (exact: `2B x W` may pass `usize`).
         expected: u128,
     },
+    /// A row asked of [`DecodeData::kv_row`] that the data does not
+    /// hold: a request, KV head or token out of range (named, with its
+    /// bound).
+    NoSuchRow(String),
 }
 
 impl fmt::Display for MetaError {
@@ -192,6 +197,7 @@ impl fmt::Display for MetaError {
                 f,
                 "metadata of {got} elements, expected {expected} (2 rows per request)"
             ),
+            MetaError::NoSuchRow(why) => write!(f, "no such KV row: {why}"),
         }
     }
 }
@@ -383,8 +389,52 @@ impl DecodeData {
     }
 
     /// The key (`value = false`) or value row of token `t` of request `b`
-    /// for KV head `h`, read through the page table (metadata checked).
-    pub fn kv_row(&self, b: usize, h: u32, t: u32, value: bool) -> &[f32] {
+    /// for KV head `h`, read through the page table. Refused: a request
+    /// past the batch, a KV head past `kv_heads` and a token past the
+    /// request's length ([`MetaError::NoSuchRow`], naming the index and
+    /// its bound), a shape [`DecodeShape::check`] refuses, page tables
+    /// [`check_meta`] refuses, and a `kv` too short for the row.
+    pub fn kv_row(&self, b: usize, h: u32, t: u32, value: bool) -> Result<&[f32], MetaError> {
+        let s = &self.shape;
+        let missing = |why: String| Err(MetaError::NoSuchRow(why));
+        let Some(&len) = s.lengths.get(b) else {
+            return missing(format!("request {b} of a batch of {}", s.lengths.len()));
+        };
+        if h >= s.kv_heads {
+            return missing(format!("KV head {h} of {}", s.kv_heads));
+        }
+        if t >= len {
+            return missing(format!(
+                "token {t} of request {b}, past its {len} KV tokens"
+            ));
+        }
+        s.check()?;
+        check_meta(&s.lengths, &self.meta, self.width, self.pages, s.page)?;
+        // The tables are checked, so the page is one of the pool's: the
+        // row is below kv_heads x pages x 2P, exact in u128.
+        let p = s.page as u128;
+        let page = self.table(b)[(t / s.page) as usize] as u128;
+        let row = h as u128 * self.pages as u128 * 2 * p
+            + page * 2 * p
+            + if value { p } else { 0 }
+            + (t % s.page) as u128;
+        let d = s.d as u128;
+        usize::try_from(row * d)
+            .ok()
+            .zip(usize::try_from((row + 1) * d).ok())
+            .and_then(|(start, end)| self.kv.get(start..end))
+            .ok_or_else(|| {
+                MetaError::Shape(format!(
+                    "kv holds {} values, too few for row {row} of {d}",
+                    self.kv.len()
+                ))
+            })
+    }
+
+    /// [`DecodeData::kv_row`] unchecked, for the reference's inner loops:
+    /// the caller has checked the data ([`DecodeData::check`]) and that
+    /// `b`, `h` and `t` are in range.
+    pub(crate) fn kv_row_unchecked(&self, b: usize, h: u32, t: u32, value: bool) -> &[f32] {
         let p = self.shape.page;
         let page = self.table(b)[(t / p) as usize] as u64;
         // Checked data's pool fits 32-bit rows: so do h, page and t's row.

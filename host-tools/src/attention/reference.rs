@@ -86,8 +86,9 @@ pub fn attention_over(
             let h = j / g;
             let q = &data.q[row * d..(row + 1) * d];
             scores.clear();
+            // Checked: the data, b and h; every picked t < len.
             for &t in &picked {
-                let k = data.kv_row(b, h, t, false);
+                let k = data.kv_row_unchecked(b, h, t, false);
                 let dot: f64 = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
                 let abs: f64 = q
                     .iter()
@@ -107,7 +108,7 @@ pub fn attention_over(
                 &mut r.weighted_abs[row * d..(row + 1) * d],
             );
             for (&t, &pt) in picked.iter().zip(&p) {
-                let v = data.kv_row(b, h, t, true);
+                let v = data.kv_row_unchecked(b, h, t, true);
                 for e in 0..d {
                     o[e] += pt / sum * v[e] as f64;
                     wa[e] += pt / sum * (v[e] as f64).abs();

@@ -312,6 +312,18 @@ fn the_planner_refuses_what_it_cannot_plan() {
             token: 1321
         })
     );
+    // An item's cost: 2064 + 1321 x 100 = 134164. Hand-set fields whose
+    // cost passes 64 bits saturate (they once overflowed): 2^63 + 2 x
+    // 2^62 = 2^64, and u64::MAX x 2 tokens.
+    assert_eq!(CostModel::of(4, 128).unwrap().cost(100), 134164);
+    let big = CostModel {
+        item: 1 << 63,
+        token: 1 << 62,
+    };
+    assert_eq!(big.cost(1), (1 << 63) + (1 << 62));
+    assert_eq!(big.cost(2), u64::MAX);
+    assert_eq!(huge.cost(2), u64::MAX);
+    assert_eq!(huge.cost(0), u64::MAX);
     // G = D = u32::MAX: 4 G D is about 2^66 cycles.
     assert!(CostModel::of(u32::MAX, u32::MAX)
         .unwrap_err()

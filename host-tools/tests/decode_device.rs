@@ -263,3 +263,45 @@ fn a_cost_past_the_planners_32_bit_halves_fails_the_program() {
     let e = program(&dims(1 << 16, 1 << 16)).unwrap_err().to_string();
     assert!(e.contains("decode_plan") && e.contains("32-bit"), "{e}");
 }
+
+#[test]
+fn a_head_dimension_whose_states_pass_u32_fails_the_program() {
+    use host_tools::attention::device::{attention_calls, AttnDims, AttnTensors};
+    use host_tools::program::{Expr, Workload as Program};
+    let program = |d: u32| {
+        let mut w = Program::new();
+        let mut t = |name: &str| w.tensor(name, &[1, 1]).unwrap();
+        let (q, kv, out, parts) = (t("q"), t("kv"), t("out"), t("parts"));
+        let meta = w.tensor_i32("meta", &[1, 1]).unwrap();
+        let lens = w.tensor_i32("lens", &[1, 1]).unwrap();
+        let tensors = AttnTensors {
+            q,
+            kv,
+            meta,
+            out,
+            parts,
+            lens,
+        };
+        let dims = AttnDims {
+            batch: 1,
+            kv_heads: 1,
+            group: 1,
+            d,
+            page: 16,
+            pool: 32,
+            width: 1,
+            most: 1,
+        };
+        attention_calls(&mut w, &tensors, &dims, &Expr::Const(16));
+        w.finish()
+    };
+    // D = u32::MAX: the state's D + 2 columns once overflowed u32.
+    let e = program(u32::MAX).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "call of attn_decode_partial: head dimension 4294967295: its state rows of \
+             D + 2 values pass u32"
+        ),
+        "{e}"
+    );
+}

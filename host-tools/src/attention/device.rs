@@ -192,7 +192,21 @@ pub fn plan_call(w: &mut Program, dims: &AttnDims, lens: TensorId, plan: TensorI
 
 /// Adds the partial and merge calls of one decode attention in chunks of
 /// `c` tokens (an expression: e.g. the chunk `decode_plan` wrote, loaded).
+/// A head dimension whose state rows of `D + 2` values pass `u32` (only a
+/// hand-built [`AttnDims`] has one) fails the program's `finish`; the
+/// other sizes enter the program as 64-bit constants, which its lowering
+/// and the device check.
 pub fn attention_calls(w: &mut Program, t: &AttnTensors, dims: &AttnDims, c: &Expr) {
+    let Some(state) = dims.d.checked_add(2) else {
+        w.fail(LowerError::Call {
+            kernel: "attn_decode_partial".into(),
+            why: format!(
+                "head dimension {}: its state rows of D + 2 values pass u32",
+                dims.d
+            ),
+        });
+        return;
+    };
     let &AttnDims {
         batch: b,
         kv_heads: kvh,
@@ -237,7 +251,7 @@ pub fn attention_calls(w: &mut Program, t: &AttnTensors, dims: &AttnDims, c: &Ex
             };
             w.when(
                 chunks().le(1),
-                |w| partial(w, at(t.out, d + 2), zero(), len()),
+                |w| partial(w, at(t.out, state), zero(), len()),
                 |w| {
                     let group = || r.clone() * kvh + h.clone();
                     w.parallel(
@@ -251,7 +265,7 @@ pub fn attention_calls(w: &mut Program, t: &AttnTensors, dims: &AttnDims, c: &Ex
                                 tensor: t.parts,
                                 offset: vec![group(), i.clone() * g, zero()],
                                 rows: g.into(),
-                                cols: (d + 2).into(),
+                                cols: state.into(),
                             };
                             partial(w, part, first(), (len() - first()).min(c.clone()));
                         },
@@ -260,9 +274,9 @@ pub fn attention_calls(w: &mut Program, t: &AttnTensors, dims: &AttnDims, c: &Ex
                         tensor: t.parts,
                         offset: vec![group(), zero(), zero()],
                         rows: chunks() * g,
-                        cols: (d + 2).into(),
+                        cols: state.into(),
                     };
-                    w.call(MERGE, &[parts, at(t.out, d + 2)], &[chunks()]);
+                    w.call(MERGE, &[parts, at(t.out, state)], &[chunks()]);
                 },
             );
         });

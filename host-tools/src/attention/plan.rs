@@ -84,9 +84,21 @@ impl CostModel {
         }
     }
 
-    /// The estimated cost of an item of `tokens` tokens.
+    /// The estimated cost of an item of `tokens` tokens, `u64::MAX` when
+    /// it passes 64 bits (only for hand-set fields: [`CostModel::of`]'s
+    /// costs times a `u32` token count stay below 2^96, but `item` and
+    /// `token` are public).
+    ///
+    /// Saturating rather than an error: the cost is an estimate, used to
+    /// compare and order items, and saturation keeps it monotone in
+    /// `tokens` and never below the exact cost's `min(exact, u64::MAX)`,
+    /// so every comparison a caller can make stays right up to the cap; a
+    /// `Result` would burden every caller for a case no kernel reaches
+    /// (2^64 cycles), and the planner's own sums ([`choose_chunk`]) are
+    /// already exact in 128 bits and refuse overflow there.
     pub fn cost(&self, tokens: u32) -> u64 {
-        self.item + self.token * tokens as u64
+        self.item
+            .saturating_add(self.token.saturating_mul(tokens as u64))
     }
 }
 

@@ -6,6 +6,7 @@
 use device_runtime::sched::RunOptions;
 use host_tools::model::layer::{shape_of, task_count, LayerShape};
 use host_tools::model::{decode_layer_workload, reference, LayerData, Mlp};
+use host_tools::moe_layer::MoeConfig;
 use host_tools::semantic::run_semantic;
 use host_tools::shim::Shim;
 use host_tools::workloads::{Params, Workload};
@@ -627,6 +628,39 @@ fn the_layer_references_and_pool_rows_refuse_what_does_not_fit_the_shape() {
     let e = data.pool_row(5, 200, false).unwrap_err().to_string();
     assert!(
         e.contains("token 200 of request 5, past its 65 KV tokens"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_routing_margin_check_refuses_sizes_not_of_its_config() {
+    use host_tools::model::reference::{attention_half, decisive, Val};
+    // 6 tokens x hidden 128, 8 experts, top-2: the router is 128 x 8.
+    let data = small_moe(0.0, 2);
+    let cfg = data.shape.moe().unwrap();
+    let router = &data.layers[0].moe.as_ref().unwrap().router;
+    let x = Val::exact(&data.x, 128);
+    let (_, hn, _) = attention_half(&data, &data.layers[0], &x).unwrap();
+    // The build redrew the router until its decisions were clear.
+    assert!(decisive(&hn, router, &cfg).unwrap());
+    // A top-k of 0 (once an index of k - 1 below 0).
+    let e = decisive(&hn, router, &MoeConfig { top_k: 0, ..cfg })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("top-k = 0 must be in 1..=8"), "{e}");
+    // A router short of a value (once read past its end).
+    let e = decisive(&hn, &router[1..], &cfg).unwrap_err().to_string();
+    assert!(
+        e.contains("the router holds 1023 values; the config takes 128 rows of 8, 1024"),
+        "{e}"
+    );
+    // Rows of 64 (hidden is 128).
+    let halves = Val::exact(&data.x, 64);
+    let e = decisive(&halves, router, &cfg).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "x holds 768 values and 768 bounds in rows of 64; the config takes 6 rows of 128, 768"
+        ),
         "{e}"
     );
 }

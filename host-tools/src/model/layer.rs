@@ -502,7 +502,7 @@ impl LayerData {
                 )));
             };
             let mut tries = 0;
-            while !reference::decisive(&hn, &m.router, &cfg) {
+            while !reference::decisive(&hn, &m.router, &cfg)? {
                 tries += 1;
                 if tries > MAX_DRAWS {
                     return Err(WorkloadError::Params(format!(

@@ -448,7 +448,39 @@ fn moe(x: &Val, m: &LayerMoe, cfg: &MoeConfig) -> (Val, Vec<TokenRoute>) {
 /// (k+1)-th largest probabilities apart, and each kept one away from the
 /// threshold, with probabilities moving by a factor within
 /// `e^(+-2 Delta) (1 +- (2E + 24) u)`.
-pub fn decisive(x: &Val, router: &[f32], cfg: &MoeConfig) -> bool {
+///
+/// Refused, naming the sizes: a config [`MoeConfig::check`] refuses (a
+/// top-k of 0 among them), `x` not `[tokens, hidden]` values with as
+/// many bounds, and a `router` not `[hidden, experts]`.
+pub fn decisive(x: &Val, router: &[f32], cfg: &MoeConfig) -> Result<bool, WorkloadError> {
+    cfg.check()?;
+    // Checked: tokens <= 4096, hidden <= 1024, experts <= 64.
+    let (t, h, e) = (
+        cfg.tokens as usize,
+        cfg.hidden as usize,
+        cfg.experts as usize,
+    );
+    if x.cols != h || x.v.len() != t * h || x.e.len() != x.v.len() {
+        return Err(WorkloadError::Params(format!(
+            "x holds {} values and {} bounds in rows of {}; the config takes {t} rows of {h}, {}",
+            x.v.len(),
+            x.e.len(),
+            x.cols,
+            t * h
+        )));
+    }
+    if router.len() != h * e {
+        return Err(WorkloadError::Params(format!(
+            "the router holds {} values; the config takes {h} rows of {e}, {}",
+            router.len(),
+            h * e
+        )));
+    }
+    Ok(decisive_unchecked(x, router, cfg))
+}
+
+/// [`decisive`] on sizes the caller has checked.
+fn decisive_unchecked(x: &Val, router: &[f32], cfg: &MoeConfig) -> bool {
     let (e, k) = (cfg.experts as usize, cfg.top_k as usize);
     let logits = gemm(x, router, e, None);
     (0..x.rows()).all(|t| {

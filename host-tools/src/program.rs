@@ -1180,9 +1180,12 @@ impl Workload {
         let program = self.bodies[0].clone();
         lower.nodes(&program, &mut self.builder)?;
         self.process_pcs = std::mem::take(&mut lower.process_pcs);
-        if lower.code.len() > MAX_PROGRAM {
+        // The table's program ends with the heap ring's `HEAP`, if any
+        // (`TableBuilder::finish` appends it): it counts too.
+        let instructions = lower.code.len() + usize::from(self.builder.heap_bytes() > 0);
+        if instructions > MAX_PROGRAM {
             return Err(LowerError::TooLong {
-                instructions: lower.code.len(),
+                instructions,
                 max: MAX_PROGRAM,
             });
         }

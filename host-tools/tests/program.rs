@@ -1229,3 +1229,48 @@ fn a_longest_program_of_branches_validates_and_counts() {
     let count = host_tools::task_count::count_tasks(&table, None, &[]).unwrap();
     assert_eq!(count, host_tools::task_count::TaskCount::Exact(0));
 }
+
+/// The host's length check counts the `HEAP` instruction the table
+/// builder appends for a heap ring: a program one instruction short of
+/// `MAX_PROGRAM` with a heap is the longest accepted, and one of exactly
+/// `MAX_PROGRAM` is refused as too long (the device's own check refused
+/// it after lowering, as an invalid table, before).
+#[test]
+fn the_heap_instruction_counts_toward_the_program_limit() {
+    // Two calls through a scratch tensor, then `frees` FREEs of it, one
+    // instruction each: the program's own length is `base + frees`, with
+    // `base` what the calls lower to (read off the first refusal).
+    let build = |frees: usize| {
+        let mut w = Workload::new();
+        let x = w.tensor("x", &[16, 16]).unwrap();
+        let s = w.scratch("s", &[16, 16]).unwrap();
+        let y = w.tensor("y", &[16, 16]).unwrap();
+        w.heap(1024).unwrap();
+        let tile = |t: TensorId| t.tile(0, 0, 16, 16);
+        w.call(ADD, &[tile(x), tile(x), tile(s)], &[]);
+        w.call(ADD, &[tile(s), tile(x), tile(y)], &[]);
+        for _ in 0..frees {
+            w.free(s);
+        }
+        w.finish()
+    };
+    let base = match build(MAX_PROGRAM) {
+        Err(LowerError::TooLong { instructions, max }) => {
+            assert_eq!(max, MAX_PROGRAM);
+            // The program's own instructions and the HEAP.
+            instructions - MAX_PROGRAM - 1
+        }
+        other => panic!("{other:?}"),
+    };
+    // `base + frees` own instructions and the HEAP: MAX_PROGRAM in all.
+    let table = build(MAX_PROGRAM - base - 1).unwrap();
+    let parsed = device_runtime::abi::Table::parse(&table).unwrap();
+    assert_eq!(parsed.program().len(), MAX_PROGRAM);
+    assert_eq!(parsed.program().last().unwrap().op, OP_HEAP);
+    match build(MAX_PROGRAM - base) {
+        Err(LowerError::TooLong { instructions, .. }) => {
+            assert_eq!(instructions, MAX_PROGRAM + 1)
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -347,3 +347,22 @@ fn counts_and_lengths_of_unchecked_tiers_do_not_panic() {
         [10, 1, 2]
     );
 }
+
+#[test]
+fn the_two_copies_of_the_sizes_must_agree() {
+    // shape.decode (the indexer's) and attn.shape (the attention's) are
+    // the same sizes twice; an edit of one alone is named, not read as
+    // buffers of the wrong size.
+    let data = SparseData::build(shape(&[40, 200]), 5).unwrap();
+    let mut bad = data.clone();
+    bad.shape.decode.lengths[1] = 199;
+    let e = bad.check().unwrap_err().to_string();
+    assert!(
+        e.contains("shape.decode and attn.shape differ (request 1: KV length 199 against 200)"),
+        "{e}"
+    );
+    let mut bad = data.clone();
+    bad.shape.decode.lengths.push(7);
+    let e = bad.check().unwrap_err().to_string();
+    assert!(e.contains("(3 requests against 2)"), "{e}");
+}

@@ -360,6 +360,14 @@ impl SparseData {
         self.shape.check()?;
         self.attn.check().map_err(params)?;
         let s = &self.shape;
+        // The sizes are held twice (`shape.decode`, `attn.shape`): the
+        // indexer reads one, the attention the other.
+        if let Some(why) = differ(&s.decode, &self.attn.shape) {
+            return Err(WorkloadError::Params(format!(
+                "shape.decode and attn.shape differ ({why}): the attention data is of \
+                 other sizes than the indexer's"
+            )));
+        }
         let lengths = &s.decode.lengths;
         let (b, h, dq) = (
             lengths.len() as u64,
@@ -411,6 +419,35 @@ impl SparseData {
         }
         Ok(())
     }
+}
+
+/// The first size in which `a` and `b` differ, named with both values.
+fn differ(a: &DecodeShape, b: &DecodeShape) -> Option<String> {
+    if a.lengths.len() != b.lengths.len() {
+        return Some(format!(
+            "{} requests against {}",
+            a.lengths.len(),
+            b.lengths.len()
+        ));
+    }
+    if let Some((r, (x, y))) = a
+        .lengths
+        .iter()
+        .zip(&b.lengths)
+        .enumerate()
+        .find(|(_, (x, y))| x != y)
+    {
+        return Some(format!("request {r}: KV length {x} against {y}"));
+    }
+    [
+        ("query heads", a.q_heads, b.q_heads),
+        ("KV heads", a.kv_heads, b.kv_heads),
+        ("head dimension", a.d, b.d),
+        ("page", a.page, b.page),
+    ]
+    .into_iter()
+    .find(|(_, x, y)| x != y)
+    .map(|(what, x, y)| format!("{what} {x} against {y}"))
 }
 
 /// The f64 reference's selection for one sparse request.

@@ -297,6 +297,16 @@ impl fmt::Display for Verification {
     }
 }
 
+/// A decode-layer workload's name and feed-forward block; `None` for the
+/// other names.
+fn decode_layer_mlp(name: &str) -> Option<(&'static str, crate::model::Mlp)> {
+    match name {
+        "decode-layer" => Some(("decode-layer", crate::model::Mlp::Moe(crate::model::MOE))),
+        "decode-layer-dense" => Some(("decode-layer-dense", crate::model::Mlp::Dense)),
+        _ => None,
+    }
+}
+
 impl Workload {
     /// Builds the workload called `name` (see [`NAMES`]), after checking
     /// that its sizes are within [`crate::budget`]'s bounds.
@@ -323,9 +333,12 @@ impl Workload {
             "sparse-decode" => crate::attention::sparse::named("sparse-decode", p),
             "moe-layer" => crate::moe_layer::named("moe-layer", p),
             "moe-layer-var" => crate::moe_layer::named("moe-layer-var", p),
-            "decode-layer" | "decode-layer-dense" => {
-                Workload::decode_layers(name, p, crate::model::layer::DEFAULT_LAYERS)
-            }
+            "decode-layer" | "decode-layer-dense" => match decode_layer_mlp(name) {
+                Some((name, mlp)) => {
+                    crate::model::layer::named(name, p, mlp, crate::model::layer::DEFAULT_LAYERS)
+                }
+                None => Err(WorkloadError::Unknown(name.to_string())),
+            },
             "stitched" => crate::model::stitch::stitched(p),
             _ if name.starts_with("wsp9-") => crate::wsp9::build(name, p),
             _ => Err(WorkloadError::Unknown(name.to_string())),
@@ -338,14 +351,10 @@ impl Workload {
     /// as [`Workload::build`] does. Other names are refused: they have no
     /// layers.
     pub fn decode_layers(name: &str, p: Params, layers: u32) -> Result<Workload, WorkloadError> {
-        let (name, mlp) = match name {
-            "decode-layer" => ("decode-layer", crate::model::Mlp::Moe(crate::model::MOE)),
-            "decode-layer-dense" => ("decode-layer-dense", crate::model::Mlp::Dense),
-            _ => {
-                return Err(WorkloadError::Params(format!(
-                    "{name} has no layers to set: only decode-layer and decode-layer-dense do"
-                )))
-            }
+        let Some((name, mlp)) = decode_layer_mlp(name) else {
+            return Err(WorkloadError::Params(format!(
+                "{name} has no layers to set: only decode-layer and decode-layer-dense do"
+            )));
         };
         crate::budget::check_layers(name, &p, layers)?;
         crate::model::layer::named(name, p, mlp, layers)

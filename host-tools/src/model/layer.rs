@@ -356,7 +356,10 @@ fn plant(router: &mut [f32], hn: &[f64], cfg: &MoeConfig) {
             b[i * e + j] = PLANT;
         }
     }
-    // Solve (hn hn^T) Y = B by Gaussian elimination with partial pivoting.
+    // Solve (hn hn^T) Y = B by Gauss-Jordan elimination with partial
+    // pivoting: one T x T system (T <= 256 requests) per planted layer,
+    // written out here rather than taking a linear-algebra crate into the
+    // tree for it.
     let mut g: Vec<f64> = (0..t * t)
         .map(|ij| {
             let (i, j) = (ij / t, ij % t);

@@ -843,17 +843,24 @@ pub(crate) fn validate(
     // Every data tensor has a writer: an INPUT, a task of the tasks
     // section, or a call of the program. (Whether that writer ran before
     // the read is known only at run time, and checked then.)
+    // One pass over the program for all of them (a pass per data tensor
+    // took up to 64 x 2 walks of a longest program).
+    let (mut inputs, mut written) = (0u64, 0u64);
+    for p in program {
+        let bit = || info.data_index(p.imm.get()).map_or(0, |i| 1u64 << i);
+        match p.op {
+            OP_INPUT => inputs |= bit(),
+            OP_ARG if Access::from_bits_truncate(p.r as u32).contains(Access::WRITE) => {
+                written |= bit()
+            }
+            _ => {}
+        }
+    }
     for i in 0..info.data_count {
         let t = info.data[i];
-        let input = program.iter().any(|p| p.op == OP_INPUT && p.imm.get() == t);
-        let written = program.iter().any(|p| {
-            p.op == OP_ARG
-                && p.imm.get() == t
-                && Access::from_bits_truncate(p.r as u32).contains(Access::WRITE)
-        });
-        if input {
+        if inputs & 1 << i != 0 {
             info.inputs |= 1 << i;
-        } else if !written && !task_writes(t) {
+        } else if written & 1 << i == 0 && !task_writes(t) {
             let pc = program
                 .iter()
                 .position(|p| p.op == OP_LOAD && p.imm.get() == t)

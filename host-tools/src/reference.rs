@@ -3,8 +3,40 @@
 use crate::workloads::WorkloadError;
 
 /// `a` (m x k) times `b` (k x n), plus the per-element sum of |a_ik * b_kj|
-/// that bounds the rounding error of an f32 evaluation.
-pub fn gemm(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+/// that bounds the rounding error of an f32 evaluation. Refused, naming
+/// the sizes: an `a` of other than `m x k` values, a `b` of other than
+/// `k x n` (sizes whose product overflows included), and `m x n` outputs
+/// that overflow usize.
+pub fn gemm(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(Vec<f64>, Vec<f64>), WorkloadError> {
+    let bad = |what: String| Err(WorkloadError::Params(what));
+    if m.checked_mul(k) != Some(a.len()) {
+        return bad(format!("gemm: a holds {} values, not {m} x {k}", a.len()));
+    }
+    if k.checked_mul(n) != Some(b.len()) {
+        return bad(format!("gemm: b holds {} values, not {k} x {n}", b.len()));
+    }
+    if m.checked_mul(n).is_none() {
+        return bad(format!("gemm: {m} x {n} outputs overflow usize"));
+    }
+    Ok(gemm_unchecked(a, b, m, n, k))
+}
+
+/// [`gemm`] on sizes the caller has made: `a` holds at least `m x k`
+/// values, `b` at least `k x n`, and `m x n` fits usize (it panics
+/// otherwise).
+pub(crate) fn gemm_unchecked(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let mut c = vec![0f64; m * n];
     let mut abs = vec![0f64; m * n];
     for i in 0..m {
@@ -25,8 +57,39 @@ pub fn add(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }
 
+/// Refuses rows of 0 columns and an `x` that is not whole rows of `cols`,
+/// naming `what` and the sizes.
+fn check_rows(what: &str, x: &[f64], cols: usize) -> Result<(), WorkloadError> {
+    if cols == 0 {
+        return Err(WorkloadError::Params(format!("{what}: rows of 0 columns")));
+    }
+    if !x.len().is_multiple_of(cols) {
+        return Err(WorkloadError::Params(format!(
+            "{what}: x holds {} values, not whole rows of {cols}",
+            x.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Row-wise `x / sqrt(mean(x^2) + eps) * g` over rows of `cols` elements.
-pub fn rmsnorm(x: &[f64], g: &[f64], cols: usize, eps: f64) -> Vec<f64> {
+/// Refused, naming the sizes: `cols` = 0, an `x` that is not whole rows
+/// of `cols` and a `g` of other than `cols` values.
+pub fn rmsnorm(x: &[f64], g: &[f64], cols: usize, eps: f64) -> Result<Vec<f64>, WorkloadError> {
+    check_rows("rmsnorm", x, cols)?;
+    if g.len() != cols {
+        return Err(WorkloadError::Params(format!(
+            "rmsnorm: g holds {} values, not {cols} (one per column)",
+            g.len()
+        )));
+    }
+    Ok(rmsnorm_unchecked(x, g, cols, eps))
+}
+
+/// [`rmsnorm`] on sizes the caller has made: `cols` >= 1 (it panics on
+/// 0), `x` whole rows of `cols` and `g` `cols` values (a shorter `g` or
+/// last row would cut rows short).
+pub(crate) fn rmsnorm_unchecked(x: &[f64], g: &[f64], cols: usize, eps: f64) -> Vec<f64> {
     x.chunks(cols)
         .flat_map(|row| {
             let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
@@ -36,8 +99,17 @@ pub fn rmsnorm(x: &[f64], g: &[f64], cols: usize, eps: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Row-wise softmax over rows of `cols` elements.
-pub fn softmax(x: &[f64], cols: usize) -> Vec<f64> {
+/// Row-wise softmax over rows of `cols` elements. Refused, naming the
+/// sizes: `cols` = 0 and an `x` that is not whole rows of `cols`.
+pub fn softmax(x: &[f64], cols: usize) -> Result<Vec<f64>, WorkloadError> {
+    check_rows("softmax", x, cols)?;
+    Ok(softmax_unchecked(x, cols))
+}
+
+/// [`softmax`] on sizes the caller has made: `cols` >= 1 (it panics on
+/// 0) and `x` whole rows of `cols` (a last row cut short would be
+/// softmaxed on its own).
+pub(crate) fn softmax_unchecked(x: &[f64], cols: usize) -> Vec<f64> {
     x.chunks(cols)
         .flat_map(|row| {
             let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -105,7 +177,8 @@ pub fn route_topk(
     let mut by_expert: Vec<Vec<(usize, f64)>> = vec![Vec::new(); experts];
     for (t, row) in logits.chunks(experts).enumerate() {
         let row: Vec<f64> = row.iter().map(|&v| v as f64).collect();
-        let p = softmax(&row, experts);
+        // Checked: the row holds `experts` >= 1 (k >= 1) values.
+        let p = softmax_unchecked(&row, experts);
         let mut order: Vec<usize> = (0..experts).collect();
         // A stable sort keeps equal p in index order.
         order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
@@ -209,7 +282,7 @@ pub fn moe(
         let w_e = &w[e * size..(e + 1) * size];
         for i in routing.indptr[e]..routing.indptr[e + 1] {
             let (t, g) = (routing.tokens[i], routing.weights[i]);
-            let (y, y_abs) = gemm(&x[t * hidden..(t + 1) * hidden], w_e, 1, ffn, hidden);
+            let (y, y_abs) = gemm_unchecked(&x[t * hidden..(t + 1) * hidden], w_e, 1, ffn, hidden);
             for j in 0..ffn {
                 out[t * ffn + j] += g * y[j];
                 abs[t * ffn + j] += g.abs() * y_abs[j];
@@ -223,14 +296,66 @@ pub fn moe(
 mod tests {
     #[test]
     fn small_cases_by_hand() {
-        let (c, abs) = super::gemm(&[1.0, 2.0, 3.0, 4.0], &[1.0, -1.0, 0.5, 2.0], 2, 2, 2);
+        let (c, abs) = super::gemm(&[1.0, 2.0, 3.0, 4.0], &[1.0, -1.0, 0.5, 2.0], 2, 2, 2).unwrap();
         assert_eq!(c, vec![2.0, 3.0, 5.0, 5.0]);
         assert_eq!(abs, vec![2.0, 5.0, 5.0, 11.0]);
-        let s = super::softmax(&[0.0, 0.0], 2);
+        let s = super::softmax(&[0.0, 0.0], 2).unwrap();
         assert_eq!(s, vec![0.5, 0.5]);
-        let r = super::rmsnorm(&[3.0, 4.0], &[1.0, 2.0], 2, 0.0);
+        let r = super::rmsnorm(&[3.0, 4.0], &[1.0, 2.0], 2, 0.0).unwrap();
         let inv = 1.0 / 12.5f64.sqrt();
         assert_eq!(r, vec![3.0 * inv, 8.0 * inv]);
+    }
+
+    #[test]
+    fn gemm_rmsnorm_and_softmax_refuse_sizes_that_do_not_fit() {
+        let why = |e: crate::workloads::WorkloadError| e.to_string();
+        // small_cases_by_hand's GEMM: a and b are 2 x 2, 4 values each.
+        let (a, b) = ([1.0, 2.0, 3.0, 4.0], [1.0, -1.0, 0.5, 2.0]);
+        // m = 3 would read a past its 4 values (3 x 2 = 6); k = 3 too.
+        let e = why(super::gemm(&a, &b, 3, 2, 2).unwrap_err());
+        assert!(e.contains("gemm: a holds 4 values, not 3 x 2"), "{e}");
+        let e = why(super::gemm(&a[..2], &b, 2, 2, 2).unwrap_err());
+        assert!(e.contains("gemm: a holds 2 values, not 2 x 2"), "{e}");
+        let e = why(super::gemm(&a, &b[..3], 2, 2, 2).unwrap_err());
+        assert!(e.contains("gemm: b holds 3 values, not 2 x 2"), "{e}");
+        // 2 x usize::MAX overflows: refused as a size, not a wrapped one.
+        let e = why(super::gemm(&a, &b, 2, usize::MAX, 2).unwrap_err());
+        assert!(e.contains("gemm: b holds 4 values, not 2 x"), "{e}");
+        // k = 0: a and b are empty and right, but 2^40 x 2^30 outputs
+        // overflow a 64-bit usize.
+        let e = why(super::gemm(&[], &[], 1 << 40, 1 << 30, 0).unwrap_err());
+        assert!(
+            e.contains("gemm: 1099511627776 x 1073741824 outputs overflow usize"),
+            "{e}"
+        );
+        // k = 0 of sizes that fit: a zero m x n product.
+        assert_eq!(
+            super::gemm(&[], &[], 1, 2, 0).unwrap(),
+            (vec![0.0; 2], vec![0.0; 2])
+        );
+        // Rows of 0 columns (a chunk size of 0), and 3 values in rows of 2.
+        let e = why(super::softmax(&[0.0, 0.0], 0).unwrap_err());
+        assert!(e.contains("softmax: rows of 0 columns"), "{e}");
+        let e = why(super::softmax(&[0.0, 0.0, 0.0], 2).unwrap_err());
+        assert!(
+            e.contains("softmax: x holds 3 values, not whole rows of 2"),
+            "{e}"
+        );
+        let e = why(super::rmsnorm(&[3.0, 4.0], &[1.0, 2.0], 0, 0.0).unwrap_err());
+        assert!(e.contains("rmsnorm: rows of 0 columns"), "{e}");
+        let e = why(super::rmsnorm(&[3.0, 4.0, 5.0], &[1.0, 2.0], 2, 0.0).unwrap_err());
+        assert!(
+            e.contains("rmsnorm: x holds 3 values, not whole rows of 2"),
+            "{e}"
+        );
+        // A g of 1 value for rows of 2 (the old code cut each row to 1).
+        let e = why(super::rmsnorm(&[3.0, 4.0], &[1.0], 2, 0.0).unwrap_err());
+        assert!(
+            e.contains("rmsnorm: g holds 1 values, not 2 (one per column)"),
+            "{e}"
+        );
+        // No rows at all is whole rows: an empty result.
+        assert_eq!(super::softmax(&[], 3).unwrap(), Vec::<f64>::new());
     }
 
     /// Three tokens over four experts: equal logits, logits 0 1 0 2, and
@@ -441,7 +566,8 @@ mod tests {
         for e in 0..experts {
             let w_e = &w[e * hidden * ffn..(e + 1) * hidden * ffn];
             for &t in &routing.tokens[routing.indptr[e]..routing.indptr[e + 1]] {
-                let (y, y_abs) = super::gemm(&x[t * hidden..(t + 1) * hidden], w_e, 1, ffn, hidden);
+                let (y, y_abs) =
+                    super::gemm(&x[t * hidden..(t + 1) * hidden], w_e, 1, ffn, hidden).unwrap();
                 assert_eq!(out[t * ffn..(t + 1) * ffn], y[..]);
                 assert_eq!(abs[t * ffn..(t + 1) * ffn], y_abs[..]);
             }

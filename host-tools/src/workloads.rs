@@ -498,7 +498,7 @@ fn gemm(p: Params) -> Result<Workload, WorkloadError> {
     let mut arena = Arena::zeroed(b.arena_size());
     arena.write_f32(b.layout(ids[0]), &av);
     arena.write_f32(b.layout(ids[1]), &bv);
-    let (want, abs) = reference::gemm(&av, &bv, p.m as usize, p.n as usize, p.k as usize);
+    let (want, abs) = reference::gemm_unchecked(&av, &bv, p.m as usize, p.n as usize, p.k as usize);
     let c = b.layout(ids[2]).clone();
     let bound = gemm_bound(abs, p.k);
     let check = move |arena: &Arena| {
@@ -607,7 +607,7 @@ fn mlp(p: Params, scratch: bool) -> Result<Workload, WorkloadError> {
     }
     arena.write_f32(b.layout(r), &rv);
     arena.write_f32(b.layout(g), &gv);
-    let (yv, _) = reference::gemm(
+    let (yv, _) = reference::gemm_unchecked(
         &inputs[0].1,
         &inputs[1].1,
         p.m as usize,
@@ -616,8 +616,8 @@ fn mlp(p: Params, scratch: bool) -> Result<Workload, WorkloadError> {
     );
     let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
     let zv = reference::add(&yv, &to64(&rv));
-    let nv = reference::rmsnorm(&zv, &to64(&gv), p.n as usize, eps as f64);
-    let want = reference::softmax(&nv, p.n as usize);
+    let nv = reference::rmsnorm_unchecked(&zv, &to64(&gv), p.n as usize, eps as f64);
+    let want = reference::softmax_unchecked(&nv, p.n as usize);
     let out_layout = b.layout(out).clone();
     const TOL: &str =
         "|p - ref| <= 1e-5 * |ref| + 1e-8 (f32 GEMM error carried through rmsnorm and softmax)";
@@ -693,8 +693,8 @@ fn streams(p: Params) -> Result<Workload, WorkloadError> {
         arena.write_f32(b.layout(*id), values);
     }
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let (y1v, abs1) = reference::gemm(&inputs[0].1, &inputs[1].1, m, n, k);
-    let (y2v, abs2) = reference::gemm(&inputs[2].1, &inputs[3].1, m, n, k);
+    let (y1v, abs1) = reference::gemm_unchecked(&inputs[0].1, &inputs[1].1, m, n, k);
+    let (y2v, abs2) = reference::gemm_unchecked(&inputs[2].1, &inputs[3].1, m, n, k);
     let want = reference::add(&y1v, &y2v);
     let (bound1, bound2) = (gemm_bound(abs1, p.k), gemm_bound(abs2, p.k));
     let bound = {

@@ -52,8 +52,29 @@ pub fn slots(depth: u32) -> u32 {
 }
 
 /// The pipeline's f64 reference: each tile's matrix square, with the
-/// per-element sum of |products| that bounds an f32 evaluation.
-pub fn reference(x: &[f32], tiles: usize, t: usize) -> (Vec<f64>, Vec<f64>) {
+/// per-element sum of |products| that bounds an f32 evaluation. `x` is
+/// the `tiles` tiles of `t` x `t` stacked by rows. Refused, naming the
+/// sizes: a tile of 0, and an `x` of other than `tiles x t x t` values
+/// (sizes whose product overflows included).
+pub fn reference(x: &[f32], tiles: usize, t: usize) -> Result<(Vec<f64>, Vec<f64>), WorkloadError> {
+    if t == 0 {
+        return Err(WorkloadError::Params(
+            "the pipeline reference: tile 0 (tiles of 0 x 0)".into(),
+        ));
+    }
+    let want = t.checked_mul(t).and_then(|n| n.checked_mul(tiles));
+    if want != Some(x.len()) {
+        return Err(WorkloadError::Params(format!(
+            "the pipeline reference: x holds {} values, not {tiles} tiles of {t} x {t}",
+            x.len()
+        )));
+    }
+    Ok(reference_unchecked(x, tiles, t))
+}
+
+/// [`reference`] on sizes the caller has made: `t` >= 1 and `x` holds
+/// `tiles x t x t` values.
+fn reference_unchecked(x: &[f32], tiles: usize, t: usize) -> (Vec<f64>, Vec<f64>) {
     let mut want = Vec::with_capacity(x.len());
     let mut abs = Vec::with_capacity(x.len());
     for tile in x.chunks(t * t).take(tiles) {
@@ -155,7 +176,8 @@ pub fn pipeline(p: Params, depth: u32) -> Result<(Workload, CspNames), WorkloadE
     let mut arena = Arena::zeroed(w.arena_size());
     let x = SplitMix64::new(p.seed).fill((tiles * t * t) as usize);
     arena.write_f32(&layouts[0], &x);
-    let (want, abs) = reference(&x, tiles as usize, t as usize);
+    // Checked: t in 1..=64, x holds tiles x t x t values.
+    let (want, abs) = reference_unchecked(&x, tiles as usize, t as usize);
     let bound = gemm_bound(abs, t);
     let out = layouts[4].clone();
     let check = move |arena: &Arena| {

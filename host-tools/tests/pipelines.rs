@@ -193,7 +193,7 @@ fn a_pipeline_and_a_data_parallel_task_set_share_the_cores() {
         .map(|(&a, &b)| a as f64 + b as f64)
         .collect();
     // Both results against their f64 references.
-    let (want, abs) = reference(&x, 8, T as usize);
+    let (want, abs) = reference(&x, 8, T as usize).unwrap();
     let bound = gemm_bound(abs, T);
     for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
         assert!((o as f64 - w).abs() <= bound(i), "pipeline element {i}");
@@ -263,4 +263,27 @@ fn the_attention_pipeline_reference_refuses_short_inputs() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("v has 4095 elements"), "{e}");
+}
+
+#[test]
+fn the_pipeline_reference_refuses_a_zero_tile_and_short_inputs() {
+    // Two 2 x 2 tiles: the identity and [[1, 2], [3, 4]], whose squares
+    // are the identity and [[7, 10], [15, 22]]; |products| sum to the
+    // same (no negative terms).
+    let x = [1.0, 0.0, 0.0, 1.0, 1.0, 2.0, 3.0, 4.0];
+    let (want, abs) = reference(&x, 2, 2).unwrap();
+    let squares = vec![1.0, 0.0, 0.0, 1.0, 7.0, 10.0, 15.0, 22.0];
+    assert_eq!((want, abs), (squares.clone(), squares));
+    // A tile of 0 (once a chunk size of 0) and an x a value short of
+    // 2 tiles of 2 x 2 = 8 (once an index past the last tile).
+    let why = |x: &[f32], tiles, t| reference(x, tiles, t).unwrap_err().to_string();
+    let e = why(&x, 2, 0);
+    assert!(e.contains("the pipeline reference: tile 0"), "{e}");
+    let e = why(&x[..7], 2, 2);
+    assert!(e.contains("x holds 7 values, not 2 tiles of 2 x 2"), "{e}");
+    // 3 tiles need 12 values; usize::MAX tiles overflow and are refused.
+    let e = why(&x, 3, 2);
+    assert!(e.contains("x holds 8 values, not 3 tiles of 2 x 2"), "{e}");
+    let e = why(&x, usize::MAX, 2);
+    assert!(e.contains("x holds 8 values, not"), "{e}");
 }

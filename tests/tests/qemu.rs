@@ -645,7 +645,7 @@ fn a_pipeline_beside_a_data_parallel_set_is_bit_identical_in_shim_and_qemu() {
     for (i, (&s, (&p, &q))) in sum.iter().zip(ga.iter().zip(&gb)).enumerate() {
         assert_eq!(s, (p as f64 + q as f64) as f32, "sum element {i}");
     }
-    let (want, abs) = host_tools::pipeline::reference(&x, 8, T as usize);
+    let (want, abs) = host_tools::pipeline::reference(&x, 8, T as usize).unwrap();
     let bound = host_tools::workloads::gemm_bound(abs, T);
     for (i, (&o, &w)) in shim.read_f32(&layout("out")).iter().zip(&want).enumerate() {
         assert!((o as f64 - w).abs() <= bound(i), "pipeline element {i}");

@@ -103,8 +103,12 @@ impl Val {
     }
 }
 
-/// `acc + a w`, `w` exact `[k, n]`.
-pub fn gemm(a: &Val, w: &[f32], n: usize, acc: Option<&Val>) -> Val {
+/// `acc + a w`, `w` exact `[k, n]`. Private, on sizes the caller has
+/// checked (the public steps check theirs at entry): `a.cols` = `k` >= 1
+/// (it panics on 0), `a.v` and `a.e` whole rows of `k`, `w` at least
+/// `k x n` values and `acc`, if any, `a`'s rows of `n` values and bounds;
+/// shorter buffers panic.
+fn gemm(a: &Val, w: &[f32], n: usize, acc: Option<&Val>) -> Val {
     let (m, k) = (a.rows(), a.cols);
     let mut c = acc.cloned().unwrap_or_else(|| Val::zeros(m, n));
     let g = gamma((k + 1) as f64);
@@ -125,8 +129,10 @@ pub fn gemm(a: &Val, w: &[f32], n: usize, acc: Option<&Val>) -> Val {
     c
 }
 
-/// `rmsnorm(x) * g` per row.
-pub fn rmsnorm(x: &Val, g: &[f32], eps: f64) -> Val {
+/// `rmsnorm(x) * g` per row. Private, on sizes the caller has checked:
+/// `x.cols` >= 1 (it panics on 0), `x.v` and `x.e` whole rows of
+/// `x.cols` and `g` at least `x.cols` values; shorter buffers panic.
+fn rmsnorm(x: &Val, g: &[f32], eps: f64) -> Val {
     let n = x.cols;
     let mut y = Val::zeros(x.rows(), n);
     let round = gamma((n + 5) as f64);
@@ -528,8 +534,10 @@ fn route(logits: &[f64], e: usize, k: usize, threshold: f64) -> Vec<TokenRoute> 
         .collect()
 }
 
-/// `silu(g) * u` elementwise.
-pub fn silu_mul(g: &Val, u: &Val) -> Val {
+/// `silu(g) * u` elementwise. Private, on sizes the caller has checked:
+/// `g.cols` >= 1 (it panics on 0), `g.e` as long as `g.v`, and `u` at
+/// least as many values and bounds; shorter buffers panic.
+fn silu_mul(g: &Val, u: &Val) -> Val {
     let mut y = Val::zeros(g.rows(), g.cols);
     for i in 0..g.v.len() {
         let silu = g.v[i] / (1.0 + (-g.v[i]).exp());

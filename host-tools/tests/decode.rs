@@ -40,15 +40,59 @@ fn pages_are_shuffled_and_each_used_once() {
     assert_eq!(data.pages, 10);
     assert_eq!(data.width, 4);
     let mut used: Vec<i32> = (0..4)
-        .flat_map(|b| data.table(b)[..data.shape.pages_of(b) as usize].to_vec())
+        .flat_map(|b| data.table(b).unwrap()[..data.shape.pages_of(b).unwrap() as usize].to_vec())
         .collect();
     assert_ne!(used, (0..10).collect::<Vec<_>>(), "pages in order");
     used.sort();
     assert_eq!(used, (0..10).collect::<Vec<_>>());
     // Unused entries are -1, selected-position rows too.
-    assert_eq!(data.table(1)[2..], [-1, -1]);
+    assert_eq!(data.table(1).unwrap()[2..], [-1, -1]);
     assert!(data.meta[4..8].iter().all(|&v| v == -1));
     data.check().unwrap();
+}
+
+#[test]
+fn pages_of_and_table_refuse_requests_and_metadata_they_cannot_read() {
+    // 3 requests of 40, 17 and 1 tokens in pages of 16: 3, 2 and 1 pages,
+    // tables 3 wide, so meta is 2 x 3 rows of 3 = 18 entries.
+    let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
+    assert_eq!((data.width, data.meta.len()), (3, 18));
+    let pages: Vec<u32> = (0..3).map(|b| data.shape.pages_of(b).unwrap()).collect();
+    assert_eq!(pages, [3, 2, 1]);
+    assert_eq!(data.table(1).unwrap(), &data.meta[6..9]);
+    assert_eq!(data.table(1).unwrap()[2], -1);
+    // Request 3 of 3 (once an index past `lengths` and past `meta`).
+    let past = MetaError::NoSuchRequest {
+        request: 3,
+        batch: 3,
+    };
+    assert_eq!(data.shape.pages_of(3), Err(past.clone()));
+    assert_eq!(data.table(3), Err(past.clone()));
+    assert_eq!(
+        past.to_string(),
+        "no such request: request 3 of a batch of 3"
+    );
+    // Pages of 0 tokens (once a division by zero).
+    let no_pages = shape(&[40, 17, 1], 8, 0);
+    assert_eq!(
+        no_pages.pages_of(0).unwrap_err().to_string(),
+        "bad decode shape: page size 0"
+    );
+    // meta cut to 14 entries: request 2's table, entries 12..15, once
+    // read past its end; request 0's, in range, is refused too (the
+    // tables are not where a 2B x W layout puts them).
+    let mut short = data.clone();
+    short.meta.truncate(14);
+    let cut = MetaError::MetaSize {
+        got: 14,
+        expected: 18,
+    };
+    assert_eq!(short.table(2), Err(cut.clone()));
+    assert_eq!(short.table(0), Err(cut.clone()));
+    assert_eq!(
+        cut.to_string(),
+        "metadata of 14 elements, expected 18 (2 rows per request)"
+    );
 }
 
 #[test]
@@ -60,7 +104,7 @@ fn kv_rows_out_of_range_are_refused_naming_the_index() {
     assert_eq!((data.pages, data.width, data.kv.len()), (6, 3, 3072));
     // Value row of token 5 of request 0 for head 1: its first page's
     // value half, 16 rows past the page's keys.
-    let row = 192 + data.table(0)[0] as usize * 32 + 16 + 5;
+    let row = 192 + data.table(0).unwrap()[0] as usize * 32 + 16 + 5;
     assert_eq!(
         data.kv_row(0, 1, 5, true).unwrap(),
         &data.kv[row * 8..(row + 1) * 8]
@@ -87,7 +131,7 @@ fn kv_rows_out_of_range_are_refused_naming_the_index() {
     );
     let mut short = data.clone();
     short.kv.truncate(100);
-    let key_row = 192 + data.table(0)[0] * 32;
+    let key_row = 192 + data.table(0).unwrap()[0] * 32;
     assert_eq!(
         e(&short, 0, 1, 0),
         format!("bad decode shape: kv holds 100 values, too few for row {key_row} of 8")
@@ -756,7 +800,7 @@ fn the_reference_of_one_token_is_its_value_row_through_the_page_table() {
     let data = DecodeData::build(shape(&[1, 1, 1], 4, 2), 9).unwrap();
     let r = host_tools::attention::reference::attention(&data).unwrap();
     for b in 0..3 {
-        let page = data.table(b)[0] as usize;
+        let page = data.table(b).unwrap()[0] as usize;
         for j in 0..8usize {
             let h = j / 4;
             // Pool of head h: rows h * pages * 2P ..; values P rows below the keys.

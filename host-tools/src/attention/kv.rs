@@ -39,9 +39,20 @@ impl DecodeShape {
         self.q_heads.checked_div(self.kv_heads).unwrap_or(0)
     }
 
-    /// Pages request `b` needs: `ceil(len / P)`.
-    pub fn pages_of(&self, b: usize) -> u32 {
-        self.lengths[b].div_ceil(self.page)
+    /// Pages request `b` needs: `ceil(len / P)`. Refused: a request past
+    /// the batch ([`MetaError::NoSuchRequest`]) and a page size of 0 (a
+    /// [`MetaError::Shape`], as [`DecodeShape::check`] refuses it).
+    pub fn pages_of(&self, b: usize) -> Result<u32, MetaError> {
+        let Some(&len) = self.lengths.get(b) else {
+            return Err(MetaError::NoSuchRequest {
+                request: b,
+                batch: self.lengths.len(),
+            });
+        };
+        if self.page == 0 {
+            return Err(MetaError::Shape("page size 0".into()));
+        }
+        Ok(len.div_ceil(self.page))
     }
 
     /// Checks the head counts, head dimension, page size and lengths, and
@@ -150,6 +161,14 @@ pub enum MetaError {
     /// hold: a request, KV head or token out of range (named, with its
     /// bound).
     NoSuchRow(String),
+    /// A request asked of [`DecodeShape::pages_of`] or
+    /// [`DecodeData::table`] past the batch.
+    NoSuchRequest {
+        /// The index asked for.
+        request: usize,
+        /// Requests in the batch.
+        batch: usize,
+    },
 }
 
 impl fmt::Display for MetaError {
@@ -198,6 +217,9 @@ impl fmt::Display for MetaError {
                 "metadata of {got} elements, expected {expected} (2 rows per request)"
             ),
             MetaError::NoSuchRow(why) => write!(f, "no such KV row: {why}"),
+            MetaError::NoSuchRequest { request, batch } => {
+                write!(f, "no such request: request {request} of a batch of {batch}")
+            }
         }
     }
 }
@@ -286,7 +308,9 @@ impl DecodeData {
     pub fn build(shape: DecodeShape, seed: u64) -> Result<DecodeData, MetaError> {
         shape.check()?;
         let b = shape.lengths.len();
-        let per: Vec<u32> = (0..b).map(|i| shape.pages_of(i)).collect();
+        let per = (0..b)
+            .map(|i| shape.pages_of(i))
+            .collect::<Result<Vec<u32>, _>>()?;
         let pages: u64 = per.iter().map(|&p| p as u64).sum();
         let width = *per.iter().max().expect("a batch is not empty");
         // u128: pages sums B u32 counts, so the product may pass u64.
@@ -335,8 +359,30 @@ impl DecodeData {
         u32::try_from(rows).unwrap_or(u32::MAX)
     }
 
-    /// Request `b`'s page table (`W` entries).
-    pub fn table(&self, b: usize) -> &[i32] {
+    /// Request `b`'s page table (`W` entries). Refused: a request past
+    /// the batch ([`MetaError::NoSuchRequest`]) and a `meta` of other
+    /// than `2B x W` values ([`MetaError::MetaSize`], as [`check_meta`]
+    /// refuses it). The entries themselves are not checked.
+    pub fn table(&self, b: usize) -> Result<&[i32], MetaError> {
+        let batch = self.shape.lengths.len();
+        if b >= batch {
+            return Err(MetaError::NoSuchRequest { request: b, batch });
+        }
+        let expected = 2 * batch as u128 * self.width as u128;
+        if self.meta.len() as u128 != expected {
+            return Err(MetaError::MetaSize {
+                got: self.meta.len(),
+                expected,
+            });
+        }
+        // Checked: b < B and meta holds 2B x W values.
+        Ok(self.table_unchecked(b))
+    }
+
+    /// [`DecodeData::table`] unchecked: the caller has checked `b` is in
+    /// the batch and `meta` holds `2B x W` values (as [`check_meta`]
+    /// does); otherwise it may panic.
+    pub(crate) fn table_unchecked(&self, b: usize) -> &[i32] {
         let w = self.width as usize;
         &self.meta[2 * b * w..(2 * b + 1) * w]
     }
@@ -413,7 +459,7 @@ impl DecodeData {
         // The tables are checked, so the page is one of the pool's: the
         // row is below kv_heads x pages x 2P, exact in u128.
         let p = s.page as u128;
-        let page = self.table(b)[(t / s.page) as usize] as u128;
+        let page = self.table_unchecked(b)[(t / s.page) as usize] as u128;
         let row = h as u128 * self.pages as u128 * 2 * p
             + page * 2 * p
             + if value { p } else { 0 }
@@ -436,7 +482,7 @@ impl DecodeData {
     /// `b`, `h` and `t` are in range.
     pub(crate) fn kv_row_unchecked(&self, b: usize, h: u32, t: u32, value: bool) -> &[f32] {
         let p = self.shape.page;
-        let page = self.table(b)[(t / p) as usize] as u64;
+        let page = self.table_unchecked(b)[(t / p) as usize] as u64;
         // Checked data's pool fits 32-bit rows: so do h, page and t's row.
         let row = h as u64 * self.pool_rows() as u64
             + page * 2 * p as u64

@@ -794,6 +794,47 @@ fn non_finite_data_and_bad_selections_are_refused_naming_where() {
 }
 
 #[test]
+fn the_bound_refuses_a_reference_of_other_sizes() {
+    use host_tools::attention::reference::{attention, bound, Reference};
+    // 3 requests x 8 query heads = 24 rows of D = 8: 192 outputs.
+    let data = DecodeData::build(shape(&[40, 17, 1], 8, 16), 3).unwrap();
+    let r = attention(&data).unwrap();
+    assert_eq!(bound(&r, |_| 1).unwrap().len(), 192);
+    // Head dimension 0 (once a division by zero).
+    let zero = Reference { d: 0, ..r.clone() };
+    assert_eq!(
+        bound(&zero, |_| 1).unwrap_err(),
+        "the reference has head dimension 0"
+    );
+    // Per-row vectors one short, and outputs of other than 24 rows of 8
+    // (each once an index past a vector's end).
+    let mut short = r.clone();
+    short.len.pop();
+    assert_eq!(
+        bound(&short, |_| 1).unwrap_err(),
+        "the reference has 23 row lengths but 24 dot_abs and 24 score2_abs"
+    );
+    let mut short = r.clone();
+    short.score2_abs.pop();
+    assert_eq!(
+        bound(&short, |_| 1).unwrap_err(),
+        "the reference has 24 row lengths but 24 dot_abs and 23 score2_abs"
+    );
+    let mut short = r.clone();
+    short.weighted_abs.pop();
+    assert_eq!(
+        bound(&short, |_| 1).unwrap_err(),
+        "the reference has 192 o and 191 weighted_abs values; 24 rows of 8 take 192"
+    );
+    let mut long = r.clone();
+    long.o.push(0.0);
+    assert_eq!(
+        bound(&long, |_| 1).unwrap_err(),
+        "the reference has 193 o and 192 weighted_abs values; 24 rows of 8 take 192"
+    );
+}
+
+#[test]
 fn the_reference_of_one_token_is_its_value_row_through_the_page_table() {
     // softmax over one token is 1: the output is the value row, which the
     // reference must find on the page the table names (not page 0).

@@ -145,7 +145,39 @@ pub const TOLERANCE: &str =
 ///   off by at most `(2 rho + 2 gamma_(n+c+2) + 2u) * sum_j p_j |v_j|`;
 /// - weights below 2^-126 are subnormal in f32 and off by up to 2^-149
 ///   absolute each: `n * 2^-126` covers them (|v| < 1).
-pub fn bound(r: &Reference, chunks: impl Fn(usize) -> u32) -> Vec<f64> {
+///
+/// Refused, naming the sizes: a reference [`attention`] cannot have made,
+/// of head dimension 0, per-row vectors (`len`, `dot_abs`,
+/// `score2_abs`) of different lengths, or `o` and `weighted_abs` other
+/// than those rows of `d` values.
+pub fn bound(r: &Reference, chunks: impl Fn(usize) -> u32) -> Result<Vec<f64>, String> {
+    if r.d == 0 {
+        return Err("the reference has head dimension 0".into());
+    }
+    let rows = r.len.len();
+    if r.dot_abs.len() != rows || r.score2_abs.len() != rows {
+        return Err(format!(
+            "the reference has {rows} row lengths but {} dot_abs and {} score2_abs",
+            r.dot_abs.len(),
+            r.score2_abs.len()
+        ));
+    }
+    let want = rows as u128 * r.d as u128;
+    if r.o.len() as u128 != want || r.weighted_abs.len() != r.o.len() {
+        return Err(format!(
+            "the reference has {} o and {} weighted_abs values; {rows} rows of {} take {want}",
+            r.o.len(),
+            r.weighted_abs.len(),
+            r.d
+        ));
+    }
+    Ok(bound_unchecked(r, chunks))
+}
+
+/// [`bound`] of a reference [`attention`] or [`attention_over`] made (or
+/// one [`bound`] accepts): `d` >= 1, `len`, `dot_abs` and `score2_abs`
+/// one per row, `o` and `weighted_abs` `d` per row; other sizes panic.
+pub(crate) fn bound_unchecked(r: &Reference, chunks: impl Fn(usize) -> u32) -> Vec<f64> {
     let d = r.d as usize;
     let per_row: Vec<f64> = (0..r.len.len())
         .map(|row| {

@@ -76,11 +76,20 @@ pub fn reference(
     tiles: usize,
 ) -> Result<Vec<f64>, WorkloadError> {
     let d = D as usize;
-    let keys = tiles * d;
+    let product = |a: usize, b: usize| {
+        a.checked_mul(b).ok_or_else(|| {
+            WorkloadError::Params(format!(
+                "{rows} query rows over {tiles} KV tiles of {D}: the sizes overflow"
+            ))
+        })
+    };
+    let keys = product(tiles, d)?;
+    // The output's size, checked here though only reserved below.
+    product(product(tiles, rows)?, d)?;
     for (name, got, want) in [
-        ("q", q.len(), rows * d),
-        ("kT", kt.len(), d * keys),
-        ("v", v.len(), keys * d),
+        ("q", q.len(), product(rows, d)?),
+        ("kT", kt.len(), product(d, keys)?),
+        ("v", v.len(), product(keys, d)?),
     ] {
         if got != want {
             return Err(WorkloadError::Params(format!(

@@ -263,6 +263,14 @@ fn the_attention_pipeline_reference_refuses_short_inputs() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("v has 4095 elements"), "{e}");
+    // Sizes whose products pass usize (once an overflow panic in a debug
+    // build, a wrapped size in release): 2^58 rows of 64 elements.
+    for (rows, tiles) in [(1usize << 58, 1), (1, 1usize << 58), (1 << 40, 1 << 20)] {
+        let e = reference(&[], &[], &[], rows, tiles)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the sizes overflow"), "{rows} x {tiles}: {e}");
+    }
 }
 
 #[test]

@@ -8,15 +8,20 @@ use host_tools::model::{decode_layer_workload, LayerData, Mlp};
 use host_tools::workloads::Params;
 use wsp_tests::shim_and_qemu;
 
-#[test]
-fn decode_layer_dense_is_bit_identical_in_shim_and_qemu() {
-    let p = Params {
+/// 5 requests of 1 to 80 tokens, hidden 128, pages of 16.
+fn params() -> Params {
+    Params {
         m: 5,
         n: 80,
         k: 128,
         tile: 16,
         seed: 9,
-    };
+    }
+}
+
+#[test]
+fn decode_layer_dense_is_bit_identical_in_shim_and_qemu() {
+    let p = params();
     let data = LayerData::build(shape_of(&p, Mlp::Dense).unwrap(), p.seed).unwrap();
     shim_and_qemu(&decode_layer_workload("decode-layer-dense", &data).unwrap());
 }
@@ -25,13 +30,7 @@ fn decode_layer_dense_is_bit_identical_in_shim_and_qemu() {
 fn decode_layer_moe_is_bit_identical_in_shim_and_qemu() {
     // 16 experts of 64, top 4 above p = 0.1 (4 down to 0 per token), tiles
     // of 4 rows, a shared expert.
-    let p = Params {
-        m: 5,
-        n: 80,
-        k: 128,
-        tile: 16,
-        seed: 9,
-    };
+    let p = params();
     let cfg = host_tools::moe_layer::MoeConfig {
         tokens: 0,
         hidden: 0,
@@ -52,13 +51,7 @@ fn a_twelve_layer_moe_step_is_bit_identical_in_shim_and_qemu() {
     // instructions (validated in one pass, its jump targets in a bitset on
     // the stack) and 15 data tensors (12 routing tensors and 3 shared);
     // the layers take turns with two layers' scratch tensors.
-    let p = Params {
-        m: 5,
-        n: 80,
-        k: 128,
-        tile: 16,
-        seed: 9,
-    };
+    let p = params();
     let cfg = host_tools::moe_layer::MoeConfig {
         tokens: 0,
         hidden: 0,

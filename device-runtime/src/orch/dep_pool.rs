@@ -75,6 +75,15 @@ impl<const N: usize> DepPool<N> {
         true
     }
 
+    /// Whether the list at `head` starts with an edge to `consumer` (the
+    /// last one pushed onto it).
+    #[inline(always)]
+    pub fn starts_with(&self, head: u32, consumer: u64) -> bool {
+        self.nodes
+            .get(head as usize)
+            .is_some_and(|node| node.consumer == consumer)
+    }
+
     /// Removes and returns the first consumer of the list at `*head`.
     pub fn pop(&mut self, head: &mut u32) -> Option<u64> {
         let i = *head;

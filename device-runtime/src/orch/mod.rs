@@ -257,8 +257,8 @@ impl fmt::Display for WindowError {
 }
 
 /// A task's slot: 64 bytes a task of the window. Task numbers that the
-/// window bounds are kept narrow: the next task of a ready list or stream
-/// as a slot index (the slot holds the task's full id: such a task is live),
+/// window bounds are kept narrow: the next task of a stream (and the
+/// tasks of a ready ring) as a slot index (the slot holds the task's full id: such a task is live),
 /// ring positions as their low 32 bits (restored from the ring's current
 /// position, at most the ring's capacity ahead; see [`restore`]).
 #[derive(Clone, Copy, Debug)]
@@ -282,8 +282,6 @@ struct Slot {
     /// task's edges: reclaimed up to it when the task retires
     /// ([`Orchestrator::submit_linked`]).
     edges_end: u32,
-    /// Slot of the next task in the ready list of its kind ([`NO_SLOT`]: none).
-    ready_next: u16,
     /// Slot of the next task of its stream, held back until this one is
     /// issued ([`NO_SLOT`]: none).
     stream_next: u16,
@@ -313,7 +311,7 @@ impl Slot {
 
 const NONE: TaskId = u64::MAX;
 
-/// No slot ([`Slot::ready_next`], [`Slot::stream_next`]): slot indices are
+/// No slot ([`Slot::stream_next`]): slot indices are
 /// below `TASKS`, at most 2^15.
 const NO_SLOT: u16 = u16::MAX;
 
@@ -335,7 +333,6 @@ const FREE_SLOT: Slot = Slot {
     marked_by: 0,
     tmap_end: 0,
     edges_end: 0,
-    ready_next: NO_SLOT,
     stream_next: NO_SLOT,
     state: TaskState::Completed,
     vector: true,
@@ -343,11 +340,50 @@ const FREE_SLOT: Slot = Slot {
     stream: 0,
 };
 
-#[derive(Clone, Copy, Debug)]
-struct ReadyList {
-    head: TaskId,
-    tail: TaskId,
-    len: u64,
+/// The ready tasks of one core kind, oldest first: their slots in a ring
+/// of `TASKS` (a task is in at most one ready list, and at most `TASKS`
+/// are live, so the ring cannot overflow). A ring rather than a list
+/// linked through the slots: a push is a store and a bump, a pop a load
+/// and a bump, with no slot touched but to read the popped task's id
+/// (2 bytes a task of the window per kind).
+struct ReadyRing<const TASKS: usize> {
+    slots: [u16; TASKS],
+    /// Pops so far (the oldest ready task is at `head % TASKS`).
+    head: u32,
+    /// Pushes so far.
+    tail: u32,
+}
+
+impl<const TASKS: usize> ReadyRing<TASKS> {
+    const EMPTY: Self = ReadyRing {
+        slots: [0; TASKS],
+        head: 0,
+        tail: 0,
+    };
+
+    /// Tasks in the ring.
+    #[inline(always)]
+    fn len(&self) -> u64 {
+        self.tail.wrapping_sub(self.head) as u64
+    }
+
+    #[inline(always)]
+    fn push(&mut self, slot: usize) {
+        debug_assert!(self.len() < TASKS as u64, "at most TASKS tasks are live");
+        self.slots[self.tail as usize % TASKS] = slot as u16;
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// The oldest task's slot.
+    #[inline(always)]
+    fn pop(&mut self) -> Option<usize> {
+        if self.head == self.tail {
+            return None;
+        }
+        let slot = self.slots[self.head as usize % TASKS] as usize;
+        self.head = self.head.wrapping_add(1);
+        Some(slot)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -367,7 +403,7 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     tmap: TensorMap<TMAP>,
     deps: DepPool<DEPS>,
     heap: HeapRing,
-    ready: [ReadyList; 2],
+    ready: [ReadyRing<TASKS>; 2],
     scopes: [Scope; MAX_SCOPE_DEPTH],
     depth: usize,
     stats: StallStats,
@@ -408,11 +444,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         let _ = Self::POWER_OF_TWO;
         #[allow(clippy::let_unit_value)]
         let _ = Self::NARROW;
-        let empty = ReadyList {
-            head: NONE,
-            tail: NONE,
-            len: 0,
-        };
         Orchestrator {
             slots: [FREE_SLOT; TASKS],
             head: 0,
@@ -420,7 +451,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             tmap: TensorMap::new(),
             deps: DepPool::new(),
             heap: HeapRing::new(heap_bytes),
-            ready: [empty; 2],
+            ready: [ReadyRing::EMPTY, ReadyRing::EMPTY],
             scopes: [Scope { name: "", first: 0 }; MAX_SCOPE_DEPTH],
             depth: 0,
             stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0, 0, 0]),
@@ -516,8 +547,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // given (its ring keeps it rounded down to the alignment).
         let heap_bytes = stats.of(StallReason::HeapRingFull).capacity;
         *heap = HeapRing::new(heap_bytes);
-        for list in ready.iter_mut() {
-            (list.head, list.tail, list.len) = (NONE, NONE, 0);
+        for ring in ready.iter_mut() {
+            (ring.head, ring.tail) = (0, 0);
         }
         // Scopes above the depth are never read.
         *depth = 0;
@@ -607,12 +638,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
     /// Tasks ready to run on `kind` cores.
     pub fn ready_count(&self, kind: CoreKind) -> u64 {
-        self.ready[kind as usize].len
+        self.ready[kind as usize].len()
     }
 
     /// Whether a task is ready to run on cores of either kind.
     pub fn has_ready(&self) -> bool {
-        self.ready[0].len | self.ready[1].len != 0
+        self.ready[0].len() | self.ready[1].len() != 0
     }
 
     fn slot(&self, id: TaskId) -> &Slot {
@@ -808,6 +839,44 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             Some(_) => self.edges_available::<E>(),
         };
         let one_pass = available >= self.in_flight();
+        if one_pass && stream == 0 && heap_bytes == 0 && extra_deps.is_empty() {
+            // Nothing can stall from here on: the common case's commit.
+            return Ok(self.commit_tiles(now, id, kernel, args, tag, linked));
+        }
+        let submission = Submission {
+            now,
+            stream,
+            kernel,
+            args,
+            heap_bytes,
+            extra_deps,
+            tag,
+        };
+        self.submit_rest(submission, linked, one_pass, available)
+    }
+
+    /// The rest of [`Orchestrator::submit_in`] for a submission that
+    /// [`Orchestrator::commit_tiles`] does not take (on a stream, with a
+    /// heap block or explicit dependencies, or whose edges might not fit);
+    /// out of line, so that the common case keeps its state in registers.
+    #[inline(never)]
+    fn submit_rest<const E: usize>(
+        &mut self,
+        submission: Submission,
+        linked: Option<(&ReleaseGraph<TASKS, E>, u64)>,
+        one_pass: bool,
+        available: u64,
+    ) -> Result<(TaskId, Option<bool>), SubmitError> {
+        let Submission {
+            now,
+            stream,
+            kernel,
+            args,
+            heap_bytes,
+            extra_deps,
+            tag,
+        } = submission;
+        let id = self.next;
         let mut places = [Place::default(); MAX_TENSOR_ARGS];
         let places = &mut places[..args.len()];
         let mut edges = 0;
@@ -836,7 +905,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // The slot's other fields are as its last task left them and need
         // no reset: `fanout` and `stream_next` are emptied when a task
         // completes (and stay empty when the release graph holds the
-        // edges), `ready_next` is set when it becomes ready, `tmap_end` and
+        // edges), `tmap_end` and
         // `edges_end` below, and `marked_by` only ever matches a pass of its own.
         let slot = self.slot_mut(id);
         slot.id = id;
@@ -932,6 +1001,140 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             self.stats.used(StallReason::HeapRingFull, self.heap.used());
         }
         Ok((id, ready))
+    }
+
+    /// The commit of a submission on no stream, with no heap block and no
+    /// explicit dependencies, whose edges fit (`one_pass` in
+    /// [`Orchestrator::submit_in`]): the common case, for which nothing
+    /// can stall any more. Each argument placed [`Place::simple`] (a tile
+    /// whose lookup scans its home bucket only, which reports no implied
+    /// conflict to leave out and needs no held conflicts) is scanned and
+    /// inserted by one lean pass ([`Tiles`]) as soon as it is placed; from
+    /// the first argument that is not, the general pass
+    /// ([`Orchestrator::wire_rest`]) takes the rest, in the same pass (the
+    /// same mark, counting on). The same edges, entries and figures as
+    /// [`Orchestrator::wire`]'s committing pass; kept apart so that the
+    /// common case's state stays in registers.
+    #[inline(always)]
+    fn commit_tiles<const E: usize>(
+        &mut self,
+        now: u64,
+        id: TaskId,
+        kernel: KernelRef,
+        args: &[TaskArg],
+        tag: u64,
+        linked: Option<(&ReleaseGraph<TASKS, E>, u64)>,
+    ) -> (TaskId, Option<bool>) {
+        self.stats.end(now);
+        let at = (id % TASKS as u64) as usize;
+        let held = self.depth > 0;
+        // As in `submit_rest`: the other fields need no reset.
+        let slot = &mut self.slots[at];
+        slot.id = id;
+        slot.kernel_id = kernel.id;
+        slot.vector = kernel.kind == CoreKind::Vector;
+        slot.tag = tag;
+        slot.state = TaskState::Pending;
+        slot.heap = HeapBlock::default();
+        slot.held = held;
+        slot.stream = 0;
+        let graph = linked.map(|(graph, _)| graph);
+        if let Some((graph, release_tag)) = linked {
+            graph.open(at, release_tag);
+        }
+        // Without the graph, a producer met twice is told by its fan-out
+        // list, which starts with this task's edge then: no mark is needed
+        // unless the general pass takes over.
+        let mark = if linked.is_some() {
+            self.next_mark()
+        } else {
+            0
+        };
+        self.tmap.begin();
+        let mut count = 0;
+        for (i, a) in args.iter().enumerate() {
+            let place = self.tmap.place(a.tensor, &a.region);
+            if !place.simple() {
+                let resume = Resume {
+                    from: i,
+                    first: Some(place),
+                    mark,
+                    count,
+                };
+                count = self.wire_rest(id, args, graph, resume);
+                break;
+            }
+            let writes = a.access.contains(Access::WRITE);
+            let mut tiles = Tiles::<TASKS, DEPS, E> {
+                slots: &mut self.slots,
+                deps: &mut self.deps,
+                next: self.next,
+                id,
+                mark,
+                graph,
+                edge_alloc: &mut self.edge_alloc,
+                count,
+            };
+            self.tmap
+                .scan_push_simple(&place, a.tensor, &a.region, writes, id, &mut tiles);
+            count = tiles.count;
+        }
+        self.next += 1;
+        let tmap_end = self.tmap.end();
+        let edge_alloc = self.edge_alloc;
+        let slot = &mut self.slots[at];
+        slot.tmap_end = tmap_end as u32;
+        slot.edges_end = edge_alloc as u32;
+        let ready = match linked {
+            None => {
+                slot.fanin = count as u32;
+                if count == 0 {
+                    self.push_ready(id);
+                }
+                None
+            }
+            Some((graph, _)) => {
+                let ready = graph.arm(at, count as u32);
+                if ready {
+                    self.push_ready(id);
+                }
+                Some(ready)
+            }
+        };
+        self.stats.used(StallReason::TaskRingFull, self.in_flight());
+        if !args.is_empty() {
+            self.stats
+                .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
+        }
+        if count > 0 {
+            let edges_used = match linked {
+                None => self.deps.used() as u64,
+                Some(_) => self.edge_alloc - self.edge_free,
+            };
+            self.stats.used(StallReason::DepListPoolFull, edges_used);
+        }
+        (id, ready)
+    }
+
+    /// The general committing pass over the arguments [`Orchestrator::commit_tiles`]
+    /// leaves (from its first argument not placed [`Place::simple`] on):
+    /// returns the producers counted, those of `resume.count` included.
+    /// Out of line: rare, and inlined it would be a second copy of the
+    /// pass in every submission.
+    #[inline(never)]
+    fn wire_rest<const E: usize>(
+        &mut self,
+        id: TaskId,
+        args: &[TaskArg],
+        graph: Option<&ReleaseGraph<TASKS, E>>,
+        resume: Resume,
+    ) -> u64 {
+        let mut resume = resume;
+        if resume.mark == 0 {
+            // Marks are never 0 ([`Orchestrator::next_mark`]).
+            resume.mark = self.next_mark();
+        }
+        self.wire_from::<E, false>(id, 0, args, None, &[], Some(graph), resume)
     }
 
     /// The counting pass of a submission whose edges might not fit the
@@ -1048,13 +1251,45 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         extra_deps: &[TaskId],
         commit: Option<Option<&ReleaseGraph<TASKS, E>>>,
     ) -> u64 {
+        let mark = self.next_mark();
+        self.tmap.begin();
+        let resume = Resume {
+            from: 0,
+            first: None,
+            mark,
+            count: 0,
+        };
+        self.wire_from::<E, COUNTING>(id, stream, args, places, extra_deps, commit, resume)
+    }
+
+    /// [`Orchestrator::wire`] of the arguments from `resume.from` on (the
+    /// ones before were wired by the same pass: [`Orchestrator::commit_tiles`]),
+    /// in the pass of `resume.mark`, whose `resume.count` producers so far
+    /// it goes on counting; `resume.first`, if given, is the place of the
+    /// argument `resume.from` (placed already).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn wire_from<const E: usize, const COUNTING: bool>(
+        &mut self,
+        id: TaskId,
+        stream: StreamId,
+        args: &[TaskArg],
+        places: Option<&[Place]>,
+        extra_deps: &[TaskId],
+        commit: Option<Option<&ReleaseGraph<TASKS, E>>>,
+        resume: Resume,
+    ) -> u64 {
         debug_assert_eq!(
             COUNTING,
             commit.is_none(),
             "only a counting pass commits nothing"
         );
-        let mark = self.next_mark();
-        self.tmap.begin();
+        let Resume {
+            from,
+            first,
+            mark,
+            count,
+        } = resume;
         let mut wiring = Wiring::<TASKS, DEPS, E, COUNTING> {
             slots: &mut self.slots,
             deps: &mut self.deps,
@@ -1066,18 +1301,19 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             commit: commit.is_some(),
             graph: commit.flatten(),
             edge_alloc: &mut self.edge_alloc,
-            count: 0,
+            count,
             held: &mut self.held,
             held_len: 0,
             hold: false,
             cutoff: 0,
             reader: 0,
         };
-        for i in 0..MAX_TENSOR_ARGS {
+        for i in from..MAX_TENSOR_ARGS {
             let Some(a) = args.get(i) else { break };
-            let place = match places {
-                Some(places) => places[i],
-                None => self.tmap.place(a.tensor, &a.region),
+            let place = match (places, first) {
+                (Some(places), _) => places[i],
+                (None, Some(first)) if i == from => first,
+                (None, _) => self.tmap.place(a.tensor, &a.region),
             };
             let writes = a.access.contains(Access::WRITE);
             // Held conflicts pay only where a cut can leave some out.
@@ -1138,36 +1374,16 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     fn push_ready(&mut self, id: TaskId) {
         let slot = self.slot_mut(id);
         slot.state = TaskState::Ready;
-        slot.ready_next = NO_SLOT;
         let kind = slot.kernel().kind as usize;
-        let tail = self.ready[kind].tail;
-        if tail == NONE {
-            self.ready[kind].head = id;
-        } else {
-            self.slot_mut(tail).ready_next = (id % TASKS as u64) as u16;
-        }
-        self.ready[kind].tail = id;
-        self.ready[kind].len += 1;
+        self.ready[kind].push((id % TASKS as u64) as usize);
     }
 
     /// The oldest ready task for `kind` cores, now running.
     pub fn pop_ready(&mut self, kind: CoreKind) -> Option<ReadyTask> {
-        let list = &mut self.ready[kind as usize];
-        let id = list.head;
-        if id == NONE {
-            return None;
-        }
-        list.len -= 1;
-        let next = self.slots[(id % TASKS as u64) as usize].ready_next;
-        // The next task of the list is live: its slot holds its id.
-        let list = &mut self.ready[kind as usize];
-        if next == NO_SLOT {
-            list.head = NONE;
-            list.tail = NONE;
-        } else {
-            list.head = self.slots[next as usize].id;
-        }
-        let slot = &mut self.slots[(id % TASKS as u64) as usize];
+        let at = self.ready[kind as usize].pop()?;
+        // A ready task is live: its slot holds its id.
+        let slot = &mut self.slots[at % TASKS];
+        let id = slot.id;
         slot.state = TaskState::Running;
         Some(ReadyTask {
             id,
@@ -1292,12 +1508,15 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // Its positions are at most a ring's capacity behind the
             // ring's current one (older tasks' entries are reclaimed).
             let tmap_end = restore(self.tmap.end(), slot.tmap_end);
-            let edges_end = restore(self.edge_alloc, slot.edges_end);
             let heap = slot.heap;
-            self.tmap.release_until(tmap_end);
             // Its release-graph edges: its producers' lists were walked
-            // before it could run, so no thread reads them any more.
-            self.edge_free = self.edge_free.max(edges_end);
+            // before it could run, so no thread reads them any more. (None
+            // are taken without the graph: nothing to work out then.)
+            if self.edge_free != self.edge_alloc {
+                let edges_end = restore(self.edge_alloc, slot.edges_end);
+                self.edge_free = self.edge_free.max(edges_end);
+            }
+            self.tmap.release_until(tmap_end);
             self.heap.free(heap);
             self.head += 1;
         }
@@ -1348,12 +1567,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         if running > 0 {
             return Ok(());
         }
-        let runnable = |k: CoreKind| has_cores[k as usize] && self.ready[k as usize].len > 0;
+        let runnable = |k: CoreKind| has_cores[k as usize] && self.ready[k as usize].len() > 0;
         if runnable(CoreKind::Cube) || runnable(CoreKind::Vector) {
             return Ok(());
         }
         for kind in [CoreKind::Cube, CoreKind::Vector] {
-            if self.ready[kind as usize].len > 0 {
+            if self.ready[kind as usize].len() > 0 {
                 return Err(self.report(DeadlockCause::NoCoreForKind { kind }));
             }
         }
@@ -1722,6 +1941,11 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool
             }
             return;
         }
+        if self.commit && self.deps.starts_with(producer.fanout, self.id) {
+            // Linked earlier in the pass by `commit_tiles`, which marks no
+            // producer (see `Tiles::conflict`).
+            return;
+        }
         if let Some(slot) = self.found.get_mut(self.count as usize) {
             *slot = p;
         }
@@ -1729,6 +1953,85 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool
         if self.commit {
             let pushed = self.deps.push(&mut producer.fanout, self.id);
             debug_assert!(pushed, "room was checked before committing");
+        }
+    }
+}
+
+/// Where a dependency pass goes on ([`Orchestrator::wire_from`]).
+#[derive(Clone, Copy)]
+struct Resume {
+    /// The first argument not wired yet.
+    from: usize,
+    /// Its place, if placed already.
+    first: Option<Place>,
+    /// The pass's mark ([`Orchestrator::next_mark`]).
+    mark: u32,
+    /// Producers counted so far.
+    count: u64,
+}
+
+/// A submission's parameters, for [`Orchestrator::submit_rest`].
+#[derive(Clone, Copy)]
+struct Submission<'a> {
+    now: u64,
+    stream: StreamId,
+    kernel: KernelRef,
+    args: &'a [TaskArg],
+    heap_bytes: u64,
+    extra_deps: &'a [TaskId],
+    tag: u64,
+}
+
+/// The dependency pass of [`Orchestrator::commit_tiles`]: [`Wiring`]'s
+/// committing pass for arguments whose scans are of their home buckets
+/// only, which hold no conflicts and remember no producers for a commit.
+struct Tiles<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
+    slots: &'a mut [Slot; TASKS],
+    deps: &'a mut DepPool<DEPS>,
+    next: TaskId,
+    id: TaskId,
+    mark: u32,
+    /// Committing into the release graph rather than the DepList pool.
+    graph: Option<&'a ReleaseGraph<TASKS, E>>,
+    edge_alloc: &'a mut u64,
+    /// Edges recorded (with a graph, those it took).
+    count: u64,
+}
+
+impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Tiles<'_, TASKS, DEPS, E> {
+    #[inline(always)]
+    fn live(&self, task: TaskId) -> bool {
+        live(self.slots, self.next, task)
+    }
+
+    /// An edge from producer `p`, once per pass, as [`Wiring`]'s.
+    #[inline(always)]
+    fn conflict(&mut self, p: TaskId) {
+        let producer = &mut self.slots[(p % TASKS as u64) as usize];
+        match self.graph {
+            Some(graph) => {
+                if producer.marked_by == self.mark {
+                    return;
+                }
+                producer.marked_by = self.mark;
+                let edge = (*self.edge_alloc % E as u64) as usize;
+                let at = (self.id % TASKS as u64) as usize;
+                if graph.link((p % TASKS as u64) as usize, at, edge) {
+                    *self.edge_alloc += 1;
+                    self.count += 1;
+                }
+            }
+            None => {
+                // Its fan-out list starts with this task's edge iff the
+                // pass linked it already: only this task's edges are
+                // pushed during its pass.
+                if self.deps.starts_with(producer.fanout, self.id) {
+                    return;
+                }
+                let pushed = self.deps.push(&mut producer.fanout, self.id);
+                debug_assert!(pushed, "room was checked before committing");
+                self.count += 1;
+            }
         }
     }
 }

@@ -793,18 +793,26 @@ fn implied_conflicts_behind_a_covering_writer_get_no_edge() {
 /// Slots keep a pass's mark in 32 bits: after the pass count's low bits
 /// wrap, a pass must not take a mark left by a pass 2^32 earlier for its
 /// own (it would skip that producer and miss the dependency).
+///
+/// The passes here take a heap block, which sends them down the general
+/// path, the one that marks producers (the common case's pass tells a
+/// producer met twice by its fan-out list instead: see `Tiles::conflict`).
 #[test]
 fn a_mark_from_before_the_pass_count_wrapped_is_not_taken_for_a_new_one() {
-    let mut o = Orchestrator::<16, 64, 64>::new(0);
-    let a = submit(&mut o, &[write(7, 0, 4)]).unwrap();
-    submit(&mut o, &[read(7, 0, 4)]).unwrap(); // its pass marks `a`
+    let mut o = Orchestrator::<16, 64, 64>::new(1024);
+    let marking = |o: &mut Orchestrator<16, 64, 64>, args: &[TaskArg]| {
+        o.submit(0, VEC, args, 8, &[], 0).unwrap()
+    };
+    let a = marking(&mut o, &[write(7, 0, 4)]);
+    marking(&mut o, &[read(7, 0, 4)]); // its pass marks `a`
     let marked = o.slot(a).marked_by;
+    assert_ne!(marked, 0, "the pass marked its producer");
     // As if 2^32 - `marked` passes had gone by since.
     o.pass = u32::MAX as u64;
     for t in 0..marked {
-        submit(&mut o, &[write(100 + t, 0, 1)]).unwrap();
+        marking(&mut o, &[write(100 + t, 0, 1)]);
     }
-    let c = submit(&mut o, &[read(7, 0, 4)]).unwrap();
+    let c = marking(&mut o, &[read(7, 0, 4)]);
     assert_eq!(o.slot(c).state, TaskState::Pending, "`c` waits for `a`");
     assert_eq!(run_one(&mut o), a);
     assert_eq!(o.slot(c).state, TaskState::Ready);
@@ -1241,5 +1249,38 @@ fn finished_refuses_a_task_whose_consumers_it_would_strand() {
     assert_eq!(o.pop_ready(CoreKind::Vector).map(|t| t.id), Some(r));
     // No consumer: nothing to strand, so `finished` retires it.
     assert_eq!(o.finished(r), Ok(()));
+    assert!(o.is_drained());
+}
+
+/// The common case's pass marks no producer: a producer met through two
+/// arguments is told by its fan-out list, which starts with the new
+/// task's edge then, in that pass and in the general pass that takes over
+/// from an argument that is not a simple tile.
+#[test]
+fn a_producer_met_through_two_arguments_gets_one_edge() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let p = submit(&mut o, &[write(1, 0, 4), write(2, 0, 4)]).unwrap();
+    // Two tiles, each the cell of its tensor.
+    let t = submit(&mut o, &[read(1, 0, 4), read(2, 0, 4)]).unwrap();
+    assert_eq!(o.deps.used(), 1, "one edge p -> t");
+    assert_eq!(o.slot(t).fanin, 1);
+    // A tile, then a region across two of tensor 2's cells of 4 (not
+    // simple: the general pass takes over).
+    let u = submit(&mut o, &[read(1, 0, 4), read(2, 2, 4)]).unwrap();
+    assert_eq!(o.deps.used(), 2, "one edge p -> u");
+    assert_eq!(o.slot(u).fanin, 1);
+    // The other way round: the general pass from the first argument on.
+    let v = submit(&mut o, &[read(2, 2, 4), read(1, 0, 4)]).unwrap();
+    assert_eq!(o.deps.used(), 3, "one edge p -> v");
+    assert_eq!(o.slot(v).fanin, 1);
+    assert_eq!(run_one(&mut o), p);
+    assert_eq!(
+        o.ready_count(CoreKind::Vector),
+        3,
+        "t, u and v released once each"
+    );
+    for _ in 0..3 {
+        run_one(&mut o);
+    }
     assert!(o.is_drained());
 }

@@ -270,7 +270,8 @@ struct Slot {
     kernel_id: u32,
     /// Unfinished producers, plus one while the task is being wired.
     fanin: u32,
-    /// Head of the fan-out list in the DepList pool.
+    /// Head of the fan-out list in the DepList pool: the edges after
+    /// [`Slot::consumer`]'s, newest first.
     fanout: u32,
     /// The low 32 bits of the last dependency pass that met this task as a
     /// producer (see [`Orchestrator::next_mark`]).
@@ -285,6 +286,11 @@ struct Slot {
     /// Slot of the next task of its stream, held back until this one is
     /// issued ([`NO_SLOT`]: none).
     stream_next: u16,
+    /// Slot of the task of its first fan-out edge ([`NO_SLOT`]: none),
+    /// kept here rather than in the DepList pool: most producers of a
+    /// tiled workload have one consumer (the next step of a chain), which
+    /// then takes no node to link or to release.
+    consumer: u16,
     state: TaskState,
     /// Its kernel runs on vector cores (else cube cores).
     vector: bool,
@@ -311,7 +317,7 @@ impl Slot {
 
 const NONE: TaskId = u64::MAX;
 
-/// No slot ([`Slot::stream_next`]): slot indices are
+/// No slot ([`Slot::stream_next`], [`Slot::consumer`]): slot indices are
 /// below `TASKS`, at most 2^15.
 const NO_SLOT: u16 = u16::MAX;
 
@@ -334,6 +340,7 @@ const FREE_SLOT: Slot = Slot {
     tmap_end: 0,
     edges_end: 0,
     stream_next: NO_SLOT,
+    consumer: NO_SLOT,
     state: TaskState::Completed,
     vector: true,
     held: false,
@@ -513,6 +520,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             let slot = self.slot_mut(id);
             slot.state = TaskState::Completed;
             slot.fanout = NIL;
+            slot.consumer = NO_SLOT;
             slot.stream_next = NO_SLOT;
             // Retired tasks are never held: a scope left open holds none
             // after the reset (`check_progress` reads the next id's slot).
@@ -1169,10 +1177,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         for &p in &self.found[..edges as usize] {
             let producer = (p % TASKS as u64) as usize;
             match graph {
-                None => {
-                    let pushed = self.deps.push(&mut self.slots[producer].fanout, id);
-                    debug_assert!(pushed, "room was checked before committing");
-                }
+                None => link(&mut self.slots[producer], &mut self.deps, id, at),
                 Some(graph) => {
                     let edge = (self.edge_alloc % E as u64) as usize;
                     if graph.link(producer, at, edge) {
@@ -1468,11 +1473,21 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         self.release_stream_next(id);
         self.slot_mut(id).state = TaskState::Completed;
-        let mut fanout = self.slot(id).fanout;
-        while let Some(consumer) = self.deps.pop(&mut fanout) {
-            self.release(consumer);
+        // A task's first edge is in its slot, the rest in the pool (see
+        // `link`): with none in the slot, there are none.
+        let first = self.slot(id).consumer;
+        if first != NO_SLOT {
+            // Newest edge first, as they were linked: the pool's, then the
+            // slot's.
+            let mut fanout = self.slot(id).fanout;
+            while let Some(consumer) = self.deps.pop(&mut fanout) {
+                self.release(consumer);
+            }
+            let slot = self.slot_mut(id);
+            (slot.fanout, slot.consumer) = (NIL, NO_SLOT);
+            // A consumer waits, so is live: its slot holds its id.
+            self.release(self.slots[first as usize].id);
         }
-        self.slot_mut(id).fanout = NIL;
         self.retire();
         Ok(())
     }
@@ -1489,7 +1504,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         }
         // A linked task's edges are in the graph: its own lists stay empty.
         let slot = self.slot(id);
-        if slot.fanout != NIL || slot.stream_next != NO_SLOT {
+        if slot.fanout != NIL || slot.consumer != NO_SLOT || slot.stream_next != NO_SLOT {
             return Err(UsageError::OwnerCompletes { id });
         }
         self.slot_mut(id).state = TaskState::Completed;
@@ -1728,6 +1743,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                     None => {
                         // `id` is live: a slot index names it alone.
                         self.slot(p).stream_next == at(id) as u16
+                            || self.slot(p).consumer == at(id) as u16
                             || self.deps.iter(self.slot(p).fanout).any(|c| c == id)
                     }
                 };
@@ -1941,7 +1957,8 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool
             }
             return;
         }
-        if self.commit && self.deps.starts_with(producer.fanout, self.id) {
+        let at = (self.id % TASKS as u64) as usize;
+        if self.commit && linked(producer, self.deps, self.id, at) {
             // Linked earlier in the pass by `commit_tiles`, which marks no
             // producer (see `Tiles::conflict`).
             return;
@@ -1951,8 +1968,7 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize, const COUNTING: bool
         }
         self.count += 1;
         if self.commit {
-            let pushed = self.deps.push(&mut producer.fanout, self.id);
-            debug_assert!(pushed, "room was checked before committing");
+            link(producer, self.deps, self.id, at);
         }
     }
 }
@@ -2022,18 +2038,48 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Tiles<'_
                 }
             }
             None => {
-                // Its fan-out list starts with this task's edge iff the
-                // pass linked it already: only this task's edges are
-                // pushed during its pass.
-                if self.deps.starts_with(producer.fanout, self.id) {
+                let at = (self.id % TASKS as u64) as usize;
+                if linked(producer, self.deps, self.id, at) {
                     return;
                 }
-                let pushed = self.deps.push(&mut producer.fanout, self.id);
-                debug_assert!(pushed, "room was checked before committing");
+                link(producer, self.deps, self.id, at);
                 self.count += 1;
             }
         }
     }
+}
+
+/// Records an edge from `producer` to task `consumer` (live, being
+/// submitted, in slot `at`): in the producer's slot if it has none yet,
+/// else in the DepList pool (room was checked before committing).
+#[inline(always)]
+fn link<const DEPS: usize>(
+    producer: &mut Slot,
+    deps: &mut DepPool<DEPS>,
+    consumer: TaskId,
+    at: usize,
+) {
+    if producer.consumer == NO_SLOT {
+        producer.consumer = at as u16;
+        return;
+    }
+    let pushed = deps.push(&mut producer.fanout, consumer);
+    debug_assert!(pushed, "room was checked before committing");
+}
+
+/// Whether the pass submitting `consumer` (in slot `at`) linked `producer`
+/// to it already: only its edges are linked during its pass, so the
+/// producer's newest edge is to it then, in the pool or, with none there,
+/// the slot's. A slot index names `consumer` alone: a consumer of a live
+/// producer has not retired, so no other task holds its slot.
+#[inline(always)]
+fn linked<const DEPS: usize>(
+    producer: &Slot,
+    deps: &DepPool<DEPS>,
+    consumer: TaskId,
+    at: usize,
+) -> bool {
+    producer.consumer == at as u16 || deps.starts_with(producer.fanout, consumer)
 }
 
 /// Places every argument in the TensorMap ([`TensorMap::place`]), one

@@ -750,7 +750,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// where the threads that observe their completions release it
     /// ([`ReleaseGraph::complete`], [`ReleaseGraph::issued`]) and hand
     /// `release_tag` on to be queued. Returns the task's id and whether it
-    /// is ready at once (then the caller queues it). Report each finished
+    /// is ready at once: then the caller queues it, or hands it to
+    /// [`Orchestrator::released`] to take it from the ready list of its
+    /// kind ([`Orchestrator::pop_ready`]). Report each finished
     /// task with [`Orchestrator::finished`], not `complete`; use one
     /// protocol for the orchestrator's whole life between drains.
     #[allow(clippy::too_many_arguments)]
@@ -983,13 +985,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 self.release(id);
                 None
             }
-            Some((graph, _)) => {
-                let ready = graph.arm(at, linked_edges);
-                if ready {
-                    self.push_ready(id);
-                }
-                Some(ready)
-            }
+            Some((graph, _)) => Some(graph.arm(at, linked_edges)),
         };
         // High-water marks: a pool's use grows only by what this
         // submission took from it.
@@ -1101,13 +1097,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 }
                 None
             }
-            Some((graph, _)) => {
-                let ready = graph.arm(at, count as u32);
-                if ready {
-                    self.push_ready(id);
-                }
-                Some(ready)
-            }
+            Some((graph, _)) => Some(graph.arm(at, count as u32)),
         };
         self.stats.used(StallReason::TaskRingFull, self.in_flight());
         if !args.is_empty() {
@@ -1375,8 +1365,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Ok(())
     }
 
-    /// Appends `id` to the ready list of its kind.
-    fn push_ready(&mut self, id: TaskId) {
+    /// Appends `id` (live, not ready yet) to the ready list of its kind;
+    /// for the dispatcher, a task [`Orchestrator::submit_linked`] found
+    /// ready at once.
+    pub(crate) fn push_ready(&mut self, id: TaskId) {
         let slot = self.slot_mut(id);
         slot.state = TaskState::Ready;
         let kind = slot.kernel().kind as usize;
@@ -2122,6 +2114,18 @@ fn insert_args<const N: usize>(
 /// (the host's expansion) refuse exactly what a submission refuses.
 #[inline(always)]
 pub fn overlapping_args(args: &[TaskArg]) -> Option<(usize, usize)> {
+    // Most often no two arguments share a tensor: told by the tensors
+    // alone, in straight-line compares for the common counts (the pairs'
+    // loops cost a three-argument task about 30 instructions).
+    let distinct = match args {
+        [] | [_] => true,
+        [a, b] => a.tensor != b.tensor,
+        [a, b, c] => a.tensor != b.tensor && a.tensor != c.tensor && b.tensor != c.tensor,
+        _ => false,
+    };
+    if distinct {
+        return None;
+    }
     let writes = |a: &TaskArg| a.access.contains(Access::WRITE);
     for index in 1..args.len() {
         let a = &args[index];

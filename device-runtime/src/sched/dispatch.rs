@@ -676,9 +676,12 @@ impl<'a> Dispatcher<'a> {
                 entry.0,
                 entry.0,
             ) {
-                // Ready at once or not, it is the orchestrator's or the
-                // graph's to hand out now.
-                Ok((id, _)) => {
+                // Ready at once, it goes to the orchestrator's ready list
+                // to be placed; else the graph releases it.
+                Ok((id, ready)) => {
+                    if ready {
+                        self.orch.push_ready(id);
+                    }
                     // Only this dispatcher submits to `orch` (it holds it
                     // mutably for the run), so ids follow the run's numbers.
                     debug_assert_eq!(id, self.base + index);

@@ -943,7 +943,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // Places the arguments (unless the counting pass did) and
             // inserts them.
             let placed = (!one_pass).then_some(&*places);
-            edges = self.wire::<E, false>(id, stream, args, placed, extra_deps, Some(graph));
+            let resume = Resume {
+                from: 0,
+                first: None,
+                mark: 0,
+                count: 0,
+            };
+            edges = self.wire_rest(id, stream, args, placed, extra_deps, graph, resume);
             if graph.is_some() {
                 linked_edges = edges as u32;
             }
@@ -1065,7 +1071,15 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                     mark,
                     count,
                 };
-                count = self.wire_rest(id, args, graph, resume);
+                count = if graph.is_some() {
+                    // The release graph's runs (the runtime's own): inline,
+                    // as their tile tasks among wide ones (a round's
+                    // fan-in) come here for most submissions, where a call
+                    // cost about 100 instructions a task (BENCHMARKS.md).
+                    self.wire_from::<E, false>(id, 0, args, None, &[], Some(graph), resume)
+                } else {
+                    self.wire_rest(id, 0, args, None, &[], graph, resume)
+                };
                 break;
             }
             let writes = a.access.contains(Access::WRITE);
@@ -1114,16 +1128,23 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         (id, ready)
     }
 
-    /// The general committing pass over the arguments [`Orchestrator::commit_tiles`]
-    /// leaves (from its first argument not placed [`Place::simple`] on):
-    /// returns the producers counted, those of `resume.count` included.
-    /// Out of line: rare, and inlined it would be a second copy of the
-    /// pass in every submission.
+    /// The general committing pass ([`Orchestrator::wire_from`]), of a
+    /// whole submission ([`Orchestrator::submit_rest`]: `resume` from the
+    /// first argument, with no mark yet) or of the arguments
+    /// [`Orchestrator::commit_tiles`] leaves (from its first argument not
+    /// placed [`Place::simple`] on, in its pass). Returns the producers
+    /// counted, those of `resume.count` included. Out of line, one copy
+    /// for both: rare, and inlined it would be a second copy of the pass
+    /// in every submission.
+    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn wire_rest<const E: usize>(
         &mut self,
         id: TaskId,
+        stream: StreamId,
         args: &[TaskArg],
+        places: Option<&[Place]>,
+        extra_deps: &[TaskId],
         graph: Option<&ReleaseGraph<TASKS, E>>,
         resume: Resume,
     ) -> u64 {
@@ -1132,7 +1153,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // Marks are never 0 ([`Orchestrator::next_mark`]).
             resume.mark = self.next_mark();
         }
-        self.wire_from::<E, false>(id, 0, args, None, &[], Some(graph), resume)
+        self.tmap.begin();
+        let commit = Some(graph);
+        self.wire_from::<E, false>(id, stream, args, places, extra_deps, commit, resume)
     }
 
     /// The counting pass of a submission whose edges might not fit the

@@ -917,17 +917,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // completes (and stay empty when the release graph holds the
         // edges), `tmap_end` and
         // `edges_end` below, and `marked_by` only ever matches a pass of its own.
-        let slot = self.slot_mut(id);
-        slot.id = id;
-        slot.kernel_id = kernel.id;
-        slot.vector = kernel.kind == CoreKind::Vector;
-        slot.tag = tag;
-        slot.state = TaskState::Pending;
-        slot.fanin = 1;
-        slot.heap = heap;
-        slot.held = held;
         // Checked above: 0 or a stream number, at most `MAX_STREAMS`.
-        slot.stream = stream as u8;
+        let slot = self.open_slot(id, kernel, tag, heap, held, stream as u8);
+        slot.fanin = 1;
         let at = (id % TASKS as u64) as usize;
         let graph = linked.map(|(graph, _)| graph);
         if let Some((graph, release_tag)) = linked {
@@ -993,20 +985,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             Some((graph, _)) => Some(graph.arm(at, linked_edges)),
         };
-        // High-water marks: a pool's use grows only by what this
-        // submission took from it.
-        self.stats.used(StallReason::TaskRingFull, self.in_flight());
-        if !args.is_empty() {
-            self.stats
-                .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
-        }
-        if edges > 0 {
-            let edges_used = match linked {
-                None => self.deps.used() as u64,
-                Some(_) => self.edge_alloc - self.edge_free,
-            };
-            self.stats.used(StallReason::DepListPoolFull, edges_used);
-        }
+        self.high_water(!args.is_empty(), edges > 0, linked.is_some());
         if heap_bytes > 0 {
             self.stats.used(StallReason::HeapRingFull, self.heap.used());
         }
@@ -1039,15 +1018,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         let at = (id % TASKS as u64) as usize;
         let held = self.depth > 0;
         // As in `submit_rest`: the other fields need no reset.
-        let slot = &mut self.slots[at];
-        slot.id = id;
-        slot.kernel_id = kernel.id;
-        slot.vector = kernel.kind == CoreKind::Vector;
-        slot.tag = tag;
-        slot.state = TaskState::Pending;
-        slot.heap = HeapBlock::default();
-        slot.held = held;
-        slot.stream = 0;
+        self.open_slot(id, kernel, tag, HeapBlock::default(), held, 0);
         let graph = linked.map(|(graph, _)| graph);
         if let Some((graph, release_tag)) = linked {
             graph.open(at, release_tag);
@@ -1113,19 +1084,52 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             Some((graph, _)) => Some(graph.arm(at, count as u32)),
         };
+        self.high_water(!args.is_empty(), count > 0, linked.is_some());
+        (id, ready)
+    }
+
+    /// Writes a new task's slot (`state` pending; the other fields are as
+    /// its last task left them and need no reset, see `submit_rest`).
+    #[inline(always)]
+    fn open_slot(
+        &mut self,
+        id: TaskId,
+        kernel: KernelRef,
+        tag: u64,
+        heap: HeapBlock,
+        held: bool,
+        stream: u8,
+    ) -> &mut Slot {
+        let slot = self.slot_mut(id);
+        slot.id = id;
+        slot.kernel_id = kernel.id;
+        slot.vector = kernel.kind == CoreKind::Vector;
+        slot.tag = tag;
+        slot.state = TaskState::Pending;
+        slot.heap = heap;
+        slot.held = held;
+        slot.stream = stream;
+        slot
+    }
+
+    /// A submission's high-water marks: a pool's use grows only by what
+    /// it took from it (TensorMap entries if it `tracked` arguments,
+    /// edges if it `linked_any`, in the release graph if `graph`).
+    #[inline(always)]
+    fn high_water(&mut self, tracked: bool, linked_any: bool, graph: bool) {
         self.stats.used(StallReason::TaskRingFull, self.in_flight());
-        if !args.is_empty() {
+        if tracked {
             self.stats
                 .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
         }
-        if count > 0 {
-            let edges_used = match linked {
-                None => self.deps.used() as u64,
-                Some(_) => self.edge_alloc - self.edge_free,
+        if linked_any {
+            let edges_used = if graph {
+                self.edge_alloc - self.edge_free
+            } else {
+                self.deps.used() as u64
             };
             self.stats.used(StallReason::DepListPoolFull, edges_used);
         }
-        (id, ready)
     }
 
     /// The general committing pass ([`Orchestrator::wire_from`]), of a

@@ -294,7 +294,7 @@ fn run(seed: u64, count: usize, oracle: &mut (Sweep, SelfCheck)) -> [u64; 4] {
         o.complete(id).unwrap();
     }
     check(seed, &tasks, &start, &end, &issue_seq, &mut oracle.0);
-    stalls(o.stats())
+    stalls(&o.stats())
 }
 
 /// The oracle, task by task in program order: every task ran, after the
@@ -587,7 +587,7 @@ fn run_linked(
         .unzip();
     // A worker issues a task as it starts it.
     check(seed, &tasks, &start, &end, &start, &mut oracle.0);
-    stalls(o.stats())
+    stalls(&o.stats())
 }
 
 /// Every `EVERY` tasks, `run_linked` waits until its orchestrator drains,

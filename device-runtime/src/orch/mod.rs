@@ -431,6 +431,9 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     held: [TaskId; HELD],
     /// Release-graph edges reclaimed so far: those of retired tasks.
     edge_free: u64,
+    /// `next` when the high-water marks last took the task ring's,
+    /// TensorMap's and edges' use ([`Orchestrator::take_use`]).
+    sampled: TaskId,
 }
 
 impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASKS, TMAP, DEPS> {
@@ -469,6 +472,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             edge_alloc: 0,
             edge_free: 0,
             held: [0; HELD],
+            sampled: 0,
         }
     }
 
@@ -545,6 +549,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             edge_alloc,
             edge_free,
             held: _,
+            sampled,
         } = self;
         if deps.used() != 0 {
             deps.reset();
@@ -564,6 +569,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         streams.clear();
         *window = TASKS as u64;
         (*edge_alloc, *edge_free) = (0, 0);
+        *sampled = 0;
     }
 
     /// Limits the tasks in flight (submitted and not retired) to `tasks`,
@@ -625,8 +631,52 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     }
 
     /// Stalls and high-water marks per resource so far.
-    pub fn stats(&self) -> &StallStats {
-        &self.stats
+    pub fn stats(&self) -> StallStats {
+        let mut stats = self.stats;
+        for (reason, used) in self.use_now() {
+            stats.used(reason, used);
+        }
+        stats
+    }
+
+    /// What the task ring, the TensorMap and the edges hold now. Their
+    /// high-water marks are taken from it before they shrink
+    /// ([`Orchestrator::sample_use`]) and when they are read, not at every
+    /// submission: use grows only at submissions and shrinks only when
+    /// tasks complete or retire, so its largest value since the marks
+    /// were last taken is its value before the first shrink, and the
+    /// marks are the same as if every submission took them. Edges of both
+    /// kinds are counted (a run takes edges of one kind: the release
+    /// graph's, or the DepList pool's).
+    fn use_now(&self) -> [(StallReason, u64); 3] {
+        [
+            (StallReason::TaskRingFull, self.in_flight()),
+            (StallReason::TensorMapPoolFull, self.tmap.used() as u64),
+            (
+                StallReason::DepListPoolFull,
+                self.deps.used() as u64 + (self.edge_alloc - self.edge_free),
+            ),
+        ]
+    }
+
+    /// Takes the high-water marks of [`Orchestrator::use_now`] if a task
+    /// was submitted since they were last taken: before anything it
+    /// counts shrinks.
+    #[inline(always)]
+    fn sample_use(&mut self) {
+        if self.sampled != self.next {
+            self.take_use();
+        }
+    }
+
+    /// [`Orchestrator::sample_use`]'s work, out of line: once for a run of
+    /// submissions (the submitter's loop completes tasks in batches).
+    #[inline(never)]
+    fn take_use(&mut self) {
+        self.sampled = self.next;
+        for (reason, used) in self.use_now() {
+            self.stats.used(reason, used);
+        }
     }
 
     /// Tasks submitted and not yet retired.
@@ -985,7 +1035,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             Some((graph, _)) => Some(graph.arm(at, linked_edges)),
         };
-        self.high_water(!args.is_empty(), edges > 0, linked.is_some());
         if heap_bytes > 0 {
             self.stats.used(StallReason::HeapRingFull, self.heap.used());
         }
@@ -1084,7 +1133,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             }
             Some((graph, _)) => Some(graph.arm(at, count as u32)),
         };
-        self.high_water(!args.is_empty(), count > 0, linked.is_some());
         (id, ready)
     }
 
@@ -1110,26 +1158,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         slot.held = held;
         slot.stream = stream;
         slot
-    }
-
-    /// A submission's high-water marks: a pool's use grows only by what
-    /// it took from it (TensorMap entries if it `tracked` arguments,
-    /// edges if it `linked_any`, in the release graph if `graph`).
-    #[inline(always)]
-    fn high_water(&mut self, tracked: bool, linked_any: bool, graph: bool) {
-        self.stats.used(StallReason::TaskRingFull, self.in_flight());
-        if tracked {
-            self.stats
-                .used(StallReason::TensorMapPoolFull, self.tmap.used() as u64);
-        }
-        if linked_any {
-            let edges_used = if graph {
-                self.edge_alloc - self.edge_free
-            } else {
-                self.deps.used() as u64
-            };
-            self.stats.used(StallReason::DepListPoolFull, edges_used);
-        }
     }
 
     /// The general committing pass ([`Orchestrator::wire_from`]), of a
@@ -1499,8 +1527,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // Newest edge first, as they were linked: the pool's, then the
             // slot's.
             let mut fanout = self.slot(id).fanout;
-            while let Some(consumer) = self.deps.pop(&mut fanout) {
-                self.release(consumer);
+            if fanout != NIL {
+                // Before the pool's nodes are given back.
+                self.sample_use();
+                while let Some(consumer) = self.deps.pop(&mut fanout) {
+                    self.release(consumer);
+                }
             }
             let slot = self.slot_mut(id);
             (slot.fanout, slot.consumer) = (NIL, NO_SLOT);
@@ -1534,6 +1566,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// Retires completed tasks from the oldest on, until one is still live
     /// or held by a scope; reclaims their slots, heap and TensorMap entries.
     fn retire(&mut self) {
+        self.sample_use();
         while self.head < self.next {
             let slot = self.slot(self.head);
             if slot.state != TaskState::Completed || slot.held {

@@ -120,6 +120,69 @@ fn covered_entries_are_pruned() {
     assert_eq!(o.tmap.used(), 0, "retirement frees the rest");
 }
 
+/// The high-water marks are taken when use shrinks and when they are
+/// read (`Orchestrator::use_now`), not at every submission: they must
+/// still be the most use any submission left, as the test sees it after
+/// each one.
+#[test]
+fn high_water_marks_are_the_most_use_after_any_submission() {
+    let mut o = Orchestrator::<16, 24, 8>::new(0);
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut random = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut most = [0u64; 3];
+    for step in 0..4000 {
+        if random(3) == 0 {
+            // Complete one to three ready tasks, of either kind.
+            for _ in 0..=random(3) {
+                let kind = if random(2) == 0 {
+                    CoreKind::Vector
+                } else {
+                    CoreKind::Cube
+                };
+                if let Some(t) = o.pop_ready(kind) {
+                    o.complete(t.id).unwrap();
+                }
+            }
+        } else {
+            let args: Vec<TaskArg> = (0..=random(3))
+                .map(|_| {
+                    let (tensor, start) = (random(3) as u32, random(12) as u32);
+                    let len = 1 + random(4) as u32;
+                    if random(2) == 0 {
+                        read(tensor, start, len)
+                    } else {
+                        write(tensor, start, len)
+                    }
+                })
+                .collect();
+            let kernel = if random(2) == 0 { VEC } else { CUBE };
+            if o.submit(0, kernel, &args, 0, &[], step).is_ok() {
+                let now = [o.in_flight(), o.tmap.used() as u64, o.deps.used() as u64];
+                for (m, n) in most.iter_mut().zip(now) {
+                    *m = (*m).max(n);
+                }
+            }
+        }
+        if step % 97 == 0 || step == 3999 {
+            let stats = o.stats();
+            let marks = [
+                StallReason::TaskRingFull,
+                StallReason::TensorMapPoolFull,
+                StallReason::DepListPoolFull,
+            ]
+            .map(|r| stats.of(r).high_water);
+            assert_eq!(marks, most, "after step {step}");
+        }
+    }
+    assert_eq!(most[0], 16, "the run filled the window");
+    assert!(most[2] > 0, "the run took DepList nodes");
+}
+
 #[test]
 fn each_resource_stalls_and_recovers() {
     // Task ring: 4 slots.
@@ -134,7 +197,7 @@ fn each_resource_stalls_and_recovers() {
     assert_eq!(o.stats().current, Some(StallReason::TaskRingFull));
     run_one(&mut o);
     o.submit(25, VEC, &[write(9, 0, 1)], 0, &[], 0).unwrap();
-    let ring = o.stats().of(StallReason::TaskRingFull);
+    let ring = *o.stats().of(StallReason::TaskRingFull);
     assert_eq!(
         (
             ring.stalls,

@@ -956,7 +956,7 @@ impl<'a> Dispatcher<'a> {
     /// stalls, the orchestrator's other stalls, per-thread placements and
     /// the policy's decision.
     pub fn fill_stats(&self, stats: &mut RunStats) {
-        stats.stalls = *self.orch.stats();
+        stats.stalls = self.orch.stats();
         stats.stalls.resources[StallReason::ReadyQueueFull as usize] = self.ready_queue;
         if self.scratch.is_active() {
             // Table runs use the heap ring for scratch tensors only.

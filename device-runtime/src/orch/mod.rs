@@ -1082,11 +1082,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         };
         self.tmap.begin();
         let mut count = 0;
-        for (i, a) in args.iter().enumerate() {
+        let mut left = args;
+        while let [a, after @ ..] = left {
             let place = self.tmap.place(a.tensor, &a.region);
             if !place.simple() {
                 let resume = Resume {
-                    from: i,
+                    from: args.len() - left.len(),
                     first: Some(place),
                     mark,
                     count,
@@ -1116,6 +1117,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             self.tmap
                 .scan_push_simple(&place, a.tensor, &a.region, writes, id, &mut tiles);
             count = tiles.count;
+            left = after;
         }
         self.next += 1;
         let tmap_end = self.tmap.end();
@@ -1539,7 +1541,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // A consumer waits, so is live: its slot holds its id.
             self.release(self.slots[first as usize].id);
         }
-        self.retire();
+        // Tasks retire from the oldest on, and one that completes while
+        // an older one is live cannot be the first to retire (the oldest
+        // retired when it completed, unless a scope holds it; the scope's
+        // end retires then).
+        if id == self.head {
+            self.retire();
+        }
         Ok(())
     }
 

@@ -96,6 +96,47 @@ fn reads_do_not_order_reads() {
     assert_eq!(o.ready_count(CoreKind::Vector), 5);
 }
 
+/// Tasks retire oldest first whatever order they complete in: a task that
+/// completes before an older one waits for it, and one a scope holds
+/// retires when the scope ends.
+#[test]
+fn tasks_retire_in_order_whatever_order_they_complete_in() {
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let ids: Vec<TaskId> = (0..4)
+        .map(|i| submit(&mut o, &[write(i, 0, 1)]).unwrap())
+        .collect();
+    let ready: Vec<TaskId> = (0..4)
+        .map(|_| o.pop_ready(CoreKind::Vector).unwrap().id)
+        .collect();
+    assert_eq!(ready, ids);
+    o.complete(ids[2]).unwrap();
+    o.complete(ids[1]).unwrap();
+    assert_eq!(o.in_flight(), 4, "the oldest is still running");
+    o.complete(ids[0]).unwrap();
+    assert_eq!(o.in_flight(), 1, "the three oldest retire together");
+    o.complete(ids[3]).unwrap();
+    assert!(o.is_drained());
+
+    // A scope holds its tasks past their completion.
+    o.scope_begin("held").unwrap();
+    let held = submit(&mut o, &[write(9, 0, 1)]).unwrap();
+    o.scope_end().unwrap();
+    let after = submit(&mut o, &[write(8, 0, 1)]).unwrap();
+    o.scope_begin("again").unwrap();
+    let inner = submit(&mut o, &[write(7, 0, 1)]).unwrap();
+    for _ in 0..3 {
+        let t = o.pop_ready(CoreKind::Vector).unwrap().id;
+        assert!([held, after, inner].contains(&t));
+    }
+    o.complete(inner).unwrap();
+    o.complete(after).unwrap();
+    assert_eq!(o.in_flight(), 3, "the oldest is still running");
+    o.complete(held).unwrap();
+    assert_eq!(o.in_flight(), 1, "the scope still open holds its task");
+    o.scope_end().unwrap();
+    assert!(o.is_drained());
+}
+
 #[test]
 fn covered_entries_are_pruned() {
     let mut o = Orchestrator::<1024, 1024, 1024>::new(0);

@@ -1517,6 +1517,23 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// Task `id` finished: releases its consumers and retires what it can.
     #[inline]
     pub fn complete(&mut self, id: TaskId) -> Result<(), UsageError> {
+        self.complete_unretired(id)?;
+        // Tasks retire from the oldest on, and one that completes while
+        // an older one is live cannot be the first to retire (the oldest
+        // retired when it completed, unless a scope holds it; the scope's
+        // end retires then).
+        if id == self.head {
+            self.retire();
+        }
+        Ok(())
+    }
+
+    /// [`Orchestrator::complete`] but for the retirement, which waits for
+    /// [`Orchestrator::retire_completed`]: for a caller that takes
+    /// completions in batches, one retirement walk a batch. Until then the
+    /// tasks count as in flight.
+    #[inline]
+    pub fn complete_unretired(&mut self, id: TaskId) -> Result<(), UsageError> {
         if !self.is_running(id) {
             return Err(UsageError::NotRunning { id });
         }
@@ -1541,14 +1558,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // A consumer waits, so is live: its slot holds its id.
             self.release(self.slots[first as usize].id);
         }
-        // Tasks retire from the oldest on, and one that completes while
-        // an older one is live cannot be the first to retire (the oldest
-        // retired when it completed, unless a scope holds it; the scope's
-        // end retires then).
-        if id == self.head {
-            self.retire();
-        }
         Ok(())
+    }
+
+    /// Retires the tasks [`Orchestrator::complete_unretired`] completed
+    /// (from the oldest on, up to one still live or held by a scope).
+    pub fn retire_completed(&mut self) {
+        self.retire();
     }
 
     /// Task `id`, submitted with [`Orchestrator::submit_linked`], finished
@@ -1558,6 +1574,18 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// that has consumers or a stream successor of its own to release
     /// (they would wait for ever).
     pub fn finished(&mut self, id: TaskId) -> Result<(), UsageError> {
+        self.finished_unretired(id)?;
+        // As in `complete`: only the oldest task's completion retires.
+        if id == self.head {
+            self.retire();
+        }
+        Ok(())
+    }
+
+    /// [`Orchestrator::finished`] but for the retirement, which waits for
+    /// [`Orchestrator::retire_completed`] (one walk for a batch of
+    /// reports, as [`Orchestrator::complete_unretired`]).
+    pub fn finished_unretired(&mut self, id: TaskId) -> Result<(), UsageError> {
         if id < self.head || id >= self.next || self.slot(id).state == TaskState::Completed {
             return Err(UsageError::NotRunning { id });
         }
@@ -1567,34 +1595,43 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             return Err(UsageError::OwnerCompletes { id });
         }
         self.slot_mut(id).state = TaskState::Completed;
-        self.retire();
         Ok(())
     }
 
     /// Retires completed tasks from the oldest on, until one is still live
     /// or held by a scope; reclaims their slots, heap and TensorMap entries.
+    #[inline(always)]
     fn retire(&mut self) {
         self.sample_use();
-        while self.head < self.next {
-            let slot = self.slot(self.head);
+        let (first, next) = (self.head, self.next);
+        let mut head = first;
+        while head < next {
+            let slot = self.slot(head);
             if slot.state != TaskState::Completed || slot.held {
                 break;
             }
-            // Its positions are at most a ring's capacity behind the
-            // ring's current one (older tasks' entries are reclaimed).
-            let tmap_end = restore(self.tmap.end(), slot.tmap_end);
             let heap = slot.heap;
-            // Its release-graph edges: its producers' lists were walked
-            // before it could run, so no thread reads them any more. (None
-            // are taken without the graph: nothing to work out then.)
-            if self.edge_free != self.edge_alloc {
-                let edges_end = restore(self.edge_alloc, slot.edges_end);
-                self.edge_free = self.edge_free.max(edges_end);
-            }
-            self.tmap.release_until(tmap_end);
             self.heap.free(heap);
-            self.head += 1;
+            head += 1;
         }
+        if head == first {
+            return;
+        }
+        // The newest task retired ends the TensorMap entries and the
+        // release-graph edges reclaimed (tasks take both in order).
+        let slot = self.slot(head - 1);
+        // Its positions are at most a ring's capacity behind the ring's
+        // current one (older tasks' entries are reclaimed).
+        let tmap_end = restore(self.tmap.end(), slot.tmap_end);
+        // Its release-graph edges: its producers' lists were walked
+        // before it could run, so no thread reads them any more. (None
+        // are taken without the graph: nothing to work out then.)
+        if self.edge_free != self.edge_alloc {
+            let edges_end = restore(self.edge_alloc, slot.edges_end);
+            self.edge_free = self.edge_free.max(edges_end);
+        }
+        self.tmap.release_until(tmap_end);
+        self.head = head;
     }
 
     /// Opens a scope: the outputs of tasks submitted until its end stay alive

@@ -135,6 +135,20 @@ fn tasks_retire_in_order_whatever_order_they_complete_in() {
     assert_eq!(o.in_flight(), 1, "the scope still open holds its task");
     o.scope_end().unwrap();
     assert!(o.is_drained());
+
+    // Completed in a batch: in flight until the batch retires, and
+    // completed once only.
+    let ids: Vec<TaskId> = (0..3).map(|i| submit(&mut o, &[write(i, 0, 1)]).unwrap()).collect();
+    while let Some(t) = o.pop_ready(CoreKind::Vector) {
+        o.complete_unretired(t.id).unwrap();
+    }
+    assert_eq!(o.in_flight(), 3);
+    assert_eq!(
+        o.complete_unretired(ids[1]),
+        Err(UsageError::NotRunning { id: ids[1] })
+    );
+    o.retire_completed();
+    assert!(o.is_drained());
 }
 
 #[test]
@@ -186,8 +200,15 @@ fn high_water_marks_are_the_most_use_after_any_submission() {
                     CoreKind::Cube
                 };
                 if let Some(t) = o.pop_ready(kind) {
-                    o.complete(t.id).unwrap();
+                    if random(2) == 0 {
+                        o.complete(t.id).unwrap();
+                    } else {
+                        o.complete_unretired(t.id).unwrap();
+                    }
                 }
+            }
+            if random(2) == 0 {
+                o.retire_completed();
             }
         } else {
             let args: Vec<TaskArg> = (0..=random(3))

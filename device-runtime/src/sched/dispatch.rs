@@ -434,7 +434,7 @@ impl<'a> Dispatcher<'a> {
     /// twice) ends the run: the threads' view of the run no longer matches
     /// the orchestrator's.
     fn collect(&mut self) -> Result<bool, RunError> {
-        let mut any = false;
+        let (mut any, mut finished_any) = (false, false);
         let queues = self.queues;
         for ring in &queues.done[..self.threads] {
             while let Some(report) = ring.pop() {
@@ -451,8 +451,9 @@ impl<'a> Dispatcher<'a> {
                     why,
                 };
                 if finished {
-                    self.orch.finished(id).map_err(refused)?;
-                    self.retired = true;
+                    // Retired below, once for the reports taken.
+                    self.orch.finished_unretired(id).map_err(refused)?;
+                    finished_any = true;
                 } else if entry.slot() != self.slot_of(task) {
                     return Err(refused(UsageError::NotRunning { id }));
                 } else {
@@ -460,6 +461,10 @@ impl<'a> Dispatcher<'a> {
                     self.orch.released(id).map_err(refused)?;
                 }
             }
+        }
+        if finished_any {
+            self.orch.retire_completed();
+            self.retired = true;
         }
         Ok(any)
     }

@@ -67,6 +67,11 @@ impl HeapRing {
         self.used
     }
 
+    /// No block is live.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
     /// A block of `len` bytes after the last one, if there is room.
     pub fn alloc(&mut self, len: u64) -> Result<HeapBlock, HeapError> {
         // A length within `HEAP_ALIGN` of `u64::MAX` has no aligned length

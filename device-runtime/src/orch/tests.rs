@@ -138,7 +138,9 @@ fn tasks_retire_in_order_whatever_order_they_complete_in() {
 
     // Completed in a batch: in flight until the batch retires, and
     // completed once only.
-    let ids: Vec<TaskId> = (0..3).map(|i| submit(&mut o, &[write(i, 0, 1)]).unwrap()).collect();
+    let ids: Vec<TaskId> = (0..3)
+        .map(|i| submit(&mut o, &[write(i, 0, 1)]).unwrap())
+        .collect();
     while let Some(t) = o.pop_ready(CoreKind::Vector) {
         o.complete_unretired(t.id).unwrap();
     }

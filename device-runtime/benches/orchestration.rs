@@ -45,7 +45,9 @@ fn tile(tensor: u32, row: u32, col: u32, access: Access) -> TaskArg {
 }
 
 /// Submits every task; when submission stalls, or every `batch` tasks,
-/// completes what is ready (a device that finishes kernels instantly).
+/// completes what is ready (a device that finishes kernels instantly),
+/// as the dispatcher takes its threads' reports: each task completed,
+/// then one retirement for them all.
 fn drive(o: &mut Orch, batch: usize, args: &[[TaskArg; 3]], nargs: usize) {
     let complete_ready = |o: &mut Orch| {
         while let Some(t) = o.pop_ready(CoreKind::Cube) {

@@ -2149,7 +2149,9 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Tiles<'_
             }
             None => {
                 let at = (self.id % TASKS as u64) as usize;
-                if linked(producer, self.deps, self.id, at) {
+                // Before this pass's first edge no producer is linked to
+                // the task yet (`count` counts the general pass's too).
+                if self.count > 0 && linked(producer, self.deps, self.id, at) {
                     return;
                 }
                 link(producer, self.deps, self.id, at);

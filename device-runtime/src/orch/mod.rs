@@ -1413,9 +1413,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         if slot.fanin > 0 {
             return;
         }
-        slot.state = TaskState::Ready;
-        let kind = slot.kernel().kind as usize;
-        self.ready[kind].push(at % TASKS);
+        self.ready_at(at);
     }
 
     /// Task `id`, submitted with [`Orchestrator::submit_linked`], was
@@ -1434,10 +1432,16 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// for the dispatcher, a task [`Orchestrator::submit_linked`] found
     /// ready at once.
     pub(crate) fn push_ready(&mut self, id: TaskId) {
-        let slot = self.slot_mut(id);
+        self.ready_at((id % TASKS as u64) as usize);
+    }
+
+    /// [`Orchestrator::push_ready`] of the task in slot `at`.
+    #[inline(always)]
+    fn ready_at(&mut self, at: usize) {
+        let slot = &mut self.slots[at % TASKS];
         slot.state = TaskState::Ready;
         let kind = slot.kernel().kind as usize;
-        self.ready[kind].push((id % TASKS as u64) as usize);
+        self.ready[kind].push(at % TASKS);
     }
 
     /// The oldest ready task for `kind` cores, now running.

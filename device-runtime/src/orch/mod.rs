@@ -294,8 +294,6 @@ struct Slot {
     state: TaskState,
     /// Its kernel runs on vector cores (else cube cores).
     vector: bool,
-    /// An open scope keeps the task from retiring.
-    held: bool,
     /// Its stream (0: none; at most [`MAX_STREAMS`](crate::abi::MAX_STREAMS)).
     stream: u8,
 }
@@ -343,52 +341,60 @@ const FREE_SLOT: Slot = Slot {
     consumer: NO_SLOT,
     state: TaskState::Completed,
     vector: true,
-    held: false,
     stream: 0,
 };
 
-/// The ready tasks of one core kind, oldest first: their slots in a ring
-/// of `TASKS` (a task is in at most one ready list, and at most `TASKS`
-/// are live, so the ring cannot overflow). A ring rather than a list
-/// linked through the slots: a push is a store and a bump, a pop a load
-/// and a bump, with no slot touched but to read the popped task's id
-/// (2 bytes a task of the window per kind).
-struct ReadyRing<const TASKS: usize> {
-    slots: [u16; TASKS],
-    /// Pops so far (the oldest ready task is at `head % TASKS`).
-    head: u32,
+/// The ready tasks of each core kind (index: [`CoreKind`] as a number),
+/// oldest first: their slots in a ring of `TASKS` per kind (a task is in
+/// at most one ready list, and at most `TASKS` are live, so a ring cannot
+/// overflow). A ring rather than a list linked through the slots: a push
+/// is a store and a bump, a pop a load and a bump, with no slot touched
+/// but to read the popped task's id (2 bytes a task of the window per
+/// kind). The kinds' counters sit in arrays of their own, so that a kind
+/// known only at run time indexes them by scaling, not by the size of a
+/// whole ring.
+struct ReadyRings<const TASKS: usize> {
+    slots: [[u16; TASKS]; 2],
+    /// Pops so far (the oldest ready task of kind `k` is at
+    /// `head[k] % TASKS`).
+    head: [u32; 2],
     /// Pushes so far.
-    tail: u32,
+    tail: [u32; 2],
 }
 
-impl<const TASKS: usize> ReadyRing<TASKS> {
-    const EMPTY: Self = ReadyRing {
-        slots: [0; TASKS],
-        head: 0,
-        tail: 0,
+impl<const TASKS: usize> ReadyRings<TASKS> {
+    const EMPTY: Self = ReadyRings {
+        slots: [[0; TASKS]; 2],
+        head: [0; 2],
+        tail: [0; 2],
     };
 
-    /// Tasks in the ring.
+    /// Tasks in the ring of kind `kind`.
     #[inline(always)]
-    fn len(&self) -> u64 {
-        self.tail.wrapping_sub(self.head) as u64
+    fn len(&self, kind: usize) -> u64 {
+        self.tail[kind % 2].wrapping_sub(self.head[kind % 2]) as u64
     }
 
     #[inline(always)]
-    fn push(&mut self, slot: usize) {
-        debug_assert!(self.len() < TASKS as u64, "at most TASKS tasks are live");
-        self.slots[self.tail as usize % TASKS] = slot as u16;
-        self.tail = self.tail.wrapping_add(1);
+    fn push(&mut self, kind: usize, slot: usize) {
+        debug_assert!(
+            self.len(kind) < TASKS as u64,
+            "at most TASKS tasks are live"
+        );
+        let tail = &mut self.tail[kind % 2];
+        self.slots[kind % 2][*tail as usize % TASKS] = slot as u16;
+        *tail = tail.wrapping_add(1);
     }
 
-    /// The oldest task's slot.
+    /// The oldest task's slot of kind `kind`.
     #[inline(always)]
-    fn pop(&mut self) -> Option<usize> {
-        if self.head == self.tail {
+    fn pop(&mut self, kind: usize) -> Option<usize> {
+        let head = &mut self.head[kind % 2];
+        if *head == self.tail[kind % 2] {
             return None;
         }
-        let slot = self.slots[self.head as usize % TASKS] as usize;
-        self.head = self.head.wrapping_add(1);
+        let slot = self.slots[kind % 2][*head as usize % TASKS] as usize;
+        *head = head.wrapping_add(1);
         Some(slot)
     }
 }
@@ -410,9 +416,15 @@ pub struct Orchestrator<const TASKS: usize, const TMAP: usize, const DEPS: usize
     tmap: TensorMap<TMAP>,
     deps: DepPool<DEPS>,
     heap: HeapRing,
-    ready: [ReadyRing<TASKS>; 2],
+    ready: ReadyRings<TASKS>,
     scopes: [Scope; MAX_SCOPE_DEPTH],
     depth: usize,
+    /// The first task the outermost open scope holds ([`NONE`] while no
+    /// scope is open): the tasks held are exactly those from it on, since
+    /// every task submitted inside the outermost scope is held until that
+    /// scope ends, and an inner scope's end holds its tasks on for the
+    /// enclosing one. Retirement stops at it; a slot needs no flag.
+    held_from: TaskId,
     stats: StallStats,
     /// Counts dependency passes; each pass marks producers with its
     /// number's low 32 bits ([`Orchestrator::next_mark`]).
@@ -461,9 +473,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             tmap: TensorMap::new(),
             deps: DepPool::new(),
             heap: HeapRing::new(heap_bytes),
-            ready: [ReadyRing::EMPTY, ReadyRing::EMPTY],
+            ready: ReadyRings::EMPTY,
             scopes: [Scope { name: "", first: 0 }; MAX_SCOPE_DEPTH],
             depth: 0,
+            held_from: NONE,
             stats: StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0, 0, 0]),
             pass: 0,
             found: [0; FOUND],
@@ -526,9 +539,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             slot.fanout = NIL;
             slot.consumer = NO_SLOT;
             slot.stream_next = NO_SLOT;
-            // Retired tasks are never held: a scope left open holds none
-            // after the reset (`check_progress` reads the next id's slot).
-            slot.held = false;
         }
         // Every field, so that a new one cannot be forgotten here.
         let Orchestrator {
@@ -541,6 +551,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             ready,
             scopes: _,
             depth,
+            held_from,
             stats,
             pass: _,
             found: _,
@@ -560,11 +571,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         // given (its ring keeps it rounded down to the alignment).
         let heap_bytes = stats.of(StallReason::HeapRingFull).capacity;
         *heap = HeapRing::new(heap_bytes);
-        for ring in ready.iter_mut() {
-            (ring.head, ring.tail) = (0, 0);
-        }
+        (ready.head, ready.tail) = ([0; 2], [0; 2]);
         // Scopes above the depth are never read.
         *depth = 0;
+        *held_from = NONE;
         *stats = StallStats::new([TASKS as u64, TMAP as u64, DEPS as u64, heap_bytes, 0, 0, 0]);
         streams.clear();
         *window = TASKS as u64;
@@ -696,12 +706,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
     /// Tasks ready to run on `kind` cores.
     pub fn ready_count(&self, kind: CoreKind) -> u64 {
-        self.ready[kind as usize].len()
+        self.ready.len(kind as usize)
     }
 
     /// Whether a task is ready to run on cores of either kind.
     pub fn has_ready(&self) -> bool {
-        self.ready[0].len() | self.ready[1].len() != 0
+        self.ready.len(0) | self.ready.len(1) != 0
     }
 
     fn slot(&self, id: TaskId) -> &Slot {
@@ -961,14 +971,13 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
 
         // Commit: the slot, the edges from live producers, the TensorMap entries.
         self.stats.end(now);
-        let held = self.depth > 0;
         // The slot's other fields are as its last task left them and need
         // no reset: `fanout` and `stream_next` are emptied when a task
         // completes (and stay empty when the release graph holds the
         // edges), `tmap_end` and
         // `edges_end` below, and `marked_by` only ever matches a pass of its own.
         // Checked above: 0 or a stream number, at most `MAX_STREAMS`.
-        let slot = self.open_slot(id, kernel, tag, heap, held, stream as u8);
+        let slot = self.open_slot(id, kernel, tag, heap, stream as u8);
         slot.fanin = 1;
         let at = (id % TASKS as u64) as usize;
         let graph = linked.map(|(graph, _)| graph);
@@ -1065,9 +1074,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     ) -> (TaskId, Option<bool>) {
         self.stats.end(now);
         let at = (id % TASKS as u64) as usize;
-        let held = self.depth > 0;
         // As in `submit_rest`: the other fields need no reset.
-        self.open_slot(id, kernel, tag, HeapBlock::default(), held, 0);
+        self.open_slot(id, kernel, tag, HeapBlock::default(), 0);
         let graph = linked.map(|(graph, _)| graph);
         if let Some((graph, release_tag)) = linked {
             graph.open(at, release_tag);
@@ -1147,7 +1155,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         kernel: KernelRef,
         tag: u64,
         heap: HeapBlock,
-        held: bool,
         stream: u8,
     ) -> &mut Slot {
         let slot = self.slot_mut(id);
@@ -1157,7 +1164,6 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         slot.tag = tag;
         slot.state = TaskState::Pending;
         slot.heap = heap;
-        slot.held = held;
         slot.stream = stream;
         slot
     }
@@ -1244,7 +1250,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// oldest task retires; if an open scope holds it, nothing can retire
     /// before the scope ends, which cannot happen while submission waits.
     fn stall_or_scope<T>(&mut self, reason: StallReason, now: u64) -> Result<T, SubmitError> {
-        if self.head < self.next && self.slot(self.head).held {
+        if self.head < self.next && self.held(self.head) {
             self.stats.stalled(reason, now);
             return Err(SubmitError::Deadlock(self.scope_deadlock(reason)));
         }
@@ -1441,12 +1447,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         let slot = &mut self.slots[at % TASKS];
         slot.state = TaskState::Ready;
         let kind = slot.kernel().kind as usize;
-        self.ready[kind].push(at % TASKS);
+        self.ready.push(kind, at % TASKS);
     }
 
     /// The oldest ready task for `kind` cores, now running.
     pub fn pop_ready(&mut self, kind: CoreKind) -> Option<ReadyTask> {
-        let at = self.ready[kind as usize].pop()?;
+        let at = self.ready.pop(kind as usize)?;
         // A ready task is live: its slot holds its id.
         let slot = &mut self.slots[at % TASKS];
         let id = slot.id;
@@ -1472,6 +1478,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Ok(())
     }
 
+    /// Whether an open scope keeps task `id` (submitted) from retiring.
+    fn held(&self, id: TaskId) -> bool {
+        id >= self.held_from
+    }
+
     /// Handed out and not completed (issued or not). As in [`live`], the
     /// slot tells: it holds `id` only if `id` was submitted, and not if it
     /// retired unless it completed.
@@ -1483,8 +1494,10 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// Lets the task held back behind `id` on its stream go.
     #[inline(always)]
     fn release_stream_next(&mut self, id: TaskId) {
-        let next = core::mem::replace(&mut self.slot_mut(id).stream_next, NO_SLOT);
+        // Most tasks have none: then nothing is written.
+        let next = self.slot(id).stream_next;
         if next != NO_SLOT {
+            self.slot_mut(id).stream_next = NO_SLOT;
             // Held back, so live: its slot is its own.
             self.release_at(next as usize);
         }
@@ -1564,9 +1577,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 while let Some(consumer) = self.deps.pop(&mut fanout) {
                     self.release(consumer);
                 }
+                self.slot_mut(id).fanout = NIL;
             }
-            let slot = self.slot_mut(id);
-            (slot.fanout, slot.consumer) = (NIL, NO_SLOT);
+            self.slot_mut(id).consumer = NO_SLOT;
             // A consumer waits, so is live: its slot is its own.
             self.release_at(first as usize);
         }
@@ -1615,14 +1628,22 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     #[inline(always)]
     fn retire(&mut self) {
         self.sample_use();
-        let (first, next) = (self.head, self.next);
+        // Up to the first task a scope holds, if one is open.
+        let (first, end) = (self.head, self.next.min(self.held_from));
         let mut head = first;
-        while head < next {
-            let slot = self.slot(head);
-            if slot.state != TaskState::Completed || slot.held {
-                break;
+        // In runs of slots that do not wrap round the ring: a pointer
+        // walk, with no index to reduce a task.
+        while head < end {
+            let at = (head % TASKS as u64) as usize;
+            let run = ((end - head) as usize).min(TASKS - at);
+            let slots = &self.slots[at..at + run];
+            match slots.iter().position(|s| s.state != TaskState::Completed) {
+                Some(done) => {
+                    head += done as u64;
+                    break;
+                }
+                None => head += run as u64,
             }
-            head += 1;
         }
         if head == first {
             return;
@@ -1663,6 +1684,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             name,
             first: self.next,
         };
+        if self.depth == 0 {
+            self.held_from = self.next;
+        }
         self.depth += 1;
         Ok(())
     }
@@ -1673,13 +1697,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             return Err(UsageError::NoOpenScope);
         }
         self.depth -= 1;
-        let first = self.scopes[self.depth].first.max(self.head);
-        // Tasks of an enclosing scope stay held by it.
-        let still_held = self.depth > 0;
-        for id in first..self.next {
-            self.slot_mut(id).held = still_held;
+        // Tasks of an enclosing scope stay held by it (`held_from`).
+        if self.depth == 0 {
+            self.held_from = NONE;
+            self.retire();
         }
-        self.retire();
         Ok(())
     }
 
@@ -1696,12 +1718,12 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         if running > 0 {
             return Ok(());
         }
-        let runnable = |k: CoreKind| has_cores[k as usize] && self.ready[k as usize].len() > 0;
+        let runnable = |k: CoreKind| has_cores[k as usize] && self.ready.len(k as usize) > 0;
         if runnable(CoreKind::Cube) || runnable(CoreKind::Vector) {
             return Ok(());
         }
         for kind in [CoreKind::Cube, CoreKind::Vector] {
-            if self.ready[kind as usize].len() > 0 {
+            if self.ready.len(kind as usize) > 0 {
                 return Err(self.report(DeadlockCause::NoCoreForKind { kind }));
             }
         }
@@ -1711,7 +1733,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 reason @ (StallReason::TaskRingFull
                 | StallReason::TensorMapPoolFull
                 | StallReason::HeapRingFull),
-            ) if self.slot(self.head).held => Err(self.report(self.scope_deadlock(reason))),
+            ) if self.held(self.head) => Err(self.report(self.scope_deadlock(reason))),
             // Nothing in flight: every resource is free (requests larger than
             // a resource were refused as deadlocks), so a retry succeeds. The
             // stall is stale, e.g. a scope ended after it and retired the rest.
@@ -1748,7 +1770,7 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 reason @ (StallReason::TaskRingFull
                 | StallReason::TensorMapPoolFull
                 | StallReason::HeapRingFull),
-            ) if self.head < self.next && self.slot(self.head).held => {
+            ) if self.head < self.next && self.held(self.head) => {
                 Err(report(self.scope_deadlock(reason)))
             }
             Some(_) if self.is_drained() => Ok(()),

@@ -1088,7 +1088,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         } else {
             0
         };
-        self.tmap.begin();
+        // Committing scans unlink what they cover at once and remember
+        // nothing for `cover_pending`: no `tmap.begin()` here.
         let mut count = 0;
         let mut left = args;
         while let [a, after @ ..] = left {
@@ -1193,7 +1194,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             // Marks are never 0 ([`Orchestrator::next_mark`]).
             resume.mark = self.next_mark();
         }
-        self.tmap.begin();
+        // Committing: nothing remembered for `cover_pending` (as in
+        // `commit_tiles`).
         let commit = Some(graph);
         self.wire_from::<E, false>(id, stream, args, places, extra_deps, commit, resume)
     }

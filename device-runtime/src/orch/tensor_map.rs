@@ -882,7 +882,10 @@ impl<const N: usize> TensorMap<N> {
         self.tail = end;
     }
 
-    /// Starts a submission's scans: forgets covered entries of earlier ones.
+    /// Starts a submission's counting scans (`mark_now` false): forgets the
+    /// covered entries earlier ones remembered for
+    /// [`TensorMap::cover_pending`]. Committing scans remember none and
+    /// need no `begin`.
     pub fn begin(&mut self) {
         self.pending_len = 0;
     }

@@ -1093,8 +1093,15 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         let mut count = 0;
         let mut left = args;
         while let [a, after @ ..] = left {
-            let place = self.tmap.place(a.tensor, &a.region);
-            if !place.simple() {
+            // The commonest argument first, by a place whose flags are
+            // constants in the scan and insert inlined for it: a second
+            // copy of them, specialized, about 20 instructions an
+            // argument fewer (BENCHMARKS.md, twenty-second pass).
+            let (place, exact) = match self.tmap.place_exact(a.tensor, &a.region) {
+                Some(place) => (place, true),
+                None => (self.tmap.place(a.tensor, &a.region), false),
+            };
+            if !exact && !place.simple() {
                 let resume = Resume {
                     from: args.len() - left.len(),
                     first: Some(place),
@@ -1112,20 +1119,11 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 };
                 break;
             }
-            let writes = a.access.contains(Access::WRITE);
-            let mut tiles = Tiles::<TASKS, DEPS, E> {
-                slots: &mut self.slots,
-                deps: &mut self.deps,
-                next: self.next,
-                id,
-                mark,
-                graph,
-                edge_alloc: &mut self.edge_alloc,
-                count,
+            count = if exact {
+                self.commit_simple::<E, true>(&place, a, id, mark, graph, count)
+            } else {
+                self.commit_simple::<E, false>(&place, a, id, mark, graph, count)
             };
-            self.tmap
-                .scan_push_simple(&place, a.tensor, &a.region, writes, id, &mut tiles);
-            count = tiles.count;
             left = after;
         }
         self.next += 1;
@@ -1145,6 +1143,38 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             Some((graph, _)) => Some(graph.arm(at, count as u32)),
         };
         (id, ready)
+    }
+
+    /// [`Orchestrator::commit_tiles`]'s scan and insert of an argument
+    /// placed [`Place::simple`], in the pass of `mark` whose `count`
+    /// producers so far it goes on counting; returns the new count.
+    /// `EXACT`: the place is [`TensorMap::place_exact`]'s, whose flags
+    /// this copy takes as constants (it folds their tests).
+    #[inline(always)]
+    fn commit_simple<const E: usize, const EXACT: bool>(
+        &mut self,
+        place: &Place,
+        a: &TaskArg,
+        id: TaskId,
+        mark: u32,
+        graph: Option<&ReleaseGraph<TASKS, E>>,
+        count: u64,
+    ) -> u64 {
+        let place = &if EXACT { place.exact_simple() } else { *place };
+        let writes = a.access.contains(Access::WRITE);
+        let mut tiles = Tiles::<TASKS, DEPS, E> {
+            slots: &mut self.slots,
+            deps: &mut self.deps,
+            next: self.next,
+            id,
+            mark,
+            graph,
+            edge_alloc: &mut self.edge_alloc,
+            count,
+        };
+        self.tmap
+            .scan_push_simple(place, a.tensor, &a.region, writes, id, &mut tiles);
+        tiles.count
     }
 
     /// Writes a new task's slot (`state` pending; the other fields are as

@@ -149,6 +149,10 @@ impl TensorPlan {
         row_stride: 0,
     };
 
+    /// Out of line and cold: a cache miss is rare, and the hit path then
+    /// reads the plan's fields where they are, as memory operands.
+    #[cold]
+    #[inline(never)]
     fn of(index: u32, tensor: &TensorDesc, arena_base: u64) -> TensorPlan {
         let dtype = tensor.dtype.get();
         let elem = dtype_size(dtype).unwrap_or(0);

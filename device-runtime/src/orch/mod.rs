@@ -1518,7 +1518,8 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
         Ok(())
     }
 
-    /// Whether an open scope keeps task `id` (submitted) from retiring.
+    /// Whether an open scope keeps task `id` (submitted, so below `next`:
+    /// the test alone would call any later id held too) from retiring.
     fn held(&self, id: TaskId) -> bool {
         id >= self.held_from
     }
@@ -1773,7 +1774,9 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                 reason @ (StallReason::TaskRingFull
                 | StallReason::TensorMapPoolFull
                 | StallReason::HeapRingFull),
-            ) if self.held(self.head) => Err(self.report(self.scope_deadlock(reason))),
+            ) if self.head < self.next && self.held(self.head) => {
+                Err(self.report(self.scope_deadlock(reason)))
+            }
             // Nothing in flight: every resource is free (requests larger than
             // a resource were refused as deadlocks), so a retry succeeds. The
             // stall is stale, e.g. a scope ended after it and retired the rest.

@@ -700,8 +700,8 @@ impl<const N: usize> TensorMap<N> {
     /// one cell of a slot with no wide, crossing or previous-shape entry
     /// live: its place, [`Place::simple`] and [`Place::exact`] (as a
     /// constant, so that the caller's scan and insert fold the flags'
-    /// tests away). `None` for any other region, which `place` then
-    /// places (this one's bookkeeping, as `place`'s, may be done twice).
+    /// tests away), with `place`'s bookkeeping. `None`, changing nothing,
+    /// for any other region, which `place` then places.
     #[inline(always)]
     pub fn place_exact(&mut self, tensor: u32, region: &Region) -> Option<Place> {
         let slot = tensor as usize % SHAPES;

@@ -1329,6 +1329,29 @@ fn set_window_tells_out_of_range_from_tasks_in_flight() {
         .contains("1 to 4"));
 }
 
+/// A stall that went stale before a scope opened is no deadlock: with
+/// nothing in flight the scope holds no task, and a retry succeeds.
+#[test]
+fn a_scope_opened_after_a_stale_stall_is_no_deadlock() {
+    let mut o = Small::new(0);
+    o.set_window(1).unwrap();
+    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(0));
+    assert_eq!(
+        submit(&mut o, &[write(1, 0, 4)]),
+        Err(SubmitError::Stall(StallReason::TaskRingFull))
+    );
+    assert_eq!(run_one(&mut o), 0);
+    assert!(o.is_drained());
+    o.scope_begin("after").unwrap();
+    assert_eq!(
+        o.check_progress(0, [true, true]).map_err(|r| r.cause),
+        Ok(()),
+        "the open scope holds nothing"
+    );
+    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(1));
+    o.scope_end().unwrap();
+}
+
 /// A scope left open with tasks in it does not outlive a reset: once the
 /// next run drains after a stall, there is no deadlock to report.
 #[test]

@@ -1329,19 +1329,26 @@ fn set_window_tells_out_of_range_from_tasks_in_flight() {
         .contains("1 to 4"));
 }
 
+/// Leaves `o` (fresh or reset) drained after a stall that went stale: a
+/// window of one task, so the second submission stalls, then the first
+/// completes.
+fn stall_then_drain(o: &mut Small) {
+    o.set_window(1).unwrap();
+    assert_eq!(submit(o, &[write(1, 0, 4)]), Ok(0));
+    assert_eq!(
+        submit(o, &[write(1, 0, 4)]),
+        Err(SubmitError::Stall(StallReason::TaskRingFull))
+    );
+    assert_eq!(run_one(o), 0);
+    assert!(o.is_drained());
+}
+
 /// A stall that went stale before a scope opened is no deadlock: with
 /// nothing in flight the scope holds no task, and a retry succeeds.
 #[test]
 fn a_scope_opened_after_a_stale_stall_is_no_deadlock() {
     let mut o = Small::new(0);
-    o.set_window(1).unwrap();
-    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(0));
-    assert_eq!(
-        submit(&mut o, &[write(1, 0, 4)]),
-        Err(SubmitError::Stall(StallReason::TaskRingFull))
-    );
-    assert_eq!(run_one(&mut o), 0);
-    assert!(o.is_drained());
+    stall_then_drain(&mut o);
     o.scope_begin("after").unwrap();
     assert_eq!(
         o.check_progress(0, [true, true]).map_err(|r| r.cause),
@@ -1362,15 +1369,7 @@ fn a_reset_forgets_the_scope_its_tasks_were_in() {
         submit(&mut o, &[write(1, 0, 4)]).unwrap();
     }
     o.reset();
-    // A window of one task: the second submission stalls, the first completes.
-    o.set_window(1).unwrap();
-    assert_eq!(submit(&mut o, &[write(1, 0, 4)]), Ok(0));
-    assert_eq!(
-        submit(&mut o, &[write(1, 0, 4)]),
-        Err(SubmitError::Stall(StallReason::TaskRingFull))
-    );
-    assert_eq!(run_one(&mut o), 0);
-    assert!(o.is_drained());
+    stall_then_drain(&mut o);
     assert_eq!(
         o.check_progress(0, [true, true]).map_err(|r| r.cause),
         Ok(()),

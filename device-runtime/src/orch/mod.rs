@@ -315,6 +315,12 @@ impl Slot {
 
 const NONE: TaskId = u64::MAX;
 
+/// The share of the task window that a stalled submission waits to be
+/// free before it is tried again ([`Orchestrator::retry_now`]): a 64th,
+/// 64 tasks of the default window of 4,096 (under 2% of the lookahead);
+/// none below a window of 64.
+pub const REFILL_SHARE: u64 = 64;
+
 /// No slot ([`Slot::stream_next`], [`Slot::consumer`]): slot indices are
 /// below `TASKS`, at most 2^15.
 const NO_SLOT: u16 = u16::MAX;
@@ -615,6 +621,25 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
     /// The task window ([`Orchestrator::set_window`]).
     pub fn window(&self) -> u64 {
         self.window
+    }
+
+    /// Whether a submitter whose task stalled should try it again now:
+    /// once a [`REFILL_SHARE`]th of the window is free, rather than after
+    /// every retirement; always while a scope is open (its held tasks may
+    /// never make that much room, and the retry is what reports a scope
+    /// deadlock).
+    ///
+    /// Retried after every retirement, a window that stays full (the
+    /// submitter ahead of the cores) takes one task a round and stalls on
+    /// the next, every time: a stall's bookkeeping and a round's for each
+    /// task. Waiting for a share of the window takes that many tasks a
+    /// round, with one stall (`BENCHMARKS.md`, twenty-third pass: on one
+    /// scheduler thread, 83 instructions a task fewer on the scheduling
+    /// bench's chain, 21 on its independent tasks).
+    #[inline]
+    pub fn retry_now(&self) -> bool {
+        let refill = self.window / REFILL_SHARE;
+        self.in_flight() + refill <= self.window || self.held_from != NONE
     }
 
     /// Whether a submission now would stall on a full task window (and,

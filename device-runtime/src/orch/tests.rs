@@ -1443,3 +1443,53 @@ fn a_producer_met_through_two_arguments_gets_one_edge() {
     }
     assert!(o.is_drained());
 }
+
+/// A submission that stalled is tried again once a [`REFILL_SHARE`]th of
+/// the window is free (4 tasks of a window of 256), not after each
+/// retirement; while a scope is open, after every one (the retry is what
+/// reports a scope that outgrew the window). Below `REFILL_SHARE` tasks a
+/// window has no share to wait for: the retirement a stalled submitter
+/// waits for anyway is enough.
+#[test]
+fn a_stalled_submission_waits_for_a_share_of_the_window() {
+    type Orch = Orchestrator<256, 512, 512>;
+    let fill = |o: &mut Orch, from: u32| {
+        for i in from..256 {
+            assert!(submit(o, &[write(1, 4 * i, 4)]).is_ok());
+        }
+        assert_eq!(
+            submit(o, &[write(1, 0, 4)]),
+            Err(SubmitError::Stall(StallReason::TaskRingFull))
+        );
+    };
+    let mut o = Orch::new(0);
+    fill(&mut o, 0);
+    assert!(!o.retry_now(), "the window is full");
+    for free in 1..4 {
+        run_one(&mut o);
+        assert!(!o.retry_now(), "{free} of 256 free: below a 64th");
+    }
+    run_one(&mut o);
+    assert!(o.retry_now(), "4 of 256 free");
+
+    // The last 56 tasks in a scope: the window is full, and the first 200
+    // can retire.
+    let mut o = Orch::new(0);
+    for i in 0..200 {
+        assert!(submit(&mut o, &[write(1, 4 * i, 4)]).is_ok());
+    }
+    o.scope_begin("last").unwrap();
+    fill(&mut o, 200);
+    assert!(o.retry_now(), "an open scope retries");
+    run_one(&mut o);
+    assert!(o.retry_now(), "1 of 256 free, in a scope");
+
+    let mut o = Orch::new(0);
+    o.set_window(63).unwrap();
+    for i in 0..63 {
+        assert!(submit(&mut o, &[write(1, 4 * i, 4)]).is_ok());
+    }
+    // No share to wait for: the retirement the submitter waits for anyway
+    // is enough.
+    assert!(o.retry_now(), "a window of 63 waits for no share");
+}

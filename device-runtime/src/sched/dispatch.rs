@@ -557,8 +557,9 @@ impl<'a> Dispatcher<'a> {
     /// [`SUBMIT_BATCH`] went in (the round then places them: see there).
     fn submit(&mut self, now: u64) -> Result<bool, RunError> {
         // A stalled submission waits for room, which only a retirement
-        // makes: no retry (a whole submission's checks) before one.
-        if self.pending && !core::mem::take(&mut self.retired) {
+        // makes: no retry (a whole submission's checks) before one, and
+        // none before a share of the window is free (see `retry_now`).
+        if self.pending && (!core::mem::take(&mut self.retired) || !self.orch.retry_now()) {
             return Ok(false);
         }
         let mut submitted = false;

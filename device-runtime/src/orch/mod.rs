@@ -1133,7 +1133,15 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
                     mark,
                     count,
                 };
-                count = if graph.is_some() {
+                count = if graph.is_some() && place.tile_beside_wide() {
+                    // The release graph's runs only, inline as the general
+                    // pass below: without the graph (a constant in
+                    // `submit`) this folds away, and the owner-completes
+                    // path stays as it was (a third pass in its loop cost
+                    // the orchestration bench 2 to 21 instructions a task
+                    // in registers, inline or not).
+                    self.commit_beside_wide_from(id, args, graph, resume)
+                } else if graph.is_some() {
                     // The release graph's runs (the runtime's own): inline,
                     // as their tile tasks among wide ones (a round's
                     // fan-in) come here for most submissions, where a call
@@ -1208,6 +1216,86 @@ impl<const TASKS: usize, const TMAP: usize, const DEPS: usize> Orchestrator<TASK
             (false, _) => tmap.scan_push_simple(place, tensor, region, writes, id, &mut tiles),
         }
         tiles.count
+    }
+
+    /// The rest of [`Orchestrator::commit_tiles`] from `resume.from`,
+    /// whose place is [`Place::tile_beside_wide`]: a tile of one cell
+    /// while some wide entry of its tensor is live (the tiles of a round
+    /// after a whole-tensor task). Such arguments and simple ones commit
+    /// with lean passes ([`BesideWide`], [`Tiles`]) instead of the general
+    /// one's (40 instructions a task fewer on the scheduling bench's
+    /// fan-out/fan-in on one thread, `BENCHMARKS.md`, twenty-third pass);
+    /// the first of any other kind hands the rest to the general pass.
+    #[inline(always)]
+    fn commit_beside_wide_from<const E: usize>(
+        &mut self,
+        id: TaskId,
+        args: &[TaskArg],
+        graph: Option<&ReleaseGraph<TASKS, E>>,
+        resume: Resume,
+    ) -> u64 {
+        let Resume {
+            from,
+            mut first,
+            mark,
+            mut count,
+        } = resume;
+        for (i, a) in args.iter().enumerate().skip(from) {
+            let place = match first.take() {
+                Some(place) => place,
+                None => self.tmap.place(a.tensor, &a.region),
+            };
+            count = if place.simple() {
+                self.commit_simple::<E, false>(&place, a, id, mark, graph, count)
+            } else if place.tile_beside_wide() {
+                self.commit_beside_wide(&place, a, id, mark, graph, count)
+            } else {
+                let first = Some(place);
+                let resume = Resume {
+                    from: i,
+                    first,
+                    mark,
+                    count,
+                };
+                return self.wire_rest(id, 0, args, None, &[], graph, resume);
+            };
+        }
+        count
+    }
+
+    /// The scan and insert of an argument placed
+    /// [`Place::tile_beside_wide`], with the [`BesideWide`] pass in the
+    /// pass of `mark` whose `count` producers so far it goes on counting;
+    /// returns the new count.
+    #[inline(always)]
+    fn commit_beside_wide<const E: usize>(
+        &mut self,
+        place: &Place,
+        a: &TaskArg,
+        id: TaskId,
+        mark: u32,
+        graph: Option<&ReleaseGraph<TASKS, E>>,
+        count: u64,
+    ) -> u64 {
+        let writes = a.access.contains(Access::WRITE);
+        let mut pass = BesideWide {
+            tiles: Tiles::<TASKS, DEPS, E> {
+                slots: &mut self.slots,
+                deps: &mut self.deps,
+                next: self.next,
+                id,
+                mark,
+                graph,
+                edge_alloc: &mut self.edge_alloc,
+                count,
+            },
+            held: None,
+            reader: 0,
+            cutoff: 0,
+        };
+        self.tmap
+            .scan_push(place, a.tensor, &a.region, writes, id, &mut pass);
+        pass.end_argument()
     }
 
     /// Writes a new task's slot (`state` pending; the other fields are as
@@ -2252,6 +2340,73 @@ impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor for Tiles<'_
                 self.count += 1;
             }
         }
+    }
+}
+
+/// The dependency pass of [`Orchestrator::commit_beside_wide`]: [`Tiles`]
+/// for a tile whose scan is its home bucket, then the wide bucket. A
+/// writer that the home bucket holds may have been ordered before a
+/// whole-region reader that the wide bucket holds (the tile's previous
+/// writer before the last whole-tensor read, in rounds of tiles and a
+/// fan-in): so it holds the first writer conflict until the argument's
+/// end, as [`Wiring`] holds them all, and leaves it out if a covering
+/// reader after it or a covering writer after it was met. Any further
+/// conflict is linked at once: an implied edge is redundant, never wrong.
+struct BesideWide<'a, const TASKS: usize, const DEPS: usize, const E: usize> {
+    tiles: Tiles<'a, TASKS, DEPS, E>,
+    /// The writer conflict held, if any.
+    held: Option<TaskId>,
+    /// One past the newest live reader of all of the region met.
+    reader: TaskId,
+    /// The newest live writer of all of the region met.
+    cutoff: TaskId,
+}
+
+impl<const TASKS: usize, const DEPS: usize, const E: usize> BesideWide<'_, TASKS, DEPS, E> {
+    /// The argument's scan has ended: links the held writer unless a
+    /// covering access after it orders it already.
+    #[inline(always)]
+    fn end_argument(mut self) -> u64 {
+        if let Some(p) = self.held {
+            let implied = p + 1 < self.reader || p < self.cutoff;
+            if !implied {
+                self.tiles.conflict(p);
+            }
+        }
+        self.tiles.count
+    }
+}
+
+impl<const TASKS: usize, const DEPS: usize, const E: usize> Visitor
+    for BesideWide<'_, TASKS, DEPS, E>
+{
+    #[inline(always)]
+    fn live(&self, task: TaskId) -> bool {
+        self.tiles.live(task)
+    }
+
+    #[inline(always)]
+    fn conflict(&mut self, p: TaskId) {
+        self.tiles.conflict(p)
+    }
+
+    #[inline(always)]
+    fn writer_conflict(&mut self, p: TaskId) {
+        if self.held.is_none() {
+            self.held = Some(p);
+        } else {
+            self.tiles.conflict(p);
+        }
+    }
+
+    #[inline(always)]
+    fn covering_reader(&mut self, p: TaskId) {
+        self.reader = self.reader.max(p + 1);
+    }
+
+    #[inline(always)]
+    fn cut(&mut self, p: TaskId) {
+        self.cutoff = self.cutoff.max(p);
     }
 }
 

@@ -487,6 +487,15 @@ impl Place {
         Place(self.0 & 0x00ff_ffff | (flags as u32) << 24)
     }
 
+    /// A region inside its home cell (`ONE_CELL`), of the slot's current
+    /// shape (no `PREV`), with no entry reaching back into the cell
+    /// (no `BACK`), and some wide entry live (`WIDE_LIVE`): its scan is
+    /// its home bucket then the wide bucket.
+    pub(crate) fn tile_beside_wide(&self) -> bool {
+        self.0 >> 24 & (Place::ONE_CELL | Place::BACK | Place::PREV | Place::WIDE_LIVE) as u32
+            == (Place::ONE_CELL | Place::WIDE_LIVE) as u32
+    }
+
     /// The region is exactly its origin cell (`EXACT`).
     pub fn exact(&self) -> bool {
         self.has(Place::EXACT)
@@ -1043,6 +1052,22 @@ impl<const N: usize> TensorMap<N> {
         v: &mut impl Visitor,
     ) {
         self.scan_simple(place, tensor, region, writes, true, v);
+        self.push(place, tensor, *region, writes, task);
+    }
+
+    /// [`TensorMap::scan`] of a committing submission's argument, then
+    /// [`TensorMap::push`].
+    #[inline(always)]
+    pub(crate) fn scan_push(
+        &mut self,
+        place: &Place,
+        tensor: u32,
+        region: &Region,
+        writes: bool,
+        task: u64,
+        v: &mut impl Visitor,
+    ) {
+        self.scan(place, tensor, region, writes, true, v);
         self.push(place, tensor, *region, writes, task);
     }
 

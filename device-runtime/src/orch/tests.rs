@@ -1493,3 +1493,70 @@ fn a_stalled_submission_waits_for_a_share_of_the_window() {
     // is enough.
     assert!(o.retry_now(), "a window of 63 waits for no share");
 }
+
+/// Tiles beside a live wide entry, committed through the release graph
+/// (their own lean path), wait for exactly the tasks their accesses
+/// conflict with, the wide ones included, by edges that no covering
+/// access implies. By hand, with cells of 4
+/// elements (t0's tile sets the shape): t1 writes all 16 elements after
+/// t0's write; t2 reads 4..8 (after t1); t3 writes 8..12 (after t1, not
+/// t2); t4 reads all (after t3, and after t1 where t3 did not write);
+/// t5 writes 4..8 (after the reads of t2 and t4); t6 reads all (after
+/// t1, t3 and t5); t7 writes 4..8 again (after t6's read, which came
+/// after t5's write: the tile's last writer, in its own bucket, gets no
+/// edge of its own, as the tile writes of rounds after a fan-in).
+#[test]
+fn tiles_beside_a_wide_entry_wait_for_it_through_the_graph() {
+    use crate::orch::ReleaseGraph;
+    let graph = ReleaseGraph::<16, 64>::new();
+    let mut o = Orchestrator::<16, 64, 64>::new(0);
+    let args = [
+        write(1, 0, 4),
+        write(1, 0, 16),
+        read(1, 4, 4),
+        write(1, 8, 4),
+        read(1, 0, 16),
+        write(1, 4, 4),
+        read(1, 0, 16),
+        write(1, 4, 4),
+    ];
+    let mut ready_at_once = Vec::new();
+    for (tag, a) in args.iter().enumerate() {
+        let (id, ready) = o
+            .submit_linked(&graph, 0, 0, VEC, core::slice::from_ref(a), 0, tag as u64)
+            .unwrap();
+        assert_eq!(id, tag as u64);
+        if ready {
+            ready_at_once.push(id);
+        }
+    }
+    assert_eq!(ready_at_once, [0], "only t0 waits for nothing");
+    // t3 waits for t1's write by an edge; t5 for t2 and t4 only: t1 was
+    // ordered before t4's read of all of t5's region, so its edge would
+    // be implied.
+    assert!(graph.waits_for(3, 1));
+    assert!(graph.waits_for(5, 2) && graph.waits_for(5, 4));
+    assert!(!graph.waits_for(5, 1), "no implied edge from t1");
+    assert!(graph.waits_for(7, 6));
+    assert!(
+        !graph.waits_for(7, 5),
+        "no implied edge from the tile's writer"
+    );
+    let complete = |o: &mut Orchestrator<16, 64, 64>, id: u64| {
+        let mut released = Vec::new();
+        graph.complete(id as usize % 16, |tag| released.push(tag));
+        o.finished_unretired(id).unwrap();
+        o.retire_completed();
+        released.sort_unstable();
+        released
+    };
+    assert_eq!(complete(&mut o, 0), [1]);
+    assert_eq!(complete(&mut o, 1), [2, 3], "t2 and t3 waited for t1 only");
+    assert_eq!(complete(&mut o, 3), [4], "t4's last writer");
+    assert_eq!(complete(&mut o, 2), [] as [u64; 0], "t5 still waits for t4");
+    assert_eq!(complete(&mut o, 4), [5]);
+    assert_eq!(complete(&mut o, 5), [6], "t6's last writer");
+    assert_eq!(complete(&mut o, 6), [7]);
+    assert_eq!(complete(&mut o, 7), [] as [u64; 0]);
+    assert!(o.is_drained());
+}

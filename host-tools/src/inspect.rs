@@ -223,8 +223,16 @@ fn program_text(out: &mut String, program: &[Instr], tensors: &[TensorDesc], nam
         Some(d) => format!("channel {c} ({})", d.name),
         None => format!("channel {c}"),
     };
-    let pname = |pc: usize| match names.processes.iter().find(|(at, _)| *at == pc) {
-        Some((_, n)) => format!(" {n}"),
+    // Indexed once by pc: one look-up a `PROCESS` (and its end), not a
+    // scan of every name.
+    let processes: std::collections::HashMap<usize, &str> = names
+        .processes
+        .iter()
+        .rev() // the first name of a pc wins, as in program order
+        .map(|(at, n)| (*at, n.as_str()))
+        .collect();
+    let pname = |pc: usize| match processes.get(&pc) {
+        Some(n) => format!(" {n}"),
         None => String::new(),
     };
     let mut depth = 1usize;

@@ -50,7 +50,36 @@ pub fn fw(root: &Path) -> Result<PathBuf> {
     if footprint > FOOTPRINT_BUDGET {
         bail!("the firmware's static footprint, {footprint} bytes, is over its budget of {FOOTPRINT_BUDGET}");
     }
+    for name in ZEROED_STATICS {
+        check_zeroed(&statics, name)?;
+    }
     Ok(elf)
+}
+
+/// Statics whose first value is all zeros, so that they take no room in
+/// the image (`.bss`, filled at boot) rather than their size in `.data`:
+/// the dispatch queues are 827 KiB at the default window. (The
+/// orchestrator's first value has sentinels in its TensorMap and slots:
+/// it is in `.data`.)
+const ZEROED_STATICS: [&str; 1] = ["firmware::QUEUES"];
+
+/// Fails unless `name` is a `.bss` symbol in `rust-nm -S -C` output
+/// (`address size type name` lines; type `b` or `B`).
+fn check_zeroed(statics: &str, name: &str) -> Result<()> {
+    let kind = statics.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields[..] {
+            [_, _, kind, symbol] if symbol == name => Some(kind),
+            _ => None,
+        }
+    });
+    match kind {
+        Some("b" | "B") => Ok(()),
+        Some(kind) => bail!(
+            "`{name}` is not zero-initialized (symbol type {kind}, not .bss): a nonzero first value puts all of it in the image"
+        ),
+        None => bail!("no static `{name}` in the firmware's symbols"),
+    }
 }
 
 /// The most memory the firmware's code and statics may take, its stacks
@@ -99,7 +128,16 @@ const NM: &str = "rust-nm";
 
 #[cfg(test)]
 mod tests {
-    use super::footprint;
+    use super::{check_zeroed, footprint};
+
+    #[test]
+    fn a_zeroed_static_is_one_in_bss() {
+        let nm = "00000000400dcf40 00000000000b5730 d firmware::ORCHESTRATOR\n0000000040192bc0 00000000000c9fc0 b firmware::QUEUES\n";
+        assert!(check_zeroed(nm, "firmware::QUEUES").is_ok());
+        let err = check_zeroed(nm, "firmware::ORCHESTRATOR").unwrap_err();
+        assert!(err.to_string().contains("not zero-initialized"), "{err}");
+        assert!(check_zeroed(nm, "firmware::MISSING").is_err());
+    }
 
     #[test]
     fn the_footprint_counts_allocated_sections_but_the_stacks() {
